@@ -1,0 +1,1 @@
+"""loopjax: a JAX engine for looped language models."""

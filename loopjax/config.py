@@ -1,0 +1,255 @@
+"""Model configs: frozen dataclasses built from a Hugging Face `config.json`.
+
+One dataclass per family. `from_hf(dict)` reads the checkpoint's own field names;
+everything the code needs is a field or a derived property. `config_from_hf` picks the
+family by `model_type` and refuses anything else with one line naming what is supported.
+Presets give the real sizes (seeded random weights, for benchmarks) and the golden
+tiny shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A config that loopjax cannot run; the message is one line naming the cause."""
+
+
+@dataclass(frozen=True)
+class OuroConfig:
+    """Ouro (ByteDance looped LM): one stack of layers applied `total_ut_steps` times."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rope_theta: float = 1e6
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 65536
+    total_ut_steps: int = 4
+    # Threshold on the cumulative exit probability; None means "no threshold rule"
+    # (the reference then honours use_weighted_exit / exit_at_step).
+    early_exit_threshold: float | None = 1.0
+    early_exit_step: int | None = None
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 1
+    eos_token_id: int | tuple[int, ...] | None = 2
+    pad_token_id: int | None = 0
+
+    family = "ouro"
+
+    def __post_init__(self):
+        _check_positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                        "num_heads", "num_kv_heads", "head_dim", "total_ut_steps")
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(f"ouro config: num_attention_heads {self.num_heads} is not a "
+                              f"multiple of num_key_value_heads {self.num_kv_heads}")
+        if self.early_exit_step is not None and not 0 <= self.early_exit_step < self.total_ut_steps:
+            raise ConfigError(f"ouro config: early_exit_step {self.early_exit_step} is outside "
+                              f"0..{self.total_ut_steps - 1}")
+
+    @property
+    def default_loops(self) -> int:
+        return self.total_ut_steps
+
+    @property
+    def max_context_len(self) -> int:
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> OuroConfig:
+        num_heads = hf["num_attention_heads"]
+        return cls(
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_layers=hf["num_hidden_layers"],
+            num_heads=num_heads,
+            num_kv_heads=hf.get("num_key_value_heads") or num_heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
+            rope_theta=float(hf.get("rope_theta", 1e6)),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            max_position_embeddings=hf.get("max_position_embeddings", 65536),
+            total_ut_steps=hf.get("total_ut_steps", 4),
+            early_exit_threshold=hf.get("early_exit_threshold", 1.0),
+            early_exit_step=hf.get("early_exit_step"),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=_eos(hf.get("eos_token_id")),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+
+
+@dataclass(frozen=True)
+class HuginnConfig:
+    """Huginn-0125 / Raven: prelude, a recurrent block looped `mean_recurrence` times, coda."""
+
+    vocab_size: int
+    hidden_size: int
+    num_heads: int
+    intermediate_size: int
+    num_prelude_layers: int
+    num_core_layers: int
+    num_coda_layers: int
+    rope_base: float = 50000.0
+    norm_eps: float = 1e-6
+    max_position_embeddings: int = 4096  # the checkpoint's block_size
+    mean_recurrence: int = 32
+    qk_bias: bool = True
+    tie_word_embeddings: bool = True
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+
+    family = "huginn"
+
+    def __post_init__(self):
+        _check_positive(self, "vocab_size", "hidden_size", "num_heads", "intermediate_size",
+                        "num_core_layers")
+        if self.hidden_size % self.num_heads:
+            raise ConfigError(f"huginn config: n_embd {self.hidden_size} is not a multiple of "
+                              f"n_heads {self.num_heads}")
+        if not self.tie_word_embeddings:
+            raise ConfigError("huginn config: untied embeddings are not supported "
+                              "(every released Huginn checkpoint ties them)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_heads
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.num_heads  # Huginn has no GQA
+
+    @property
+    def embed_scale(self) -> float:
+        return self.hidden_size ** 0.5
+
+    @property
+    def init_state_std(self) -> float:
+        """Std of the truncated normal the reference draws s_0 from, before it scales by sqrt(h)."""
+        return (2.0 / (5.0 * self.hidden_size)) ** 0.5
+
+    @property
+    def default_loops(self) -> int:
+        return self.mean_recurrence
+
+    @property
+    def max_context_len(self) -> int:
+        return self.max_position_embeddings
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> HuginnConfig:
+        return cls(
+            vocab_size=hf.get("padded_vocab_size") or hf["vocab_size"],
+            hidden_size=hf["n_embd"],
+            num_heads=hf["n_heads"],
+            intermediate_size=hf["intermediate_size"],
+            num_prelude_layers=hf["n_layers_in_prelude"],
+            num_core_layers=hf["n_layers_in_recurrent_block"],
+            num_coda_layers=hf["n_layers_in_coda"],
+            rope_base=float(hf.get("rope_base", 50000.0)),
+            norm_eps=float(hf.get("norm_eps", 1e-6)),
+            max_position_embeddings=hf.get("block_size", 4096),
+            mean_recurrence=hf.get("mean_recurrence", 32),
+            qk_bias=bool(hf.get("qk_bias", True)),
+            tie_word_embeddings=bool(hf.get("tie_embeddings", hf.get("tie_word_embeddings", True))),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=_eos(hf.get("eos_token_id")),
+            pad_token_id=hf.get("pad_token_id"),
+        )
+
+
+ModelConfig = OuroConfig | HuginnConfig
+
+FAMILIES: dict[str, type] = {"ouro": OuroConfig, "huginn_raven": HuginnConfig}
+
+
+def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
+    """The family's config for an HF config dict; unknown model types get one clear line."""
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+        raise ConfigError(f"unsupported model_type {model_type!r}; loopjax supports: "
+                          + ", ".join(sorted(FAMILIES)))
+    try:
+        return FAMILIES[model_type].from_hf(hf)
+    except KeyError as e:
+        raise ConfigError(f"{model_type} config.json lacks the field {e.args[0]!r}") from None
+
+
+def read_hf_config(path: str) -> ModelConfig:
+    """Config from a folder holding config.json (or the file itself)."""
+    file = os.path.join(path, "config.json") if os.path.isdir(path) else path
+    if not os.path.exists(file):
+        raise ConfigError(f"no config.json at {path}")
+    try:
+        with open(file) as f:
+            hf = json.load(f)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{file} is not valid JSON: {e}") from None
+    return config_from_hf(hf)
+
+
+def to_dict(cfg: ModelConfig) -> dict[str, Any]:
+    """The loopjax config as JSON-ready data (`model_type` names the family)."""
+    data = dataclasses.asdict(cfg)
+    data["model_type"] = "ouro" if cfg.family == "ouro" else "huginn_raven"
+    return data
+
+
+def from_dict(data: dict[str, Any]) -> ModelConfig:
+    """Inverse of `to_dict`."""
+    data = dict(data)
+    model_type = data.pop("model_type", None)
+    if model_type not in FAMILIES:
+        raise ConfigError(f"unsupported model_type {model_type!r}; loopjax supports: "
+                          + ", ".join(sorted(FAMILIES)))
+    if isinstance(data.get("eos_token_id"), list):
+        data["eos_token_id"] = tuple(data["eos_token_id"])
+    return FAMILIES[model_type](**data)
+
+
+def _eos(value):
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _check_positive(cfg, *names):
+    for name in names:
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{cfg.family} config: {name} must be a positive integer, got {value!r}")
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "ouro-1.4b": OuroConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632,
+                            num_layers=24, num_heads=16, num_kv_heads=16, head_dim=128,
+                            rope_theta=1e6, max_position_embeddings=65536, eos_token_id=(0, 2)),
+    "ouro-2.6b": OuroConfig(vocab_size=49152, hidden_size=2048, intermediate_size=5632,
+                            num_layers=48, num_heads=16, num_kv_heads=16, head_dim=128,
+                            rope_theta=1e6, max_position_embeddings=65536, eos_token_id=(0, 2)),
+    "huginn-0125": HuginnConfig(vocab_size=65536, hidden_size=5280, num_heads=55,
+                                intermediate_size=17920, num_prelude_layers=2, num_core_layers=4,
+                                num_coda_layers=2, rope_base=50000.0, max_position_embeddings=4096,
+                                mean_recurrence=32),
+    # The golden tiny shapes (tests/data/ouro, tests/data/huginn/huginn_shape_242).
+    "ouro-tiny": OuroConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_layers=2,
+                            num_heads=4, num_kv_heads=4, head_dim=16, rope_theta=10000.0,
+                            max_position_embeddings=512),
+    "huginn-tiny": HuginnConfig(vocab_size=256, hidden_size=64, num_heads=4, intermediate_size=128,
+                                num_prelude_layers=2, num_core_layers=4, num_coda_layers=2,
+                                max_position_embeddings=128, mean_recurrence=8),
+}
+
+
+def preset(name: str) -> ModelConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; presets: " + ", ".join(sorted(PRESETS)))
+    return PRESETS[name]

@@ -1,0 +1,105 @@
+"""Pure-JAX building blocks shared by both model families, written to match the PyTorch
+reference's order of operations and casts (identity is the law).
+
+Shapes: tokens are packed on the first axis. `x [N, H]` is N tokens (one sequence for the
+full forward, several packed sequences for prefill, one token per row for decode).
+Heads: `q [N, num_heads, head_dim]`, `k, v [N, num_kv_heads, head_dim]`.
+Weights are stored `[in, out]` (transposed from PyTorch's `[out, in]`).
+
+The attention backend is the one seam between a model and a KV cache: the model computes
+q, k, v (after RoPE) and calls `attn(kv, layer_id, plane, q, k, v) -> (kv, out)`.
+`layer_id` is the static index of the layer's cache array, `plane` the (possibly traced)
+depth plane within it. `DenseCausal` is the cache-free backend of the full forward; the
+engine's paged backend lives in `loopjax/kv_cache.py`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+
+
+def rms_norm(x, weight, eps: float):
+    """weight * (x.f32 * rsqrt(mean(x.f32^2) + eps)).astype(x.dtype): cast back *before* the
+    weight multiply, as both references do (this order matters for bf16 identity)."""
+    xf = x.astype(jnp.float32)
+    normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
+    return weight * normed.astype(x.dtype)
+
+
+def linear(x, w):
+    """x @ w with fp32 accumulation, rounded once to x's dtype (the reference's bf16 GEMMs
+    give the fp32 product of the bf16 operands rounded once)."""
+    return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def silu_mul(gate, up):
+    """SiLU(gate) * up in the activation dtype, each op rounded as torch does."""
+    return jax.nn.silu(gate) * up
+
+
+def rope_angles(positions, head_dim: int, theta: float):
+    """cos, sin [N, head_dim // 2] in fp32: positions * theta^(-2i/head_dim)."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    freqs = positions.astype(jnp.float32)[:, None] * inv_freq[None, :]
+    return jnp.cos(freqs), jnp.sin(freqs)
+
+
+def rope_rotate_half(x, cos, sin):
+    """NeoX/Ouro RoPE. x [N, heads, D]; cos, sin [N, D/2] fp32. The reference builds
+    emb = concat(f, f), casts cos/sin to x's dtype, then x*cos + rotate_half(x)*sin with
+    rotate_half(x) = concat(-x2, x1)."""
+    cos = jnp.concatenate([cos, cos], axis=-1).astype(x.dtype)[:, None, :]
+    sin = jnp.concatenate([sin, sin], axis=-1).astype(x.dtype)[:, None, :]
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated * sin
+
+
+def rope_interleaved(x, cos, sin):
+    """Huginn RoPE on interleaved pairs (x[2i], x[2i+1]), computed in fp32 and cast back:
+    (x0*cos - x1*sin, x1*cos + x0*sin). x [N, heads, D]; cos, sin [N, D/2] fp32."""
+    pairs = x.astype(jnp.float32).reshape(*x.shape[:-1], -1, 2)
+    x0, x1 = pairs[..., 0], pairs[..., 1]
+    c, s = cos[:, None, :], sin[:, None, :]
+    out = jnp.stack([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1)
+    return out.reshape(x.shape).astype(x.dtype)
+
+
+def repeat_kv(k, num_heads: int):
+    """GQA: kv head j serves query heads j*g .. j*g+g-1 (repeat-interleave, not tiling)."""
+    group = num_heads // k.shape[-2]
+    return k if group == 1 else jnp.repeat(k, group, axis=-2)
+
+
+def causal_attention(q, k, v, mask):
+    """Eager attention as the references compute it: scores in the activation dtype,
+    scaled by head_dim^-0.5, masked, softmax in fp32, cast back, then @ v.
+    q [N, Hq, D]; k, v [S, Hkv, D]; mask [N, S] bool (True = may attend)."""
+    k, v = repeat_kv(k, q.shape[1]), repeat_kv(v, q.shape[1])
+    scale = q.shape[-1] ** -0.5
+    scores = jnp.einsum("nhd,shd->hns", q, k, preferred_element_type=jnp.float32)
+    scores = scores.astype(q.dtype) * jnp.asarray(scale, q.dtype)
+    scores = jnp.where(mask[None], scores.astype(jnp.float32), -jnp.inf)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jnp.einsum("hns,shd->nhd", probs, v, preferred_element_type=jnp.float32)
+    return out.astype(q.dtype)
+
+
+class AttentionBackend(Protocol):
+    def __call__(self, kv: Any, layer_id: int, plane, q, k, v) -> tuple[Any, jax.Array]:
+        """Store k, v for (layer_id, plane) if the backend caches, attend, return (kv, out).
+        q [N, Hq, D], k/v [N, Hkv, D] after RoPE; out [N, Hq, D]."""
+        ...
+
+
+class DenseCausal:
+    """Cache-free backend for one sequence of N tokens at positions 0..N-1: each token sees
+    the current plane's keys of itself and earlier tokens. `kv` passes through untouched."""
+
+    def __call__(self, kv, layer_id, plane, q, k, v):
+        n = q.shape[0]
+        mask = jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]
+        return kv, causal_attention(q, k, v, mask)

@@ -1,0 +1,1 @@
+"""Model families: one definition each, used by every path."""
