@@ -1,1 +1,26 @@
-"""loopjax: a JAX engine for looped language models."""
+"""loopjax: a JAX engine for looped (recurrent-depth) language models.
+
+Public names are imported lazily, so `import loopjax` stays cheap and a missing optional
+part (the server's FastAPI) never breaks the others.
+"""
+
+import importlib
+
+_EXPORTS = {
+    "load": "loopjax.model",
+    "forward": "loopjax.model",
+    "Model": "loopjax.model",
+    "generate": "loopjax.generate",
+    "LLM": "loopjax.generate",
+    "SamplingParams": "loopjax.sampling_params",
+    "Engine": "loopjax.engine",
+    "EngineConfig": "loopjax.engine",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'loopjax' has no attribute {name!r}")
