@@ -1,0 +1,297 @@
+"""Huginn-0125 / Raven (recurrent-depth LM): one definition used by every path.
+
+    e   = prelude(embed(ids))                       embed = wte(ids) * sqrt(H)
+    s_0 = initial state per position                 (random, zero, or given)
+    s_i = core(adapter(concat[s_{i-1}, e]))           i = 1..loops (state first)
+    logits = lm_head(ln_f(coda(ln_f(s_loops))))       tied lm_head = embed.T
+
+Every layer is a sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x)).
+Attention: fused Wqkv (columns [q | k | v], head-major), qk_bias added to q and k before RoPE,
+interleaved-pair RoPE in fp32, no GQA. The model calls the attention backend as
+`attn(kv, layer_id, depth, q, k, v)` with cache-layer ids prelude i -> i, core j -> P + j,
+coda i -> P + R + i; `depth` is the loop index for core layers and 0 elsewhere.
+
+Shapes: tokens packed on the first axis (`x [N, H]`); cos, sin [N, D/2] fp32 from
+`layers.rope_angles(positions, D, rope_base)`. Activations are in the params dtype; `coda`
+returns logits in that dtype (the reference's lm_head), `forward` returns them as float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopjax.config import HuginnConfig
+from loopjax.layers import DenseCausal, linear, rms_norm, rope_angles, rope_interleaved, silu_mul
+
+# ---------------------------------------------------------------- params
+
+_NORMS = ("norm_1", "norm_2", "norm_3", "norm_4")
+
+
+def _layer_specs(cfg: HuginnConfig, dtype):
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    spec = lambda *shape: jax.ShapeDtypeStruct(shape, dtype)
+    layer = {name: spec(h) for name in _NORMS}
+    layer.update(wqkv=spec(h, 3 * h), qk_bias=spec(2, cfg.num_heads, cfg.head_dim), wo=spec(h, h),
+                 w_gate_up=spec(h, 2 * f), w_down=spec(f, h))
+    return layer
+
+
+def param_specs(cfg: HuginnConfig, dtype=jnp.float32):
+    """The one declaration of the Huginn params tree (docs/design.md), as ShapeDtypeStructs."""
+    h = cfg.hidden_size
+    return {
+        "embed": jax.ShapeDtypeStruct((cfg.vocab_size, h), dtype),
+        "adapter": jax.ShapeDtypeStruct((2 * h, h), dtype),
+        "ln_f": jax.ShapeDtypeStruct((h,), dtype),
+        "prelude": [_layer_specs(cfg, dtype) for _ in range(cfg.num_prelude_layers)],
+        "core": [_layer_specs(cfg, dtype) for _ in range(cfg.num_core_layers)],
+        "coda": [_layer_specs(cfg, dtype) for _ in range(cfg.num_coda_layers)],
+    }
+
+
+@partial(jax.jit, static_argnames=("shape", "dtype"))
+def _normal_leaf(key, std, shape, dtype):
+    return (jax.random.normal(key, shape, jnp.float32) * std).astype(dtype)
+
+
+def init_params(cfg: HuginnConfig, key, dtype=jnp.bfloat16):
+    """Seeded random params of `param_specs` (for benchmarks at the real sizes), made on device
+    leaf by leaf. Scales follow the reference's "takase" init: std sqrt(2/(5H)) for inputs,
+    divided by sqrt(2 * effective depth) for the output projections; norm gains are ones."""
+    std = cfg.init_state_std
+    depth = cfg.num_prelude_layers + cfg.num_coda_layers + cfg.num_core_layers * cfg.mean_recurrence
+    out_std = std / math.sqrt(2 * depth)
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(param_specs(cfg, dtype))
+    params = []
+    for index, (path, spec) in enumerate(leaves):
+        name = path[-1].key
+        if name in _NORMS or name == "ln_f":
+            params.append(jnp.ones(spec.shape, spec.dtype))
+        else:
+            scale = out_std if name in ("wo", "w_down") else std
+            params.append(_normal_leaf(jax.random.fold_in(key, index), scale, spec.shape,
+                                       jnp.dtype(spec.dtype)))
+    return jax.tree_util.tree_unflatten(treedef, params)
+
+
+# ---------------------------------------------------------------- blocks
+
+def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth):
+    n = x.shape[0]
+    qkv = linear(x, layer["wqkv"]).reshape(n, 3, cfg.num_heads, cfg.head_dim)
+    bias = layer["qk_bias"].astype(x.dtype)
+    # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
+    q = rope_interleaved(qkv[:, 0] + bias[0], cos, sin)
+    k = rope_interleaved(qkv[:, 1] + bias[1], cos, sin)
+    kv, out = attn(kv, layer_id, depth, q, k, qkv[:, 2])
+    return linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
+
+
+def _mlp(layer, cfg: HuginnConfig, x):
+    gate_up = linear(x, layer["w_gate_up"])
+    f = cfg.intermediate_size
+    return linear(silu_mul(gate_up[:, :f], gate_up[:, f:]), layer["w_down"])
+
+
+def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth):
+    """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
+    eps = cfg.norm_eps
+    out, kv = _attention(layer, cfg, rms_norm(x, layer["norm_1"], eps), cos, sin, attn, kv,
+                         layer_id, depth)
+    x = rms_norm(out + x, layer["norm_2"], eps)
+    x = rms_norm(_mlp(layer, cfg, rms_norm(x, layer["norm_3"], eps)) + x, layer["norm_4"], eps)
+    return x, kv
+
+
+def embed(params, cfg: HuginnConfig, ids):
+    """wte(ids) * sqrt(H) [N, H]; the product is taken in fp32 and rounded once to the params
+    dtype (torch multiplies a tensor by a Python float in fp32 opmath)."""
+    x = jnp.take(params["embed"], ids, axis=0)
+    return (x.astype(jnp.float32) * cfg.embed_scale).astype(x.dtype)
+
+
+def prelude(params, cfg: HuginnConfig, x, cos, sin, attn, kv):
+    """The prelude layers on the embedded tokens: returns e, the input injected every loop."""
+    with jax.named_scope("huginn_prelude"):
+        for i, layer in enumerate(params["prelude"]):
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, i, 0)
+    return x, kv
+
+
+def core_loop(params, cfg: HuginnConfig, s, e, cos, sin, attn, kv, depth):
+    """One recurrence: s' = core(adapter(concat[s, e])). `depth` is the loop index (0-based)."""
+    with jax.named_scope("huginn_core"):
+        x = linear(jnp.concatenate([s, e], axis=-1), params["adapter"])
+        base = cfg.num_prelude_layers
+        for j, layer in enumerate(params["core"]):
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + j, depth)
+    return x, kv
+
+
+def lm_head(params, x):
+    """Tied head: x @ embed.T [N, V] in the params dtype (contracting embed's H axis directly)."""
+    return jnp.einsum("nh,vh->nv", x, params["embed"],
+                      preferred_element_type=jnp.float32).astype(x.dtype)
+
+
+def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv):
+    """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype."""
+    with jax.named_scope("huginn_coda"):
+        x = rms_norm(s, params["ln_f"], cfg.norm_eps)
+        base = cfg.num_prelude_layers + cfg.num_core_layers
+        for i, layer in enumerate(params["coda"]):
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + i, 0)
+        x = rms_norm(x, params["ln_f"], cfg.norm_eps)
+        return lm_head(params, x), kv
+
+
+# ---------------------------------------------------------------- initial state
+
+def initial_state(cfg: HuginnConfig, seed, positions, dtype=jnp.float32):
+    """Random s_0 [N, H], a pure function of (seed, position): row n depends only on
+    (seed[n] or seed, positions[n]), so a position gets the same state whatever the batch,
+    chunking or prefix cache. Distribution as the reference's: a normal truncated at ±3σ with
+    σ = sqrt(2/(5H)), times sqrt(H). `seed` is an int or an int array broadcast to positions."""
+    positions = jnp.asarray(positions, jnp.int32)
+    seeds = jnp.broadcast_to(jnp.asarray(seed, jnp.uint32), positions.shape)
+    return _position_noise(seeds, positions, cfg.hidden_size, cfg.init_state_std, jnp.dtype(dtype))
+
+
+@partial(jax.jit, static_argnames=("hidden_size", "std", "dtype"))
+def _position_noise(seeds, positions, hidden_size, std, dtype):
+    def one(seed, position):
+        key = jax.random.fold_in(jax.random.key(seed), position)
+        return jax.random.truncated_normal(key, -3.0, 3.0, (hidden_size,), jnp.float32)
+
+    z = jax.vmap(one)(seeds, positions)
+    return (z * std * math.sqrt(hidden_size)).astype(dtype)
+
+
+def zero_state(cfg: HuginnConfig, num_tokens: int, dtype=jnp.float32):
+    """s_0 = 0 (the reference's init_scale=0)."""
+    return jnp.zeros((num_tokens, cfg.hidden_size), dtype)
+
+
+# ---------------------------------------------------------------- identity path
+
+@partial(jax.tree_util.register_dataclass,
+         data_fields=["logits", "loop_logits", "loop_hidden", "latents"], meta_fields=[])
+@dataclasses.dataclass(frozen=True)
+class HuginnOutput:
+    logits: jax.Array       # [T, V] f32, after the last loop
+    loop_logits: jax.Array  # [L, T, V] f32, coda + lm_head applied to every loop's state
+    loop_hidden: jax.Array  # [L, T, H] params dtype, the raw states s_1..s_L
+    latents: jax.Array      # [T, H] params dtype, ln_f(s_L) (the coda input)
+
+
+@partial(jax.jit, static_argnames=("cfg", "loops"))
+def _forward(params, cfg: HuginnConfig, input_ids, s0, loops: int):
+    attn = DenseCausal()
+    t = input_ids.shape[0]
+    cos, sin = rope_angles(jnp.arange(t), cfg.head_dim, cfg.rope_base)
+    e, _ = prelude(params, cfg, embed(params, cfg, input_ids), cos, sin, attn, None)
+
+    def one_loop(s, depth):
+        s, _ = core_loop(params, cfg, s, e, cos, sin, attn, None, depth)
+        logits, _ = coda(params, cfg, s, cos, sin, attn, None)
+        return s, (s, logits.astype(jnp.float32))
+
+    s, (loop_hidden, loop_logits) = jax.lax.scan(one_loop, s0, jnp.arange(loops))
+    if loops:
+        logits = loop_logits[-1]
+    else:
+        logits = coda(params, cfg, s, cos, sin, attn, None)[0].astype(jnp.float32)
+    return HuginnOutput(logits=logits, loop_logits=loop_logits, loop_hidden=loop_hidden,
+                        latents=rms_norm(s, params["ln_f"], cfg.norm_eps))
+
+
+def forward(params, cfg: HuginnConfig, input_ids, *, loops: int | None = None,
+            initial_state=None, seed: int = 0) -> HuginnOutput:
+    """The identity path for one sequence `input_ids [T]` at positions 0..T-1 (DenseCausal).
+
+    loops: None -> cfg.mean_recurrence; 0 sends s_0 straight to ln_f and the coda.
+    initial_state: an array [T, H] (explicit s_0), "zero", or None -> the position-keyed
+    random state `initial_state(cfg, seed, arange(T))`.
+    """
+    input_ids = jnp.asarray(input_ids)
+    if input_ids.ndim != 1 or input_ids.shape[0] == 0:
+        raise ValueError(f"huginn forward: input_ids must be a non-empty 1-D array, got shape "
+                         f"{input_ids.shape}")
+    t = input_ids.shape[0]
+    if t > cfg.max_position_embeddings:
+        raise ValueError(f"huginn forward: {t} tokens exceed the context of "
+                         f"{cfg.max_position_embeddings}")
+    loops = cfg.mean_recurrence if loops is None else loops
+    if not isinstance(loops, int | np.integer) or loops < 0:
+        raise ValueError(f"huginn forward: loops must be a non-negative int, got {loops!r}")
+    s0 = resolve_initial_state(cfg, initial_state, t, seed, params["embed"].dtype)
+    return _forward(params, cfg, input_ids, s0, int(loops))
+
+
+def resolve_initial_state(cfg: HuginnConfig, spec, num_tokens: int, seed, dtype):
+    """s_0 [num_tokens, H] from forward's `initial_state` argument (array, "zero" or None)."""
+    if spec is None:
+        return initial_state(cfg, seed, jnp.arange(num_tokens), dtype)
+    if isinstance(spec, str):
+        if spec != "zero":
+            raise ValueError(f"huginn initial_state: unknown mode {spec!r}; use an array, "
+                             "'zero' or None (random)")
+        return zero_state(cfg, num_tokens, dtype)
+    s0 = jnp.asarray(spec, dtype)
+    if s0.shape != (num_tokens, cfg.hidden_size):
+        raise ValueError(f"huginn initial_state: expected shape {(num_tokens, cfg.hidden_size)}, "
+                         f"got {s0.shape}")
+    return s0
+
+
+def generate_greedy_recompute(params, cfg: HuginnConfig, prompt_ids, max_new_tokens: int, *,
+                              initial_states=None, warm_start: bool = False,
+                              loops: int | None = None, seed: int = 0):
+    """Greedy decoding by recomputing the whole sequence at every step (no cache): the test
+    oracle for cached decoding. Returns (tokens [max_new_tokens] int32, logits
+    [max_new_tokens, V] f32 of the last position of each step, s_0 used [T + max_new - 1, H]).
+
+    Every step runs one fixed-length buffer of T + max_new_tokens - 1 positions (one compile);
+    positions past the current length hold pad tokens, which causal attention never lets
+    earlier positions see. initial_states: per-position s_0 (an array with a row for every
+    processed position, like the goldens' `gen_init_states`; only the prompt's rows when
+    warm_start), "zero", or None (position-keyed random from `seed`).
+    warm_start: a decoded position's s_0 is ln_f of the previous position's final state
+    ("continuous compute", the goldens' `gen_cc_*`); prompt positions keep their states.
+    """
+    prompt_ids = np.asarray(prompt_ids)
+    num_prompt = prompt_ids.shape[0]
+    if max_new_tokens < 1:
+        raise ValueError(f"huginn generate: max_new_tokens must be >= 1, got {max_new_tokens}")
+    total = num_prompt + max_new_tokens - 1
+    loops = cfg.mean_recurrence if loops is None else loops
+    dtype = params["embed"].dtype
+    if initial_states is None or isinstance(initial_states, str):
+        s0 = resolve_initial_state(cfg, initial_states, total, seed, dtype)
+    else:
+        s0 = jnp.asarray(initial_states, dtype)
+        needed = num_prompt if warm_start else total
+        if s0.ndim != 2 or s0.shape[0] < needed or s0.shape[1] != cfg.hidden_size:
+            raise ValueError(f"huginn generate: initial_states needs shape [>= {needed}, "
+                             f"{cfg.hidden_size}], got {s0.shape}")
+        s0 = jnp.zeros((total, cfg.hidden_size), dtype).at[:min(total, s0.shape[0])].set(s0[:total])
+    ids = jnp.zeros((total,), jnp.int32).at[:num_prompt].set(jnp.asarray(prompt_ids, jnp.int32))
+    tokens, step_logits = [], []
+    for step in range(max_new_tokens):
+        last = num_prompt + step - 1
+        out = _forward(params, cfg, ids, s0, int(loops))
+        token = jnp.argmax(out.logits[last]).astype(jnp.int32)
+        tokens.append(token)
+        step_logits.append(out.logits[last])
+        if step + 1 < max_new_tokens:
+            ids = ids.at[last + 1].set(token)
+            if warm_start:
+                s0 = s0.at[last + 1].set(out.latents[last])
+    return jnp.stack(tokens), jnp.stack(step_logits), s0
