@@ -1,0 +1,47 @@
+"""`loopjax convert HF_DIR OUT_DIR [--dtype bfloat16|float32]` (also `python -m loopjax.convert`).
+
+Exit status 0 on success; every failure is one line on stderr
+(`loopjax convert: error: ...`) and exit status 2, with no output folder left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+PROG = "loopjax convert"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("hf_dir", metavar="HF_DIR",
+                        help="Hugging Face model folder (config.json + model*.safetensors)")
+    parser.add_argument("out_dir", metavar="OUT_DIR",
+                        help="new folder for the loopjax checkpoint (must not exist)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                        help="params dtype of the checkpoint (default: bfloat16)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="do not show a progress bar while reading tensors")
+
+
+def run(args: argparse.Namespace) -> int:
+    # Imported here so that `loopjax --help` and argument errors never pay for JAX.
+    from loopjax.convert.converter import ConvertError, convert
+
+    from loopjax.checkpoint import CheckpointError
+    from loopjax.config import ConfigError
+
+    try:
+        out_dir = convert(args.hf_dir, args.out_dir, dtype=args.dtype, progress=args.progress)
+    except (ConvertError, ConfigError, CheckpointError, OSError) as e:
+        message = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return 2
+    print(f"wrote {out_dir}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description="convert a Hugging Face checkpoint to a "
+                                                            "loopjax checkpoint")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))

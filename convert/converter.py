@@ -1,0 +1,219 @@
+"""Hugging Face checkpoint → loopjax params, in memory (`load_hf`) or as a checkpoint folder
+(`convert`).
+
+Steps: config.json → family config (`config_from_hf`); safetensors headers (one file or
+shards); the names and shapes against the family's key table (`hf_tensor_shapes`,
+`IGNORED_HF_KEYS`): every missing, unexpected or mis-shaped tensor is an error naming it;
+each tensor read and cast to the target dtype (progress bar for large checkpoints); the
+family's `to_params`; the result checked against `param_specs`. Runtime code never sees
+HF names: they live only in `convert/<family>_keys.py`.
+
+`convert` writes into a temporary folder beside the output and renames it at the end, so a
+failure (or Ctrl-C) never leaves a half-written checkpoint behind.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import re
+import shutil
+import tempfile
+
+import numpy as np
+from tqdm import tqdm
+
+from loopjax import checkpoint
+from loopjax import config as config_lib
+
+from . import safetensors_reader
+
+# Files copied verbatim from the HF folder when present (tokenizer, chat template, generation
+# defaults); `config.json` is copied too so the original stays next to the weights.
+AUX_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+             "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "vocab.json",
+             "merges.txt", "vocab.txt", "tokenizer.model")
+
+# Above this many bytes of tensors the reader shows a progress bar.
+PROGRESS_MIN_BYTES = 256 * 1024 * 1024
+
+
+class ConvertError(ValueError):
+    """A checkpoint that cannot be converted; the message is one line naming the cause."""
+
+
+def read_config(hf_dir: str) -> config_lib.ModelConfig:
+    """The family config of the HF folder `hf_dir` (one line if it is missing or unsupported)."""
+    if not os.path.isdir(hf_dir):
+        raise ConvertError(f"{hf_dir} is not a folder")
+    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+        hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
+        raise ConvertError(f"no config.json in {hf_dir}{hint}")
+    return config_lib.read_hf_config(hf_dir)
+
+
+def check_tensor_names(shapes: dict[str, tuple[int, ...]], expected: dict[str, tuple[int, ...]],
+                       optional: dict[str, tuple[int, ...]] | None = None, is_ignored=None) -> None:
+    """`shapes` (what the checkpoint holds) must have every `expected` name, nothing beyond
+    `optional` names and names `is_ignored(name)` accepts, and the declared shapes; the first
+    difference is raised, named."""
+    optional = optional or {}
+    missing = sorted(k for k in expected if k not in shapes)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ConvertError(f"checkpoint lacks tensor {missing[0]!r}{more}")
+    extra = sorted(k for k in shapes if k not in expected and k not in optional
+                   and not (is_ignored and is_ignored(k)))
+    if extra:
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise ConvertError(f"checkpoint has unexpected tensor {extra[0]!r}{more}")
+    declared = {**optional, **expected}
+    for name in sorted(shapes):
+        if name in declared and tuple(shapes[name]) != tuple(declared[name]):
+            raise ConvertError(f"tensor {name!r} has shape {tuple(shapes[name])}, "
+                               f"expected {tuple(declared[name])}")
+
+
+def key_table(cfg):
+    """(expected shapes, optional shapes, is_ignored) of the family's key table.
+    `IGNORED_HF_KEYS` entries are full-match patterns (a plain name matches itself)."""
+    try:
+        keys = importlib.import_module(f"loopjax.convert.{cfg.family}_keys")
+    except ModuleNotFoundError:
+        raise ConvertError(f"no HF key table for the {cfg.family} family") from None
+    expected = {k: tuple(v) for k, v in keys.hf_tensor_shapes(cfg).items()}
+    optional_fn = getattr(keys, "optional_hf_tensor_shapes", None)
+    optional = {k: tuple(v) for k, v in optional_fn(cfg).items()} if optional_fn else {}
+    patterns = [re.compile(p) for p in getattr(keys, "IGNORED_HF_KEYS", ())]
+    is_ignored = lambda name: any(p.fullmatch(name) for p in patterns)
+    return keys, expected, optional, is_ignored
+
+
+def default_dtype(refs: dict[str, safetensors_reader.TensorRef]) -> np.dtype:
+    """The checkpoint's own float dtype if it is bf16 or fp32 (else bf16)."""
+    float_dtypes = {r.dtype for r in refs.values() if _is_float(r.dtype)}
+    if len(float_dtypes) == 1:
+        only = float_dtypes.pop()
+        if only in (np.dtype(np.float32), checkpoint.parse_dtype("bf16")):
+            return only
+    return checkpoint.parse_dtype("bf16")
+
+
+def load_hf(hf_dir: str, dtype=None, progress: bool = True):
+    """`(cfg, params)` from the HF folder `hf_dir`, params as numpy arrays in `dtype`
+    (default: the checkpoint's own dtype). Writes nothing."""
+    cfg = read_config(hf_dir)
+    keys, expected, optional, is_ignored = key_table(cfg)
+    try:
+        refs = safetensors_reader.open_checkpoint(hf_dir)
+    except safetensors_reader.SafetensorsError as e:
+        raise ConvertError(str(e)) from None
+    dtype = default_dtype(refs) if dtype is None else checkpoint.parse_dtype(dtype)
+    check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
+    # Ignored tensors (e.g. a RoPE table) are never read; present optional ones are.
+    names = sorted(k for k in refs if k in expected or (k in optional and not is_ignored(k)))
+    total_bytes = sum(refs[k].num_bytes for k in names)
+    tensors = {}
+    bar = tqdm(names, desc="reading tensors", unit="tensor", leave=False,
+               disable=not progress or total_bytes < PROGRESS_MIN_BYTES)
+    for name in bar:
+        tensors[name] = _read(refs[name], dtype)
+    try:
+        params = keys.to_params(cfg, tensors)
+    except ValueError as e:  # e.g. tied embeddings that differ
+        raise ConvertError(str(e).splitlines()[0]) from None
+    del tensors
+    params = _cast_tree(params, dtype)
+    specs = checkpoint.model_module(cfg).param_specs(cfg, dtype)
+    try:
+        checkpoint.check_against_specs(params, specs, "converted params")
+    except checkpoint.CheckpointError as e:
+        raise ConvertError(str(e)) from None
+    return cfg, params
+
+
+def _read(ref: safetensors_reader.TensorRef, dtype: np.dtype) -> np.ndarray:
+    """One tensor, in memory, in `dtype` (only float tensors are cast)."""
+    try:
+        array = ref.read()
+        if _is_float(array.dtype):
+            return array.astype(dtype)  # astype copies: the result no longer maps the file
+        return np.array(array)
+    except (OSError, ValueError) as e:
+        file = os.path.basename(ref.file)
+        raise ConvertError(f"cannot read tensor {ref.name!r} from {file}: {e}") from None
+
+
+def _is_float(dtype: np.dtype) -> bool:
+    # ml_dtypes' bfloat16 / float8 are not numpy floating types (their kind is "V").
+    return dtype.kind == "f" or dtype.name in ("bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def _cast_tree(params, dtype):
+    import jax
+
+    return jax.tree.map(lambda a: a if a.dtype == dtype else np.asarray(a).astype(dtype), params)
+
+
+def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) -> str:
+    """Convert the HF folder `hf_dir` into a new loopjax checkpoint folder `out_dir`.
+
+    All-or-nothing: `out_dir` must not exist; everything is written to a temporary folder
+    beside it and renamed at the end; on any failure nothing is left behind."""
+    out_dir = os.path.abspath(out_dir)
+    if os.path.lexists(out_dir):
+        raise ConvertError(f"output folder {out_dir} already exists")
+    cfg, params = load_hf(hf_dir, dtype, progress=progress)
+    parent = os.path.dirname(out_dir)
+    created = _make_parents(parent)
+    tmp = None
+    try:
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+        checkpoint.save(tmp, cfg, params)
+        for name in AUX_FILES:
+            src = os.path.join(hf_dir, name)
+            if os.path.isfile(src):
+                shutil.copyfile(src, os.path.join(tmp, name))
+        _check_json(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
+        if os.path.lexists(out_dir):
+            raise ConvertError(f"output folder {out_dir} already exists")
+        os.rename(tmp, out_dir)
+        tmp = None
+    except BaseException:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        for folder in reversed(created):
+            try:
+                os.rmdir(folder)
+            except OSError:
+                break
+        raise
+    return out_dir
+
+
+def _make_parents(parent: str) -> list[str]:
+    """Create the missing folders above the output; returns them, outermost first."""
+    missing = []
+    folder = parent
+    while not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise ConvertError(f"{folder} exists and is not a folder")
+        missing.append(folder)
+        folder = os.path.dirname(folder)
+    for folder in reversed(missing):
+        os.mkdir(folder)
+    return list(reversed(missing))
+
+
+def _check_json(folder: str) -> None:
+    """The copied JSON files parse (a broken tokenizer file should fail now, not at load)."""
+    for name in AUX_FILES:
+        path = os.path.join(folder, name)
+        if name.endswith(".json") and os.path.isfile(path):
+            try:
+                with open(path) as f:
+                    json.load(f)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ConvertError(f"{name} in the input folder is not valid JSON: {e}") from None
