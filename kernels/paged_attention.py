@@ -25,10 +25,20 @@ fp32-accumulated probs @ v) so the paged engine matches the dense identity path.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
 
-__all__ = ["check_paged_inputs", "ref_paged_attention", "write_kv", "check_write_inputs"]
+__all__ = [
+    "check_paged_inputs",
+    "check_write_inputs",
+    "paged_attention",
+    "ref_paged_attention",
+    "write_kv",
+]
 
 
 def _is_int32(x) -> bool:
@@ -143,3 +153,168 @@ def write_kv(k_cache, v_cache, plane, slot_mapping, k, v):
         return flat.reshape(cache.shape)
 
     return put(k_cache, k), put(v_cache, v)
+
+
+# ----------------------------------------------------------------------------------------
+# Pallas decode kernel (Triton-lowered `pl.pallas_call`; interpret=True runs it on CPU).
+# ----------------------------------------------------------------------------------------
+
+
+def _pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def _dim_chunks(d: int) -> tuple[tuple[int, int], ...]:
+    """(offset, size) power-of-two chunks covering head_dim (96 -> 64 + 32): Triton blocks
+    must have power-of-two sizes, so the kernel reads and accumulates D chunk by chunk."""
+    chunks, off = [], 0
+    for bit in reversed(range(d.bit_length())):
+        if d & (1 << bit):
+            chunks.append((off, 1 << bit))
+            off += 1 << bit
+    return tuple(chunks)
+
+
+def _decode_kernel(
+    plane_ref,  # [1] i32
+    pt_ref,  # [R, M_pad] i32, M_pad a multiple of pages_per_block
+    row_ref,  # [N] i32
+    pos_ref,  # [N] i32
+    q_ref,  # [N, Hkv, G, D]
+    k_ref,  # [planes, Hkv, P, S, D]
+    v_ref,  # [planes, Hkv, P, S, D]
+    o_ref,  # [splits, N, Hkv, G, D] f32 (unnormalized) or [N, Hkv, G, D] dtype if splits == 1
+    m_ref,  # [splits, N, Hkv, G] f32 running max (absent if splits == 1)
+    l_ref,  # [splits, N, Hkv, G] f32 running sum (absent if splits == 1)
+    *,
+    pages_per_block: int,
+    num_splits: int,
+):
+    n, h, split = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    g, d = q_ref.shape[2], q_ref.shape[3]
+    s = k_ref.shape[3]
+    block_k = pages_per_block * s
+    dtype = q_ref.dtype
+    chunks = _dim_chunks(d)
+    plane, row = plane_ref[0], row_ref[n]
+    ctx = pos_ref[n] + 1  # keys 0..positions[n]
+    num_blocks = pl.cdiv(ctx, block_k)
+    per_split = pl.cdiv(num_blocks, num_splits)
+    start = split * per_split
+    end = jnp.minimum(start + per_split, num_blocks)
+    scale = jnp.asarray(d**-0.5, dtype)
+    qs = [q_ref[n, h, :, pl.ds(off, sz)].astype(jnp.float32) for off, sz in chunks]  # [G, sz]
+
+    def body(b, carry):
+        m_prev, l_prev, accs = carry
+        pages = pt_ref[row, pl.ds(b * pages_per_block, pages_per_block)]  # [PB]
+        scores = jnp.zeros((g, block_k), jnp.float32)
+        vs = []
+        for (off, sz), qc in zip(chunks, qs, strict=True):
+            kc = k_ref[plane, h, pages, :, pl.ds(off, sz)].reshape(block_k, sz).astype(jnp.float32)
+            scores += jnp.sum(qc[:, None, :] * kc[None, :, :], axis=-1)  # [G, BK]
+            vs.append(v_ref[plane, h, pages, :, pl.ds(off, sz)].reshape(block_k, sz).astype(jnp.float32))
+        # NOTE: the same roundings as causal_attention: scores to dtype, scaled in dtype.
+        scores = (scores.astype(dtype) * scale).astype(jnp.float32)
+        key_pos = b * block_k + jax.lax.broadcasted_iota(jnp.int32, (g, block_k), 1)
+        scores = jnp.where(key_pos < ctx, scores, -jnp.inf)
+        m_next = jnp.maximum(m_prev, jnp.max(scores, axis=-1))  # finite: key b*BK is valid
+        corr = jnp.exp(m_prev - m_next)
+        p = jnp.exp(scores - m_next[:, None])  # [G, BK]
+        l_next = l_prev * corr + jnp.sum(p, axis=-1)
+        pv = [jnp.sum(p[:, :, None] * vc[None, :, :], axis=1) for vc in vs]  # [G, sz] each
+        accs = [a * corr[:, None] + x for a, x in zip(accs, pv, strict=True)]
+        return m_next, l_next, accs
+
+    init = (
+        jnp.full((g,), -jnp.inf, jnp.float32),
+        jnp.zeros((g,), jnp.float32),
+        [jnp.zeros((g, sz), jnp.float32) for _, sz in chunks],
+    )
+    m_i, l_i, accs = jax.lax.fori_loop(start, end, body, init)
+    if num_splits == 1:
+        for (off, sz), a in zip(chunks, accs, strict=True):
+            o_ref[n, h, :, pl.ds(off, sz)] = (a / l_i[:, None]).astype(o_ref.dtype)
+    else:
+        for (off, sz), a in zip(chunks, accs, strict=True):
+            o_ref[split, n, h, :, pl.ds(off, sz)] = a
+        m_ref[split, n, h, :] = m_i
+        l_ref[split, n, h, :] = l_i
+
+
+def default_num_splits(n: int, hkv: int, max_blocks: int, target_programs: int = 264) -> int:
+    """Split the context so that ~2 programs per H200 SM (132) run; at most one block each."""
+    return max(1, min(max_blocks, -(-target_programs // (n * hkv))))
+
+
+def paged_attention(
+    q,  # [N, Hq, D]
+    k_cache,  # [planes, Hkv, P, S, D]
+    v_cache,  # [planes, Hkv, P, S, D]
+    plane,  # i32 scalar
+    page_table,  # [R, M] i32
+    row_of_token,  # [N] i32
+    positions,  # [N] i32
+    *,
+    pages_per_block: int | None = None,
+    num_splits: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
+    interpret: bool = False,
+):
+    """Pallas paged decode attention, one program per (token, kv head, context split);
+    the G = Hq // Hkv q heads of a kv head share each K/V read. Reads the pool in place
+    (no relayout); online softmax with fp32 accumulation. Same contract and result (to
+    fp32-accumulation tolerance) as ref_paged_attention. Works for any N, but each
+    program walks its token's whole context: use prefill_attention for long prompts."""
+    n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
+        q, k_cache, v_cache, plane, page_table, row_of_token, positions
+    )
+    g = hq // hkv
+    if not (_pow2(g) and _pow2(s)):
+        raise ValueError(f"Pallas kernel needs power-of-two q heads per kv head ({g}) and page_size ({s})")
+    if pages_per_block is None:
+        pages_per_block = max(1, min(m, 64 // s)) if s < 64 else 1
+        pages_per_block = 1 << (pages_per_block.bit_length() - 1)
+    if not _pow2(pages_per_block):
+        raise ValueError(f"pages_per_block must be a power of two, got {pages_per_block}")
+    m_pad = -(-m // pages_per_block) * pages_per_block
+    if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).
+        page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
+    if num_splits is None:
+        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
+    kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, num_splits=num_splits)
+    if num_splits == 1:
+        out_shape = [jax.ShapeDtypeStruct((n, hkv, g, d), q.dtype)]
+        kernel_fn = lambda *refs: kernel(*refs, None, None)  # noqa: E731
+    else:
+        out_shape = [
+            jax.ShapeDtypeStruct((num_splits, n, hkv, g, d), jnp.float32),
+            jax.ShapeDtypeStruct((num_splits, n, hkv, g), jnp.float32),
+            jax.ShapeDtypeStruct((num_splits, n, hkv, g), jnp.float32),
+        ]
+        kernel_fn = kernel
+    outs = pl.pallas_call(
+        kernel_fn,
+        out_shape=out_shape,
+        grid=(n, hkv, num_splits),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
+        interpret=interpret,
+        name="loopjax_paged_decode",
+    )(
+        jnp.asarray(plane, jnp.int32).reshape(1),
+        page_table,
+        row_of_token,
+        positions,
+        q.reshape(n, hkv, g, d),
+        k_cache,
+        v_cache,
+    )
+    if num_splits == 1:
+        return outs[0].reshape(n, hq, d)
+    acc, m_s, l_s = outs
+    m_all = jnp.max(m_s, axis=0)  # [N, Hkv, G]; split 0 always holds the first block
+    w = jnp.exp(m_s - m_all[None])  # empty splits: exp(-inf) = 0
+    l_all = jnp.sum(l_s * w, axis=0)
+    out = jnp.sum(acc * w[..., None], axis=0) / l_all[..., None]
+    return out.astype(q.dtype).reshape(n, hq, d)
