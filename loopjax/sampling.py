@@ -1,0 +1,169 @@
+"""On-device sampling: pure, jit-friendly functions over static shapes.
+
+The runner builds a `SamplingBatch` on the host (`SamplingBatch.from_params`, numpy, one row
+per decode row, padded to the row bucket R) and calls `sample` inside its jitted step; the
+only values read back are the sampled tokens (and logprobs when asked).
+
+Semantics of one row, in order (Hugging Face's warper order):
+  temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
+- Greedy rows (temperature < GREEDY_EPS) take the argmax of the raw logits, first index
+  on ties (like torch); the whole batch shares one argmax.
+- A token tied with the top-k / top-p boundary value is kept too (the mask is a value
+  threshold), so the kept set never depends on the sort's tie order.
+- min-p keeps tokens whose probability is >= min_p times the row's largest; since top-k and
+  top-p always keep the largest, it is applied as a threshold on the scaled logits.
+- The draw is argmax(masked logits + Gumbel noise) with the row's key
+  `fold_in(key(seed), token_index)`: it depends only on the request's seed and the index
+  of the token being generated (0 = first output token), never on the batch.
+- Logprobs are those of the model's distribution: log_softmax(raw logits) at the chosen
+  token, plus the `num_top_logprobs` largest (ids, values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopjax.sampling_params import GREEDY_EPS, SamplingParams
+
+# Rows whose top_k is in 1..TOP_K_CAP are filtered from `lax.top_k(scaled, TOP_K_CAP)`
+# instead of a full sort of the vocabulary (top-p over the top-k survivors needs only them).
+TOP_K_CAP = 128
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class SamplingBatch:
+    """Device sampling settings of one step; padded rows are greedy and their token unused."""
+
+    temperature: jax.Array  # [R] f32; < GREEDY_EPS means greedy
+    top_k: jax.Array  # [R] i32; <= 0 (or >= V) means off
+    top_p: jax.Array  # [R] f32 in (0, 1]; >= 1 means off
+    min_p: jax.Array  # [R] f32 in [0, 1]; 0 means off
+    seed: jax.Array  # [R, 2] u32; threefry key words (seed >> 32, seed & 0xffffffff)
+    token_index: jax.Array  # [R] i32; index of the token being generated (0 = first output)
+
+    @classmethod
+    def from_params(cls, params_list: Sequence[SamplingParams], num_rows: int,
+                    step_counts: Sequence[int]) -> SamplingBatch:
+        """Host-side (numpy) batch: row i gets params_list[i], generating its token
+        number step_counts[i]; rows past len(params_list) up to num_rows are padding."""
+        n = len(params_list)
+        if num_rows < n:
+            raise ValueError(f"num_rows must be >= len(params_list) = {n}, got {num_rows}")
+        if len(step_counts) != n:
+            raise ValueError(f"step_counts must have one entry per params ({n}), got {len(step_counts)}")
+        temperature = np.zeros(num_rows, np.float32)
+        top_k = np.zeros(num_rows, np.int32)
+        top_p = np.ones(num_rows, np.float32)
+        min_p = np.zeros(num_rows, np.float32)
+        seed = np.zeros((num_rows, 2), np.uint32)
+        token_index = np.zeros(num_rows, np.int32)
+        for i, (p, step) in enumerate(zip(params_list, step_counts, strict=True)):
+            temperature[i] = p.temperature
+            top_k[i] = p.top_k
+            top_p[i] = p.top_p
+            min_p[i] = p.min_p
+            s = p.seed % 2**64  # negative seeds wrap, as a 64-bit two's complement
+            seed[i] = (s >> 32, s & 0xFFFFFFFF)
+            token_index[i] = step
+        return cls(temperature, top_k, top_p, min_p, seed, token_index)
+
+
+def row_keys(batch: SamplingBatch) -> jax.Array:
+    """Typed threefry keys [R]: fold_in(key(seed), token_index); equals
+    `jax.random.fold_in(jax.random.key(seed, impl="threefry2x32"), t)` for 0 <= seed < 2**31."""
+    keys = jax.random.wrap_key_data(batch.seed, impl="threefry2x32")
+    return jax.vmap(jax.random.fold_in)(keys, batch.token_index)
+
+
+def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int):
+    """Sample one token per row.
+
+    logits: [R, V] f32 (raw model logits); num_top_logprobs: static k >= 0.
+    Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
+    top_logprobs [R, k] f32 (descending).
+    """
+    logits = logits.astype(jnp.float32)
+    with jax.named_scope("sample"):
+        greedy = batch.temperature < GREEDY_EPS
+        greedy_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+        # NOTE: the random path (noise for R x V, maybe a sort) runs only when a row samples;
+        # lax.cond executes one branch on the device, no host sync.
+        tokens = jax.lax.cond(
+            jnp.any(~greedy),
+            lambda: jnp.where(greedy, greedy_tokens, _draw(logits, batch, greedy)),
+            lambda: greedy_tokens,
+        )
+        lse = jax.nn.logsumexp(logits, axis=-1)
+        chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
+        if num_top_logprobs > 0:
+            top_vals, top_ids = jax.lax.top_k(logits, num_top_logprobs)
+            top_logprobs = top_vals - lse[:, None]
+        else:
+            top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
+            top_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
+    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+
+
+def _draw(logits, batch, greedy):
+    """Tokens [R] i32 drawn from the filtered, temperature-scaled distribution."""
+    vocab = logits.shape[-1]
+    temperature = jnp.where(greedy, 1.0, batch.temperature)
+    scaled = logits / temperature[:, None]
+    masked = jnp.where(scaled >= filter_threshold(scaled, batch, greedy), scaled, -jnp.inf)
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(row_keys(batch))
+    return jnp.argmax(masked + noise, axis=-1).astype(jnp.int32)
+
+
+def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array) -> jax.Array:
+    """Per-row value threshold [R, 1]: a token is kept iff its scaled logit >= it.
+
+    Combines top-k, top-p and min-p. Cost choice (V = 65536, R = 128): a full sort of every
+    row is the expensive part, so `lax.switch` picks the cheapest exact branch for the batch:
+    0) no sampled row uses top-k / top-p: min-p only (one max per row);
+    1) every filtering row has top_k in 1..TOP_K_CAP: `lax.top_k` with the static cap;
+    2) otherwise a full descending sort.
+    """
+    vocab = scaled.shape[-1]
+    top_k = jnp.where((batch.top_k <= 0) | (batch.top_k >= vocab), 0, batch.top_k)
+    top_p_on = batch.top_p < 1.0
+    filtering = ~greedy & ((top_k > 0) | top_p_on)
+    capped = (top_k > 0) & (top_k <= TOP_K_CAP)
+    cap = min(TOP_K_CAP, vocab)
+    branch = jnp.where(
+        ~jnp.any(filtering), 0, jnp.where(jnp.all(~filtering | capped), 1, 2)
+    )
+    row_max = jnp.max(scaled, axis=-1, keepdims=True)
+    branches = [
+        lambda: jnp.full_like(row_max, -jnp.inf),
+        lambda: _topk_topp_threshold(jax.lax.top_k(scaled, cap)[0], top_k, batch.top_p),
+        lambda: _topk_topp_threshold(-jnp.sort(-scaled, axis=-1), top_k, batch.top_p),
+    ]
+    thr = jax.lax.switch(branch, branches)
+    # min-p: p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p); log(0) = -inf keeps all.
+    min_p_thr = row_max + jnp.log(batch.min_p)[:, None]
+    return jnp.maximum(thr, min_p_thr)
+
+
+def _topk_topp_threshold(sorted_desc, top_k, top_p):
+    """Threshold [R, 1] from the C largest scaled logits per row (sorted_desc [R, C]),
+    enough when every filtering row keeps at most C tokens, or C = V."""
+    num = sorted_desc.shape[-1]
+    idx = jnp.arange(num)[None, :]
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, num), num)[:, None]  # [R, 1] tokens kept by top-k
+    vals = jnp.where(idx < k, sorted_desc, -jnp.inf)
+    probs = jax.nn.softmax(vals, axis=-1)  # renormalised over the top-k survivors
+    mass_before = jnp.cumsum(probs, axis=-1) - probs  # exclusive prefix sum
+    # Keep the smallest prefix whose mass reaches top_p: token i stays iff the mass before it
+    # is < top_p (the first always stays). top_p >= 1 is off: no rounding can drop the tail.
+    keep = (idx < k) & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
+    num_kept = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
+    thr = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
+    # Rows that filter nothing (and padded / C < V rows with top-k off) keep everything.
+    off = (top_k <= 0)[:, None] & (top_p >= 1.0)[:, None]
+    return jnp.where(off, -jnp.inf, thr)

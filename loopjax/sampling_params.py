@@ -1,0 +1,224 @@
+"""Per-request sampling and loop/exit settings (pure Python, imports no JAX).
+
+`SamplingParams` is frozen and validated on creation, so a bad request is refused with a
+one-line `ValueError` naming the field and its allowed range before anything is queued.
+`SamplingParams.from_openai(body)` maps an OpenAI completions / chat request body.
+
+Conventions:
+- `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
+  reproducible from its recorded `seed`. The device derives the random key of the t-th
+  generated token (t = 0 for the first) from (seed, t) only: `sampling.py`.
+- `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
+  `temperature` below `GREEDY_EPS` (0 included) means greedy.
+- Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
+  Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
+  criterion's threshold (None = config / criterion default); `exit_trace` gives, per
+  generated token, the number of loops to run (>= 1), to replay a recorded run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import secrets
+from typing import Any
+
+# Temperatures below this are greedy (dividing logits by them would overflow).
+GREEDY_EPS = 1e-5
+MAX_TEMPERATURE = 2.0
+MAX_LOGPROBS = 20
+EXIT_MODES = ("select", "skip")
+EXIT_CRITERIA = ("kl", "entropy-diff", "latent-diff", "argmax-stability", "cosine", "minp-kl")
+# Seeds are stored mod 2**64 on the device (two uint32 words of a threefry key).
+_MIN_SEED, _MAX_SEED = -(2**63), 2**64 - 1
+
+
+def _fail(msg: str):
+    raise ValueError(msg)
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_number(x) -> bool:
+    return (isinstance(x, int | float)) and not isinstance(x, bool)
+
+
+def _check_int(name, value, lo, hi=None):
+    """`value` must be an int in [lo, hi] (hi=None: no upper bound)."""
+    rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
+    if not _is_int(value):
+        _fail(f"{name} must be an integer {rng}, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        _fail(f"{name} must be {'in ' if hi is not None else ''}{rng}, got {value}")
+
+
+def _check_float(name, value, lo, hi, *, lo_open=False):
+    """`value` must be a finite number in [lo, hi] (or (lo, hi] when lo_open)."""
+    rng = f"{'(' if lo_open else '['}{lo}, {hi}]"
+    if not _is_number(value) or not math.isfinite(value):
+        _fail(f"{name} must be a number in {rng}, got {value!r}")
+    if value < lo or value > hi or (lo_open and value == lo):
+        _fail(f"{name} must be in {rng}, got {value}")
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16  # generated tokens, >= 1
+    temperature: float = 1.0  # [0, 2]; < GREEDY_EPS is greedy
+    top_k: int = 0  # 0 or -1 = off, else keep the k most likely tokens
+    top_p: float = 1.0  # (0, 1]; keep the smallest set with mass >= top_p; 1 = off
+    min_p: float = 0.0  # [0, 1]; keep tokens with p >= min_p * p_max; 0 = off
+    seed: int | None = None  # None: a random seed drawn and stored at creation
+    stop_token_ids: tuple[int, ...] = ()  # finish when one of these is generated
+    stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed)
+    ignore_eos: bool = False  # keep generating past the model's EOS token
+    logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
+    # Loop / exit settings (issue 5).
+    loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
+    exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
+    exit_threshold: float | None = None  # Ouro Q-exit in [0, 1], or the criterion's threshold
+    exit_criterion: str | None = None  # Huginn adaptive exit: one of EXIT_CRITERIA
+    exit_min_loops: int = 1  # no exit before this many loops
+    exit_check_every: int = 1  # evaluate the exit rule every this many loops
+    exit_trace: tuple[int, ...] | None = None  # loops to run per generated token (replay)
+
+    def __post_init__(self):
+        _check_int("max_tokens", self.max_tokens, 1)
+        _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
+        _check_int("top_k", self.top_k, -1)
+        if self.top_k == -1:
+            object.__setattr__(self, "top_k", 0)
+        _check_float("top_p", self.top_p, 0, 1, lo_open=True)
+        _check_float("min_p", self.min_p, 0, 1)
+        if self.seed is None:
+            object.__setattr__(self, "seed", secrets.randbits(31))
+        _check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
+        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
+        object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
+        if not isinstance(self.ignore_eos, bool):
+            _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        if self.logprobs is not None:
+            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        self._check_exit()
+
+    def _check_exit(self):
+        if self.loops is not None:
+            _check_int("loops", self.loops, 1)
+        if self.exit_mode not in EXIT_MODES:
+            _fail(f"exit_mode must be one of {', '.join(EXIT_MODES)}, got {self.exit_mode!r}")
+        if self.exit_criterion is not None and self.exit_criterion not in EXIT_CRITERIA:
+            _fail(f"exit_criterion must be None or one of {', '.join(EXIT_CRITERIA)}, "
+                  f"got {self.exit_criterion!r}")
+        if self.exit_threshold is not None:
+            if self.exit_criterion is None:  # Ouro's Q-exit: a cumulative probability
+                _check_float("exit_threshold", self.exit_threshold, 0, 1)
+            else:
+                _check_float("exit_threshold", self.exit_threshold, 0, math.inf)
+        _check_int("exit_min_loops", self.exit_min_loops, 1, self.loops)
+        _check_int("exit_check_every", self.exit_check_every, 1)
+        if self.exit_trace is not None:
+            trace = _int_tuple("exit_trace", self.exit_trace, 1, self.loops)
+            if not trace:
+                _fail("exit_trace must list at least one loop count, got ()")
+            if self.exit_criterion is not None:
+                _fail("exit_trace and exit_criterion exclude each other: a trace replays fixed exits")
+            object.__setattr__(self, "exit_trace", trace)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < GREEDY_EPS
+
+    @classmethod
+    def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
+        """Sampling parameters of an OpenAI completions / chat request body.
+
+        Request fields that are not sampling parameters (model, prompt, messages, stream...)
+        are ignored; `null` values count as absent; an unknown field, an unsupported value
+        (n > 1, penalties, logit_bias) or a bad value raises a one-line ValueError naming it.
+        """
+        if not isinstance(body, dict):
+            _fail(f"request body must be a JSON object, got {type(body).__name__}")
+        kw: dict[str, Any] = {}
+        for key, value in body.items():
+            if value is None or key in _IGNORED_FIELDS:
+                continue
+            if key in _DIRECT_FIELDS:
+                kw[key] = value
+            elif key in _UNSUPPORTED_DEFAULTS:
+                if value != _UNSUPPORTED_DEFAULTS[key]:
+                    _fail(f"{key} is not supported (only {_UNSUPPORTED_DEFAULTS[key]!r}), got {value!r}")
+            elif key not in _SPECIAL_FIELDS:
+                _fail(f"unknown request field {key!r}")
+        _map_max_tokens(body, kw)
+        _map_logprobs(body, kw)
+        stop = body.get("stop")
+        if stop is not None:
+            kw["stop"] = (stop,) if isinstance(stop, str) else stop
+        for key in ("stop_token_ids", "exit_trace"):
+            if isinstance(kw.get(key), list):
+                kw[key] = tuple(kw[key])
+        return cls(**kw)
+
+
+# ---------------------------------------------------------------- helpers
+
+def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
+    if isinstance(values, str | bytes) or not isinstance(values, list | tuple):
+        _fail(f"{name} must be a list of integers, got {values!r}")
+    for v in values:
+        _check_int(f"every {name} entry", v, lo, hi)
+    return tuple(values)
+
+
+def _str_tuple(name, values) -> tuple[str, ...]:
+    if isinstance(values, str) or not isinstance(values, list | tuple):
+        _fail(f"{name} must be a list of strings, got {values!r}")
+    for v in values:
+        if not isinstance(v, str) or not v:
+            _fail(f"every {name} entry must be a non-empty string, got {v!r}")
+    return tuple(values)
+
+
+# Fields passed through under the same name (OpenAI's and loopjax's extras).
+_DIRECT_FIELDS = frozenset({
+    "temperature", "top_p", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos",
+    "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
+    "exit_check_every", "exit_trace",
+})
+# Fields mapped by hand below.
+_SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs"})
+# Request fields that are not sampling parameters: the server handles them.
+_IGNORED_FIELDS = frozenset({
+    "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
+    "metadata", "store", "service_tier",
+})
+# Accepted only at their neutral value.
+_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
+    "n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+}
+
+
+def _map_max_tokens(body, kw):
+    a, b = body.get("max_tokens"), body.get("max_completion_tokens")
+    if a is not None and b is not None and a != b:
+        _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
+    if a is not None or b is not None:
+        kw["max_tokens"] = b if b is not None else a
+
+
+def _map_logprobs(body, kw):
+    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if isinstance(lp, bool):
+        if lp:
+            kw["logprobs"] = 0 if top is None else top
+        elif top is not None:
+            _fail("top_logprobs requires logprobs=true")
+    elif lp is not None:
+        if top is not None:
+            _fail("top_logprobs goes with logprobs=true, not with an integer logprobs")
+        kw["logprobs"] = lp
+    elif top is not None:
+        _fail("top_logprobs requires logprobs=true")

@@ -1,0 +1,285 @@
+"""SamplingParams validation / OpenAI mapping, and on-device sampling semantics."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loopjax.sampling import TOP_K_CAP, SamplingBatch, filter_threshold, row_keys, sample
+from loopjax.sampling_params import SamplingParams
+
+_sample = jax.jit(sample, static_argnames="num_top_logprobs")
+
+
+def run(logits, params, steps=None, num_rows=None, k=0):
+    """Sample rows of `logits` [n, V] with `params`; returns numpy outputs of the real rows."""
+    logits = np.asarray(logits, np.float32)
+    n = len(params)
+    num_rows = num_rows or n
+    padded = np.zeros((num_rows, logits.shape[1]), np.float32)
+    padded[:n] = logits
+    batch = SamplingBatch.from_params(params, num_rows, steps or [0] * n)
+    out = _sample(jnp.asarray(padded), batch, num_top_logprobs=k)
+    return [np.asarray(o)[:n] for o in out]
+
+
+def kept_set(logits_row, **kw):
+    """Indices the filter keeps for one row sampled with SamplingParams(**kw)."""
+    p = SamplingParams(**kw)
+    batch = SamplingBatch.from_params([p], 1, [0])
+    scaled = jnp.asarray(np.asarray(logits_row, np.float32)[None] / p.temperature)
+    thr = filter_threshold(scaled, batch, jnp.asarray([False]))
+    return set(np.nonzero(np.asarray(scaled >= thr)[0])[0].tolist())
+
+
+PROBS = np.log(np.array([0.4, 0.3, 0.2, 0.1], np.float32))  # distinct, known mass
+
+
+# ------------------------------------------------------------------ greedy
+
+def test_greedy_is_argmax_first_index_on_ties():
+    logits = np.array([[1, 3, 3, 0], [5, 5, 5, 5], [0, 0, 0, 7]], np.float32)
+    tokens, *_ = run(logits, [SamplingParams(temperature=0.0)] * 3)
+    assert tokens.tolist() == [1, 0, 3]
+    rnd = np.random.default_rng(0).normal(size=(6, 50)).astype(np.float32)
+    tokens, *_ = run(rnd, [SamplingParams(temperature=0.0, seed=i) for i in range(6)])
+    np.testing.assert_array_equal(tokens, rnd.argmax(-1))
+
+
+def test_temperature_to_zero_limit_equals_greedy():
+    rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.05
+    rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.05
+    params = [SamplingParams(temperature=1e-4, seed=s) for s in range(8)]
+    tokens, *_ = run(rnd, params, steps=list(range(8)))
+    np.testing.assert_array_equal(tokens, rnd.argmax(-1))
+
+
+def test_top_k_one_equals_greedy():
+    rnd = np.random.default_rng(2).normal(size=(8, 64)).astype(np.float32)
+    params = [SamplingParams(temperature=1.5, top_k=1, seed=s) for s in range(8)]
+    tokens, *_ = run(rnd, params, steps=[3] * 8)
+    np.testing.assert_array_equal(tokens, rnd.argmax(-1))
+
+
+# ------------------------------------------------------------------ reproducibility
+
+def test_same_seed_same_tokens_whatever_batch_composition():
+    rng = np.random.default_rng(3)
+    vocab = 64
+    reqs = {  # request -> (params, its logits, token index)
+        "a": (SamplingParams(temperature=1.0, seed=11), rng.normal(size=vocab), 0),
+        "b": (SamplingParams(temperature=0.8, top_k=5, seed=12), rng.normal(size=vocab), 4),
+        "c": (SamplingParams(temperature=1.2, top_p=0.7, seed=13), rng.normal(size=vocab), 9),
+        "d": (SamplingParams(temperature=0.0), rng.normal(size=vocab), 2),
+        "e": (SamplingParams(temperature=1.0, min_p=0.1, top_k=3 * TOP_K_CAP, seed=2**40 + 5),
+              rng.normal(size=vocab), 1),
+    }
+
+    def tokens_of(order, num_rows):
+        tok, *_ = run(np.stack([reqs[r][1] for r in order]), [reqs[r][0] for r in order],
+                      steps=[reqs[r][2] for r in order], num_rows=num_rows)
+        return dict(zip(order, tok.tolist()))
+
+    # "b" alone takes the top-k-cap branch; with "c" or "e" the batch takes the full sort.
+    results = [tokens_of("abcde", 8), tokens_of("edcba", 8), tokens_of("b", 8),
+               tokens_of("ca", 4), tokens_of("dbe", 4), tokens_of("abcdedcba", 16)]
+    for name in reqs:
+        seen = {res[name] for res in results if name in res}
+        assert len(seen) == 1, (name, results)
+
+
+def test_token_index_and_seed_change_the_draw():
+    logits = np.zeros((32, 1000), np.float32)  # uniform: draws are all noise
+    same = [SamplingParams(temperature=1.0, seed=7)] * 32
+    by_step, *_ = run(logits, same, steps=list(range(32)))
+    assert len(set(by_step.tolist())) > 20
+    by_seed, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(32)])
+    assert len(set(by_seed.tolist())) > 20
+    again, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(32)])
+    np.testing.assert_array_equal(by_seed, again)
+
+
+def test_row_key_is_fold_in_of_seed_and_token_index():
+    params = [SamplingParams(seed=5), SamplingParams(seed=123456)]
+    keys = row_keys(SamplingBatch.from_params(params, 3, [0, 17]))
+    for i, (seed, t) in enumerate([(5, 0), (123456, 17)]):
+        want = jax.random.fold_in(jax.random.key(seed, impl="threefry2x32"), t)
+        np.testing.assert_array_equal(jax.random.key_data(keys[i]), jax.random.key_data(want))
+
+
+def test_from_params_pads_with_greedy_rows_and_checks_sizes():
+    b = SamplingBatch.from_params([SamplingParams(temperature=0.5, top_k=-1, seed=-1)], 4, [3])
+    assert b.temperature.tolist() == [0.5, 0, 0, 0] and b.top_k.tolist() == [0, 0, 0, 0]
+    assert b.token_index.tolist() == [3, 0, 0, 0]
+    assert b.seed[0].tolist() == [0xFFFFFFFF, 0xFFFFFFFF]  # -1 wraps mod 2**64
+    with pytest.raises(ValueError, match="num_rows"):
+        SamplingBatch.from_params([SamplingParams()] * 2, 1, [0, 0])
+    with pytest.raises(ValueError, match="step_counts"):
+        SamplingBatch.from_params([SamplingParams()], 2, [])
+
+
+# ------------------------------------------------------------------ filters
+
+@pytest.mark.parametrize("kw, want", [
+    (dict(top_p=0.35), {0}),
+    (dict(top_p=0.5), {0, 1}),
+    (dict(top_p=0.75), {0, 1, 2}),
+    (dict(top_p=0.95), {0, 1, 2, 3}),
+    (dict(top_p=0.8, temperature=0.5), {0, 1}),  # p^2 / sum: .533 .3 .133 .033
+    (dict(top_k=2), {0, 1}),
+    (dict(top_k=2, top_p=0.5), {0}),  # renormalised over the top 2: .571 .429
+    (dict(top_k=2, top_p=0.6), {0, 1}),
+    (dict(top_k=3 * TOP_K_CAP), {0, 1, 2, 3}),  # k >= V is off
+    (dict(min_p=0.6), {0, 1}),  # p >= 0.24
+    (dict(min_p=0.3), {0, 1, 2}),  # p >= 0.12
+    (dict(min_p=0.2), {0, 1, 2, 3}),
+    (dict(min_p=0.6, temperature=2.0), {0, 1, 2}),  # sqrt(p): .632 .548 .447 .316
+    (dict(top_p=0.95, min_p=0.6), {0, 1}),
+    (dict(), {0, 1, 2, 3}),
+])
+def test_filters_keep_exactly_the_right_set(kw, want):
+    kw.setdefault("temperature", 1.0)
+    order = np.array([2, 0, 3, 1])  # shuffle so the kept set is not a prefix of the ids
+    got = kept_set(PROBS[order], **kw)
+    assert {int(order[i]) for i in got} == want
+
+
+def test_ties_at_the_boundary_are_kept():
+    logits = np.log(np.array([0.5, 0.2, 0.2, 0.1], np.float32))
+    assert kept_set(logits, top_k=2) == {0, 1, 2}
+
+
+def test_sampled_tokens_stay_inside_the_filter():
+    logits = np.tile(PROBS, (64, 1))
+    for kw, allowed in [(dict(top_p=0.5), {0, 1}), (dict(top_k=1), {0}), (dict(min_p=0.6), {0, 1})]:
+        params = [SamplingParams(temperature=1.0, seed=s, **kw) for s in range(64)]
+        tokens, *_ = run(logits, params)
+        assert set(tokens.tolist()) == allowed, kw
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(temperature=1.3, top_k=3)])
+def test_empirical_distribution_matches_softmax(kw):
+    logits = np.array([1.0, 0.2, -0.5, 0.8, -1.5], np.float32)
+    n = 4000
+    params = [SamplingParams(seed=s % 97, **kw) for s in range(n)]
+    tokens, *_ = run(np.tile(logits, (n, 1)), params, steps=[s // 97 for s in range(n)])
+    scaled = logits / kw["temperature"]
+    if "top_k" in kw:
+        scaled = np.where(scaled >= np.sort(scaled)[-kw["top_k"]], scaled, -np.inf)
+    want = np.exp(scaled - scaled.max())
+    want /= want.sum()
+    freq = np.bincount(tokens, minlength=5) / n
+    np.testing.assert_allclose(freq, want, atol=0.03)  # ~4 standard deviations
+    assert freq[want == 0].sum() == 0
+
+
+def test_logprobs_are_log_softmax_of_raw_logits():
+    rnd = np.random.default_rng(4).normal(size=(5, 40)).astype(np.float32) * 3
+    params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0, 0.5, 1, 1.5, 2])]
+    tokens, lp, top_ids, top_lp = run(rnd, params, k=4)
+    ref = rnd - np.log(np.exp(rnd).sum(-1, keepdims=True))
+    np.testing.assert_allclose(lp, ref[np.arange(5), tokens], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(top_ids, np.argsort(-rnd, axis=-1)[:, :4])
+    np.testing.assert_allclose(top_lp, np.sort(ref, axis=-1)[:, ::-1][:, :4], rtol=1e-5, atol=1e-5)
+    assert top_ids.dtype == np.int32 and tokens.dtype == np.int32
+    _, _, none_ids, none_lp = run(rnd, params, k=0)
+    assert none_ids.shape == (5, 0) and none_lp.shape == (5, 0)
+
+
+# ------------------------------------------------------------------ SamplingParams
+
+def test_defaults_and_normalisation():
+    p = SamplingParams(top_k=-1, stop=["a"], stop_token_ids=[2], exit_trace=[1, 2])
+    assert p.top_k == 0 and p.stop == ("a",) and p.stop_token_ids == (2,) and p.exit_trace == (1, 2)
+    assert isinstance(p.seed, int) and 0 <= p.seed < 2**31
+    assert SamplingParams().seed != SamplingParams().seed  # drawn, 1 in 2**31 to collide
+    assert dataclasses.replace(p, top_p=0.5).seed == p.seed  # the recorded seed is kept
+    assert SamplingParams(temperature=0).is_greedy and not SamplingParams().is_greedy
+    hash(p)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(temperature=-1), "temperature must be in [0, 2.0], got -1"),
+    (dict(temperature=2.5), "temperature must be in [0, 2.0], got 2.5"),
+    (dict(temperature="hot"), "temperature must be a number in [0, 2.0], got 'hot'"),
+    (dict(temperature=float("nan")), "temperature must be a number in [0, 2.0], got nan"),
+    (dict(max_tokens=0), "max_tokens must be >= 1, got 0"),
+    (dict(max_tokens=2.0), "max_tokens must be an integer >= 1, got 2.0"),
+    (dict(max_tokens=True), "max_tokens must be an integer >= 1, got True"),
+    (dict(top_p=0), "top_p must be in (0, 1], got 0"),
+    (dict(top_p=1.1), "top_p must be in (0, 1], got 1.1"),
+    (dict(min_p=-0.1), "min_p must be in [0, 1], got -0.1"),
+    (dict(top_k=-2), "top_k must be >= -1, got -2"),
+    (dict(logprobs=21), "logprobs must be in [0, 20], got 21"),
+    (dict(logprobs=-1), "logprobs must be in [0, 20], got -1"),
+    (dict(seed=2**64), "seed must be in"),
+    (dict(seed="x"), "seed must be an integer"),
+    (dict(stop_token_ids=[-3]), "every stop_token_ids entry must be >= 0, got -3"),
+    (dict(stop="abc"), "stop must be a list of strings"),
+    (dict(stop=[""]), "every stop entry must be a non-empty string"),
+    (dict(ignore_eos=1), "ignore_eos must be true or false"),
+    (dict(loops=0), "loops must be >= 1, got 0"),
+    (dict(exit_mode="fast"), "exit_mode must be one of select, skip, got 'fast'"),
+    (dict(exit_criterion="kld"), "exit_criterion must be None or one of kl, entropy-diff, latent-diff, "
+                                 "argmax-stability, cosine, minp-kl, got 'kld'"),
+    (dict(exit_threshold=1.5), "exit_threshold must be in [0, 1], got 1.5"),
+    (dict(exit_threshold=-1, exit_criterion="kl"), "exit_threshold must be in [0, inf], got -1"),
+    (dict(exit_min_loops=0), "exit_min_loops must be >= 1, got 0"),
+    (dict(exit_min_loops=5, loops=4), "exit_min_loops must be in [1, 4], got 5"),
+    (dict(exit_check_every=0), "exit_check_every must be >= 1, got 0"),
+    (dict(exit_trace=[1, 0]), "every exit_trace entry must be >= 1, got 0"),
+    (dict(exit_trace=[1, 5], loops=4), "every exit_trace entry must be in [1, 4], got 5"),
+    (dict(exit_trace=[]), "exit_trace must list at least one loop count"),
+    (dict(exit_trace=[2], exit_criterion="kl"), "exit_trace and exit_criterion exclude each other"),
+])
+def test_bad_params_give_one_line_errors(kw, msg):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**kw)
+    assert str(err.value).startswith(msg) and "\n" not in str(err.value)
+
+
+def test_good_exit_settings():
+    p = SamplingParams(loops=8, exit_mode="skip", exit_criterion="kl", exit_threshold=5e-4,
+                       exit_min_loops=2, exit_check_every=2)
+    assert (p.loops, p.exit_mode, p.exit_threshold) == (8, "skip", 5e-4)
+    assert SamplingParams(exit_threshold=0.5).exit_threshold == 0.5
+
+
+def test_from_openai_maps_fields():
+    p = SamplingParams.from_openai({
+        "model": "ouro", "prompt": "hi", "stream": False, "max_completion_tokens": 7,
+        "temperature": 0.3, "top_p": 0.9, "seed": 42, "stop": "\n\n", "logprobs": True,
+        "top_logprobs": 3, "top_k": 20, "min_p": 0.05, "loops": 4, "exit_mode": "skip",
+        "exit_threshold": 0.5, "exit_trace": [1, 2], "n": 1, "presence_penalty": 0,
+        "frequency_penalty": None, "user": "u",
+    })
+    assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.3, 0.9, 42, ("\n\n",))
+    assert (p.logprobs, p.top_k, p.min_p, p.loops, p.exit_mode) == (3, 20, 0.05, 4, "skip")
+    assert p.exit_trace == (1, 2) and p.exit_threshold == 0.5
+    q = SamplingParams.from_openai({"max_tokens": 5, "stop": ["a", "b"], "logprobs": 2})
+    assert (q.max_tokens, q.stop, q.logprobs) == (5, ("a", "b"), 2)
+    assert SamplingParams.from_openai({"logprobs": True}).logprobs == 0
+    assert SamplingParams.from_openai({"logprobs": False}).logprobs is None
+    assert SamplingParams.from_openai({}).max_tokens == 16
+
+
+@pytest.mark.parametrize("body, msg", [
+    ({"temprature": 0.5}, "unknown request field 'temprature'"),
+    ({"temperature": 3}, "temperature must be in [0, 2.0], got 3"),
+    ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
+    ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens (3) and max_completion_tokens (4) disagree"),
+    ({"top_logprobs": 2}, "top_logprobs requires logprobs=true"),
+    ({"logprobs": True, "top_logprobs": 30}, "logprobs must be in [0, 20], got 30"),
+    ({"n": 2}, "n is not supported (only 1), got 2"),
+    ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
+    ({"logit_bias": {"5": 1}}, "logit_bias is not supported"),
+    ({"stop": 5}, "stop must be a list of strings, got 5"),
+    ({"exit_criterion": "foo"}, "exit_criterion must be None or one of"),
+    ([1, 2], "request body must be a JSON object, got list"),
+])
+def test_from_openai_rejects_bad_fields(body, msg):
+    with pytest.raises(ValueError) as err:
+        SamplingParams.from_openai(body)
+    assert str(err.value).startswith(msg) and "\n" not in str(err.value)
