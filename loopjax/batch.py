@@ -1,0 +1,117 @@
+"""StepBatch: the device metadata of one step, and its host-side builder.
+
+A step is a bucket of R rows (requests) and N packed tokens (prefill: prompt chunks of
+different lengths concatenated without padding between them; decode: N = R, one token per
+row). Padding rows/tokens beyond the real ones write to the drop slot, attend a harmless
+row-0 context and yield no token. Every array has a static shape fixed by the bucket, so one
+compiled function serves every step of that bucket.
+
+The builder works on `RowInput`s (plain host data); the engine turns a scheduler plan into
+them. Shapes: R = rows bucket, N = token bucket, M = max pages per row, H = hidden size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import jax
+import numpy as np
+
+from loopjax.sampling import SamplingBatch
+from loopjax.sampling_params import SamplingParams
+
+# Huginn initial-state modes per token (`StepBatch.init_mode`).
+INIT_ZERO, INIT_SEEDED, INIT_EXPLICIT = 0, 1, 2
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class StepBatch:
+    token_ids: jax.Array         # [N] i32  packed token ids (padding: 0)
+    positions: jax.Array         # [N] i32  absolute position of each token in its sequence
+    row_of_token: jax.Array      # [N] i32  row of each token (padding tokens: row 0)
+    slot_mapping: jax.Array      # [N] i32  flat KV slot page*S+offset (padding: drop slot)
+    page_table: jax.Array        # [R, M] i32  pages of each row (unused entries: 0)
+    last_token_index: jax.Array  # [R] i32  index in [0, N) of each row's last token this step
+    row_is_real: jax.Array       # [R] bool  row yields a token this step (real, last chunk)
+    row_loops: jax.Array         # [R] i32  loops each row runs (<= the submission's loop_end)
+    loop_begin: jax.Array        # [] i32  first loop of this submission (0 unless unfused)
+    loop_end: jax.Array          # [] i32  one past the last loop of this submission
+    sampling: SamplingBatch      # [R] per-row sampling settings (loopjax.sampling)
+    exit_threshold: jax.Array    # [R] f32  Ouro Q-exit threshold (config default if unset)
+    init_mode: jax.Array | None  # [N] i32  Huginn s0: INIT_ZERO / INIT_SEEDED / INIT_EXPLICIT
+    init_seed: jax.Array | None  # [N] u32  Huginn s0 seed (INIT_SEEDED)
+    init_state: jax.Array | None  # [N, H] Huginn explicit s0 (INIT_EXPLICIT), else zeros
+
+
+@dataclass
+class RowInput:
+    """One row of a step, as host data."""
+
+    token_ids: list[int]          # the tokens this step feeds (prompt chunk or 1 decode token)
+    start_pos: int                # position of token_ids[0]
+    pages: list[int]              # the row's pages, covering positions < start_pos + len
+    emits: bool                   # sample a token from this row's last token this step
+    loops: int                    # loops this row runs
+    params: SamplingParams
+    token_index: int = 0          # generated tokens so far (the sampled token's index)
+    exit_threshold: float = 1.0
+    init_mode: int = INIT_SEEDED  # Huginn only
+    init_seed: int = 0
+    init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
+
+
+def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
+                     page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
+                     hidden_size: int | None = None) -> StepBatch:
+    """Numpy StepBatch for `rows` padded to the bucket (num_rows, num_tokens).
+
+    hidden_size: set for Huginn (the init_* fields), None for Ouro."""
+    if len(rows) > num_rows:
+        raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
+    total = sum(len(r.token_ids) for r in rows)
+    if total > num_tokens:
+        raise ValueError(f"{total} tokens exceed the bucket of {num_tokens}")
+    token_ids = np.zeros(num_tokens, np.int32)
+    positions = np.zeros(num_tokens, np.int32)
+    row_of_token = np.zeros(num_tokens, np.int32)
+    slot_mapping = np.full(num_tokens, drop_slot, np.int32)
+    page_table = np.zeros((num_rows, max_pages), np.int32)
+    last = np.zeros(num_rows, np.int32)
+    real = np.zeros(num_rows, bool)
+    row_loops = np.zeros(num_rows, np.int32)
+    threshold = np.ones(num_rows, np.float32)
+    huginn = hidden_size is not None
+    init_mode = np.zeros(num_tokens, np.int32) if huginn else None
+    init_seed = np.zeros(num_tokens, np.uint32) if huginn else None
+    init_state = np.zeros((num_tokens, hidden_size), np.float32) if huginn else None
+    n = 0
+    for i, row in enumerate(rows):
+        count = len(row.token_ids)
+        end = row.start_pos + count
+        if len(row.pages) * page_size < end:
+            raise ValueError(f"row {i}: {len(row.pages)} pages cannot hold {end} positions")
+        if len(row.pages) > max_pages:
+            raise ValueError(f"row {i}: {len(row.pages)} pages exceed the table width {max_pages}")
+        pos = np.arange(row.start_pos, end, dtype=np.int32)
+        pages = np.asarray(row.pages, np.int32)
+        token_ids[n:n + count] = row.token_ids
+        positions[n:n + count] = pos
+        row_of_token[n:n + count] = i
+        slot_mapping[n:n + count] = pages[pos // page_size] * page_size + pos % page_size
+        page_table[i, :len(pages)] = pages
+        last[i] = n + count - 1
+        real[i] = row.emits
+        row_loops[i] = row.loops
+        threshold[i] = row.exit_threshold
+        if huginn:
+            init_mode[n:n + count] = row.init_mode
+            init_seed[n:n + count] = row.init_seed % 2**32
+            if row.init_mode == INIT_EXPLICIT:
+                init_state[n:n + count] = row.init_states
+        n += count
+    sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
+                                         [r.token_index for r in rows])
+    return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
+                     row_loops, np.int32(loop_begin), np.int32(loop_end), sampling, threshold,
+                     init_mode, init_seed, init_state)

@@ -1,0 +1,235 @@
+"""The device KV pool: paged, with depth planes, donated into every device step.
+
+Layout (docs/design.md, the kernels read it so): one K and one V array per cache layer,
+`[num_planes(layer), num_kv_heads, num_pages, page_size, head_dim]` in the model dtype.
+A token's flat slot is `page * page_size + offset`; slot `num_pages * page_size`
+(`KVLayout.drop_slot`) means "do not write" (padding tokens) and every write uses
+`mode="drop"`, so a padded row never touches a real page.
+
+Planes per cache layer ("packed depth planes": no plane is allocated that no loop writes):
+- Ouro, `per_loop`: every layer has `total_ut_steps` planes, plane = loop index.
+- Huginn prelude/coda layers: 1 plane. Core layers: `max_loops` planes (`per_loop`) or a
+  ring of `K // num_core_layers` planes (`shared`, the reference's compress-sK: core layer
+  j of loop i uses ring slot (4i + j) mod K, i.e. plane i mod (K // 4) of layer j).
+- Ouro `shared` (decoded tokens keep only their last loop) is not implemented: refused.
+
+`PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
+(layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
+`ref_paged_attention` (backend 'xla') or the Pallas kernel (backend 'pallas').
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopjax.kernels.paged_attention import write_kv
+
+LAYOUTS = ("per_loop", "shared")
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Static description of the pool: shapes and the (layer, depth) -> plane rule."""
+
+    family: str
+    kind: str                        # 'per_loop' | 'shared'
+    num_planes: tuple[int, ...]      # planes per cache layer
+    ring: tuple[bool, ...]           # per cache layer: plane = depth mod num_planes
+    num_kv_heads: int
+    head_dim: int
+    num_pages: int
+    page_size: int
+    dtype: Any
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.num_planes)
+
+    @property
+    def drop_slot(self) -> int:
+        """The slot index that writes nothing (one past the last real slot)."""
+        return self.num_pages * self.page_size
+
+    @property
+    def bytes_per_token(self) -> int:
+        """K + V bytes one token occupies across every plane of every layer."""
+        itemsize = np.dtype(self.dtype).itemsize
+        return 2 * sum(self.num_planes) * self.num_kv_heads * self.head_dim * itemsize
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_token * self.capacity_tokens
+
+    def plane(self, layer_id: int, depth):
+        """The plane of cache layer `layer_id` that loop `depth` (traced int ok) reads/writes."""
+        if self.num_planes[layer_id] == 1:
+            return jnp.int32(0)
+        depth = jnp.asarray(depth, jnp.int32)
+        if self.ring[layer_id]:
+            return depth % self.num_planes[layer_id]
+        return depth
+
+    def describe(self) -> str:
+        gib = self.total_bytes / 2**30
+        return (f"loopjax KV pool: {self.family} layout={self.kind}, {self.num_pages} pages x "
+                f"{self.page_size} tokens = {self.capacity_tokens} tokens of capacity, "
+                f"{self.bytes_per_token} bytes/token ({sum(self.num_planes)} planes over "
+                f"{self.num_layers} layers), {gib:.3f} GiB")
+
+
+def plane_counts(cfg, kind: str, max_loops: int | None = None,
+                 shared_slots: int | None = None) -> tuple[tuple[int, ...], tuple[bool, ...]]:
+    """(planes per cache layer, ring flag per layer) for a family config and layout kind.
+
+    max_loops: the deepest loop any request may run (Huginn per_loop); shared_slots: K of
+    Huginn compress-sK (a multiple of the core layer count)."""
+    if kind not in LAYOUTS:
+        raise ValueError(f"unknown kv layout {kind!r}; choose one of {', '.join(LAYOUTS)}")
+    if cfg.family == "ouro":
+        if kind == "shared":
+            raise ValueError("kv layout 'shared' is not implemented for Ouro yet; use 'per_loop'")
+        return (cfg.total_ut_steps,) * cfg.num_layers, (False,) * cfg.num_layers
+    pre, core, coda = cfg.num_prelude_layers, cfg.num_core_layers, cfg.num_coda_layers
+    if kind == "per_loop":
+        loops = max_loops or cfg.mean_recurrence
+        core_planes, ring = loops, False
+    else:
+        k = shared_slots or 8
+        if k % core or k < core:
+            raise ValueError(f"shared kv slots K={k} must be a positive multiple of the "
+                             f"{core} core layers")
+        core_planes, ring = k // core, True
+    return ((1,) * pre + (core_planes,) * core + (1,) * coda,
+            (False,) * pre + (ring,) * core + (False,) * coda)
+
+
+def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None = None,
+                kv_memory_bytes: int | None = None, max_loops: int | None = None,
+                shared_slots: int | None = None) -> KVLayout:
+    """The pool layout, sized by `num_pages` or else by a memory budget in bytes."""
+    if page_size <= 0:
+        raise ValueError(f"page_size must be positive, got {page_size}")
+    planes, ring = plane_counts(cfg, kind, max_loops, shared_slots)
+    layout = KVLayout(cfg.family, kind, planes, ring, cfg.num_kv_heads, cfg.head_dim,
+                      num_pages or 1, page_size, jnp.dtype(dtype))
+    if num_pages is None:
+        if not kv_memory_bytes:
+            raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
+        num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)
+    if num_pages <= 0:
+        raise ValueError(f"KV pool too small: the budget holds {num_pages} pages of "
+                         f"{page_size} tokens at {layout.bytes_per_token} bytes/token")
+    return dataclasses.replace(layout, num_pages=int(num_pages))
+
+
+@jax.tree_util.register_dataclass
+@dataclass
+class KVPool:
+    """The device pool: k[l], v[l] are `[planes_l, Hkv, num_pages, page_size, D]`."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
+
+    def replace_layer(self, layer_id: int, k_layer, v_layer) -> KVPool:
+        k = self.k[:layer_id] + (k_layer,) + self.k[layer_id + 1:]
+        v = self.v[:layer_id] + (v_layer,) + self.v[layer_id + 1:]
+        return KVPool(k, v)
+
+
+def allocate(layout: KVLayout) -> KVPool:
+    """Zero-filled pool (zeros keep the reads of padding rows finite)."""
+    def one(planes):
+        return jnp.zeros((planes, layout.num_kv_heads, layout.num_pages, layout.page_size,
+                          layout.head_dim), layout.dtype)
+    return KVPool(tuple(one(p) for p in layout.num_planes), tuple(one(p) for p in layout.num_planes))
+
+
+def write_plane(cache, plane, slots, new):
+    """cache [planes, Hkv, P, S, D]; new [N, Hkv, D] stored at (plane, slots[N]); slots past
+    the end are dropped."""
+    planes, hkv, pages, size, d = cache.shape
+    flat = cache.reshape(planes, hkv, pages * size, d)
+    flat = flat.at[plane, :, slots].set(new.astype(cache.dtype), mode="drop")
+    return flat.reshape(cache.shape)
+
+
+def read_plane(cache, plane, slots):
+    """[N, Hkv, D]: the entries of plane `plane` at slots[N] (slots must be real)."""
+    planes, hkv, pages, size, d = cache.shape
+    return cache.reshape(planes, hkv, pages * size, d)[plane, :, slots]
+
+
+def fill_last_exited(pool: KVPool, layout: KVLayout, layer_ids, slots, exit_depth, max_depth: int):
+    """The "last exited" rule: a token whose final loop was `exit_depth[n]` (< max) gets its
+    KV of that loop copied into its deeper planes t in (exit_depth, max_depth) of every
+    looped layer in `layer_ids`, so later reads of any deeper plane see its deepest entry.
+    Only meaningful for non-ring layers; tokens with slot = drop_slot are skipped."""
+    for layer_id in layer_ids:
+        if layout.ring[layer_id] or layout.num_planes[layer_id] == 1:
+            continue
+        k_layer, v_layer = pool.k[layer_id], pool.v[layer_id]
+        src_k = read_plane(k_layer, jnp.clip(exit_depth, 0), jnp.minimum(slots, layout.drop_slot - 1))
+        src_v = read_plane(v_layer, jnp.clip(exit_depth, 0), jnp.minimum(slots, layout.drop_slot - 1))
+
+        def body(t, kv, src_k=src_k, src_v=src_v):
+            dst = jnp.where(t > exit_depth, slots, layout.drop_slot)
+            return write_plane(kv[0], t, dst, src_k), write_plane(kv[1], t, dst, src_v)
+
+        k_layer, v_layer = jax.lax.fori_loop(0, max_depth, body, (k_layer, v_layer))
+        pool = pool.replace_layer(layer_id, k_layer, v_layer)
+    return pool
+
+
+class PagedAttention:
+    """`attn(kv, layer_id, depth, q, k, v) -> (kv, out)` over the paged pool of one step.
+
+    Closes over the step's metadata (traced arrays of the StepBatch): slot_mapping [N],
+    page_table [R, max_pages], row_of_token [N], positions [N]. Writes first, so a token
+    attends to its own K/V, then attends plane `layout.plane(layer_id, depth)`."""
+
+    def __init__(self, layout: KVLayout, batch, backend: str = "xla", write_mask=None):
+        self.layout = layout
+        self.batch = batch
+        self.backend = backend
+        # write_mask [N] bool (optional): tokens whose KV must not be written this loop
+        # (rows already past their last loop); they write to the drop slot.
+        self.write_mask = write_mask
+
+    def with_write_mask(self, mask) -> PagedAttention:
+        return PagedAttention(self.layout, self.batch, self.backend, mask)
+
+    def __call__(self, kv: KVPool, layer_id: int, depth, q, k, v):
+        plane = self.layout.plane(layer_id, depth)
+        slots = self.batch.slot_mapping
+        if self.write_mask is not None:
+            slots = jnp.where(self.write_mask, slots, self.layout.drop_slot)
+        k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots,
+                                    k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype))
+        kv = kv.replace_layer(layer_id, k_layer, v_layer)
+        attend = _attention_fn(self.backend)
+        out = attend(q, k_layer, v_layer, plane, self.batch.page_table, self.batch.row_of_token,
+                     self.batch.positions)
+        return kv, out.astype(q.dtype)
+
+
+def _attention_fn(backend: str):
+    pa = importlib.import_module("loopjax.kernels.paged_attention")
+    if backend == "xla":
+        return pa.ref_paged_attention
+    if backend == "pallas":
+        fn = getattr(pa, "paged_attention", None)
+        if fn is None:
+            raise ValueError("attention backend 'pallas' is not available in loopjax.kernels yet")
+        return fn
+    raise ValueError(f"unknown attention backend {backend!r}; choose 'xla' or 'pallas'")
