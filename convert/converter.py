@@ -45,8 +45,10 @@ class ConvertError(ValueError):
 
 def read_config(hf_dir: str) -> config_lib.ModelConfig:
     """The family config of the HF folder `hf_dir` (one line if it is missing or unsupported)."""
+    if not os.path.exists(hf_dir):
+        raise ConvertError(f"input folder {hf_dir} does not exist")
     if not os.path.isdir(hf_dir):
-        raise ConvertError(f"{hf_dir} is not a folder")
+        raise ConvertError(f"input {hf_dir} is not a folder")
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"no config.json in {hf_dir}{hint}")

@@ -1,0 +1,302 @@
+"""HF → loopjax conversion: round trips of both golden checkpoints (params equal to the key
+tables' `to_params`, logits equal to the PyTorch goldens), sharded input, the bf16 cast, and
+every bad input giving one stderr line, exit status 2 and no output folder left behind."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import jax
+import ml_dtypes
+import numpy as np
+import pytest
+from loopjax.convert import converter, huginn_keys, ouro_keys
+from safetensors.numpy import load_file, save_file
+
+from loopjax import checkpoint, cli
+from loopjax.config import read_hf_config
+from loopjax.model import Model, forward
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+OURO = os.path.join(DATA, "ouro")
+HUGINN = os.path.join(DATA, "huginn", "huginn_shape_242")
+RTOL = 1e-4
+
+
+def convert_cli(*argv) -> int:
+    return cli.main(["convert", *argv, "--no-progress"])
+
+
+def relative_error(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float32) - want).max() / np.abs(want).max())
+
+
+def assert_trees_equal(got, want):
+    got_leaves, got_def = jax.tree.flatten(got)
+    want_leaves, want_def = jax.tree.flatten(want)
+    assert got_def == want_def
+    for a, b in zip(got_leaves, want_leaves):
+        assert a.shape == b.shape and np.dtype(a.dtype) == np.dtype(b.dtype)
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def copy_hf(src, dst):
+    """A writable copy of a golden HF folder (config + weights + generation config)."""
+    os.makedirs(dst)
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        if os.path.exists(os.path.join(src, name)):
+            shutil.copyfile(os.path.join(src, name), os.path.join(dst, name))
+    return str(dst)
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """Both goldens converted once in fp32 through the CLI."""
+    root = tmp_path_factory.mktemp("converted")
+    out = {}
+    for name, src in (("ouro", OURO), ("huginn", HUGINN)):
+        assert convert_cli(src, str(root / name), "--dtype", "float32") == 0
+        out[name] = str(root / name)
+    return out
+
+
+@pytest.mark.parametrize("family,src,keys", [("ouro", OURO, ouro_keys), ("huginn", HUGINN, huginn_keys)])
+def test_round_trip_params_equal_to_params(converted, family, src, keys):
+    cfg, params = checkpoint.restore(converted[family])
+    assert cfg == read_hf_config(src)
+    want = keys.to_params(cfg, load_file(os.path.join(src, "model.safetensors")))
+    assert_trees_equal(params, want)
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(params))
+    for name in ("config.json", "generation_config.json"):
+        if os.path.exists(os.path.join(src, name)):
+            with open(os.path.join(src, name), "rb") as a:
+                with open(os.path.join(converted[family], name), "rb") as b:
+                    assert a.read() == b.read()
+
+
+def test_ouro_converted_logits_match_golden(converted):
+    cfg, params = checkpoint.restore(converted["ouro"])
+    ref = np.load(os.path.join(OURO, "reference_fp32.npz"))
+    out = forward(Model(cfg, params), ref["p0_input_ids"])
+    assert relative_error(out.logits, ref["p0_logits"]) < RTOL
+
+
+def test_huginn_converted_logits_match_golden(converted):
+    cfg, params = checkpoint.restore(converted["huginn"])
+    inputs = load_file(os.path.join(HUGINN, "inputs.safetensors"))
+    golden = load_file(os.path.join(HUGINN, "forward.safetensors"))
+    out = forward(Model(cfg, params), inputs["prompt_ids"][0], loops=8, initial_state=inputs["init_state"][0])
+    assert relative_error(out.logits, golden["logits_steps8"][0]) < RTOL
+
+
+def test_bf16_conversion_casts(tmp_path, converted):
+    out = str(tmp_path / "bf16")
+    assert convert_cli(HUGINN, out) == 0  # bfloat16 is the default
+    assert checkpoint.stored_dtype(out) == np.dtype(ml_dtypes.bfloat16)
+    _, params = checkpoint.restore(out)
+    _, params32 = checkpoint.restore(converted["huginn"])
+    assert_trees_equal(params, jax.tree.map(lambda a: np.asarray(a).astype(ml_dtypes.bfloat16), params32))
+    _, widened = checkpoint.restore(out, dtype="float32")  # restore-time cast
+    assert np.dtype(widened["embed"].dtype) == np.float32
+
+
+def test_sharded_input_equals_single_file(tmp_path, converted):
+    tensors = load_file(os.path.join(OURO, "model.safetensors"))
+    hf = tmp_path / "sharded"
+    os.makedirs(hf)
+    shutil.copyfile(os.path.join(OURO, "config.json"), hf / "config.json")
+    names = sorted(tensors)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file, members in shards.items():
+        save_file({n: tensors[n] for n in members}, str(hf / file))
+        weight_map.update({n: file for n in members})
+    with open(hf / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": weight_map}, f)
+    out = str(tmp_path / "out")
+    assert convert_cli(str(hf), out, "--dtype", "float32") == 0
+    assert_trees_equal(checkpoint.restore(out)[1], checkpoint.restore(converted["ouro"])[1])
+
+
+def test_output_parents_are_created(tmp_path):
+    out = tmp_path / "a" / "b" / "ouro"
+    assert convert_cli(OURO, str(out)) == 0
+    assert checkpoint.is_checkpoint(str(out))
+
+
+# ---------------------------------------------------------------- bad inputs
+
+
+def write_hf(folder, config, tensors):
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+
+
+def golden_parts(src):
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    return config, load_file(os.path.join(src, "model.safetensors"))
+
+
+def make_missing_tensor(hf):
+    config, tensors = golden_parts(OURO)
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    write_hf(hf, config, tensors)
+    return "model.layers.1.mlp.up_proj.weight"
+
+
+def make_extra_tensor(hf):
+    config, tensors = golden_parts(OURO)
+    tensors["model.layers.7.mystery.weight"] = np.zeros(3, np.float32)
+    write_hf(hf, config, tensors)
+    return "model.layers.7.mystery.weight"
+
+
+def make_wrong_shape(hf):
+    config, tensors = golden_parts(OURO)
+    tensors["model.layers.0.self_attn.k_proj.weight"] = np.zeros((32, 64), np.float32)
+    write_hf(hf, config, tensors)
+    return "(32, 64), expected (64, 64)"
+
+
+def make_truncated(hf):
+    copy_hf(OURO, hf)
+    path = os.path.join(hf, "model.safetensors")
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1000)
+    return "model.safetensors is truncated"
+
+
+def make_corrupt_header(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "model.safetensors"), "r+b") as f:
+        f.seek(8)
+        f.write(b"#not json#")
+    return "model.safetensors is corrupt"
+
+
+def make_garbage_file(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "model.safetensors"), "wb") as f:
+        f.write(b"\xff" * 64)
+    return "model.safetensors is truncated or corrupt"
+
+
+def make_unsupported_type(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "model_type": "llama"}, tensors)
+    return "unsupported model_type 'llama'; loopjax supports: huginn_raven, ouro"
+
+
+def make_no_config(hf):
+    copy_hf(OURO, hf)
+    os.remove(os.path.join(hf, "config.json"))
+    return "no config.json in"
+
+
+def make_no_weights(hf):
+    copy_hf(OURO, hf)
+    os.remove(os.path.join(hf, "model.safetensors"))
+    return "no model.safetensors or model.safetensors.index.json"
+
+
+def make_missing_folder(hf):
+    return "hf does not exist"
+
+
+def make_file_not_folder(hf):
+    with open(hf, "w") as f:
+        f.write("{}")
+    return "hf is not a folder"
+
+
+def make_index_missing_shard(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, config, {})
+    os.remove(os.path.join(hf, "model.safetensors"))
+    save_file(tensors, os.path.join(hf, "model-00001-of-00002.safetensors"))
+    weight_map = {n: "model-00001-of-00002.safetensors" for n in tensors}
+    weight_map["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    with open(os.path.join(hf, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+    return "names shard 'model-00002-of-00002.safetensors', which is not a file"
+
+
+def make_index_tensor_not_in_shard(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, config, {})
+    os.remove(os.path.join(hf, "model.safetensors"))
+    names = sorted(tensors)
+    save_file({n: tensors[n] for n in names[:-1]}, os.path.join(hf, "a.safetensors"))
+    save_file({names[-1]: tensors[names[-1]]}, os.path.join(hf, "b.safetensors"))
+    weight_map = {n: "a.safetensors" for n in names}  # the last one is really in b
+    with open(os.path.join(hf, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+    return f"puts tensor {names[-1]!r} in a.safetensors, which does not contain it"
+
+
+def make_untied_huginn(hf):
+    config, tensors = golden_parts(HUGINN)
+    tensors["lm_head.weight"] = tensors["lm_head.weight"] + 1.0
+    write_hf(hf, config, tensors)
+    return "lm_head.weight differs from transformer.wte.weight"
+
+
+BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_truncated,
+              make_corrupt_header, make_garbage_file, make_unsupported_type, make_no_config,
+              make_no_weights, make_missing_folder, make_file_not_folder, make_index_missing_shard,
+              make_index_tensor_not_in_shard, make_untied_huginn]
+
+
+@pytest.mark.parametrize("make", BAD_INPUTS, ids=lambda f: f.__name__[5:])
+def test_bad_input_one_line_exit_2_no_output(make, tmp_path, capsys):
+    hf = str(tmp_path / "hf")
+    expected = make(hf)
+    out_parent = tmp_path / "outputs"
+    out_parent.mkdir()
+    assert convert_cli(hf, str(out_parent / "model")) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("loopjax convert: error: ") and err.count("\n") == 1, err
+    assert expected in err
+    assert os.listdir(out_parent) == []  # neither the output nor a temporary folder
+
+
+def test_existing_output_is_refused_and_kept(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    assert convert_cli(OURO, str(out)) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert os.listdir(out) == ["keep.txt"]
+
+
+def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
+    def failing_save(path, cfg, params):
+        with open(os.path.join(path, "partial"), "w") as f:
+            f.write("half")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save", failing_save)
+    assert convert_cli(OURO, str(tmp_path / "new" / "out")) == 2
+    assert os.listdir(tmp_path) == []  # the temporary folder and the created parent are gone
+
+
+def test_python_m_entry_point(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "loopjax.convert", str(tmp_path / "nope"),
+                             str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("loopjax convert: error: ") and "does not exist" in result.stderr
+
+
+def test_check_tensor_names_lists_unexpected_and_ignores_patterns():
+    expected = {"a": (2,), "b": (3,)}
+    converter.check_tensor_names({"a": (2,), "b": (3,), "rope.inv_freq": (4,)}, expected,
+                                 is_ignored=lambda n: n.endswith("inv_freq"))
+    with pytest.raises(converter.ConvertError, match=r"unexpected tensor 'c' \(and 1 more\)"):
+        converter.check_tensor_names({"a": (2,), "b": (3,), "c": (1,), "d": (1,)}, expected)
+    with pytest.raises(converter.ConvertError, match=r"'o' has shape \(5,\), expected \(6,\)"):
+        converter.check_tensor_names({"a": (2,), "b": (3,), "o": (5,)}, expected, optional={"o": (6,)})
