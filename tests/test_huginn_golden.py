@@ -270,3 +270,16 @@ def test_init_params_matches_specs():
                                   np.asarray(again["core"][1]["wqkv"], np.float32))
     assert not np.array_equal(np.asarray(params["core"][0]["wqkv"], np.float32),
                               np.asarray(params["core"][1]["wqkv"], np.float32))
+
+
+def test_bfloat16_forward_keeps_dtypes_and_tracks_fp32(golden, runs):
+    """bf16 params give bf16 activations (no silent promotion) and f32 logits close to fp32's."""
+    cfg, _, params, data = golden
+    params16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
+    ids, s0 = data["inputs"]["prompt_ids"][0], data["inputs"]["init_state"][0]
+    out = huginn.forward(params16, cfg, ids, loops=2, initial_state=s0)
+    assert out.loop_hidden.dtype == jnp.bfloat16 and out.latents.dtype == jnp.bfloat16
+    assert out.logits.dtype == jnp.float32
+    reference = np.asarray(runs["full"][0].loop_logits[1])
+    err = np.abs(np.asarray(out.logits) - reference).max()
+    assert err < 0.05 * np.abs(reference).max(), err
