@@ -1,0 +1,185 @@
+"""`loopjax bench MODEL --workload burst|sessions [sizes] [--url URL] [--out JSON] [--plot PNG]`.
+
+Without `--url` the workload runs in-process: the Engine (built from MODEL and the engine
+options, as `loopjax serve` builds it) behind an AsyncEngine, timed at the point where
+outputs reach the event loop. With `--url` the same workload (same prompts) streams from a
+running `loopjax serve` over HTTP, timed at the client; MODEL is then the served model name.
+Prints one summary line, writes the JSON report and the PNG plot (bench/report.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+
+from loopjax.bench.report import format_summary, summarize, write_json, write_plot
+from loopjax.bench.workloads import Record, WorkloadSpec, run_workload
+
+
+class InProcessBackend:
+    """Streams requests through an AsyncEngine; greedy, ignore_eos, exactly max_tokens tokens."""
+
+    def __init__(self, aengine):
+        self.aengine = aengine
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
+        from loopjax.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        stream = await self.aengine.submit(prompt_ids, params)
+        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
+        async for out in stream:
+            now = time.perf_counter()
+            if record.first_token is None and out.new_token_ids:
+                record.first_token = now
+            record.end = now
+            record.token_ids = list(out.token_ids)
+            loops = list(out.exit_loops or [])
+            record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
+            m = out.metrics
+            record.submissions = int((m.get("submissions") if isinstance(m, dict)
+                                      else getattr(m, "submissions", 0)) or 0)
+        return record
+
+
+class HttpBackend:
+    """Streams requests from a loopjax server's /v1/completions (token-id prompts, SSE)."""
+
+    def __init__(self, client, model: str):
+        self.client, self.model = client, model
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
+        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        start = time.perf_counter()
+        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
+        async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                raise RuntimeError(f"server answered {resp.status_code}: {text[:300]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"server error mid-stream: {chunk['error'].get('message')}")
+                now = time.perf_counter()
+                for choice in chunk.get("choices", []):
+                    if choice.get("token_ids"):
+                        record.first_token = record.first_token or now
+                        record.token_ids += choice["token_ids"]
+                        record.exit_loops += choice.get("exit_loops") or []
+                    record.end = now
+                if chunk.get("usage"):
+                    record.submissions = int(chunk["usage"].get("submissions") or 0)
+        return record
+
+
+def add_arguments(parser):
+    from loopjax.async_engine import add_engine_arguments
+
+    d = WorkloadSpec("burst")
+    parser.add_argument("model", help="checkpoint folder or preset (in-process), or the served name (--url)")
+    parser.add_argument("--workload", choices=("burst", "sessions"), default="burst")
+    parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
+                        help="burst prompt tokens / sessions' opening tokens")
+    parser.add_argument("--output-len", "-O", type=int, default=d.output_len, help="tokens per request/turn")
+    parser.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="burst requests")
+    parser.add_argument("--sessions", "-N", type=int, default=d.num_sessions, help="sessions")
+    parser.add_argument("--turns", "-T", type=int, default=d.num_turns, help="turns per session")
+    parser.add_argument("--user-len", "-U", type=int, default=d.user_len, help="tokens per later user turn")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    parser.add_argument("--url", default=None, help="http://host:port of a running `loopjax serve`")
+    parser.add_argument("--vocab-size", type=int, default=None,
+                        help="with --url: token ids to draw from (default: the server's /v1/models)")
+    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up request")
+    parser.add_argument("--out", default=None, help="JSON report path (default: bench-<workload>.json)")
+    parser.add_argument("--plot", default=None, help="PNG plot path (default: the JSON path with .png)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_engine_arguments(parser)
+
+
+def _spec(args) -> WorkloadSpec:
+    return WorkloadSpec(args.workload, prompt_len=args.prompt_len, output_len=args.output_len,
+                        concurrency=args.concurrency, num_sessions=args.sessions, num_turns=args.turns,
+                        user_len=args.user_len, seed=args.seed)
+
+
+async def _timed(spec, backend, vocab_size, warmup: bool, progress: bool):
+    from tqdm import tqdm
+
+    if warmup:  # untimed: first-call costs (compilation, connection setup) stay out of the numbers
+        await backend.generate(list(range(spec.token_low, spec.token_low + min(spec.prompt_len, 8))), 2)
+    with tqdm(total=spec.num_requests, desc=spec.name, unit="req", disable=not progress) as bar:
+        start = time.perf_counter()
+        records = await run_workload(spec, backend, vocab_size, on_done=lambda r: bar.update(1))
+        return records, time.perf_counter() - start
+
+
+async def _run_in_process(args, spec):
+    from loopjax.async_engine import AsyncEngine, build_engine
+
+    model, engine = build_engine(args)
+    cfg = model.cfg
+    context = getattr(cfg, "max_context_len", None) or cfg.max_position_embeddings
+    if spec.max_context > context:
+        raise ValueError(f"the workload needs {spec.max_context} tokens of context, the model has {context}")
+    aengine = AsyncEngine(engine, max_waiting=spec.num_requests + 1)
+    await aengine.start()
+    try:
+        records, duration = await _timed(spec, InProcessBackend(aengine), cfg.vocab_size,
+                                         not args.no_warmup, not args.no_progress)
+    finally:
+        aengine.shutdown()
+    stats = aengine.stats()
+    return records, duration, "in-process", stats
+
+
+async def _run_http(args, spec):
+    import httpx
+
+    from loopjax.metrics import parse
+
+    limits = httpx.Limits(max_connections=spec.num_requests + 4, max_keepalive_connections=64)
+    async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits) as client:
+        vocab_size = args.vocab_size
+        if vocab_size is None:
+            cards = (await client.get("/v1/models")).json()["data"]
+            vocab_size = next((c.get("vocab_size") for c in cards if c["id"] == args.model), None)
+            if vocab_size is None:
+                raise ValueError(f"the server at {args.url} does not serve {args.model!r} with a known "
+                                 f"vocab_size (served: {[c['id'] for c in cards]}); pass --vocab-size")
+        records, duration = await _timed(spec, HttpBackend(client, args.model), vocab_size,
+                                         not args.no_warmup, not args.no_progress)
+        metrics = parse((await client.get("/metrics")).text)
+    stats = {k[len("loopjax_"):]: v for k, v in metrics.items() if "{" not in k and k.startswith("loopjax_")}
+    return records, duration, args.url, stats
+
+
+def run(args) -> int:
+    try:
+        spec = _spec(args)
+        runner = _run_http if args.url else _run_in_process
+        records, duration, target, stats = asyncio.run(runner(args, spec))
+    except (ValueError, RuntimeError, OSError) as e:
+        print(f"loopjax bench: {e}", file=sys.stderr)
+        return 1
+    report = summarize(records, duration, workload=spec.name, model=args.model, target=target,
+                       spec=dataclasses.asdict(spec) | {"num_requests": spec.num_requests},
+                       engine_stats=stats,
+                       mean_loops_per_token=None if any(r.exit_loops for r in records)
+                       else stats.get("mean_loops_per_token"))
+    out = args.out or f"bench-{spec.name}.json"
+    plot = args.plot or (out[:-5] if out.endswith(".json") else out) + ".png"
+    write_json(report, out)
+    write_plot(report, plot)
+    print(format_summary(report))
+    print(f"wrote {out} and {plot}")
+    return 0

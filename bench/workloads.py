@@ -1,0 +1,126 @@
+"""The design note's serving workloads, driven against any `Backend`.
+
+A Backend has one coroutine, `generate(prompt_ids, max_tokens) -> Record`, that streams one
+request and times it (in-process: AsyncEngine over Engine; over HTTP: the server's SSE
+stream). Workloads only decide what to send and when:
+
+- burst: C requests at once, random-token prompts of P tokens, O output tokens each.
+- sessions: N sessions run concurrently, T turns each, one turn at a time per session;
+  turn t's prompt is turn t-1's prompt + its answer + a new user message of U tokens
+  (the first turn: a P-token opening), O output tokens per turn.
+
+Prompts are uniform random token ids in [token_low, vocab_size) from `random.Random(seed)`,
+so a (workload, sizes, seed) triple always sends the same prompts. Every request runs
+greedy with ignore_eos, so each one generates exactly O tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Record:
+    """One finished request, timed by the backend (seconds on one perf_counter clock)."""
+
+    prompt_len: int
+    start: float  # submit time
+    first_token: float | None  # first output token arrived
+    end: float  # last output arrived
+    token_ids: list[int] = field(default_factory=list)
+    exit_loops: list[int] = field(default_factory=list)  # loops run per generated token
+    submissions: int = 0  # device submissions of this request (0: unknown)
+    session: int | None = None
+    turn: int | None = None
+
+    @property
+    def ttft(self) -> float | None:
+        return None if self.first_token is None else self.first_token - self.start
+
+    @property
+    def tpot(self) -> float | None:
+        n = len(self.token_ids)
+        return None if n < 2 or self.first_token is None else (self.end - self.first_token) / (n - 1)
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    name: str  # "burst" | "sessions"
+    prompt_len: int = 512  # P: burst prompt length, the sessions' opening length
+    output_len: int = 128  # O: tokens generated per request / turn
+    concurrency: int = 32  # C: burst requests sent at once
+    num_sessions: int = 64  # N
+    num_turns: int = 6  # T
+    user_len: int = 64  # U: tokens of each later user message (sessions)
+    seed: int = 0
+    token_low: int = 3  # lowest token id drawn (keeps clear of pad/bos/eos in most vocabularies)
+
+    def __post_init__(self):
+        if self.name not in WORKLOADS:
+            raise ValueError(f"workload must be one of {', '.join(WORKLOADS)}, got {self.name!r}")
+        for key in ("prompt_len", "output_len", "concurrency", "num_sessions", "num_turns", "user_len"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+
+    @property
+    def num_requests(self) -> int:
+        return self.concurrency if self.name == "burst" else self.num_sessions * self.num_turns
+
+    @property
+    def max_context(self) -> int:
+        """The longest prompt + output any request of this workload needs."""
+        if self.name == "burst":
+            return self.prompt_len + self.output_len
+        return self.prompt_len + self.num_turns * self.output_len + (self.num_turns - 1) * self.user_len
+
+
+def random_tokens(rng: random.Random, n: int, vocab_size: int, low: int) -> list[int]:
+    if vocab_size <= low:
+        raise ValueError(f"vocab_size {vocab_size} leaves no token ids above {low}")
+    return [rng.randrange(low, vocab_size) for _ in range(n)]
+
+
+async def run_burst(spec: WorkloadSpec, backend, vocab_size: int, on_done=None) -> list[Record]:
+    rng = random.Random(spec.seed)
+    prompts = [random_tokens(rng, spec.prompt_len, vocab_size, spec.token_low)
+               for _ in range(spec.concurrency)]
+
+    async def one(prompt):
+        record = await backend.generate(prompt, spec.output_len)
+        if on_done is not None:
+            on_done(record)
+        return record
+
+    return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+async def run_sessions(spec: WorkloadSpec, backend, vocab_size: int, on_done=None) -> list[Record]:
+    # NOTE: every session's messages are drawn up front, so a run's prompts do not depend
+    # on which session finishes first; only the answers (model output) feed back.
+    rng = random.Random(spec.seed)
+    scripts = [[random_tokens(rng, spec.prompt_len if t == 0 else spec.user_len, vocab_size, spec.token_low)
+                for t in range(spec.num_turns)] for _ in range(spec.num_sessions)]
+
+    async def session(index, messages):
+        context, records = [], []
+        for turn, message in enumerate(messages):
+            context = context + message
+            record = await backend.generate(context, spec.output_len)
+            record.session, record.turn = index, turn
+            context = context + record.token_ids
+            records.append(record)
+            if on_done is not None:
+                on_done(record)
+        return records
+
+    results = await asyncio.gather(*(session(i, m) for i, m in enumerate(scripts)))
+    return [r for records in results for r in records]
+
+
+WORKLOADS = {"burst": run_burst, "sessions": run_sessions}
+
+
+async def run_workload(spec: WorkloadSpec, backend, vocab_size: int, on_done=None) -> list[Record]:
+    return await WORKLOADS[spec.name](spec, backend, vocab_size, on_done)

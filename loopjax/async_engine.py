@@ -1,0 +1,324 @@
+"""Background engine loop: one thread owns the Engine, asyncio callers submit and stream.
+
+Contract:
+- Every Engine call (add_request, abort, step, stats) runs in the engine thread, so the
+  Engine needs no locks and all JAX work stays on one thread. The thread steps while the
+  engine has work and sleeps on an event when idle.
+- Callers on the event loop `await submit(prompt_ids, params)`: it returns a
+  `RequestStream` once the engine accepted the request, raises ValueError (one line) for
+  bad input and `QueueFullError` while `max_waiting` accepted requests still wait for their
+  first token (the bounded queue: the server answers 429). Nothing is queued on error.
+- Outputs reach the event loop in one `loop.call_soon_threadsafe` per engine step and are
+  fed to per-request asyncio queues. Closing a stream early (client gone) aborts its
+  request: the engine thread frees its pages before its next step.
+- `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
+- `shutdown()` sets the stop event, joins the thread and fails the streams still open.
+This module imports neither JAX nor FastAPI; it works with any object that has the
+Engine's add_request / abort / step / has_unfinished / stats methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+import traceback
+import uuid
+
+from loopjax.metrics import ServingMetrics
+
+log = logging.getLogger("loopjax.async_engine")
+
+
+class QueueFullError(RuntimeError):
+    """Too many requests wait for their first token; retry later (HTTP 429)."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine loop is not running (stopped, or a step raised)."""
+
+
+class RequestStream:
+    """Async iterator over one request's RequestOutputs; ends after the finished one.
+
+    `close()` before the end aborts the request. Timing (perf_counter seconds): `ttft`
+    from submit to the first output carrying tokens, `tpot` mean time per token after it.
+    """
+
+    def __init__(self, owner: AsyncEngine, request_id: str, prompt_len: int):
+        self.owner, self.request_id, self.prompt_len = owner, request_id, prompt_len
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.submitted_at = time.perf_counter()
+        self.first_token_at: float | None = None
+        self.ttft: float | None = None
+        self.tpot: float | None = None
+        self.finished = False  # the engine reported the request finished
+        self.closed = False  # no more items will be read
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if self.closed:
+            raise StopAsyncIteration
+        item = await self.queue.get()
+        if isinstance(item, BaseException):
+            self.closed = True
+            raise item
+        if item.finished:
+            self.closed = True
+        return item
+
+    def close(self):
+        """Stop reading; aborts the request if the engine has not finished it."""
+        if not self.closed:
+            self.closed = True
+            if not self.finished:
+                self.owner.abort(self.request_id)
+
+
+class AsyncEngine:
+    def __init__(self, engine, *, max_waiting: int = 256, idle_timeout_s: float = 0.5,
+                 metrics: ServingMetrics | None = None):
+        if max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        self.engine = engine
+        self.max_waiting = max_waiting  # accepted requests without a first token (queue bound)
+        self.idle_timeout_s = idle_timeout_s
+        self.metrics = metrics or ServingMetrics()
+        self.num_waiting = 0  # event-loop side count of requests without a first token
+        self._streams: dict[str, RequestStream] = {}  # event-loop side; open requests
+        self._inbox: collections.deque = collections.deque()  # thread-safe appends/pops
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stats: dict = {}
+        self.error: BaseException | None = None  # what killed the engine thread, if anything
+
+    # ------------------------------------------------------------ event-loop side
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    async def start(self):
+        """Start the engine thread; outputs are delivered to the running event loop."""
+        if self._thread is not None:
+            raise RuntimeError("AsyncEngine already started")
+        self._loop = asyncio.get_running_loop()
+        self._stats = dict(self.engine.stats())
+        self.metrics.set_engine_stats(self._stats)
+        self._thread = threading.Thread(target=self._run, name="loopjax-engine", daemon=True)
+        self._thread.start()
+
+    async def submit(self, prompt_ids: list[int], params, request_id: str | None = None) -> RequestStream:
+        if not self.running:
+            raise EngineDeadError(f"engine is not running ({self.error or 'stopped'})")
+        if self.num_waiting >= self.max_waiting:
+            self.metrics.rejected.inc()
+            raise QueueFullError(f"server busy: {self.num_waiting} requests already wait for a "
+                                 f"first token (max_waiting={self.max_waiting}); retry later")
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._streams:
+            raise ValueError(f"request_id {request_id!r} is already in use")
+        stream = RequestStream(self, request_id, len(prompt_ids))
+        accepted = self._loop.create_future()
+        self._streams[request_id] = stream
+        self._set_waiting(+1)
+        self._post(("add", request_id, list(prompt_ids), params, accepted))
+        try:
+            await accepted
+        except BaseException:  # refused (ValueError), or the caller was cancelled meanwhile
+            if self._streams.pop(request_id, None) is not None:
+                self._set_waiting(-1)
+            self._post(("abort", request_id))  # no-op when the engine refused it
+            raise
+        self.metrics.requests.inc()
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        return stream
+
+    def abort(self, request_id: str):
+        """Drop a request; its pages go back before the engine's next step."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        if stream.first_token_at is None:
+            self._set_waiting(-1)
+        stream.closed = True
+        self.metrics.aborted.inc()
+        self._post(("abort", request_id))
+
+    def stats(self) -> dict:
+        return dict(self._stats)
+
+    def shutdown(self, timeout_s: float = 30.0):
+        """Stop the engine thread (after its current step) and fail the open streams."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+            if self._thread.is_alive():
+                log.warning("engine thread did not stop within %.0f s", timeout_s)
+        self._fail_all(EngineDeadError("server shutting down"))
+
+    def _set_waiting(self, delta: int):
+        self.num_waiting += delta
+        self.metrics.waiting.set(self.num_waiting)
+
+    def _post(self, command):
+        self._inbox.append(command)
+        self._wake.set()
+
+    def _deliver(self, outputs):
+        """Event loop: route one step's outputs to their streams."""
+        now = time.perf_counter()
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:  # aborted meanwhile
+                continue
+            if stream.first_token_at is None and (out.new_token_ids or out.finished):
+                stream.first_token_at = now
+                stream.ttft = now - stream.submitted_at
+                self.metrics.ttft.observe(stream.ttft)
+                self._set_waiting(-1)
+            self.metrics.generation_tokens.inc(len(out.new_token_ids))
+            if out.finished:
+                stream.finished = True
+                del self._streams[out.request_id]
+                self.metrics.finished.inc()
+                num_tokens = len(out.token_ids)
+                if num_tokens > 1:
+                    stream.tpot = (now - stream.first_token_at) / (num_tokens - 1)
+                    self.metrics.tpot.observe(stream.tpot)
+            stream.queue.put_nowait(out)
+
+    def _accept(self, future, error):
+        if future.done():  # the submitter was cancelled; submit() posts the abort
+            return
+        if error is None:
+            future.set_result(None)
+        else:
+            future.set_exception(error)
+
+    def _fail_all(self, error: BaseException):
+        streams, self._streams = self._streams, {}
+        for stream in streams.values():
+            stream.queue.put_nowait(error)
+        self.num_waiting = 0
+        self.metrics.waiting.set(0)
+
+    def _on_stats(self, stats):
+        self._stats = stats
+        self.metrics.set_engine_stats(stats)
+
+    # ------------------------------------------------------------ engine thread
+    def _call(self, fn, *args):
+        try:
+            self._loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the event loop closed under us (shutdown)
+            self._stop.set()
+
+    def _run(self):
+        try:
+            while not self._stop.is_set():
+                self._wake.clear()  # before draining: a post after this wakes the wait below
+                changed = self._drain_inbox()
+                if self.engine.has_unfinished():
+                    outputs = self.engine.step()
+                    if outputs:
+                        self._call(self._deliver, outputs)
+                    changed = True
+                if changed:
+                    self._call(self._on_stats, dict(self.engine.stats()))
+                elif self._stop.is_set():
+                    break
+                else:
+                    self._wake.wait(self.idle_timeout_s)
+        except Exception as e:  # a broken step: every open request gets this error
+            log.error("engine loop died:\n%s", traceback.format_exc())
+            self.error = e
+            self._stop.set()
+            self._call(self._fail_all, EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
+
+    def _drain_inbox(self) -> bool:
+        changed = False
+        while self._inbox:
+            command = self._inbox.popleft()
+            changed = True
+            if command[0] == "add":
+                _, request_id, prompt_ids, params, accepted = command
+                try:
+                    self.engine.add_request(prompt_ids, params, request_id=request_id)
+                except ValueError as e:
+                    self._call(self._accept, accepted, ValueError(str(e)))
+                else:
+                    self._call(self._accept, accepted, None)
+            else:  # ("abort", request_id): unknown or finished ids are fine
+                try:
+                    self.engine.abort(command[1])
+                except Exception as e:  # NOTE: an abort must never kill the loop
+                    log.debug("abort %s: %s", command[1], e)
+        return changed
+
+
+# ---------------------------------------------------------------- command-line engine options
+_SIMPLE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def add_engine_arguments(parser):
+    """`--dtype`, one `--<field>` per simple EngineConfig field, and `--engine-arg KEY=VALUE`."""
+    import argparse
+    import dataclasses
+
+    parser.add_argument("--dtype", default=None,
+                        help="params dtype (float32, bfloat16; default: the checkpoint's)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
+    try:
+        from loopjax.engine import EngineConfig
+    except ImportError:  # the engine is optional for --help; build_engine will say what is missing
+        return
+    group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
+    for field in dataclasses.fields(EngineConfig):
+        type_name = str(field.type).replace("| None", "").replace("Optional[", "").strip(" ]")
+        kind = _SIMPLE_TYPES.get(type_name)
+        flag = "--" + field.name.replace("_", "-")
+        if kind is None or flag in parser._option_string_actions:
+            continue
+        if kind is bool:
+            group.add_argument(flag, dest="engine_" + field.name, action=argparse.BooleanOptionalAction,
+                               default=None)
+        else:
+            group.add_argument(flag, dest="engine_" + field.name, type=kind, default=None)
+
+
+def engine_config_kwargs(args) -> dict:
+    """EngineConfig keyword arguments given on the command line (unset ones are left out)."""
+    import json
+
+    kwargs = {k[len("engine_"):]: v for k, v in vars(args).items()
+              if k.startswith("engine_") and k != "engine_arg" and v is not None}
+    for item in getattr(args, "engine_arg", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-arg wants KEY=VALUE, got {item!r}")
+        try:
+            kwargs[key.replace("-", "_")] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key.replace("-", "_")] = value
+    return kwargs
+
+
+def build_engine(args):
+    """(model, Engine) from `args.model` (path or preset), `args.dtype` and the engine options."""
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.model import load
+
+    model = load(args.model, dtype=args.dtype) if args.dtype else load(args.model)
+    try:
+        config = EngineConfig(**engine_config_kwargs(args))
+    except TypeError as e:  # an unknown field name
+        raise ValueError(f"engine options: {e}") from None
+    return model, Engine(model, config)

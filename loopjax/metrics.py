@@ -1,0 +1,192 @@
+"""Prometheus text exposition (format 0.0.4) in pure Python, plus a small parser.
+
+The server keeps one `Registry`; the engine thread's stats snapshot sets the gauges and
+the event loop observes TTFT / TPOT per finished request. Nothing here is thread-safe on
+its own: the owner (AsyncEngine) only touches metrics from the event-loop thread.
+
+`parse(text)` reads an exposition back into `{"name{labels}": value}`; the tests and the
+HTTP benchmark use it, and it raises ValueError on a malformed line.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import re
+
+# Seconds. TTFT spans queueing + prefill (ms to minutes); TPOT one decode step (sub-ms to s).
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+-?\d+)?$")
+
+
+def _fmt(value: float) -> str:
+    if math.isnan(value):
+        return "NaN"
+    if math.isinf(value):
+        return "+Inf" if value > 0 else "-Inf"
+    if float(value).is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+class _Metric:
+    kind = "untyped"
+
+    def __init__(self, name: str, help_text: str):
+        if not _NAME.match(name):
+            raise ValueError(f"invalid metric name {name!r}")
+        self.name, self.help = name, help_text
+
+    def header(self) -> list[str]:
+        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+
+
+class Counter(_Metric):
+    """Monotonic count; `inc` refuses negative steps."""
+
+    kind = "counter"
+
+    def __init__(self, name, help_text):
+        super().__init__(name, help_text)
+        self.value = 0.0
+
+    def inc(self, amount: float = 1.0):
+        if amount < 0:
+            raise ValueError(f"counter {self.name} cannot decrease (inc by {amount})")
+        self.value += amount
+
+    def render(self) -> list[str]:
+        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+
+
+class Gauge(_Metric):
+    kind = "gauge"
+
+    def __init__(self, name, help_text):
+        super().__init__(name, help_text)
+        self.value = 0.0
+
+    def set(self, value: float):
+        self.value = float(value)
+
+    def render(self) -> list[str]:
+        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+
+
+class Histogram(_Metric):
+    """Cumulative buckets with upper bounds `buckets` (sorted) plus +Inf, `_sum`, `_count`."""
+
+    kind = "histogram"
+
+    def __init__(self, name, help_text, buckets):
+        super().__init__(name, help_text)
+        self.buckets = tuple(sorted(buckets))
+        self.counts = [0] * (len(self.buckets) + 1)  # last slot: above every bound
+        self.sum = 0.0
+
+    def observe(self, value: float):
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+
+    @property
+    def count(self) -> int:
+        return sum(self.counts)
+
+    def render(self) -> list[str]:
+        lines, total = self.header(), 0
+        for bound, n in zip(self.buckets + (math.inf,), self.counts):
+            total += n
+            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {total}')
+        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {total}"]
+        return lines
+
+
+class Registry:
+    """An ordered set of metrics rendered as one exposition."""
+
+    def __init__(self):
+        self._metrics: dict[str, _Metric] = {}
+
+    def _add(self, metric):
+        if metric.name in self._metrics:
+            raise ValueError(f"metric {metric.name} registered twice")
+        self._metrics[metric.name] = metric
+        return metric
+
+    def counter(self, name, help_text) -> Counter:
+        return self._add(Counter(name, help_text))
+
+    def gauge(self, name, help_text) -> Gauge:
+        return self._add(Gauge(name, help_text))
+
+    def histogram(self, name, help_text, buckets) -> Histogram:
+        return self._add(Histogram(name, help_text, buckets))
+
+    def get(self, name):
+        return self._metrics.get(name)
+
+    def render(self) -> str:
+        return "\n".join(line for m in self._metrics.values() for line in m.render()) + "\n"
+
+
+class ServingMetrics:
+    """The server's metrics: engine gauges from `stats()`, request counters, TTFT/TPOT."""
+
+    # engine.stats() key -> (metric name, help). Other numeric keys become loopjax_engine_<key>.
+    ENGINE_GAUGES = {
+        "queue_len": ("loopjax_queue_len", "Requests waiting in the engine queue"),
+        "running_rows": ("loopjax_running_rows", "Requests in the running batch"),
+        "pages_used": ("loopjax_pages_used", "KV pages in use"),
+        "pages_free": ("loopjax_pages_free", "KV pages free"),
+        "compilations": ("loopjax_compilations", "XLA compilations since start"),
+        "mean_loops_per_token": ("loopjax_mean_loops_per_token", "Mean loops run per generated token"),
+    }
+
+    def __init__(self):
+        r = self.registry = Registry()
+        self.gauges = {key: r.gauge(name, text) for key, (name, text) in self.ENGINE_GAUGES.items()}
+        self.waiting = r.gauge("loopjax_waiting_requests",
+                               "Accepted requests that have not yet received a first token")
+        self.requests = r.counter("loopjax_requests_total", "Requests accepted")
+        self.finished = r.counter("loopjax_requests_finished_total", "Requests finished")
+        self.aborted = r.counter("loopjax_requests_aborted_total", "Requests aborted by the client")
+        self.rejected = r.counter("loopjax_requests_rejected_total", "Requests rejected: queue full")
+        self.prompt_tokens = r.counter("loopjax_prompt_tokens_total", "Prompt tokens accepted")
+        self.generation_tokens = r.counter("loopjax_generation_tokens_total", "Tokens generated")
+        self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)
+        self.tpot = r.histogram("loopjax_tpot_seconds", "Time per output token after the first",
+                                TPOT_BUCKETS)
+
+    def set_engine_stats(self, stats: dict):
+        for key, value in stats.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                continue
+            gauge = self.gauges.get(key)
+            if gauge is None:
+                name = "loopjax_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+                gauge = self.gauges[key] = self.registry.gauge(name, f"engine stats()[{key!r}]")
+            gauge.set(value)
+
+    def render(self) -> str:
+        return self.registry.render()
+
+
+def parse(text: str) -> dict[str, float]:
+    """`{"name{labels}": value}` of an exposition; ValueError naming the first bad line."""
+    samples: dict[str, float] = {}
+    for num, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if match is None:
+            raise ValueError(f"metrics line {num} is not a Prometheus sample: {line!r}")
+        name, labels, value = match.group(1), match.group(2) or "", match.group(3)
+        try:
+            samples[name + labels] = float(value.replace("Inf", "inf"))
+        except ValueError:
+            raise ValueError(f"metrics line {num} has a bad value {value!r}") from None
+    return samples

@@ -1,0 +1,396 @@
+"""OpenAI-compatible HTTP server: `loopjax serve MODEL [--host] [--port] [engine options]`.
+
+Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream with server-sent
+events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics.
+
+Contract:
+- Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
+  "param", "code"}}`, `param` naming the field; a full queue gets 429; a dead engine 503.
+- Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
+  `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
+- Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
+  a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
+- A client that disconnects mid-stream aborts its request (pages freed before the next step).
+This is the only module that imports FastAPI / uvicorn; `create_app` serves an Engine or
+AsyncEngine in-process (tests run it with uvicorn in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from loopjax.sampling_params import SamplingParams
+
+log = logging.getLogger("loopjax.server")
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        body = {"error": {"message": self.message, "type": self.kind, "param": self.param,
+                          "code": self.status}}
+        return JSONResponse(body, status_code=self.status)
+
+
+def _bad(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def _param_of(message: str, body: dict) -> str | None:
+    """The request field a one-line ValueError names (its first word that is a field)."""
+    for word in message.replace(":", " ").replace(",", " ").split():
+        if word.strip("'\"") in body or word.strip("'\"") in ("max_tokens", "prompt", "messages"):
+            return word.strip("'\"")
+    return None
+
+
+def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
+    """The prompt text of `messages` under a Hugging Face chat template (jinja2, sandboxed).
+
+    Without jinja2 only ChatML templates render (a built-in ChatML renderer)."""
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        if CHATML_START in template and CHATML_END in template:
+            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
+            return text + f"{CHATML_START}assistant\n"
+        raise APIError(500, "the chat template is not ChatML and jinja2 is not installed "
+                            "(pip install jinja2)", "messages", "server_error") from None
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                bos_token=bos_token, eos_token=eos_token)
+    except TemplateError as e:
+        raise _bad(f"messages: the chat template refused them: {e}", "messages") from None
+
+
+class _Choice:
+    """Text of one choice as tokens arrive: detokenized, trimmed at a stop string."""
+
+    def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
+        self.index, self.tokenizer, self.stop = index, tokenizer, stop
+        self.text, self.sent = "", 0  # full text so far; characters already streamed
+        self.token_ids: list[int] = []
+        self.exit_loops: list[int] = []
+        self.finish_reason: str | None = None
+        self.submissions = 0
+
+    def update(self, out) -> tuple[str, list[int], list[int]]:
+        """Apply one RequestOutput; returns (text delta, new token ids, their exit loops)."""
+        new_ids = list(out.new_token_ids)
+        self.token_ids = list(out.token_ids)
+        loops = list(out.exit_loops or [])
+        if len(loops) == len(self.token_ids):  # exit loops of every token so far
+            new_loops = loops[len(loops) - len(new_ids):] if new_ids else []
+            self.exit_loops = loops
+        else:  # exit loops of the new tokens only
+            new_loops = loops
+            self.exit_loops += loops
+        m = out.metrics
+        subs = m.get("submissions") if isinstance(m, dict) else getattr(m, "submissions", None)
+        self.submissions = int(subs or 0)
+        if self.tokenizer is not None:
+            self.text = self.tokenizer.decode(self.token_ids)
+            for s in self.stop:
+                cut = self.text.find(s)
+                if cut >= 0:
+                    self.text, self.finish_reason = self.text[:cut], "stop"
+        if out.finished and self.finish_reason is None:
+            self.finish_reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(
+                str(out.finish_reason), str(out.finish_reason))
+        end = len(self.text)
+        if self.finish_reason is None:  # hold back what may still become a stop string or a char
+            end = len(self.text.rstrip("\ufffd"))
+            for s in self.stop:
+                for k in range(min(len(s) - 1, end), 0, -1):
+                    if self.text[:end].endswith(s[:k]):
+                        end -= k
+                        break
+        delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
+        return delta, new_ids, new_loops
+
+
+def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -> FastAPI:
+    """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
+
+    The tokenizer, chat template and config come from `model` (default: `engine.model`).
+    The app's lifespan starts the AsyncEngine and shuts it down."""
+    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_waiting=max_waiting)
+    model = model if model is not None else getattr(aengine.engine, "model", None)
+    tokenizer = getattr(model, "tokenizer", None)
+    chat_template = getattr(model, "chat_template", None)
+    cfg = getattr(model, "cfg", None)
+    vocab_size = getattr(cfg, "vocab_size", None)
+    max_context = getattr(cfg, "max_context_len", None) or getattr(cfg, "max_position_embeddings", None)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await aengine.start()
+        try:
+            yield
+        finally:
+            aengine.shutdown()
+
+    app = FastAPI(title="loopjax", lifespan=lifespan)
+    app.state.async_engine = aengine
+
+    @app.exception_handler(APIError)
+    async def _api_error(request, exc: APIError):
+        return exc.response()
+
+    async def read_body(request: Request) -> dict:
+        raw = await request.body()
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise _bad(f"malformed JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
+        if body.get("model") is not None and body["model"] != model_name:
+            raise _bad(f"model {body['model']!r} is not served here; this server serves {model_name!r}",
+                       "model")
+        if body.get("n") not in (None, 1):
+            raise _bad(f"n must be 1 (one choice per prompt), got {body['n']!r}", "n")
+        if not isinstance(body.get("stream", False), bool):
+            raise _bad(f"stream must be true or false, got {body['stream']!r}", "stream")
+        return body
+
+    def sampling_params(body: dict) -> SamplingParams:
+        try:
+            return SamplingParams.from_openai(body)
+        except (ValueError, TypeError) as e:
+            raise _bad(str(e), _param_of(str(e), body)) from None
+
+    def check_ids(ids, param: str) -> list[int]:
+        if not ids:
+            raise _bad(f"{param} is empty", param)
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise _bad(f"{param} must be text or a list of integer token ids", param)
+        if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
+            raise _bad(f"{param} has token ids outside [0, {vocab_size})", param)
+        if max_context is not None and len(ids) >= max_context:
+            raise _bad(f"{param} is too long: {len(ids)} tokens, the model's context is {max_context}",
+                       param)
+        return ids
+
+    def encode(text: str, param: str) -> list[int]:
+        if tokenizer is None:
+            raise _bad(f"{param}: model {model_name!r} has no tokenizer; send token ids instead", param)
+        return tokenizer.encode(text, add_special_tokens=False).ids
+
+    def completion_prompts(body: dict) -> list[list[int]]:
+        prompt = body.get("prompt")
+        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt:
+            raise _bad("prompt must be a string, a list of token ids, or a non-empty list of those",
+                       "prompt")
+        return [check_ids(encode(p, "prompt") if isinstance(p, str) else p, "prompt") for p in prompt]
+
+    def chat_prompt(body: dict) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise _bad("messages must be a non-empty list of {role, content} objects", "messages")
+        clean = []
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(content, str):
+                raise _bad(f"messages[{i}] must have a role in {_ROLES} and text content", "messages")
+            clean.append({**m, "content": content})
+        if tokenizer is None or not chat_template:
+            raise _bad(f"model {model_name!r} has no chat template" +
+                       ("" if tokenizer is not None else " or tokenizer") +
+                       "; use /v1/completions with a prompt", "messages")
+        return check_ids(encode(render_chat(chat_template, clean), "messages"), "messages")
+
+    async def submit_all(prompts, params) -> list:
+        streams = []
+        try:
+            for ids in prompts:
+                streams.append(await aengine.submit(ids, params))
+        except BaseException as e:
+            for s in streams:
+                s.close()
+            if isinstance(e, QueueFullError):
+                raise APIError(429, str(e), None, "rate_limit_error") from None
+            if isinstance(e, EngineDeadError):
+                raise APIError(503, str(e), None, "server_error") from None
+            if isinstance(e, ValueError):
+                raise _bad(str(e), "prompt" if "prompt" in str(e) else None) from None
+            raise
+        return streams
+
+    async def merged(streams):
+        """(choice index, RequestOutput) of all streams as they come; closes them at the end."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(i, stream):
+            try:
+                async for out in stream:
+                    await queue.put((i, out))
+            except Exception as e:
+                await queue.put((i, e))
+            await queue.put((i, None))
+
+        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+        try:
+            left = len(streams)
+            while left:
+                i, item = await queue.get()
+                if item is None:
+                    left -= 1
+                elif isinstance(item, Exception):
+                    raise item
+                else:
+                    yield i, item
+        finally:
+            for t in tasks:
+                t.cancel()
+            for s in streams:
+                s.close()
+
+    async def handle(request: Request, chat: bool):
+        body = await read_body(request)
+        prompts = [chat_prompt(body)] if chat else completion_prompts(body)
+        params = sampling_params(body)
+        streams = await submit_all(prompts, params)
+        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(prompts))]
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": int(time.time()), "model": model_name}
+
+        def usage():
+            gen = sum(len(c.token_ids) for c in choices)
+            prompt_tokens = sum(len(p) for p in prompts)
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": gen,
+                    "total_tokens": prompt_tokens + gen,
+                    "submissions": sum(c.submissions for c in choices)}
+
+        async def run_choices():
+            """Yields (choice, delta, new ids, new loops) per output; stops a choice at its stop string."""
+            async for i, out in merged(streams):
+                c = choices[i]
+                if c.finish_reason is not None:
+                    continue
+                delta, new_ids, new_loops = c.update(out)
+                if c.finish_reason is not None and not out.finished:
+                    streams[i].close()  # a stop string matched: free the engine row now
+                yield c, delta, new_ids, new_loops
+
+        if not body.get("stream"):
+            try:
+                async for _ in run_choices():
+                    pass
+            except EngineDeadError as e:
+                raise APIError(503, str(e), None, "server_error") from None
+            head["object"] = "chat.completion" if chat else "text_completion"
+            head["choices"] = [
+                {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,
+                 "token_ids": c.token_ids, "exit_loops": c.exit_loops,
+                 **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})}
+                for c in choices]
+            head["usage"] = usage()
+            return JSONResponse(head)
+
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+        def sse(payload) -> str:
+            return f"data: {json.dumps(payload)}\n\n"
+
+        async def events():
+            try:
+                if chat:
+                    for c in choices:
+                        yield sse({**head, "choices": [{"index": c.index, "finish_reason": None,
+                                                        "delta": {"role": "assistant", "content": ""}}]})
+                async for c, delta, new_ids, new_loops in run_choices():
+                    choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,
+                              "token_ids": new_ids, "exit_loops": new_loops}
+                    choice.update({"delta": {"content": delta}} if chat else {"text": delta})
+                    yield sse({**head, "choices": [choice]})
+                if include_usage:
+                    yield sse({**head, "choices": [], "usage": usage()})
+            except EngineDeadError as e:
+                yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 503}})
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await handle(request, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await handle(request, chat=True)
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "loopjax",
+                "max_model_len": max_context, "vocab_size": vocab_size}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/health")
+    async def health():
+        if not aengine.running:
+            return JSONResponse({"status": "dead", "error": str(aengine.error)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def add_arguments(parser):
+    from loopjax.async_engine import add_engine_arguments
+
+    parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--served-model-name", default=None,
+                        help="the name clients send as `model` (default: MODEL as given)")
+    parser.add_argument("--max-waiting", type=int, default=256,
+                        help="requests that may wait for a first token before new ones get 429")
+    parser.add_argument("--log-level", default="info")
+    add_engine_arguments(parser)
+
+
+def run(args) -> int:
+    import uvicorn
+
+    from loopjax.async_engine import build_engine
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    model, engine = build_engine(args)
+    if getattr(model, "tokenizer", None) is None:
+        log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
+    app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting)
+    # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
+    return 0

@@ -1,0 +1,357 @@
+"""The OpenAI-compatible server against the real `openai` client, live on 127.0.0.1.
+
+One uvicorn server (in a thread, on a free port) serves the tiny Ouro preset with a small
+word-level tokenizer and a ChatML template built here. The AsyncEngine's own contract
+(bounded queue, abort, a dying engine) is also checked against a fake engine whose
+behaviour is exact, in-process without HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import socket
+import threading
+import time
+import types
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from loopjax.metrics import parse
+from loopjax.sampling_params import SamplingParams
+from loopjax.server import create_app, render_chat
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+WORDS = ["hello", "world", "user", "assistant", "system", "the", "loop", "model"]
+MODEL_NAME = "ouro-tiny"
+
+
+def word_tokenizer(vocab_size: int):
+    """Word-level tokenizer: 0 <unk>, 1 <|im_start|>, 2 <|im_end|> (Ouro tiny's EOS), then words."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    words = WORDS + [f"w{i}" for i in range(vocab_size - 3 - len(WORDS))]
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2} | {w: i + 3 for i, w in enumerate(words)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    return tok
+
+
+class LiveServer:
+    def __init__(self, app):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.time() + 60
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+        assert not self.thread.is_alive(), "server did not shut down"
+
+
+@pytest.fixture(scope="module")
+def model():
+    from loopjax.model import load
+
+    m = load(MODEL_NAME)
+    return dataclasses.replace(m, tokenizer=word_tokenizer(m.cfg.vocab_size), chat_template=CHATML)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    from loopjax.engine import Engine, EngineConfig
+
+    engine = Engine(model, EngineConfig())
+    app = create_app(engine, MODEL_NAME, model=model)
+    with LiveServer(app) as live:
+        live.aengine = app.state.async_engine
+        yield live
+    assert not live.aengine.running  # the lifespan stopped the engine thread
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+
+def _wait_idle(aengine, timeout_s=30):
+    """Poll the engine stats until nothing runs and no page is used; returns the stats."""
+    deadline = time.time() + timeout_s
+    while True:
+        stats = aengine.stats()
+        if stats["pages_used"] == 0 and stats["running_rows"] == 0 and stats["queue_len"] == 0:
+            return stats
+        assert time.time() < deadline, f"engine not idle: {stats}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------ live server
+def test_completion_greedy_equals_generate(client, model):
+    from loopjax.generate import generate
+
+    prompts = [[5, 9, 13, 17, 21], [7, 3, 100, 42]]
+    ref = generate(model, prompts, max_new_tokens=8)
+    for prompt, expect in zip(prompts, ref):
+        r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0)
+        choice = r.choices[0]
+        assert choice.token_ids == list(expect.token_ids)
+        assert choice.text == model.tokenizer.decode(list(expect.token_ids))
+        assert r.usage.prompt_tokens == len(prompt)
+        assert r.usage.completion_tokens == len(expect.token_ids)
+        assert choice.finish_reason in ("length", "stop")
+        assert len(choice.exit_loops) == len(choice.token_ids)
+
+
+def test_text_prompt_and_batch_of_prompts(client, model):
+    r = client.completions.create(model=MODEL_NAME, prompt=["hello world", "the loop model"], max_tokens=4,
+                                  temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert all(len(c.token_ids) == 4 for c in r.choices)
+    assert r.usage.prompt_tokens == 5
+
+
+def test_chat_uses_template(client, model):
+    from loopjax.generate import generate
+
+    messages = [{"role": "system", "content": "the model"}, {"role": "user", "content": "hello world"}]
+    ids = model.tokenizer.encode(render_chat(CHATML, messages), add_special_tokens=False).ids
+    assert ids[:2] == [1, 7] and ids[-2:] == [1, 6]  # <|im_start|>system ... <|im_start|>assistant
+    expect = generate(model, [ids], max_new_tokens=6)[0]
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=0)
+    assert r.choices[0].message.role == "assistant"
+    assert r.choices[0].token_ids == list(expect.token_ids)
+    assert r.usage.prompt_tokens == len(ids)
+
+
+def test_streaming_completion_and_chat(client):
+    kw = dict(model=MODEL_NAME, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
+    full = client.completions.create(prompt=[4, 5, 6, 7], **kw)
+    chunks = list(client.completions.create(prompt=[4, 5, 6, 7], stream=True,
+                                            stream_options={"include_usage": True}, **kw))
+    ids = [t for c in chunks for ch in c.choices for t in ch.token_ids]
+    assert ids == full.choices[0].token_ids and len(ids) == 10
+    assert "".join(ch.text for c in chunks for ch in c.choices) == full.choices[0].text
+    assert chunks[-1].usage.completion_tokens == 10 and chunks[-1].usage.submissions >= 1
+    assert [ch.finish_reason for c in chunks for ch in c.choices][-1] == "length"
+    chat = list(client.chat.completions.create(messages=[{"role": "user", "content": "hello"}],
+                                               stream=True, **kw))
+    assert chat[0].choices[0].delta.role == "assistant"
+    assert sum(len(c.choices[0].token_ids or []) for c in chat) == 10
+
+
+def test_sixteen_concurrent_requests(client, server):
+    def one(i):
+        r = client.completions.create(model=MODEL_NAME, prompt=[3 + i, 4, 5 + i], max_tokens=6,
+                                      temperature=0, extra_body={"ignore_eos": True})
+        return r.choices[0].token_ids
+
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        outs = list(pool.map(one, range(16)))
+    assert all(len(o) == 6 for o in outs)
+    assert outs[0] == one(0)  # batch composition does not change greedy tokens
+    _wait_idle(server.aengine)
+
+
+def test_cancelled_stream_frees_pages(client, server):
+    stream = client.completions.create(model=MODEL_NAME, prompt=list(range(10, 60)), max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    for chunk in stream:
+        got += len(chunk.choices[0].token_ids)
+        if got >= 2:
+            break
+    assert server.aengine.stats()["pages_used"] > 0 or server.aengine.metrics.finished.value
+    stream.close()
+    stats = _wait_idle(server.aengine)
+    assert stats["pages_free"] > 0
+    assert server.aengine.metrics.aborted.value >= 1
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"model": "gpt-4", "prompt": [1, 2]}, 400, "model", "gpt-4"),
+    ({"prompt": [5, 6], "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
+    ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
+    ({"prompt": [5] * 600}, 400, "prompt", "too long"),
+    ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
+    ({"prompt": []}, 400, "prompt", "prompt"),
+    ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
+])
+def test_bad_requests_get_400(server, body, status, param, words):
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"] and err["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_chat_errors(server, client):
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="gpt-4"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    # ... and the server keeps serving.
+    assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.total_tokens >= 3
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_full_queue_gets_429(server, client):
+    server.aengine.max_waiting = 0
+    try:
+        with pytest.raises(openai.RateLimitError, match="retry later"):
+            client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2)
+    finally:
+        server.aengine.max_waiting = 256
+    assert server.aengine.metrics.rejected.value >= 1
+
+
+def test_models_and_metrics(server, client, model):
+    assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    client.completions.create(model=MODEL_NAME, prompt=[8, 9], max_tokens=3, temperature=0)
+    samples = parse(httpx.get(server.url + "/metrics", timeout=10).text)
+    for name in ("loopjax_queue_len", "loopjax_running_rows", "loopjax_pages_used", "loopjax_pages_free",
+                 "loopjax_compilations", "loopjax_mean_loops_per_token", "loopjax_ttft_seconds_count",
+                 "loopjax_tpot_seconds_count", 'loopjax_ttft_seconds_bucket{le="+Inf"}'):
+        assert name in samples, name
+    assert samples["loopjax_ttft_seconds_count"] >= 1
+    assert samples['loopjax_ttft_seconds_bucket{le="+Inf"}'] == samples["loopjax_ttft_seconds_count"]
+    assert samples["loopjax_pages_free"] > 0 and samples["loopjax_generation_tokens_total"] >= 3
+
+
+def test_chat_without_template_is_400(model):
+    from loopjax.engine import Engine, EngineConfig
+
+    bare = dataclasses.replace(model, tokenizer=None, chat_template=None)
+    app = create_app(Engine(bare, EngineConfig()), MODEL_NAME, model=bare)
+    with LiveServer(app) as live:
+        r = httpx.post(live.url + "/v1/chat/completions", timeout=30,
+                       json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": MODEL_NAME, "prompt": "hi"})
+        assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
+
+
+# ------------------------------------------------------------------ AsyncEngine contract (fake engine)
+class FakeEngine:
+    """Exact stand-in: one token per step per request (token = previous + 1), 1 page each."""
+
+    def __init__(self, fail_at_step=None):
+        self.requests, self.steps, self.fail_at_step = {}, 0, fail_at_step
+        self.thread_ids = set()
+        self.paused = False  # while set, the loop accepts requests but never steps
+
+    def add_request(self, prompt_ids, params, request_id=None):
+        self.thread_ids.add(threading.get_ident())
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        self.requests[request_id] = types.SimpleNamespace(last=prompt_ids[-1], ids=[], max=params.max_tokens)
+        return request_id
+
+    def abort(self, request_id):
+        self.requests.pop(request_id)
+
+    def has_unfinished(self):
+        return bool(self.requests) and not self.paused
+
+    def stats(self):
+        return {"queue_len": 0, "running_rows": len(self.requests), "pages_used": len(self.requests),
+                "pages_free": 100 - len(self.requests)}
+
+    def step(self):
+        self.thread_ids.add(threading.get_ident())
+        self.steps += 1
+        if self.steps == self.fail_at_step:
+            raise RuntimeError("device fell over")
+        time.sleep(0.002)
+        outs = []
+        for rid, r in list(self.requests.items()):
+            r.last += 1
+            r.ids.append(r.last)
+            done = len(r.ids) == r.max
+            outs.append(types.SimpleNamespace(request_id=rid, new_token_ids=[r.last], token_ids=list(r.ids),
+                                              finished=done, finish_reason="length" if done else None,
+                                              exit_loops=[4] * len(r.ids),
+                                              metrics={"submissions": len(r.ids)}))
+            if done:
+                del self.requests[rid]
+        return outs
+
+
+def test_async_engine_contract():
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True
+        aeng = AsyncEngine(fake, max_waiting=3, idle_timeout_s=0.01)
+        await aeng.start()
+        params = SamplingParams(max_tokens=5, temperature=0)
+        with pytest.raises(ValueError, match="empty"):  # refused, nothing queued
+            await aeng.submit([], params)
+        streams = [await aeng.submit([10 * i], params) for i in range(1, 4)]
+        with pytest.raises(QueueFullError):  # three wait for a first token already
+            await aeng.submit([1], params)
+        assert aeng.num_waiting == 3 and len(fake.requests) == 3
+        fake.paused = False
+        outs = [[o async for o in s] for s in streams[:2]]
+        assert [o[-1].token_ids for o in outs] == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]
+        assert streams[0].ttft > 0 and streams[0].tpot > 0
+        long = await aeng.submit([0], SamplingParams(max_tokens=10_000, temperature=0))
+        await long.__anext__()
+        long.close()  # abort: the fake engine drops it, its page goes back
+        for _ in range(200):
+            if aeng.stats()["pages_used"] == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert aeng.stats()["pages_used"] == 0 and aeng.num_waiting == 0
+        aeng.shutdown()
+        assert not aeng.running and len(fake.thread_ids) == 1 and threading.get_ident() not in fake.thread_ids
+
+        dying = AsyncEngine(FakeEngine(fail_at_step=2))
+        await dying.start()
+        s = await dying.submit([1], SamplingParams(max_tokens=50, temperature=0))
+        with pytest.raises(EngineDeadError, match="device fell over"):
+            async for _ in s:
+                pass
+        with pytest.raises(EngineDeadError):
+            await dying.submit([1], params)
+        dying.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_metrics_text_round_trips():
+    from loopjax.metrics import ServingMetrics
+
+    m = ServingMetrics()
+    m.set_engine_stats({"queue_len": 2, "pages_used": 7, "custom": 1.5, "name": "x"})
+    for v in (0.001, 0.2, 1000.0):
+        m.ttft.observe(v)
+    samples = parse(m.render())
+    assert samples["loopjax_queue_len"] == 2 and samples["loopjax_engine_custom"] == 1.5
+    assert samples['loopjax_ttft_seconds_bucket{le="0.005"}'] == 1
+    assert samples['loopjax_ttft_seconds_bucket{le="120"}'] == 2
+    assert samples['loopjax_ttft_seconds_bucket{le="+Inf"}'] == 3
+    assert samples["loopjax_ttft_seconds_sum"] > 1000
+    with pytest.raises(ValueError, match="line 1"):
+        parse("not a sample line at all")
+    assert json.dumps(samples)  # plain floats
