@@ -24,6 +24,7 @@ import numpy as np
 from loopjax.config import HuginnConfig
 
 # Present in some checkpoints, never read: the persistent RoPE table (recomputed from rope_base).
+# Entries are full-match patterns for the converter (a plain name matches itself).
 IGNORED_HF_KEYS = frozenset({"freqs_cis"})
 
 # May be present; checked by `to_params` (must equal the embedding) and otherwise dropped.
@@ -64,9 +65,9 @@ def hf_tensor_shapes(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
 
 
 def optional_hf_tensor_shapes(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
-    """Tensors a checkpoint may hold beyond `hf_tensor_shapes` (checked when present)."""
-    return {TIED_HF_KEY: (cfg.vocab_size, cfg.hidden_size),
-            "freqs_cis": (1, cfg.max_position_embeddings, 1, cfg.head_dim // 2, 2)}
+    """Tensors a checkpoint may hold beyond `hf_tensor_shapes` (checked when present).
+    `IGNORED_HF_KEYS` are not listed: they are never read, whatever their shape."""
+    return {TIED_HF_KEY: (cfg.vocab_size, cfg.hidden_size)}
 
 
 def _matrix(w: np.ndarray) -> np.ndarray:
