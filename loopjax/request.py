@@ -1,0 +1,129 @@
+"""Request: the host state of one generation request (pure Python, imports no JAX).
+
+Conventions:
+- A request's token sequence is `all_token_ids = prompt_token_ids + output_token_ids`.
+  Position p of that sequence has its KV in slot `page_ids[p // S] * S + p % S` (S = page size).
+- `num_computed_tokens` counts positions whose KV is in the pool. A DECODING request has
+  `num_computed_tokens == num_tokens - 1`: its last (sampled) token is the next step's input.
+- Preemption by recompute frees the pages and sets `num_computed_tokens = 0` but keeps the
+  generated tokens; the request is then prefilled again over `all_token_ids` (its "prompt"
+  for prefill purposes), and the chunk that completes it samples the next token.
+- Depth: `max_loops` is the loops each generated token runs (fixed depth), or the cap when
+  `adaptive` (an exit rule may stop earlier; such rows are planned one loop per submission).
+- The scheduler owns every field except `sampling_params`, `adaptive` and `max_loops`, which
+  the engine sets before `Scheduler.add`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+# Finish reasons (OpenAI's words; "abort" for a request the client dropped).
+FINISH_STOP = "stop"
+FINISH_LENGTH = "length"
+FINISH_ABORT = "abort"
+
+
+class RequestPhase(enum.Enum):
+    WAITING = "waiting"        # queued, holds no page, nothing computed
+    PREFILLING = "prefilling"  # admitted; some prompt chunks computed, more to come
+    DECODING = "decoding"      # prompt computed; each decode step adds one token
+    PREEMPTED = "preempted"    # pages taken back; queued at the front to be recomputed
+    FINISHED = "finished"      # done (finish_reason says why); holds no page
+
+
+@dataclass(eq=False)
+class Request:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: Any = None  # loopjax.sampling_params.SamplingParams; None = defaults
+    adaptive: bool = False       # an exit rule may end a token before max_loops
+    max_loops: int | None = None  # loops per token (cap when adaptive); None = the model's depth
+    arrival_time: float | None = None  # clock time of `add` (set by the scheduler if None)
+    # ---- scheduler-owned state
+    output_token_ids: list[int] = field(default_factory=list)
+    exit_loops: list[int] = field(default_factory=list)  # loops run, per output token
+    phase: RequestPhase = RequestPhase.WAITING
+    arrival_order: int = -1       # FCFS rank, unique; set by Scheduler.add
+    num_computed_tokens: int = 0  # positions whose KV is in the pool
+    num_loops_done: int = 0       # per-loop decode: loops already run for the pending token
+    page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
+    finish_reason: str | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    num_preemptions: int = 0
+    num_prefill_submissions: int = 0  # prefill steps this request took part in
+    num_decode_submissions: int = 0   # decode steps this request took part in
+    num_decode_tokens: int = 0        # output tokens produced by decode steps
+
+    def __post_init__(self):
+        self.prompt_token_ids = list(self.prompt_token_ids)
+
+    # ---- sizes
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+    def token_ids(self, start: int, end: int) -> list[int]:
+        """all_token_ids[start:end] without building the whole list."""
+        n = len(self.prompt_token_ids)
+        if end <= n:
+            return self.prompt_token_ids[start:end]
+        if start >= n:
+            return self.output_token_ids[start - n:end - n]
+        return self.prompt_token_ids[start:] + self.output_token_ids[:end - n]
+
+    def num_pages_needed(self, page_size: int, num_tokens: int | None = None) -> int:
+        """Pages that hold `num_tokens` positions (default: every token of the request)."""
+        n = self.num_tokens if num_tokens is None else num_tokens
+        return -(-n // page_size)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.phase is RequestPhase.FINISHED
+
+    # ---- sampling limits (SamplingParams is opaque here except these two fields)
+    @property
+    def max_tokens(self) -> int | None:
+        return getattr(self.sampling_params, "max_tokens", None)
+
+    @property
+    def stop_token_ids(self) -> tuple[int, ...]:
+        return tuple(getattr(self.sampling_params, "stop_token_ids", ()) or ())
+
+    # ---- timing (seconds of the scheduler's clock)
+    @property
+    def ttft(self) -> float | None:
+        """Time to first token: arrival to the first sampled token."""
+        if self.first_token_time is None or self.arrival_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def tpot(self) -> float | None:
+        """Time per output token after the first one (None with fewer than two tokens)."""
+        if self.num_output_tokens < 2 or self.last_token_time is None or self.first_token_time is None:
+            return None
+        return (self.last_token_time - self.first_token_time) / (self.num_output_tokens - 1)
+
+    @property
+    def decode_submissions_per_token(self) -> float | None:
+        """Decode submissions per decode-produced token: 1.0 for fused fixed-depth decode."""
+        if self.num_decode_tokens == 0:
+            return None
+        return self.num_decode_submissions / self.num_decode_tokens

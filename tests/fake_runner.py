@@ -1,0 +1,113 @@
+"""A fake runner for scheduler tests: arithmetic checkable by hand, pool checks built in.
+
+- Next token = (last token of the row's context + 1) % vocab_size.
+- Exit loop: a fixed-depth row exits at its row_loops; an adaptive row exits at
+  1 + (last token % row_loops) (hand-checkable, and not the same for every row).
+- The fake keeps a simulated KV pool (slot -> (request id, position, token)): every step
+  writes the fed tokens into their slots through the row's page list and reads the row's
+  whole context back through it, so a page that is shared, freed too early or mapped wrong
+  fails the test at once. It also checks the per-loop carry: a row's loops arrive in order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from loopjax.request import Request
+from loopjax.scheduler import Scheduler, StepKind, StepOutput, StepPlan
+
+
+def adaptive_exit(last_token: int, row_loops: int) -> int:
+    return 1 + last_token % row_loops
+
+
+class FakeRunner:
+    def __init__(self, page_size: int, num_pages: int, vocab_size: int = 97):
+        self.page_size = page_size
+        self.vocab_size = vocab_size
+        self.pool: list[tuple[str, int, int] | None] = [None] * (num_pages * page_size)
+        self.loops_done: dict[str, int] = {}  # per-loop decode carry: loops run for the pending token
+        self.num_submissions = 0
+
+    def run(self, plan: StepPlan) -> StepOutput:
+        assert plan.num_loops >= 1 and plan.num_real_rows == len(plan.requests) <= plan.row_bucket
+        assert plan.num_real_tokens == sum(e - s for s, e in plan.token_ranges) <= plan.token_bucket
+        self.num_submissions += 1
+        for request in plan.preempted:
+            self.loops_done.pop(request.request_id, None)
+        tokens: list[int | None] = []
+        exits: list[int | None] = []
+        for i, request in enumerate(plan.requests):
+            start, end = plan.token_ranges[i]
+            context = self._write_and_read(request, start, end)
+            last = context[-1]
+            depth = plan.row_loops[i]
+            exit_loop = adaptive_exit(last, depth) if request.adaptive else depth
+            if plan.kind is StepKind.PREFILL:
+                assert plan.loop_begin == 0 and plan.num_loops >= depth
+                done = end == request.num_tokens
+            else:
+                rid = request.request_id
+                assert plan.loop_begin == self.loops_done.get(rid, 0), "per-loop carry out of order"
+                assert plan.loop_begin < exit_loop, "a row that exited was planned again"
+                done = exit_loop <= plan.loop_end
+                self.loops_done[rid] = 0 if done else plan.loop_end
+            assert done or not plan.emits[i], f"row {i} must emit but has loops left"
+            tokens.append((last + 1) % self.vocab_size if done else None)
+            exits.append(exit_loop if done else None)
+        return StepOutput(token_ids=tokens, exit_loops=exits)
+
+    def _write_and_read(self, request: Request, start: int, end: int) -> list[int]:
+        rid, size = request.request_id, self.page_size
+        assert len(request.page_ids) * size >= end, f"{rid}: pages do not cover position {end - 1}"
+        slots = [request.page_ids[p // size] * size + p % size for p in range(end)]
+        for p in range(start, end):
+            self.pool[slots[p]] = (rid, p, request.token_ids(p, p + 1)[0])
+        context = []
+        for p in range(end):
+            entry = self.pool[slots[p]]
+            assert entry is not None and entry[:2] == (rid, p), f"{rid}: slot of position {p} holds {entry}"
+            context.append(entry[2])
+        assert context == request.token_ids(0, end), f"{rid}: context read back through pages differs"
+        return context
+
+
+@dataclass
+class Trace:
+    kinds: str = ""                                     # one letter per step: P(refill) or D(ecode)
+    rows: list[list[str]] = field(default_factory=list)  # request ids per step, row order
+    loops: list[int] = field(default_factory=list)       # num_loops per step
+    first_token_step: dict[str, int] = field(default_factory=dict)
+    finished: dict[str, Request] = field(default_factory=dict)
+
+
+def drive(scheduler: Scheduler, runner: FakeRunner, arrivals: dict[int, list[Request]] | None = None,
+          *, max_steps: int = 10_000, before_step=None) -> Trace:
+    """Run schedule -> run -> update to completion; arrivals[k] are added before step k.
+
+    Checks the pool against the live requests after every step; before_step(k) may act
+    (abort, finish) before step k is planned."""
+    arrivals = dict(arrivals or {})
+    trace = Trace()
+    for step in range(max_steps):
+        for request in arrivals.pop(step, []):
+            scheduler.add(request)
+        if before_step is not None:
+            before_step(step)
+        plan = scheduler.schedule()
+        if plan is None:
+            if not arrivals:
+                return trace
+            trace.kinds += "-"  # idle step
+            trace.rows.append([])
+            trace.loops.append(0)
+            continue
+        trace.kinds += "P" if plan.kind is StepKind.PREFILL else "D"
+        trace.rows.append([r.request_id for r in plan.requests])
+        trace.loops.append(plan.num_loops)
+        for request in scheduler.update(plan, runner.run(plan)):
+            trace.first_token_step.setdefault(request.request_id, step)
+            if request.is_finished:
+                trace.finished[request.request_id] = request
+        scheduler.block_manager.check(scheduler.requests.values())
+    raise AssertionError(f"not done after {max_steps} steps")
