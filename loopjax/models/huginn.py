@@ -229,7 +229,7 @@ def forward(params, cfg: HuginnConfig, input_ids, *, loops: int | None = None,
         raise ValueError(f"huginn forward: {t} tokens exceed the context of "
                          f"{cfg.max_position_embeddings}")
     loops = cfg.mean_recurrence if loops is None else loops
-    if not isinstance(loops, int | np.integer) or loops < 0:
+    if isinstance(loops, bool) or not isinstance(loops, int | np.integer) or loops < 0:
         raise ValueError(f"huginn forward: loops must be a non-negative int, got {loops!r}")
     s0 = resolve_initial_state(cfg, initial_state, t, seed, params["embed"].dtype)
     return _forward(params, cfg, input_ids, s0, int(loops))
