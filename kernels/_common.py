@@ -1,0 +1,81 @@
+"""Helpers shared by the Pallas kernels of this folder (Triton-lowered `pl.pallas_call`).
+
+Triton blocks must have power-of-two sizes: widths that are not (head_dim 96, hidden 5280)
+are covered by power-of-two column chunks, and row tails by masked loads and stores.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+
+def is_pow2(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+def pow2_floor(x: int) -> int:
+    return 1 << (max(1, x).bit_length() - 1)
+
+
+def pow2_chunks(width: int) -> tuple[tuple[int, int], ...]:
+    """(offset, size) power-of-two chunks covering [0, width), largest first (96 -> 64 + 32)."""
+    chunks, off = [], 0
+    for bit in reversed(range(width.bit_length())):
+        if width & (1 << bit):
+            chunks.append((off, 1 << bit))
+            off += 1 << bit
+    return tuple(chunks)
+
+
+def next_pow2(x: int) -> int:
+    return 1 << (max(1, x) - 1).bit_length()
+
+
+def tile_mask(r0, block_rows: int, num_rows: int, width: int, valid_cols: int):
+    """[block_rows, width] bool: rows r0.. below num_rows and local columns below
+    valid_cols (the last row block may run past N; power-of-two tiles past the width)."""
+    rows = r0 + jax.lax.broadcasted_iota(jnp.int32, (block_rows, width), 0)
+    cols = jax.lax.broadcasted_iota(jnp.int32, (block_rows, width), 1)
+    return (rows < num_rows) & (cols < valid_cols)
+
+
+def load_tile(ref, r0, block_rows: int, c0, width: int, num_rows: int, valid_cols: int):
+    """ref[r0:r0+block_rows, c0:c0+width] of a 2-D ref; entries outside read as 0."""
+    mask = tile_mask(r0, block_rows, num_rows, width, valid_cols)
+    return plgpu.load(ref.at[pl.ds(r0, block_rows), pl.ds(c0, width)], mask=mask, other=0)
+
+
+def store_tile(ref, r0, c0, value, num_rows: int, valid_cols: int):
+    """ref[r0:r0+rows, c0:c0+width] = value [rows, width], inside the array only."""
+    block_rows, width = value.shape
+    mask = tile_mask(r0, block_rows, num_rows, width, valid_cols)
+    plgpu.store(ref.at[pl.ds(r0, block_rows), pl.ds(c0, width)], value, mask=mask)
+
+
+def load_vec(ref, c0, width: int, valid: int):
+    """ref[c0:c0+width] of a 1-D ref; entries at local index >= valid read as 0."""
+    mask = jax.lax.broadcasted_iota(jnp.int32, (width,), 0) < valid
+    return plgpu.load(ref.at[pl.ds(c0, width)], mask=mask, other=0)
+
+
+def div_rn(x, y, interpret: bool):
+    """IEEE round-to-nearest f32 x / y, as XLA divides. NOTE: Triton lowers `/` to the
+    approximate div.full.f32, so on the GPU the division is spelled in PTX."""
+    if interpret:
+        return x / y
+    x, y = jnp.broadcast_arrays(x.astype(jnp.float32), y.astype(jnp.float32))
+    [out] = plgpu.elementwise_inline_asm(
+        "div.rn.f32 $0, $1, $2;",
+        args=[x, y],
+        constraints="=f,f,f",
+        pack=1,
+        result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.float32)],
+    )
+    return out
+
+
+def compiler_params(num_warps: int = 4, num_stages: int = 2):
+    return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)

@@ -1,0 +1,141 @@
+"""Fused RMSNorm kernels, bitwise twins of loopjax.layers.rms_norm (same casts, same order):
+
+    rms_norm(x, weight, eps)                 = layers.rms_norm(x, weight, eps)
+    add_rms_norm(x, residual, weight, eps)   = layers.rms_norm(x + residual, weight, eps)  (Huginn)
+    rms_norm_add(x, residual, weight, eps)   = residual + layers.rms_norm(x, weight, eps)  (Ouro)
+
+x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
+One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
+tile (masked past H) so the sum of squares runs over the row in its natural order.
+The `ref_` twins call layers.rms_norm.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+
+from loopjax import layers
+
+from ._common import compiler_params, div_rn, load_tile, load_vec, next_pow2, store_tile
+
+__all__ = [
+    "add_rms_norm",
+    "check_rms_norm_inputs",
+    "ref_add_rms_norm",
+    "ref_rms_norm",
+    "ref_rms_norm_add",
+    "rms_norm",
+    "rms_norm_add",
+]
+
+
+def check_rms_norm_inputs(x, weight, residual=None):
+    """Shared validation: raises ValueError with a one-line message."""
+    if x.ndim != 2:
+        raise ValueError(f"x must be [N, H], got shape {x.shape}")
+    if weight.shape != (x.shape[1],):
+        raise ValueError(f"weight must be [{x.shape[1]}] (H), got shape {weight.shape}")
+    if x.dtype not in (jnp.float32, jnp.bfloat16, jnp.float16) or weight.dtype != x.dtype:
+        raise ValueError(f"x and weight must share a float dtype, got {x.dtype} and {weight.dtype}")
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
+        raise ValueError(f"residual must match x ({x.dtype}{x.shape}), got {residual.dtype}{residual.shape}")
+
+
+def ref_rms_norm(x, weight, eps: float):
+    check_rms_norm_inputs(x, weight)
+    return layers.rms_norm(x, weight, eps)
+
+
+def ref_add_rms_norm(x, residual, weight, eps: float):
+    check_rms_norm_inputs(x, weight, residual)
+    return layers.rms_norm(x + residual, weight, eps)
+
+
+def ref_rms_norm_add(x, residual, weight, eps: float):
+    check_rms_norm_inputs(x, weight, residual)
+    return residual + layers.rms_norm(x, weight, eps)
+
+
+def _kernel(*refs, eps: float, block_rows: int, residual: str | None, interpret: bool):
+    # refs: x [N, H], (residual [N, H]), weight [H], out [N, H]
+    x_ref, res_ref, w_ref, o_ref = refs if residual else (refs[0], None, *refs[1:])
+    n, h = x_ref.shape
+    # NOTE: Triton needs a power-of-two tile; interpret mode reads the row as the ref does.
+    width = h if interpret else next_pow2(h)
+    r0 = pl.program_id(0) * block_rows
+    x = load_tile(x_ref, r0, block_rows, 0, width, n, h)  # [BN, W], zero past the row
+    if residual is not None:
+        res = load_tile(res_ref, r0, block_rows, 0, width, n, h)
+        if residual == "before":
+            x = x + res
+    w = load_vec(w_ref, 0, width, h)[None, :]  # [1, W]
+    xf = x.astype(jnp.float32)
+    mean = div_rn(jnp.sum(xf * xf, axis=-1, keepdims=True), jnp.float32(h), interpret)
+    normed = xf * jax.lax.rsqrt(mean + eps)
+    out = w * normed.astype(x.dtype)
+    if residual == "after":
+        out = res + out
+    store_tile(o_ref, r0, 0, out, n, h)
+
+
+def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret):
+    n, h = x.shape
+    if block_rows is None:  # ~8K elements per program
+        block_rows = max(1, min(next_pow2(n), 8192 // next_pow2(h)))
+    kernel = functools.partial(
+        _kernel, eps=eps, block_rows=block_rows, residual=mode, interpret=interpret
+    )
+    args = (x, residual, weight) if mode else (x, weight)
+    return pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+        grid=(pl.cdiv(n, block_rows),),
+        compiler_params=compiler_params(num_warps),
+        interpret=interpret,
+        name="loopjax_rms_norm",
+    )(*args)
+
+
+def rms_norm(
+    x,  # [N, H]
+    weight,  # [H]
+    eps: float,
+    *,
+    block_rows: int | None = None,
+    num_warps: int = 4,
+    interpret: bool = False,
+):
+    check_rms_norm_inputs(x, weight)
+    return _call(x, None, weight, eps, None, block_rows, num_warps, interpret)
+
+
+def add_rms_norm(
+    x,  # [N, H]
+    residual,  # [N, H]
+    weight,  # [H]
+    eps: float,
+    *,
+    block_rows: int | None = None,
+    num_warps: int = 4,
+    interpret: bool = False,
+):
+    check_rms_norm_inputs(x, weight, residual)
+    return _call(x, residual, weight, eps, "before", block_rows, num_warps, interpret)
+
+
+def rms_norm_add(
+    x,  # [N, H]
+    residual,  # [N, H]
+    weight,  # [H]
+    eps: float,
+    *,
+    block_rows: int | None = None,
+    num_warps: int = 4,
+    interpret: bool = False,
+):
+    check_rms_norm_inputs(x, weight, residual)
+    return _call(x, residual, weight, eps, "after", block_rows, num_warps, interpret)
