@@ -1,0 +1,340 @@
+"""Scheduler against the fake runner (tests/fake_runner.py): next token = (last + 1) % 97,
+fixed-depth rows exit at their depth, adaptive rows at 1 + last % depth. Every expected
+step below is computed by hand from the rule at the top of Scheduler.schedule()."""
+
+import random
+
+import pytest
+from fake_runner import FakeRunner, adaptive_exit, drive
+
+from loopjax.request import Request, RequestPhase
+from loopjax.sampling_params import SamplingParams
+from loopjax.scheduler import Scheduler, SchedulerConfig, StepKind, StepOutput
+
+V = 97
+
+
+def cfg(**kw):
+    base = dict(page_size=4, num_pages=64, max_num_rows=8, decode_row_buckets=(1, 2, 4, 8),
+                max_prefill_tokens=32, prefill_token_buckets=(8, 16, 32), max_prefill_rows=4,
+                max_context_len=64, num_loops=4)
+    base.update(kw)
+    return SchedulerConfig(**base)
+
+
+def req(rid, prompt, max_tokens=4, stop=(), **kw):
+    params = SamplingParams(max_tokens=max_tokens, stop_token_ids=stop, temperature=0.0, seed=0)
+    return Request(rid, list(prompt), params, **kw)
+
+
+def setup(config):
+    return Scheduler(config), FakeRunner(config.page_size, config.num_pages, V)
+
+
+def step(sched, runner):
+    plan = sched.schedule()
+    sched.update(plan, runner.run(plan))
+    return plan
+
+
+# ---------------------------------------------------------------- batching and buckets
+
+def test_continuous_batching_order():
+    sched, runner = setup(cfg())
+    a, b, c = req("A", [10, 11, 12], 3), req("B", [20, 21], 5), req("C", [30], 2)
+    trace = drive(sched, runner, {0: [a, b], 3: [c]})
+    # 0 P[A,B] (no decode rows yet); 1 D (1 prefill >= the initial share of 1); 2 D (queue
+    # empty; A's 3rd token); 3 P[C] (the 4-loop decode left a share of 4); 4 D[B,C] (C's
+    # 2nd token); 5 D[B] (B's 5th).
+    assert trace.kinds == "PDDPDD"
+    assert trace.rows == [["A", "B"], ["A", "B"], ["A", "B"], ["C"], ["B", "C"], ["B"]]
+    assert trace.loops == [4, 4, 4, 4, 4, 4]
+    assert a.output_token_ids == [13, 14, 15] and b.output_token_ids == [22, 23, 24, 25, 26]
+    assert c.output_token_ids == [31, 32] and a.exit_loops == [4, 4, 4]
+    assert trace.first_token_step == {"A": 0, "B": 0, "C": 3}
+    assert all(r.finish_reason == "length" for r in (a, b, c))
+    assert not sched.has_unfinished() and sched.block_manager.num_free_pages == 64
+
+
+def test_decode_row_buckets_with_real_row_count():
+    config = cfg(max_num_rows=6, decode_row_buckets=(1, 2, 4, 8, 16))
+    assert config.row_buckets == (1, 2, 4, 6) and config.prefill_row_buckets == (1, 2, 4)
+    with pytest.raises(ValueError, match="7 decode rows exceed the largest bucket 6"):
+        config.row_bucket(7)
+    sched, runner = setup(config)
+    for i in range(5):
+        sched.add(req(f"r{i}", [i], max_tokens=3))
+    p0, p1, p2, p3 = (step(sched, runner) for _ in range(4))
+    assert (p0.kind, p0.num_real_rows, p0.row_bucket) == (StepKind.PREFILL, 4, 4)  # max_prefill_rows
+    assert (p1.kind, p1.num_real_rows, p1.row_bucket, p1.token_bucket) == (StepKind.DECODE, 4, 4, 4)
+    assert (p2.kind, p2.num_real_rows, p2.row_bucket, p2.token_bucket) == (StepKind.PREFILL, 1, 1, 8)
+    assert (p3.kind, p3.num_real_rows, p3.row_bucket) == (StepKind.DECODE, 5, 6)
+    assert p3.token_ranges == ((2, 3),) * 4 + ((1, 2),) and p3.input_token_ids() == [2, 3, 4, 5, 5]
+
+
+def test_packed_prefill_concatenates_and_pads_only_to_the_bucket():
+    sched, runner = setup(cfg())
+    prompts = {"a": [1, 2, 3], "b": [4, 5, 6, 7, 8], "c": list(range(10, 19))}
+    for rid, prompt in prompts.items():
+        sched.add(req(rid, prompt))
+    plan = sched.schedule()
+    assert plan.kind is StepKind.PREFILL and plan.token_ranges == ((0, 3), (0, 5), (0, 9))
+    assert plan.num_real_tokens == 17 and plan.token_bucket == 32 and plan.row_bucket == 4
+    assert plan.input_token_ids() == [1, 2, 3, 4, 5, 6, 7, 8] + list(range(10, 19))
+    assert plan.positions() == [0, 1, 2, 0, 1, 2, 3, 4] + list(range(9))
+    assert plan.emits == (True, True, True) and (plan.loop_begin, plan.num_loops) == (0, 4)
+    out = runner.run(plan)
+    assert out.token_ids == [4, 9, 19]
+    sched.update(plan, out)
+
+
+def test_chunked_prefill_splits_exactly():
+    config = cfg(max_prefill_tokens=8, prefill_token_buckets=(8,))
+    sched, runner = setup(config)
+    long = req("L", range(21), max_tokens=1)
+    sched.add(long)
+    plans = [step(sched, runner) for _ in range(3)]
+    assert [p.token_ranges for p in plans] == [((0, 8),), ((8, 16),), ((16, 21),)]
+    assert [p.emits for p in plans] == [(False,), (False,), (True,)]
+    assert [p.token_bucket for p in plans] == [8, 8, 8]
+    assert long.output_token_ids == [21] and long.finish_reason == "length"
+    # Two prompts share the 8-token budget: A whole, B's first 3; then A decodes (share used)
+    # and B's remaining 7 follow.
+    a, b = req("A", range(5), 3), req("B", range(50, 60), 2)
+    trace = drive(sched, runner, {0: [a, b]})
+    assert trace.kinds.startswith("PDPD") and trace.rows[:3] == [["A", "B"], ["A"], ["B"]]
+    assert a.output_token_ids == [5, 6, 7] and b.output_token_ids == [60, 61]
+    assert trace.first_token_step == {"A": 0, "B": 2}
+
+
+# ---------------------------------------------------------------- the prefill share
+
+@pytest.mark.parametrize("share_per_loop, batches, expected_kinds, first_token_step", [
+    # L = 4 loops per fused decode. B (48 tokens = 12 chunks of 4) arrives at step 2.
+    (True, 1, "PD" + "PPPPD" * 2 + "PPPP", 15),    # 4 chunks per decode: 12th chunk at 2+11+2
+    (False, 1, "PD" + "PD" * 11 + "P", 24),        # 1 chunk per decode: 12th chunk at 2+2*11
+    (True, 2, "PD" + "PPPPPPPPD" + "PPPP", 14),    # 8 chunks per decode
+    (False, 2, "PD" + "PPD" * 5 + "PP", 18),       # 2 chunks per decode
+])
+def test_prefill_share_first_token_step(share_per_loop, batches, expected_kinds, first_token_step):
+    config = cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), max_context_len=256,
+                 prefill_share_per_loop=share_per_loop, max_prefill_batches_before_decode=batches)
+    sched, runner = setup(config)
+    a, b = req("A", [1], max_tokens=30), req("B", range(48), max_tokens=2)
+    trace = drive(sched, runner, {0: [a], 2: [b]})
+    assert trace.kinds[:len(expected_kinds)] == expected_kinds
+    assert trace.first_token_step["B"] == first_token_step
+    # The share moves work in time, never changes tokens.
+    assert a.output_token_ids == [(2 + i) % V for i in range(30)] and b.output_token_ids == [48, 49]
+
+
+def test_per_loop_share_is_one_loop_worth():
+    # fused_decode=False: each decode submission runs 1 loop, so 1 x the batches follow it.
+    config = cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), fused_decode=False)
+    sched, runner = setup(config)
+    trace = drive(sched, runner, {0: [req("A", [1], max_tokens=10)], 2: [req("B", range(12), 1)]})
+    assert trace.kinds[:8] == "PDPDPDPD" and trace.first_token_step["B"] == 6
+
+
+# ---------------------------------------------------------------- fused vs per-loop decode
+
+def _workload(adaptive=False, seed=0, n=12):
+    rng = random.Random(seed)
+    arrivals = {}
+    for i in range(n):
+        prompt = [rng.randrange(V) for _ in range(rng.randint(1, 7))]
+        r = req(f"r{i}", prompt, max_tokens=rng.randint(1, 10), adaptive=adaptive and i % 2 == 0)
+        arrivals.setdefault(rng.randint(0, 10), []).append(r)
+    return arrivals
+
+
+def _outputs(trace):
+    return {rid: (r.output_token_ids, r.exit_loops, r.finish_reason) for rid, r in trace.finished.items()}
+
+
+def test_fused_decode_is_one_submission_per_token_and_equals_per_loop():
+    fused_sched, fused_runner = setup(cfg())
+    fused = drive(fused_sched, fused_runner, _workload())
+    loop_sched, loop_runner = setup(cfg(fused_decode=False))
+    per_loop = drive(loop_sched, loop_runner, _workload())
+    assert _outputs(fused) == _outputs(per_loop) and len(fused.finished) == 12
+    for r in fused.finished.values():
+        assert r.decode_submissions_per_token in (None, 1.0)  # None: only the prefill token
+        assert r.exit_loops == [4] * r.num_output_tokens
+    for r in per_loop.finished.values():
+        assert r.decode_submissions_per_token in (None, 4.0)
+    assert {n for n, k in zip(fused.loops, fused.kinds) if k != "-"} == {4}
+    assert {n for n, k in zip(per_loop.loops, per_loop.kinds) if k == "D"} == {1}
+
+
+def test_adaptive_rows_run_one_loop_per_submission():
+    sched, runner = setup(cfg())
+    a = req("A", [5], max_tokens=3, adaptive=True)
+    b = req("B", [9], max_tokens=3)
+    c = req("C", [40], max_tokens=2)
+    trace = drive(sched, runner, {0: [a, b], 2: [c]})
+    # 0 P[A,B]: A 6 (exit 1+5%4=2), B 10. Series 1, loops 0..3 of [A,B]; C's prefill slips in
+    # after loop 0 (share 1 x 1); A exits at loop 3 (1+6%4) with 7 at step 4, B at step 5 with
+    # 11. Series 2 [A,B,C], steps 6..9: A exits at 4 (1+7%4) with 8, B 12, C 42.
+    assert trace.kinds == "PDPDDDDDDD"
+    ab, abc = ["A", "B"], ["A", "B", "C"]
+    assert trace.rows == [ab, ab, ["C"], ab, ab, ["B"], abc, abc, abc, abc]
+    assert trace.loops == [4, 1, 4, 1, 1, 1, 1, 1, 1, 1]
+    assert a.output_token_ids == [6, 7, 8] and a.exit_loops == [2, 3, 4]
+    assert a.exit_loops == [adaptive_exit(t, 4) for t in (5, 6, 7)]
+    assert b.output_token_ids == [10, 11, 12] and b.exit_loops == [4, 4, 4]
+    assert c.output_token_ids == [41, 42]
+    assert a.num_decode_submissions == 7 and b.num_decode_submissions == 8
+
+
+# ---------------------------------------------------------------- pages and preemption
+
+def test_preemption_by_recompute_hand_example():
+    config = cfg(page_size=2, num_pages=4, max_context_len=8)
+    sched, runner = setup(config)
+    a, b = req("A", [1, 2, 3], 4), req("B", [4, 5, 6], 4)
+    free = []  # free pages before each step (and before the final, empty schedule)
+    trace = drive(sched, runner, {0: [a, b]},
+                  before_step=lambda k: free.append(sched.stats()["num_free_pages"]))
+    # 0 P[A,B] fills the pool (2+2 pages); 1 D[A,B]; 2 A's 5th position needs a page: B,
+    # the newest, is preempted; 3 B cannot be re-admitted (5 tokens = 3 pages, 1 free):
+    # D[A], A done; 4 P[B] recomputes prompt + its 2 tokens; 5 D[B].
+    assert trace.kinds == "PDDDPD"
+    assert trace.rows == [["A", "B"], ["A", "B"], ["A"], ["A"], ["B"], ["B"]]
+    assert a.output_token_ids == [4, 5, 6, 7] and b.output_token_ids == [7, 8, 9, 10]
+    assert (a.num_preemptions, b.num_preemptions, sched.num_preemptions) == (0, 1, 1)
+    # A took 1 of B's 2 freed pages at step 2; A's 3 pages came back when it finished at 3.
+    assert free == [4, 0, 0, 1, 4, 1, 4]
+
+
+@pytest.mark.parametrize("fused, adaptive", [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_preemption_gives_the_same_tokens_as_an_unconstrained_run(fused, adaptive, seed):
+    big = drive(*setup(cfg(page_size=2, num_pages=200, max_context_len=20, fused_decode=fused)),
+                _workload(adaptive, seed))
+    tiny_sched, tiny_runner = setup(cfg(page_size=2, num_pages=10, max_context_len=20, fused_decode=fused))
+    tiny = drive(tiny_sched, tiny_runner, _workload(adaptive, seed))
+    assert _outputs(tiny) == _outputs(big) and len(tiny.finished) == 12
+    assert tiny_sched.num_preemptions > 0
+    assert tiny_sched.block_manager.num_free_pages == 10 and not tiny_sched.running
+
+
+def test_every_page_comes_back_after_aborts_finishes_and_preemptions():
+    config = cfg(page_size=2, num_pages=10, max_context_len=20, max_prefill_tokens=8,
+                 prefill_token_buckets=(8,))
+    for seed in range(5):
+        sched, runner = setup(config)
+        rng = random.Random(seed)
+        seen_phases = set()
+
+        def chaos(k, sched=sched, rng=rng, seen_phases=seen_phases):
+            live = sorted(sched.requests)
+            if live and rng.random() < 0.3:
+                victim = sched.get(rng.choice(live))
+                seen_phases.add(victim.phase)
+                if rng.random() < 0.5:
+                    assert sched.abort(victim.request_id) is victim
+                else:
+                    sched.finish(victim.request_id, "stop")
+                assert victim.page_ids == [] and victim.is_finished
+        drive(sched, runner, _workload(seed=seed, n=16), before_step=chaos)
+        assert sched.block_manager.num_free_pages == 10 and sched.block_manager.num_used_pages == 0
+        assert not sched.waiting and not sched.running and not sched.has_unfinished()
+    assert sched.abort("nobody") is None
+
+
+def test_abort_in_every_phase():
+    config = cfg(page_size=2, num_pages=4, max_context_len=8, max_prefill_tokens=2,
+                 prefill_token_buckets=(2,))
+    sched, runner = setup(config)
+    a, b, c = req("A", [1, 2], 6), req("B", [3, 4, 5], 6), req("C", [6], 2)
+    for r in (a, b, c):
+        sched.add(r)
+    step(sched, runner)  # P[A] (2-token budget)
+    step(sched, runner)  # D[A]
+    step(sched, runner)  # P[B 0:2]: B is mid-prompt
+    assert a.phase is RequestPhase.DECODING and b.phase is RequestPhase.PREFILLING
+    assert c.phase is RequestPhase.WAITING
+    sched.abort("C")
+    assert c.finish_reason == "abort" and c not in sched.waiting
+    sched.abort("B")
+    assert b.page_ids == [] and sched.block_manager.num_used_pages == 2
+    sched.abort("A")
+    assert sched.block_manager.num_free_pages == 4 and sched.schedule() is None
+
+
+# ---------------------------------------------------------------- finishing and bad input
+
+def test_stop_token_context_limit_and_engine_finish():
+    sched, runner = setup(cfg(max_context_len=6))
+    s = req("S", [1], max_tokens=50, stop=(4,))
+    n = req("N", [1, 2, 3], max_tokens=50)
+    e = req("E", [7], max_tokens=50)
+    trace = drive(sched, runner, {0: [s, n, e]},
+                  before_step=lambda k: k == 2 and sched.finish("E", "stop"))
+    assert s.output_token_ids == [2, 3, 4] and s.finish_reason == "stop"
+    assert n.output_token_ids == [4, 5, 6] and n.finish_reason == "length"  # 6 = max_context_len
+    assert e.output_token_ids == [8, 9] and e.finish_reason == "stop"       # the engine's stop string
+    assert "E" not in trace.finished and sched.block_manager.num_free_pages == 64
+
+
+def test_bad_requests_are_refused_and_the_others_served():
+    sched, runner = setup(cfg(num_pages=8, max_context_len=64))  # pool: 32 tokens
+    good = [req("g0", [1]), req("g1", [2])]
+    sched.add(good[0])
+    with pytest.raises(ValueError, match="request 'x': empty prompt"):
+        sched.add(req("x", []))
+    with pytest.raises(ValueError, match="prompt of 64 tokens leaves no room .* max_context_len=64"):
+        sched.add(req("x", range(64)))
+    with pytest.raises(ValueError, match="prompt of 32 tokens does not fit the KV pool"):
+        sched.add(req("x", range(32)))
+    with pytest.raises(ValueError, match="loops must be in"):
+        sched.add(req("x", [1], max_loops=5))
+    with pytest.raises(ValueError, match="id already in use"):
+        sched.add(req("g0", [1]))
+    trace = drive(sched, runner, {1: [good[1]]})
+    assert set(trace.finished) == {"g0", "g1"} and good[1].output_token_ids == [3, 4, 5, 6]
+    sched.add(req("fits", range(31), max_tokens=5))  # 31 + 1 tokens fill the pool exactly
+    drive(sched, runner)
+    assert sched.block_manager.num_free_pages == 8
+
+
+def test_protocol_errors():
+    sched, runner = setup(cfg())
+    assert sched.schedule() is None
+    sched.add(req("A", [1]))
+    plan = sched.schedule()
+    with pytest.raises(RuntimeError, match="before update"):
+        sched.schedule()
+    with pytest.raises(ValueError, match="1 real rows"):
+        sched.update(plan, StepOutput(token_ids=[], exit_loops=[]))
+    with pytest.raises(ValueError, match="must emit a token"):
+        sched.update(plan, StepOutput(token_ids=[None], exit_loops=[None]))
+    sched.update(plan, runner.run(plan))
+    with pytest.raises(ValueError, match="last schedule"):
+        sched.update(plan, StepOutput(token_ids=[2], exit_loops=[4]))
+
+
+def test_timestamps_ttft_tpot():
+    now = [0.0]
+    config = cfg()
+    sched = Scheduler(config, clock=lambda: now[0])
+    runner = FakeRunner(config.page_size, config.num_pages, V)
+    r = req("A", [1], max_tokens=3)
+    sched.add(r)
+    for t in (1.0, 3.0, 5.0):
+        now[0] = t
+        step(sched, runner)
+    assert (r.arrival_time, r.first_token_time, r.finish_time) == (0.0, 1.0, 5.0)
+    assert r.ttft == 1.0 and r.tpot == 2.0
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="SchedulerConfig.num_pages must be an integer >= 1"):
+        cfg(num_pages=0)
+    with pytest.raises(ValueError, match="max_loops"):
+        cfg(num_loops=4, max_loops=2)
+    c = cfg(max_prefill_tokens=20)
+    assert c.token_buckets == (8, 16, 20) and c.token_bucket(17) == 20
+    assert c.max_seq_len == 64 and c.max_pages_per_request == 16
+    assert c.prefill_share(4) == 4 and cfg(prefill_share_per_loop=False).prefill_share(4) == 1
