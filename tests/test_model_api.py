@@ -1,0 +1,197 @@
+"""`loopjax.load` (HF folder, converted folder, preset) and `loopjax.forward` dispatch:
+golden logits through the public API, tokenizer / generation files, and one clear error for
+each bad path or argument."""
+
+import json
+import os
+import shutil
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+from tokenizers import Tokenizer, models, pre_tokenizers
+
+import loopjax
+from loopjax import checkpoint
+from loopjax.config import PRESETS
+from loopjax.model import LoadError
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+OURO = os.path.join(DATA, "ouro")
+HUGINN = os.path.join(DATA, "huginn", "huginn_shape_242")
+RTOL = 1e-4
+CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}"
+
+
+def relative_error(got, want) -> float:
+    return float(np.abs(np.asarray(got, np.float32) - want).max() / np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def presets():
+    """The tiny presets, loaded once (random init compiles per leaf shape: slow on CI)."""
+    return {name: loopjax.load(name) for name in ("ouro-tiny", "huginn-tiny")}
+
+
+@pytest.fixture(scope="module")
+def ouro_ref():
+    return np.load(os.path.join(OURO, "reference_fp32.npz"))
+
+
+@pytest.fixture(scope="module")
+def huginn_ref():
+    return (load_file(os.path.join(HUGINN, "inputs.safetensors")),
+            load_file(os.path.join(HUGINN, "forward.safetensors")))
+
+
+@pytest.fixture(scope="module")
+def ouro_with_tokenizer(tmp_path_factory):
+    """The golden Ouro folder plus a word-level tokenizer and a chat template."""
+    folder = tmp_path_factory.mktemp("ouro_tok") / "hf"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    vocab = {"<pad>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "hello": 3, "loop": 4, "world": 5}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(folder / "tokenizer.json"))
+    with open(folder / "tokenizer_config.json", "w") as f:
+        json.dump({"chat_template": CHAT_TEMPLATE, "eos_token": "<|im_end|>"}, f)
+    return str(folder)
+
+
+def test_load_hf_folder_matches_golden(ouro_ref):
+    model = loopjax.load(OURO)
+    assert model.family == "ouro" and model.path == OURO
+    assert model.dtype == np.float32  # the checkpoint's own dtype
+    assert model.generation_config["eos_token_id"] == 2
+    assert model.tokenizer is None and model.chat_template is None
+    assert all(isinstance(leaf, jax.Array) for leaf in jax.tree.leaves(model.params))
+    out = loopjax.forward(model, ouro_ref["p1_input_ids"])
+    assert relative_error(out.logits, ouro_ref["p1_logits"]) < RTOL
+    # exit_threshold reaches Ouro's threshold rule
+    out = loopjax.forward(model, list(ouro_ref["p1_input_ids"]), exit_threshold=0.5)
+    np.testing.assert_array_equal(np.asarray(out.exit_loop), ouro_ref["p1_exit_steps_thr0p5"])
+    assert relative_error(out.logits, ouro_ref["p1_exit_logits_thr0p5"]) < RTOL
+
+
+def test_load_hf_folder_writes_nothing(tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(HUGINN, folder)
+    before = sorted(os.listdir(folder))
+    loopjax.load(str(folder), dtype="bfloat16")
+    assert sorted(os.listdir(folder)) == before
+
+
+def test_load_converted_folder(tmp_path, huginn_ref):
+    from loopjax.convert.cli import main
+
+    out = str(tmp_path / "huginn")
+    assert main([HUGINN, out, "--dtype", "float32", "--no-progress"]) == 0
+    model = loopjax.load(out)
+    assert model.family == "huginn" and model.dtype == np.float32 and model.path == out
+    inputs, golden = huginn_ref
+    out_fp32 = loopjax.forward(model, inputs["prompt_ids"][0], loops=4, initial_state=inputs["init_state"][0])
+    assert relative_error(out_fp32.logits, golden["logits_steps4"][0]) < RTOL
+    zero = loopjax.forward(model, inputs["prompt_ids"][0], loops=4, initial_state="zero")
+    assert relative_error(zero.logits, golden["logits_zero_state_steps4"][0]) < RTOL
+    bf16 = loopjax.load(out, dtype="bf16")  # restore-time cast
+    assert bf16.dtype == np.dtype(jax.numpy.bfloat16)
+
+
+def test_tokenizer_and_chat_template_survive_conversion(tmp_path, ouro_with_tokenizer):
+    out = str(tmp_path / "converted")
+    from loopjax.convert import convert
+
+    convert(ouro_with_tokenizer, out, dtype="float32", progress=False)
+    for source in (ouro_with_tokenizer, out):
+        model = loopjax.load(source)
+        ids = model.tokenize("hello loop world")
+        assert ids == [3, 4, 5]
+        assert model.detokenize(np.array(ids)) == "hello loop world"
+        assert model.chat_template == CHAT_TEMPLATE
+
+
+def test_tokenize_without_tokenizer_is_a_clear_error(presets):
+    model = presets["ouro-tiny"]
+    with pytest.raises(ValueError, match="has no tokenizer"):
+        model.tokenize("hi")
+
+
+@pytest.mark.parametrize("name", ["ouro-tiny", "huginn-tiny"])
+def test_load_preset(presets, name):
+    model = presets[name]
+    cfg = PRESETS[name]
+    assert model.cfg == cfg and model.path is None and model.dtype == np.float32
+    checkpoint.check_against_specs(model.params, checkpoint.model_module(cfg).param_specs(cfg, np.float32),
+                                   "preset params")
+    out = loopjax.forward(model, [5, 6, 7], loops=2)
+    assert out.logits.shape == (3, cfg.vocab_size) and out.logits.dtype == np.float32
+    assert np.isfinite(np.asarray(out.logits)).all()
+
+
+def test_preset_dtype_override():
+    assert loopjax.load("ouro-tiny", dtype="bfloat16").dtype == np.dtype(jax.numpy.bfloat16)
+
+
+def test_bad_paths_name_the_path(tmp_path):
+    with pytest.raises(LoadError, match=r"no model at 'nowhere/ouro': not a folder and not a preset "
+                                        r"\(presets: .*ouro-tiny"):
+        loopjax.load("nowhere/ouro")
+    file = tmp_path / "weights.bin"
+    file.write_bytes(b"x")
+    with pytest.raises(LoadError, match="it is a file, not a model folder"):
+        loopjax.load(str(file))
+    with pytest.raises(LoadError, match="neither a loopjax checkpoint"):
+        loopjax.load(str(tmp_path))
+    with pytest.raises(ValueError, match="unsupported dtype 'float16'"):
+        loopjax.load("ouro-tiny", dtype="float16")
+
+
+def test_unknown_model_type_lists_supported(tmp_path):
+    folder = tmp_path / "llama"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    supported = "unsupported model_type 'llama'; loopjax supports: huginn_raven, ouro"
+    with pytest.raises(ValueError, match=supported):
+        loopjax.load(str(folder))
+
+
+def test_corrupt_checkpoint_is_a_clear_error(tmp_path):
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / checkpoint.CONFIG_FILE).write_text(json.dumps({"model_type": "ouro"}))
+    with pytest.raises(checkpoint.CheckpointError, match="not a valid loopjax config"):
+        loopjax.load(str(folder))
+    cfg = PRESETS["ouro-tiny"]
+    (folder / checkpoint.CONFIG_FILE).write_text(json.dumps(loopjax.config.to_dict(cfg)))
+    with pytest.raises(checkpoint.CheckpointError, match="has no params/ folder"):
+        loopjax.load(str(folder))
+
+
+def test_checkpoint_of_other_shapes_is_refused(tmp_path, presets):
+    model = presets["ouro-tiny"]
+    path = str(tmp_path / "ckpt")
+    checkpoint.save(path, model.cfg, model.params)
+    with pytest.raises(checkpoint.CheckpointError, match="already holds a checkpoint"):
+        checkpoint.save(path, model.cfg, model.params)
+    bigger = loopjax.config.to_dict(model.cfg) | {"num_layers": 3}
+    with open(os.path.join(path, checkpoint.CONFIG_FILE), "w") as f:
+        json.dump(bigger, f)
+    mismatch = "do not match the model's param_specs: missing layers.2"
+    with pytest.raises(checkpoint.CheckpointError, match=mismatch):
+        checkpoint.restore(path)
+
+
+def test_forward_argument_errors(presets):
+    ouro, huginn = presets["ouro-tiny"], presets["huginn-tiny"]
+    with pytest.raises(ValueError, match="initial_state is a Huginn argument"):
+        loopjax.forward(ouro, [1, 2], initial_state=np.zeros((2, 64), np.float32))
+    with pytest.raises(ValueError, match="exit_threshold is an Ouro argument"):
+        loopjax.forward(huginn, [1, 2], exit_threshold=0.5)
+    with pytest.raises(ValueError, match=r"non-empty 1-D sequence of token ids, got shape \(1, 2\)"):
+        loopjax.forward(ouro, [[1, 2]])
+    with pytest.raises(ValueError, match=r"token id 256 is outside the vocabulary 0..255"):
+        loopjax.forward(huginn, [1, 256])
+    with pytest.raises(ValueError, match="loops must be a non-negative integer"):
+        loopjax.forward(huginn, [1, 2], loops=-1)
