@@ -222,10 +222,10 @@ def test_preemption_gives_the_same_tokens_as_an_unconstrained_run(fused, adaptiv
 def test_every_page_comes_back_after_aborts_finishes_and_preemptions():
     config = cfg(page_size=2, num_pages=10, max_context_len=20, max_prefill_tokens=8,
                  prefill_token_buckets=(8,))
+    seen_phases = set()  # phases the victims were in, over all seeds
     for seed in range(5):
         sched, runner = setup(config)
         rng = random.Random(seed)
-        seen_phases = set()
 
         def chaos(k, sched=sched, rng=rng, seen_phases=seen_phases):
             live = sorted(sched.requests)
@@ -240,7 +240,23 @@ def test_every_page_comes_back_after_aborts_finishes_and_preemptions():
         drive(sched, runner, _workload(seed=seed, n=16), before_step=chaos)
         assert sched.block_manager.num_free_pages == 10 and sched.block_manager.num_used_pages == 0
         assert not sched.waiting and not sched.running and not sched.has_unfinished()
+    assert seen_phases == {RequestPhase.WAITING, RequestPhase.PREFILLING, RequestPhase.DECODING,
+                           RequestPhase.PREEMPTED}
     assert sched.abort("nobody") is None
+
+
+def test_abort_a_preempted_request():
+    sched, runner = setup(cfg(page_size=2, num_pages=4, max_context_len=8))
+    a, b = req("A", [1, 2, 3], 4), req("B", [4, 5, 6], 4)
+    sched.add(a)
+    sched.add(b)
+    plans = [step(sched, runner) for _ in range(3)]  # as in the hand example: B preempted at 2
+    assert plans[2].preempted == (b,) and b.phase is RequestPhase.PREEMPTED and sched.waiting[0] is b
+    assert b.output_token_ids == [7, 8] and b.num_computed_tokens == 0 and b.page_ids == []
+    assert sched.abort("B") is b and not sched.waiting and b.finish_reason == "abort"
+    trace = drive(sched, runner)
+    assert trace.kinds == "D" and a.output_token_ids == [4, 5, 6, 7]
+    assert sched.block_manager.num_free_pages == 4
 
 
 def test_abort_in_every_phase():
