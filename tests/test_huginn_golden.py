@@ -12,15 +12,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
+
+from loopjax.config import PRESETS, read_hf_config
 from loopjax.convert.huginn_keys import (
     IGNORED_HF_KEYS,
     hf_tensor_shapes,
     optional_hf_tensor_shapes,
     to_params,
 )
-from safetensors.numpy import load_file
-
-from loopjax.config import PRESETS, read_hf_config
 from loopjax.layers import DenseCausal, rms_norm, rope_angles
 from loopjax.models import huginn
 
