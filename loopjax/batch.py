@@ -35,6 +35,7 @@ class StepBatch:
     last_token_index: jax.Array  # [R] i32  index in [0, N) of each row's last token this step
     row_is_real: jax.Array       # [R] bool  row yields a token this step (real, last chunk)
     row_loops: jax.Array         # [R] i32  loops each row runs (<= the submission's loop_end)
+    carry_slot: jax.Array        # [R] i32  row's slot of the per-loop decode state (padding: last)
     loop_begin: jax.Array        # [] i32  first loop of this submission (0 unless unfused)
     loop_end: jax.Array          # [] i32  one past the last loop of this submission
     sampling: SamplingBatch      # [R] per-row sampling settings (loopjax.sampling)
@@ -55,6 +56,7 @@ class RowInput:
     loops: int                    # loops this row runs
     params: SamplingParams
     token_index: int = 0          # generated tokens so far (the sampled token's index)
+    carry_slot: int = 0           # slot of the per-loop decode state (per-loop decode only)
     exit_threshold: float = 1.0
     init_mode: int = INIT_SEEDED  # Huginn only
     init_seed: int = 0
@@ -63,10 +65,11 @@ class RowInput:
 
 def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
                      page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
-                     hidden_size: int | None = None) -> StepBatch:
+                     pad_carry_slot: int, hidden_size: int | None = None) -> StepBatch:
     """Numpy StepBatch for `rows` padded to the bucket (num_rows, num_tokens).
 
-    hidden_size: set for Huginn (the init_* fields), None for Ouro."""
+    pad_carry_slot: the carry slot of padding rows; hidden_size: set for Huginn (the init_*
+    fields), None for Ouro."""
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
     total = sum(len(r.token_ids) for r in rows)
@@ -80,6 +83,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     last = np.zeros(num_rows, np.int32)
     real = np.zeros(num_rows, bool)
     row_loops = np.zeros(num_rows, np.int32)
+    carry_slot = np.full(num_rows, pad_carry_slot, np.int32)
     threshold = np.ones(num_rows, np.float32)
     huginn = hidden_size is not None
     init_mode = np.zeros(num_tokens, np.int32) if huginn else None
@@ -103,6 +107,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         last[i] = n + count - 1
         real[i] = row.emits
         row_loops[i] = row.loops
+        carry_slot[i] = row.carry_slot
         threshold[i] = row.exit_threshold
         if huginn:
             init_mode[n:n + count] = row.init_mode
@@ -113,5 +118,5 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
     return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
-                     row_loops, np.int32(loop_begin), np.int32(loop_end), sampling, threshold,
+                     row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling, threshold,
                      init_mode, init_seed, init_state)

@@ -15,7 +15,6 @@ and with `strict=True` a trace after warm-up raises `CompileAfterWarmup`.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,15 +37,19 @@ class CompileAfterWarmup(RuntimeError):
 class StepKind:
     """Static part of a step (hashable: part of the jit cache key)."""
 
-    first: bool = True     # the submission starts at loop 0 (embed / prelude)
-    final: bool = True     # the submission ends at the last loop (lm_head / coda, sampling)
+    first: bool = True        # the submission starts at loop 0 (embed / prelude)
+    final: bool = True        # some row ends its token here: run the tail (lm_head / coda) and sample
+    save_carry: bool = False  # store the loop state of every row (per-loop decode series)
+
+
+FUSED = StepKind(True, True, False)
 
 
 @jax.tree_util.register_dataclass
 @dataclass
 class DeviceState:
     kv: kv_cache.KVPool
-    carry: dict            # unfused decode state, each [max_rows, ...] (rows of the batch)
+    carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
 
 
 @jax.tree_util.register_dataclass
@@ -57,6 +60,11 @@ class StepOut:
     logprobs: jax.Array     # [R] f32 log-prob of the sampled token
     top_ids: jax.Array      # [R, k] i32
     top_logprobs: jax.Array  # [R, k] f32
+
+
+def _put(buffer, slots, values):
+    """buffer[slots] = values; padding rows carry the slot one past the real ones (dropped)."""
+    return buffer.at[slots].set(values, mode="drop")
 
 
 def _write_mask(batch, depth):
@@ -82,15 +90,15 @@ def _fill(kv, layout, layer_ids, batch, loop_end):
 def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
               num_top_logprobs: int):
     from loopjax.models import ouro
-    n, r = batch.token_ids.shape[0], batch.page_table.shape[0]
+    r = batch.page_table.shape[0]
     attn = kv_cache.PagedAttention(layout, batch, backend)
     cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_theta)
     if kind.first:
         x = ouro.embed(params, batch.token_ids)
         ex = ouro.exit_init(r, cfg.hidden_size, cfg.total_ut_steps, x.dtype)
     else:
-        x = state.carry["x"][:n]
-        ex = jax.tree.map(lambda a: a[:r], state.carry["exit"])
+        x = state.carry["x"][batch.carry_slot]  # decode: N = R, token n is row n
+        ex = jax.tree.map(lambda a: a[batch.carry_slot], state.carry["exit"])
 
     def body(depth, carry):
         x, kv, ex = carry
@@ -106,19 +114,20 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         return x, kv, ex
 
     x, kv, ex = jax.lax.fori_loop(batch.loop_begin, batch.loop_end, body, (x, state.kv, ex))
+    carry = state.carry
+    if kind.save_carry:
+        carry = {"x": _put(carry["x"], batch.carry_slot, x),
+                 "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
     if not kind.final:
-        carry = {"x": state.carry["x"].at[:n].set(x),
-                 "exit": jax.tree.map(lambda c, a: c.at[:r].set(a), state.carry["exit"], ex)}
         return DeviceState(kv, carry), None
     kv = _fill(kv, layout, range(cfg.num_layers), batch, batch.loop_end)
     logits = ouro.lm_head(params, ex.hidden)
-    return DeviceState(kv, state.carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
+    return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
 
 def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
                 num_top_logprobs: int):
     from loopjax.models import huginn
-    n = batch.token_ids.shape[0]
     attn = kv_cache.PagedAttention(layout, batch, backend)
     cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_base)
     dtype = params["embed"].dtype
@@ -129,7 +138,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         s = jnp.where((batch.init_mode == INIT_EXPLICIT)[:, None], batch.init_state.astype(dtype),
                       jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
     else:
-        e, s, kv = state.carry["e"][:n], state.carry["s"][:n], state.kv
+        e, s, kv = state.carry["e"][batch.carry_slot], state.carry["s"][batch.carry_slot], state.kv
 
     def body(depth, carry):
         s, kv = carry
@@ -139,8 +148,10 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         return jnp.where(live[:, None], s_new, s), kv
 
     s, kv = jax.lax.fori_loop(batch.loop_begin, batch.loop_end, body, (s, kv))
+    carry = state.carry
+    if kind.save_carry:
+        carry = {"e": _put(carry["e"], batch.carry_slot, e), "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
-        carry = {"e": state.carry["e"].at[:n].set(e), "s": state.carry["s"].at[:n].set(s)}
         return DeviceState(kv, carry), None
     core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
     kv = _fill(kv, layout, core, batch, batch.loop_end)
@@ -148,12 +159,13 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     # rows' last tokens are sampled.
     logits, kv = huginn.coda(params, cfg, s, cos, sin, attn, kv)
     loops = jnp.minimum(batch.row_loops, batch.loop_end)
-    return DeviceState(kv, state.carry), _finish(logits[batch.last_token_index], batch,
-                                                 num_top_logprobs, loops)
+    return DeviceState(kv, carry), _finish(logits[batch.last_token_index], batch,
+                                           num_top_logprobs, loops)
 
 
 def _carry_init(cfg, max_rows: int, dtype) -> dict:
-    h = cfg.hidden_size
+    """Per-loop decode state of `max_rows` carry slots (+1: the padding rows' slot)."""
+    max_rows, h = max_rows + 1, cfg.hidden_size
     if cfg.family == "huginn":
         return {"e": jnp.zeros((max_rows, h), dtype), "s": jnp.zeros((max_rows, h), dtype)}
     from loopjax.models import ouro
@@ -186,10 +198,10 @@ class Runner:
         self.prefill_buckets = tuple(sorted(prefill_buckets))
         self.max_pages, self.max_loops = max_pages, max_loops
         self.num_top_logprobs, self.strict = num_top_logprobs, strict
-        self.compilations, self.warm = 0, False
+        self.compilations, self.submissions, self.warm = 0, 0, False
         dtype = jax.tree.leaves(self.params)[0].dtype
-        max_rows = max(self.decode_rows + tuple(r for r, _ in self.prefill_buckets))
-        self.state = DeviceState(kv_cache.allocate(layout), _carry_init(self.cfg, max_rows, dtype))
+        self.max_rows = max(self.decode_rows)  # carry slots 0..max_rows-1; max_rows = padding
+        self.state = DeviceState(kv_cache.allocate(layout), _carry_init(self.cfg, self.max_rows, dtype))
         step = huginn_step if self.cfg.family == "huginn" else ouro_step
         self._hidden = self.cfg.hidden_size if self.cfg.family == "huginn" else None
 
@@ -218,53 +230,74 @@ class Runner:
         raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
 
     # ------------------------------------------------------------------ running
-    def run(self, rows: list[RowInput], *, decode: bool, fused: bool = True) -> StepResult:
-        """Run one step over `rows`: prefill (packed) or decode (one token per row). Decode
-        with fused=False submits one loop at a time. Returns host arrays for the real rows."""
-        num_loops = max(r.loops for r in rows)
-        if num_loops > self.max_loops or num_loops < 1:
-            raise ValueError(f"loops {num_loops} outside 1..{self.max_loops}")
+    def make_batch(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
+                   num_rows: int = 0, num_tokens: int = 0):
+        """Device StepBatch of `rows` in the smallest compiled bucket holding them (and at
+        least (num_rows, num_tokens))."""
+        if not 1 <= loop_end <= self.max_loops or not 0 <= loop_begin < loop_end:
+            raise ValueError(f"loops [{loop_begin}, {loop_end}) outside 0..{self.max_loops}")
+        num_rows, num_tokens = max(num_rows, len(rows)), max(num_tokens, sum(len(r.token_ids) for r in rows))
         if decode:
-            num_rows = num_tokens = self.decode_bucket(len(rows))
+            num_rows = num_tokens = self.decode_bucket(max(num_rows, num_tokens))
         else:
-            num_rows, num_tokens = self.prefill_bucket(len(rows), sum(len(r.token_ids) for r in rows))
+            num_rows, num_tokens = self.prefill_bucket(num_rows, num_tokens)
         batch = build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens,
                                  max_pages=self.max_pages, page_size=self.layout.page_size,
-                                 drop_slot=self.layout.drop_slot, loop_begin=0, loop_end=num_loops,
+                                 drop_slot=self.layout.drop_slot, loop_begin=loop_begin,
+                                 loop_end=loop_end, pad_carry_slot=self.max_rows,
                                  hidden_size=self._hidden)
-        out, submissions = self._submit(batch, num_loops, fused or not decode)
+        return jax.device_put(batch)
+
+    def submit(self, batch, kind: StepKind = FUSED):
+        """One device submission (asynchronous): updates the device state, returns the
+        device StepOut (None when kind.final is False)."""
+        self.submissions += 1
+        self.state, out = self._step(self.params, self.state, batch, kind)
+        return out
+
+    def run(self, rows: list[RowInput], *, decode: bool, loop_begin: int = 0,
+            num_loops: int | None = None, kind: StepKind = FUSED, num_rows: int = 0,
+            num_tokens: int = 0) -> StepResult | None:
+        """One step over `rows` (prefill: packed chunks; decode: one token per row) running
+        loops [loop_begin, loop_begin + num_loops), then one host read of the outputs."""
+        num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
+        batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
+                                loop_end=loop_begin + num_loops, num_rows=num_rows,
+                                num_tokens=num_tokens)
+        out = self.submit(batch, kind)
+        if out is None:
+            return None
         host = jax.device_get(out)  # the one host read of this step
         k = len(rows)
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
-                          host.top_ids[:k], host.top_logprobs[:k], submissions)
+                          host.top_ids[:k], host.top_logprobs[:k], 1)
 
-    def _submit(self, batch, num_loops: int, fused: bool):
-        batch = jax.device_put(batch)
-        if fused:
-            self.state, out = self._step(self.params, self.state, batch, StepKind(True, True))
-            return out, 1
-        out = None
+    def run_decode_unfused(self, rows: list[RowInput]) -> StepResult:
+        """Decode every row with one submission per loop (the unfused baseline; rows share
+        one depth here). Host reads once, after the last loop."""
+        num_loops = max(r.loops for r in rows)
         for t in range(num_loops):
-            kind = StepKind(first=t == 0, final=t == num_loops - 1)
-            b = dataclasses.replace(batch, loop_begin=jnp.int32(t), loop_end=jnp.int32(t + 1))
-            self.state, out = self._step(self.params, self.state, b, kind)
-        return out, num_loops
+            kind = StepKind(first=t == 0, final=t == num_loops - 1, save_carry=True)
+            result = self.run(rows, decode=True, loop_begin=t, num_loops=1, kind=kind)
+        result.submissions = num_loops
+        return result
 
-    def warmup(self, *, unfused: bool = False) -> int:
+    def warmup(self, *, per_loop: bool = False) -> int:
         """Compile (by running all-padding batches) every decode and prefill bucket; with
-        unfused, also the one-loop decode variants. Returns the compile count."""
-        def dummy(num_rows, num_tokens, loop_end):
-            return build_step_batch([], num_rows=num_rows, num_tokens=num_tokens,
-                                    max_pages=self.max_pages, page_size=self.layout.page_size,
-                                    drop_slot=self.layout.drop_slot, loop_begin=0,
-                                    loop_end=loop_end, hidden_size=self._hidden)
+        per_loop, also the one-loop decode variants. Returns the compile count."""
         outs = []
+        kinds = [FUSED] + ([StepKind(f, t, True) for f in (True, False) for t in (True, False)]
+                           if per_loop else [])
         for r in self.decode_rows:
-            outs.append(self._submit(dummy(r, r, self.max_loops), self.max_loops, True)[0])
-            if unfused and self.max_loops > 1:
-                outs.append(self._submit(dummy(r, r, 3), 3, False)[0])
+            for kind in kinds:
+                begin = 0 if kind.first else self.max_loops - 1
+                b = self.make_batch([], decode=True, loop_begin=begin, loop_end=self.max_loops,
+                                    num_rows=r)
+                outs.append(self.submit(b, kind))
         for r, n in self.prefill_buckets:
-            outs.append(self._submit(dummy(r, n, self.max_loops), self.max_loops, True)[0])
+            b = self.make_batch([], decode=False, loop_begin=0, loop_end=self.max_loops,
+                                num_rows=r, num_tokens=n)
+            outs.append(self.submit(b))
         jax.block_until_ready((outs, self.state))
         self.warm = True
         return self.compilations

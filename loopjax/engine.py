@@ -1,0 +1,308 @@
+"""Engine: continuous batching over the paged depth-plane KV pool.
+
+`step()` is schedule -> run -> update: the scheduler (pure Python) plans one step, the runner
+turns the plan into a StepBatch and runs one jitted submission, and the update applies the
+sampled tokens (stop strings, metrics) and reports a `RequestOutput` per request that got a
+token or finished. The host reads back only the sampled tokens and exit loops of a step.
+
+Contracts: `add_request` raises a one-line ValueError for bad input and queues nothing then;
+every request's pages return to the pool when it finishes, is aborted or preempted
+(scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loopjax import kv_cache
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO, RowInput
+from loopjax.request import FINISH_STOP, Request
+from loopjax.runner import FUSED, Runner, StepKind, StepResult
+from loopjax.sampling_params import SamplingParams
+from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
+from loopjax.scheduler import StepKind as PlanKind
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    num_pages: int | None = None          # KV pool pages; None: from kv_memory_bytes
+    kv_memory_bytes: int | None = None    # pool budget; both None: max_num_rows full contexts
+    max_num_rows: int = 32                # rows of a decode step (running requests)
+    decode_row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    max_prefill_tokens: int = 512         # packed prompt tokens per prefill step (chunked above)
+    prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    max_prefill_rows: int = 4             # prompts packed into one prefill step
+    max_context_len: int | None = None    # prompt + output; None: min(model context, 4096)
+    kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (Huginn compress-sK ring)
+    shared_kv_slots: int = 8              # K of the shared ring (Huginn)
+    max_loops: int | None = None          # deepest loop a request may ask; None: model default
+    attention_backend: str = "xla"        # 'xla' (ref_paged_attention) | 'pallas'
+    fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
+    max_prefill_batches_before_decode: int = 1
+    prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
+    max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
+    huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'
+    huginn_seed: int = 0                  # seed of the position-keyed s0
+    strict_compile: bool = False          # raise if anything compiles after warm-up
+    warmup: bool = True                   # compile every bucket at start-up
+    verbose: bool = True                  # print the pool at start-up
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]              # tokens produced by this step
+    token_ids: list[int]                  # every generated token so far
+    finished: bool
+    finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
+    exit_loops: list[int]                 # loops of the selected state, per generated token
+    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
+    logprobs: list[float] | None = None   # per generated token (when asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
+
+
+@dataclass
+class _Extra:
+    """Engine-side per-request data the scheduler does not keep."""
+
+    init_mode: int = INIT_SEEDED
+    init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
+    carry_slot: int | None = None
+    text: str | None = None
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)
+
+
+class Engine:
+    def __init__(self, model, config: EngineConfig = EngineConfig()):
+        self.model, self.config, cfg = model, config, model.cfg
+        self.max_loops = config.max_loops or cfg.default_loops
+        max_context = config.max_context_len or min(cfg.max_context_len, 4096)
+        if max_context > cfg.max_context_len:
+            raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
+        num_pages, budget = config.num_pages, config.kv_memory_bytes
+        if num_pages is None and budget is None:
+            num_pages = -(-config.max_num_rows * max_context // config.page_size)
+        layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size,
+                                      dtype=model.dtype, num_pages=num_pages, kv_memory_bytes=budget,
+                                      max_loops=self.max_loops, shared_slots=config.shared_kv_slots)
+        if config.verbose:
+            print(layout.describe(), flush=True)
+        self.layout = layout
+        self.scheduler = Scheduler(SchedulerConfig(
+            page_size=config.page_size, num_pages=layout.num_pages, max_num_rows=config.max_num_rows,
+            decode_row_buckets=config.decode_row_buckets, max_prefill_tokens=config.max_prefill_tokens,
+            prefill_token_buckets=config.prefill_token_buckets,
+            max_prefill_rows=config.max_prefill_rows, max_context_len=max_context,
+            max_prefill_batches_before_decode=config.max_prefill_batches_before_decode,
+            prefill_share_per_loop=config.prefill_share_per_loop, num_loops=cfg.default_loops,
+            max_loops=max(self.max_loops, cfg.default_loops), fused_decode=config.fused_decode))
+        sc = self.scheduler.config
+        self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
+                             prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
+                             max_pages=sc.max_pages_per_request, max_loops=self.max_loops,
+                             backend=config.attention_backend, num_top_logprobs=config.max_logprobs,
+                             strict=config.strict_compile)
+        if config.warmup:
+            self.runner.warmup(per_loop=not config.fused_decode)
+        self._extra: dict[str, _Extra] = {}
+        self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
+        self._aborted: list[RequestOutput] = []
+        self._eos = _as_tuple(cfg.eos_token_id)
+        self.num_generated = self.loops_generated = 0
+
+    # ------------------------------------------------------------------ requests
+    def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
+                    request_id: str | None = None, *, initial_state=None) -> str:
+        """Queue a request; returns its id. initial_state (Huginn): None (the engine default),
+        'zero', 'seeded', or explicit s0 per position [>= prompt + max_tokens - 1, H]."""
+        params = SamplingParams() if params is None else params
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
+        prompt = _check_prompt(prompt_token_ids, self.model.cfg.vocab_size)
+        if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
+            raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
+                             f"{self.config.max_logprobs}")
+        if params.exit_criterion is not None or params.exit_trace is not None or params.exit_mode != "select":
+            raise ValueError("adaptive exit (exit_criterion, exit_trace, exit_mode='skip') is not "
+                             "supported by this engine yet")
+        if params.loops is not None and params.loops > self.max_loops:
+            raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
+        extra = self._initial_state(initial_state, len(prompt) + params.max_tokens - 1)
+        if not params.ignore_eos and self._eos:
+            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
+        request_id = request_id if request_id is not None else uuid.uuid4().hex
+        request = Request(request_id, prompt, params, max_loops=params.loops)
+        self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
+        self._extra[request_id] = extra
+        return request_id
+
+    def abort(self, request_id: str) -> bool:
+        request = self.scheduler.abort(request_id)
+        if request is None:
+            return False
+        self._release_carry(request)
+        self._aborted.append(self._output(request, []))
+        return True
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    # ------------------------------------------------------------------ the loop
+    def step(self) -> list[RequestOutput]:
+        plan = self.scheduler.schedule()
+        result = self._run(plan) if plan is not None else None
+        return self._update(plan, result)
+
+    def _run(self, plan) -> StepResult:
+        """Rows of the plan -> one runner submission (per-loop decode: one loop of it)."""
+        for request in plan.preempted:
+            self._release_carry(request)
+        decode = plan.kind is PlanKind.DECODE
+        per_loop = decode and (plan.num_loops < max(plan.row_loops) or plan.loop_begin > 0)
+        rows = [self._row(r, start, end, emits, loops, per_loop)
+                for r, (start, end), emits, loops in zip(plan.requests, plan.token_ranges,
+                                                          plan.emits, plan.row_loops)]
+        kind = (StepKind(first=plan.loop_begin == 0, final=any(plan.emits), save_carry=True)
+                if per_loop else FUSED)
+        result = self.runner.run(rows, decode=decode, loop_begin=plan.loop_begin,
+                                 num_loops=plan.num_loops, kind=kind, num_rows=plan.row_bucket,
+                                 num_tokens=plan.token_bucket)
+        return result
+
+    def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
+             per_loop: bool) -> RowInput:
+        extra = self._extra[request.request_id]
+        if per_loop and extra.carry_slot is None:
+            extra.carry_slot = self._free_carry.pop()
+        params = request.sampling_params
+        threshold = params.exit_threshold
+        if threshold is None:
+            threshold = getattr(self.model.cfg, "early_exit_threshold", None)
+        states = None
+        if extra.init_mode == INIT_EXPLICIT:
+            states = extra.init_states[start:end]
+        return RowInput(request.token_ids(start, end), start, request.page_ids, emits, loops, params,
+                        token_index=request.num_output_tokens,
+                        carry_slot=extra.carry_slot if extra.carry_slot is not None else 0,
+                        exit_threshold=2.0 if threshold is None else threshold,
+                        init_mode=extra.init_mode, init_seed=self.config.huginn_seed,
+                        init_states=states)
+
+    def _update(self, plan, result: StepResult | None) -> list[RequestOutput]:
+        outputs, self._aborted = self._aborted, []
+        if plan is None:
+            return outputs
+        tokens = [None] * plan.num_real_rows
+        loops = [None] * plan.num_real_rows
+        if result is not None:
+            for i, emits in enumerate(plan.emits):
+                if emits:
+                    tokens[i], loops[i] = int(result.tokens[i]), int(result.exit_loops[i])
+        for request in self.scheduler.update(plan, StepOutput(tokens, loops)):
+            i = plan.requests.index(request)
+            extra = self._extra[request.request_id]
+            if request.sampling_params.logprobs is not None:
+                extra.logprobs.append(float(result.logprobs[i]))
+                k = request.sampling_params.logprobs
+                extra.top_logprobs.append([(int(t), float(v)) for t, v in
+                                           zip(result.top_ids[i][:k], result.top_logprobs[i][:k])])
+            self.num_generated += 1
+            self.loops_generated += loops[i]
+            self._check_stop_strings(request)
+            if request.is_finished or request.num_loops_done == 0:
+                self._release_carry(request)  # between tokens the loop state is not needed
+            outputs.append(self._output(request, request.output_token_ids[-1:]))
+        return outputs
+
+    # ------------------------------------------------------------------ helpers
+    def _check_stop_strings(self, request: Request) -> None:
+        tokenizer = self.model.tokenizer
+        if tokenizer is None:
+            return
+        extra = self._extra[request.request_id]
+        extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
+        for stop in request.sampling_params.stop:
+            at = extra.text.find(stop)
+            if at >= 0 and not request.is_finished:
+                extra.text = extra.text[:at]
+                self.scheduler.finish(request.request_id, FINISH_STOP)
+
+    def _output(self, request: Request, new_tokens) -> RequestOutput:
+        extra = self._extra.get(request.request_id) or _Extra()
+        want_lp = request.sampling_params.logprobs is not None
+        subs = request.num_prefill_submissions + request.num_decode_submissions
+        metrics = {"ttft": request.ttft, "tpot": request.tpot,
+                   "submissions": subs / max(1, request.num_output_tokens),
+                   "decode_submissions_per_token": request.decode_submissions_per_token,
+                   "num_preemptions": request.num_preemptions}
+        out = RequestOutput(request.request_id, list(new_tokens), list(request.output_token_ids),
+                            request.is_finished, request.finish_reason, list(request.exit_loops),
+                            extra.text, list(extra.logprobs) if want_lp else None,
+                            list(extra.top_logprobs) if want_lp else None, metrics)
+        if request.is_finished:
+            self._extra.pop(request.request_id, None)
+        return out
+
+    def _release_carry(self, request: Request) -> None:
+        extra = self._extra.get(request.request_id)
+        if extra is not None and extra.carry_slot is not None:
+            self._free_carry.append(extra.carry_slot)
+            extra.carry_slot = None
+
+    def _initial_state(self, spec, num_positions: int) -> _Extra:
+        if self.model.cfg.family != "huginn":
+            if spec is not None:
+                raise ValueError("initial_state applies to Huginn models only")
+            return _Extra()
+        spec = self.config.huginn_init if spec is None else spec
+        if isinstance(spec, str):
+            modes = {"seeded": INIT_SEEDED, "zero": INIT_ZERO}
+            if spec not in modes:
+                raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
+            return _Extra(init_mode=modes[spec])
+        states = np.asarray(spec, np.float32)
+        hidden = self.model.cfg.hidden_size
+        if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
+            raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
+                             f"per position of prompt + max_tokens - 1), got {states.shape}")
+        return _Extra(init_mode=INIT_EXPLICIT, init_states=states)
+
+    def stats(self) -> dict:
+        s = self.scheduler.stats()
+        return {"queue_len": s["num_waiting"], "running_rows": s["num_running"],
+                "pages_used": s["num_used_pages"], "pages_free": s["num_free_pages"],
+                "pages_total": self.layout.num_pages, "kv_capacity_tokens": self.layout.capacity_tokens,
+                "kv_bytes_per_token": self.layout.bytes_per_token,
+                "compilations": self.runner.compilations, "submissions": self.runner.submissions,
+                "steps": s["num_steps"], "prefill_steps": s["num_prefill_steps"],
+                "decode_steps": s["num_decode_steps"], "preemptions": s["num_preemptions"],
+                "generated_tokens": self.num_generated,
+                "mean_loops_per_token": self.loops_generated / max(1, self.num_generated)}
+
+
+def _as_tuple(value) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, tuple | list) else (int(value),)
+
+
+def _check_prompt(prompt, vocab_size: int) -> list[int]:
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
+        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
+    if not len(prompt):
+        raise ValueError("empty prompt: give at least one token id")
+    array = np.asarray(prompt)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ValueError("prompt_token_ids must be a flat list of integer token ids")
+    ids = [int(t) for t in array]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids
