@@ -144,6 +144,15 @@ class StepPlan:
     preempted: tuple[Request, ...]  # preempted while planning this step: pages freed; the
     #                                 runner drops any device state it keeps for them
 
+    def __post_init__(self):
+        n = self.num_real_rows
+        if self.num_loops < 1:  # NOTE: explicit; nothing downstream may turn a 0 into 1
+            raise ValueError(f"step {self.step_id}: a plan runs at least one loop, got {self.num_loops}")
+        if not (len(self.requests) == len(self.token_ranges) == len(self.emits) == len(self.row_loops)
+                == n <= self.row_bucket) or self.num_real_tokens > self.token_bucket:
+            raise ValueError(f"step {self.step_id}: inconsistent plan ({n} rows, bucket {self.row_bucket}, "
+                             f"{self.num_real_tokens} tokens, bucket {self.token_bucket})")
+
     @property
     def loop_end(self) -> int:
         return self.loop_begin + self.num_loops

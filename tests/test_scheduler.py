@@ -9,7 +9,7 @@ from fake_runner import FakeRunner, adaptive_exit, drive
 
 from loopjax.request import Request, RequestPhase
 from loopjax.sampling_params import SamplingParams
-from loopjax.scheduler import Scheduler, SchedulerConfig, StepKind, StepOutput
+from loopjax.scheduler import Scheduler, SchedulerConfig, StepKind, StepOutput, StepPlan
 
 V = 97
 
@@ -165,6 +165,24 @@ def test_fused_decode_is_one_submission_per_token_and_equals_per_loop():
         assert r.decode_submissions_per_token in (None, 4.0)
     assert {n for n, k in zip(fused.loops, fused.kinds) if k != "-"} == {4}
     assert {n for n, k in zip(per_loop.loops, per_loop.kinds) if k == "D"} == {1}
+
+
+def test_fused_rows_of_different_depths_share_one_submission():
+    sched, runner = setup(cfg(max_loops=8))
+    deep, default = req("deep", [1], 2, max_loops=8), req("default", [2], 2)
+    trace = drive(sched, runner, {0: [deep, default]})
+    assert trace.kinds == "PD" and trace.loops == [8, 8]  # the deepest row sets the loop count
+    assert deep.exit_loops == [8, 8] and default.exit_loops == [4, 4]
+    assert deep.decode_submissions_per_token == default.decode_submissions_per_token == 1.0
+
+
+def test_plan_states_a_positive_loop_count():
+    plan = dict(step_id=0, kind=StepKind.DECODE, requests=(), token_ranges=(), emits=(), row_loops=(),
+                loop_begin=0, num_real_rows=0, row_bucket=1, num_real_tokens=0, token_bucket=1, preempted=())
+    with pytest.raises(ValueError, match="at least one loop, got 0"):
+        StepPlan(num_loops=0, **plan)
+    with pytest.raises(ValueError, match="inconsistent plan"):
+        StepPlan(num_loops=1, **{**plan, "num_real_rows": 1})
 
 
 def test_adaptive_rows_run_one_loop_per_submission():
