@@ -25,14 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     # Imported here so that `loopjax --help` and argument errors never pay for JAX.
-    from loopjax.convert.converter import ConvertError, convert
-
-    from loopjax.checkpoint import CheckpointError
-    from loopjax.config import ConfigError
+    from loopjax.convert.converter import convert
 
     try:
         out_dir = convert(args.hf_dir, args.out_dir, dtype=args.dtype, progress=args.progress)
-    except (ConvertError, ConfigError, CheckpointError, OSError) as e:
+    except MemoryError:
+        print(f"{PROG}: error: out of memory while converting {args.hf_dir}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:  # ConvertError, ConfigError, CheckpointError, I/O, Orbax
         message = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2

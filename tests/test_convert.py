@@ -12,11 +12,11 @@ import jax
 import ml_dtypes
 import numpy as np
 import pytest
-from loopjax.convert import converter, huginn_keys, ouro_keys
 from safetensors.numpy import load_file, save_file
 
 from loopjax import checkpoint, cli
 from loopjax.config import read_hf_config
+from loopjax.convert import converter, huginn_keys, ouro_keys
 from loopjax.model import Model, forward
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -204,6 +204,14 @@ def make_no_weights(hf):
     return "no model.safetensors or model.safetensors.index.json"
 
 
+def make_already_converted(hf):
+    copy_hf(OURO, hf)
+    os.remove(os.path.join(hf, "model.safetensors"))
+    with open(os.path.join(hf, checkpoint.CONFIG_FILE), "w") as f:
+        f.write("{}")
+    return "(it is a loopjax checkpoint already)"
+
+
 def make_missing_folder(hf):
     return "hf does not exist"
 
@@ -248,7 +256,8 @@ def make_untied_huginn(hf):
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_no_config,
-              make_no_weights, make_missing_folder, make_file_not_folder, make_index_missing_shard,
+              make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
+              make_index_missing_shard,
               make_index_tensor_not_in_shard, make_untied_huginn]
 
 
