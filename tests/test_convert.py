@@ -16,7 +16,7 @@ from safetensors.numpy import load_file, save_file
 
 from loopjax import checkpoint, cli
 from loopjax.config import read_hf_config
-from loopjax.convert import converter, huginn_keys, ouro_keys
+from loopjax.convert import converter, huginn_keys, ouro_keys, safetensors_reader
 from loopjax.model import Model, forward
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
@@ -309,3 +309,25 @@ def test_check_tensor_names_lists_unexpected_and_ignores_patterns():
         converter.check_tensor_names({"a": (2,), "b": (3,), "c": (1,), "d": (1,)}, expected)
     with pytest.raises(converter.ConvertError, match=r"'o' has shape \(5,\), expected \(6,\)"):
         converter.check_tensor_names({"a": (2,), "b": (3,), "o": (5,)}, expected, optional={"o": (6,)})
+
+
+def test_bf16_hf_checkpoint_reads_and_widens(tmp_path):
+    """Released checkpoints are bf16 (a dtype numpy lacks): read, keep by default, or widen."""
+    config, tensors = golden_parts(HUGINN)
+    bf16 = {name: value.astype(ml_dtypes.bfloat16) for name, value in tensors.items()}
+    write_hf(str(tmp_path), config, bf16)
+    refs = safetensors_reader.open_checkpoint(str(tmp_path))
+    assert refs["transformer.wte.weight"].dtype == np.dtype(ml_dtypes.bfloat16)
+    cfg, params = converter.load_hf(str(tmp_path), progress=False)  # default: the checkpoint's dtype
+    want = huginn_keys.to_params(cfg, bf16)
+    assert_trees_equal(params, want)
+    _, widened = converter.load_hf(str(tmp_path), dtype="float32", progress=False)
+    assert_trees_equal(widened, jax.tree.map(lambda a: a.astype(np.float32), want))
+
+
+def test_progress_bar_for_large_checkpoints(monkeypatch, capsys):
+    converter.load_hf(OURO, progress=True)
+    assert "reading tensors" not in capsys.readouterr().err  # small: no bar
+    monkeypatch.setattr(converter, "PROGRESS_MIN_BYTES", 0)
+    converter.load_hf(OURO, progress=True)
+    assert "reading tensors" in capsys.readouterr().err
