@@ -26,6 +26,8 @@ from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 
+DEFAULT_KV_BYTES = 16 * 2**30  # pool cap when neither num_pages nor kv_memory_bytes is given
+
 
 @dataclass(frozen=True)
 class EngineConfig:
@@ -87,8 +89,10 @@ class Engine:
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
         num_pages, budget = config.num_pages, config.kv_memory_bytes
-        if num_pages is None and budget is None:
+        if num_pages is None and budget is None:  # every row at full context, at most 16 GiB
             num_pages = -(-config.max_num_rows * max_context // config.page_size)
+            budget, num_pages = min(num_pages * config.page_size * _bytes_per_token(cfg, config,
+                                    model.dtype, self.max_loops), DEFAULT_KV_BYTES), None
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size,
                                       dtype=model.dtype, num_pages=num_pages, kv_memory_bytes=budget,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots)
@@ -285,6 +289,12 @@ class Engine:
                 "decode_steps": s["num_decode_steps"], "preemptions": s["num_preemptions"],
                 "generated_tokens": self.num_generated,
                 "mean_loops_per_token": self.loops_generated / max(1, self.num_generated)}
+
+
+def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:
+    layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=1, dtype=dtype, num_pages=1,
+                                  max_loops=max_loops, shared_slots=config.shared_kv_slots)
+    return layout.bytes_per_token
 
 
 def _as_tuple(value) -> tuple[int, ...]:

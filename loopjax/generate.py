@@ -1,0 +1,137 @@
+"""Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
+
+Prompts are strings (when the model has a tokenizer) or token-id lists. Each result holds the
+generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
+state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
+
+Huginn `initial_state` per prompt: None (the engine default: position-keyed random s0),
+'zero', 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (the goldens'
+`gen_init_states`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from loopjax.engine import Engine, EngineConfig
+from loopjax.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerateOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int]              # generated tokens only
+    text: str | None                  # detokenized generation (None without a tokenizer)
+    exit_loops: list[int]             # loops of the selected state, per generated token
+    finish_reason: str | None         # 'stop' | 'length' | 'abort'
+    logprobs: list[float] | None = None
+    metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
+
+
+class LLM:
+    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`."""
+
+    def __init__(self, model_or_path, *, dtype=None, **engine_options: Any):
+        from loopjax.model import load
+        self.model = load(model_or_path, dtype) if isinstance(model_or_path, str) else model_or_path
+        self.engine = Engine(self.model, EngineConfig(**engine_options))
+
+    def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
+                 *, initial_state=None, **kwargs: Any) -> list[GenerateOutput]:
+        """One GenerateOutput per prompt, in order. kwargs build a SamplingParams
+        (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
+        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+        prompt_list = [prompts] if single else list(prompts)
+        ids = [self._tokens(p) for p in prompt_list]
+        params = _params_list(sampling_params, kwargs, len(ids))
+        states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
+        if len(states) != len(ids):
+            raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
+        order = []
+        try:
+            for prompt, p, s in zip(ids, params, states):
+                order.append(self.engine.add_request(prompt, p, initial_state=s))
+        except ValueError:
+            for rid in order:  # all or nothing: nothing of this call stays queued
+                self.engine.abort(rid)
+            self._drain()
+            raise
+        finals = self._drain()
+        return [_result(prompt, finals[rid], self.model) for prompt, rid in zip(ids, order)]
+
+    def _drain(self) -> dict:
+        finals = {}
+        while self.engine.has_unfinished():
+            for out in self.engine.step():
+                if out.finished:
+                    finals[out.request_id] = out
+        return finals
+
+    def _tokens(self, prompt) -> list[int]:
+        if isinstance(prompt, str):
+            return self.model.tokenize(prompt)
+        return list(prompt)
+
+
+def _params_list(sampling_params, kwargs, n: int) -> list[SamplingParams]:
+    if sampling_params is not None:
+        if kwargs:
+            raise ValueError("give sampling_params or sampling keyword arguments, not both")
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * n
+        if len(sampling_params) != n:
+            raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts")
+        return list(sampling_params)
+    kwargs = dict(kwargs)
+    if "max_new_tokens" in kwargs:
+        kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
+    kwargs.setdefault("temperature", 0.0)
+    return [SamplingParams(**kwargs)] * n
+
+
+def _result(prompt, out, model) -> GenerateOutput:
+    text = out.text
+    if text is None and model.tokenizer is not None:
+        text = model.detokenize(out.token_ids, skip_special_tokens=True)
+    return GenerateOutput(prompt, out.token_ids, text, out.exit_loops, out.finish_reason,
+                          out.logprobs, out.metrics)
+
+
+_CACHE: dict = {}
+
+
+def compact_engine_options(num_prompts: int, max_prompt_len: int, max_new_tokens: int) -> dict:
+    """Engine options sized to one batch of prompts (two compiled buckets)."""
+    rows = min(32, 1 << max(0, num_prompts - 1).bit_length())
+    chunk = min(512, 1 << max(4, (max_prompt_len - 1).bit_length()))
+    context = 1 << max(6, (max_prompt_len + max_new_tokens - 1).bit_length())
+    return {"max_num_rows": rows, "decode_row_buckets": (rows,), "max_prefill_tokens": chunk,
+            "prefill_token_buckets": (chunk,), "max_prefill_rows": min(4, rows),
+            "max_context_len": context, "verbose": False}
+
+
+def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
+             initial_state=None, engine_options: dict | None = None,
+             **sampling_kwargs: Any) -> list[GenerateOutput]:
+    """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
+    a checkpoint folder or a preset name). The engine is kept for later calls with the same
+    model and options. Returns one GenerateOutput per prompt."""
+    from loopjax.model import load
+    model = load(model) if isinstance(model, str) else model
+    single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
+    prompt_list = [prompts] if single else list(prompts)
+    if not prompt_list:
+        raise ValueError("prompts is empty")
+    lengths = [len(model.tokenize(p)) if isinstance(p, str) else len(p) for p in prompt_list]
+    options = engine_options or compact_engine_options(len(prompt_list), max(lengths), max_new_tokens)
+    options.setdefault("max_context_len", None)
+    if options["max_context_len"] is not None:
+        options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)
+    key = (id(model), tuple(sorted(options.items())))
+    llm = _CACHE.get(key)
+    if llm is None or llm.model is not model:
+        _CACHE.clear()  # keep one engine: its KV pool holds device memory
+        llm = _CACHE[key] = LLM(model, **options)
+    return llm.generate(prompt_list, initial_state=initial_state, max_tokens=max_new_tokens,
+                        temperature=temperature, **sampling_kwargs)
