@@ -1,6 +1,32 @@
 """Pallas kernels, each beside its pure-JAX `ref_` twin (same signature, same validation).
-Installed as `loopjax.kernels`; see docs/design.md for the KV pool and attention contracts."""
+Installed as `loopjax.kernels`; see docs/design.md for the KV pool and attention contracts.
+
+GPU backend: Triton-lowered `pl.pallas_call` (jax 0.11.2); `interpret=True` runs a kernel
+on CPU. Attention kernels match their twin to fp32-accumulation tolerance; the pointwise
+kernels (rms_norm, rope, silu_mul) spell the twin's ops and casts to be bitwise equal.
+"""
 
 from .paged_attention import paged_attention, ref_paged_attention, write_kv
+from .rms_norm import add_rms_norm, ref_add_rms_norm, ref_rms_norm, ref_rms_norm_add, rms_norm, rms_norm_add
+from .rope import ref_rope_interleaved_qk, ref_rope_rotate_half_qk, rope_interleaved_qk, rope_rotate_half_qk
+from .silu_mul import ref_silu_f32_mul, ref_silu_mul, silu_f32_mul, silu_mul
 
-__all__ = ["paged_attention", "ref_paged_attention", "write_kv"]
+__all__ = [
+    "add_rms_norm",
+    "paged_attention",
+    "ref_add_rms_norm",
+    "ref_paged_attention",
+    "ref_rms_norm",
+    "ref_rms_norm_add",
+    "ref_rope_interleaved_qk",
+    "ref_rope_rotate_half_qk",
+    "ref_silu_f32_mul",
+    "ref_silu_mul",
+    "rms_norm",
+    "rms_norm_add",
+    "rope_interleaved_qk",
+    "rope_rotate_half_qk",
+    "silu_f32_mul",
+    "silu_mul",
+    "write_kv",
+]
