@@ -36,8 +36,10 @@ def linear(x, w):
 
 
 def silu_mul(gate, up):
-    """SiLU(gate) * up in the activation dtype, each op rounded as torch does."""
-    return jax.nn.silu(gate) * up
+    """SiLU(gate) * up. torch computes a bf16 silu in fp32 and rounds once (jax.nn.silu on bf16
+    would round after each of its exp/add/divide), then multiplies by up in the activation dtype."""
+    act = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)
+    return act * up
 
 
 def rope_angles(positions, head_dim: int, theta: float):
