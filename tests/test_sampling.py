@@ -88,6 +88,7 @@ def test_same_seed_same_tokens_whatever_batch_composition():
     for name in reqs:
         seen = {res[name] for res in results if name in res}
         assert len(seen) == 1, (name, results)
+    assert results[0]["d"] == int(np.argmax(reqs["d"][1]))  # greedy row inside a sampled batch
 
 
 def test_token_index_and_seed_change_the_draw():
@@ -151,6 +152,23 @@ def test_ties_at_the_boundary_are_kept():
     assert kept_set(logits, top_k=2) == {0, 1, 2}
 
 
+def test_top_p_one_never_drops_a_rounded_tail():
+    logits = -np.arange(2 * TOP_K_CAP, dtype=np.float32)  # mass reaches 1.0 in f32 early
+    assert kept_set(logits, top_k=TOP_K_CAP) == set(range(TOP_K_CAP))
+    assert kept_set(logits, top_p=1.0) == set(range(2 * TOP_K_CAP))
+
+
+def test_unfiltered_rows_keep_the_whole_vocab_beside_a_top_k_row():
+    # The top-k row sends the batch down the lax.top_k(TOP_K_CAP) branch; the other rows
+    # must still draw from all 1024 ids (uniform logits: tokens >= TOP_K_CAP must appear).
+    params = [SamplingParams(temperature=1.0, top_k=5, seed=0)]
+    params += [SamplingParams(temperature=1.0, seed=s) for s in range(1, 33)]
+    logits = np.zeros((33, 1024), np.float32)
+    logits[0] = -np.arange(1024) * 0.01  # distinct, so top-5 keeps ids 0..4
+    tokens, *_ = run(logits, params)
+    assert tokens[0] < 5 and tokens[1:].max() >= TOP_K_CAP
+
+
 def test_sampled_tokens_stay_inside_the_filter():
     logits = np.tile(PROBS, (64, 1))
     for kw, allowed in [(dict(top_p=0.5), {0, 1}), (dict(top_k=1), {0}), (dict(min_p=0.6), {0, 1})]:
@@ -184,6 +202,7 @@ def test_logprobs_are_log_softmax_of_raw_logits():
     np.testing.assert_array_equal(top_ids, np.argsort(-rnd, axis=-1)[:, :4])
     np.testing.assert_allclose(top_lp, np.sort(ref, axis=-1)[:, ::-1][:, :4], rtol=1e-5, atol=1e-5)
     assert top_ids.dtype == np.int32 and tokens.dtype == np.int32
+    assert tokens[0] == rnd[0].argmax()  # the greedy row of a mixed batch
     _, _, none_ids, none_lp = run(rnd, params, k=0)
     assert none_ids.shape == (5, 0) and none_lp.shape == (5, 0)
 
