@@ -1,0 +1,359 @@
+"""Weight-streaming matmul for decode: few activation rows times a large weight.
+
+    streaming_matmul(x [M, K], w [K, N]) -> [M, N] in x's dtype   (= layers.linear)
+
+At M = 1..128 rows the product is bound by reading w from HBM once, so the kernel is laid
+out for the weight stream, not for the FLOPs:
+- all M rows live in one row block (block_m = next power of two >= max(16, M); rows past M
+  are masked loads reading 0, never a padded copy of x), so every weight byte is read once;
+- the grid is (column blocks, K splits): with few column blocks the K range is split
+  (`split_k`) so that enough programs keep all 132 SMs loading; each split writes an fp32
+  partial [split_k, M, N] that XLA sums and rounds (the epilogue then runs in that fusion);
+- each program walks its K range in [block_k, block_n] weight tiles (16-byte loads along N,
+  `num_stages` tiles in flight through Triton's software pipeline), accumulating in fp32 with
+  `jnp.dot(..., preferred_element_type=f32)`; the result is rounded once to x's dtype;
+- K need not be a multiple of block_k (the last split also reads a masked tail tile), nor N
+  of block_n (masked columns).
+
+Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
+    streaming_matmul_add(x, w, residual [M, N])      = linear(x, w) + residual
+    streaming_matmul_silu_mul(x, w_gate_up [K, 2F])     = layers.silu_mul(gate, up)   (Huginn)
+    streaming_matmul_silu_f32_mul(x, w_gate_up [K, 2F]) = ouro._silu_mul(gate, up)    (Ouro)
+with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md).
+
+Each has a `ref_` twin (pure XLA) sharing `check_matmul_inputs`. Block sizes come from
+`TUNED` (data: (K, N, block_m) -> Config, measured by `python -m loopjax.bench.matmul
+--sweep` on the H200), else from `default_config`; explicit keyword arguments override both.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from loopjax import layers
+
+from ._common import is_pow2, next_pow2
+from .silu_mul import _silu
+
+__all__ = [
+    "TUNED",
+    "Config",
+    "check_matmul_inputs",
+    "default_config",
+    "pick_config",
+    "ref_streaming_matmul",
+    "ref_streaming_matmul_add",
+    "ref_streaming_matmul_silu_f32_mul",
+    "ref_streaming_matmul_silu_mul",
+    "streaming_matmul",
+    "streaming_matmul_add",
+    "streaming_matmul_silu_f32_mul",
+    "streaming_matmul_silu_mul",
+]
+
+MAX_ROWS = 128  # one row block holds every row; past this, weights are no longer the cost
+NUM_SMS = 132  # H200
+_DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
+
+
+class Config(NamedTuple):
+    block_n: int  # weight tile columns (power of two >= 16)
+    block_k: int  # weight tile rows (power of two >= 16)
+    split_k: int  # programs sharing one column block's K range (fp32 partials if > 1)
+    num_warps: int
+    num_stages: int  # weight tiles in flight (Triton software pipelining)
+
+
+# Tuned for bf16 on the H200: (K, N, block_m) -> Config. Shapes of the product as the
+# kernel sees them (for the SiLU epilogues N = 2F). Replace with `bench/matmul.py --sweep`.
+TUNED: dict[tuple[int, int, int], Config] = {}
+
+
+# ------------------------------------------------------------------------------ validation
+
+
+def check_matmul_inputs(x, w, residual=None, *, gate_up: bool = False):
+    """Shared validation: raises ValueError with a one-line message; returns (M, K, N)."""
+    if x.ndim != 2 or w.ndim != 2:
+        raise ValueError(f"x must be [M, K] and w [K, N], got shapes {x.shape} and {w.shape}")
+    (m, k), (k_w, n) = x.shape, w.shape
+    if k != k_w:
+        raise ValueError(f"x [M, K={k}] and w [K={k_w}, N] disagree on K")
+    if x.dtype != w.dtype or x.dtype not in _DTYPES:
+        raise ValueError(f"x and w must share a float32/bfloat16/float16 dtype, got {x.dtype}, {w.dtype}")
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"streaming_matmul takes 1..{MAX_ROWS} rows, got M={m} (use layers.linear)")
+    if k == 0 or n == 0:
+        raise ValueError(f"empty product: x {x.shape}, w {w.shape}")
+    if gate_up and n % 2:
+        raise ValueError(f"w_gate_up must be [K, 2F] (columns [gate | up]), got N={n}")
+    if residual is not None and (residual.shape != (m, n) or residual.dtype != x.dtype):
+        raise ValueError(f"residual must be [{m}, {n}] {x.dtype}, got {residual.shape} {residual.dtype}")
+    return m, k, n
+
+
+def _check_config(cfg: Config, k: int) -> None:
+    for name in ("block_n", "block_k"):
+        v = getattr(cfg, name)
+        if not (is_pow2(v) and v >= 16):
+            raise ValueError(f"{name} must be a power of two >= 16 (Triton dot tiles), got {v}")
+    num_k_blocks = max(1, k // cfg.block_k)
+    if not 1 <= cfg.split_k <= num_k_blocks:
+        raise ValueError(f"split_k must be in 1..{num_k_blocks} (K={k} / block_k={cfg.block_k}), "
+                         f"got {cfg.split_k}")
+    if cfg.num_warps < 1 or cfg.num_stages < 1:
+        raise ValueError(f"num_warps and num_stages must be >= 1, got {cfg.num_warps}, {cfg.num_stages}")
+
+
+def block_rows(m: int) -> int:
+    """The row block (Triton dot tiles need >= 16 rows)."""
+    return max(16, next_pow2(m))
+
+
+def default_config(m: int, k: int, n: int, dtype=jnp.bfloat16) -> Config:
+    """Heuristic for shapes missing from TUNED: 8 KB weight tiles ([64, 64] bf16, [32, 64]
+    fp32; [64, 128] when the columns alone give > 1 program per SM), K split until ~2
+    programs per SM run, 4 tiles in flight."""
+    bm = block_rows(m)
+    block_n = 128 if (bm <= 32 and n >= 128 * NUM_SMS) else 64
+    block_n = min(block_n, max(16, next_pow2(n)))
+    block_k = min(64 if jnp.dtype(dtype).itemsize < 4 else 32, max(16, next_pow2(k)))
+    col_blocks = -(-n // block_n)
+    num_k_blocks = max(1, k // block_k)
+    split_k = max(1, min(16, num_k_blocks, round(2 * NUM_SMS / col_blocks)))
+    return Config(block_n, block_k, split_k, 8 if bm >= 64 else 4, 4)
+
+
+def pick_config(m: int, k: int, n: int, dtype=jnp.bfloat16, **overrides) -> Config:
+    """TUNED[(K, N, block_m)] or default_config, then any non-None keyword overrides."""
+    cfg = TUNED.get((k, n, block_rows(m))) or default_config(m, k, n, dtype)
+    if jnp.dtype(dtype).itemsize == 4 and (k, n, block_rows(m)) in TUNED:
+        cfg = cfg._replace(block_k=max(16, cfg.block_k // 2))  # NOTE: same tile bytes as bf16
+    return cfg._replace(**{key: v for key, v in overrides.items() if v is not None})
+
+
+# ------------------------------------------------------------------------------ references
+
+
+def ref_streaming_matmul(x, w):
+    check_matmul_inputs(x, w)
+    return layers.linear(x, w)
+
+
+def ref_streaming_matmul_add(x, w, residual):
+    check_matmul_inputs(x, w, residual)
+    return layers.linear(x, w) + residual
+
+
+def ref_streaming_matmul_silu_mul(x, w_gate_up):
+    check_matmul_inputs(x, w_gate_up, gate_up=True)
+    gate, up = jnp.split(layers.linear(x, w_gate_up), 2, axis=-1)
+    return layers.silu_mul(gate, up)
+
+
+def ref_streaming_matmul_silu_f32_mul(x, w_gate_up):
+    from loopjax.models import ouro  # NOTE: the model's own function is the reference
+
+    check_matmul_inputs(x, w_gate_up, gate_up=True)
+    gate, up = jnp.split(layers.linear(x, w_gate_up), 2, axis=-1)
+    return ouro._silu_mul(gate, up)
+
+
+# ------------------------------------------------------------------------------ the kernel
+
+
+def _mask(shape, r0=0, rows=None, c0=0, cols=None, ok=None):
+    """bool `shape` mask from the parts that apply: row r0+i in [lo, hi) for rows = (lo, hi),
+    column c0+j in [lo, hi) for cols = (lo, hi), scalar ok. None when nothing is masked."""
+    parts = []
+    for axis, start, bounds in ((0, r0, rows), (1, c0, cols)):
+        if bounds is not None:
+            idx = start + jax.lax.broadcasted_iota(jnp.int32, shape, axis)
+            parts.append((idx >= bounds[0]) & (idx < bounds[1]))
+    if ok is not None:
+        parts.append(jnp.broadcast_to(ok, shape))
+    return functools.reduce(jnp.logical_and, parts) if parts else None
+
+
+def _load(ref, r0, rows: int, c0, cols: int, mask, evict: bool):
+    """ref[r0:r0+rows, c0:c0+cols] (2-D ref); masked entries read as 0."""
+    window = ref.at[pl.ds(r0, rows), pl.ds(c0, cols)]
+    policy = "evict_first" if evict else None  # NOTE: weights are read once per step
+    if mask is None:
+        return plgpu.load(window, eviction_policy=policy)
+    return plgpu.load(window, mask=mask, other=0, eviction_policy=policy)
+
+
+def _kernel(
+    x_ref,  # [M, K]
+    w_ref,  # [K, N_w]   (N_w = N, or 2F for the SiLU epilogues: columns [gate | up])
+    *refs,  # r_ref [M, N] if epilogue == "add"; then o_ref [M, N] dtype or [S, M, N] f32
+    block_m: int,
+    cfg: Config,
+    epilogue: str,  # "none" | "add" | "silu" | "silu_f32"
+    interpret: bool,
+):
+    r_ref = refs[0] if epilogue == "add" else None
+    o_ref = refs[-1]
+    m, k = x_ref.shape
+    n = o_ref.shape[-1]  # output columns (F for the SiLU epilogues)
+    bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
+    j, s = pl.program_id(0), pl.program_id(1)
+    c0 = pl.multiple_of(j * bn, bn)
+    col_offsets = (c0, c0 + n) if epilogue.startswith("silu") else (c0,)  # gate, up
+    x_rows_masked, cols_masked = m < block_m, n % bn != 0
+
+    num_full = k // bk  # unmasked K tiles; the K tail (k % bk) is one masked tile
+    per_split = -(-num_full // splits)
+    start = s * per_split
+    end = jnp.minimum(start + per_split, num_full)
+
+    def step(accs, k0, k_range):
+        """accs += x[:, k0:k0+bk] @ w[k0:k0+bk, tile columns]; k_range = (lo, hi): the K
+        rows to count (the tail tile), else None."""
+        ok = None if k_range is None else s == splits - 1
+        xm = _mask((block_m, bk), 0, (0, m) if x_rows_masked else None, k0, k_range, ok)
+        xt = _load(x_ref, 0, block_m, k0, bk, xm, False)  # [block_m, bk]
+        wm = _mask((bk, bn), k0, k_range, c0, (0, n) if cols_masked else None, ok)
+        wts = [_load(w_ref, k0, bk, off, bn, wm, True) for off in col_offsets]  # [bk, bn] each
+        return tuple(a + jnp.dot(xt, wt, preferred_element_type=jnp.float32)
+                     for a, wt in zip(accs, wts, strict=True))
+
+    def body(b, accs):
+        return step(accs, pl.multiple_of(b * bk, bk), None)
+
+    accs = tuple(jnp.zeros((block_m, bn), jnp.float32) for _ in col_offsets)
+    accs = jax.lax.fori_loop(start, end, body, accs)
+    if k % bk:
+        # NOTE: the tail tile ends at K (overlapping the last full tile, whose rows it masks)
+        # so that no slice leaves the array; only the last split counts it.
+        accs = step(accs, max(k - bk, 0), (num_full * bk, k))
+
+    out_mask = _mask((block_m, bn), 0, (0, m) if x_rows_masked else None, c0, (0, n) if cols_masked else None)
+    window = (pl.ds(0, block_m), pl.ds(c0, bn))
+    if splits > 1:  # fp32 partials; the caller reduces and applies the epilogue
+        plgpu.store(o_ref.at[(s, *window)], accs[0], mask=out_mask)
+        return
+    dtype = o_ref.dtype
+    out = accs[0].astype(dtype)
+    if epilogue == "add":
+        out = out + _load(r_ref, 0, block_m, c0, bn, out_mask, False)
+    elif epilogue.startswith("silu"):
+        up = accs[1].astype(dtype)
+        act = _silu(out, jnp.float32 if epilogue == "silu_f32" else dtype, interpret).astype(dtype)
+        out = (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(dtype)
+    plgpu.store(o_ref.at[window], out, mask=out_mask)
+
+
+def _call(x, w, residual, epilogue: str, interpret: bool, overrides: dict):
+    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue.startswith("silu"))
+    cfg = pick_config(m, k, n_w, x.dtype, **overrides)
+    _check_config(cfg, k)
+    block_m = block_rows(m)
+    fused = cfg.split_k == 1
+    n_out = n_w // 2 if (fused and epilogue.startswith("silu")) else n_w
+    kernel_epilogue = epilogue if fused else "none"
+    if fused:
+        out_shape = jax.ShapeDtypeStruct((m, n_out), x.dtype)
+    else:
+        out_shape = jax.ShapeDtypeStruct((cfg.split_k, m, n_out), jnp.float32)
+    kernel = functools.partial(_kernel, block_m=block_m, cfg=cfg, epilogue=kernel_epilogue,
+                               interpret=interpret)
+    operands = (x, w) + ((residual,) if kernel_epilogue == "add" else ())
+    out = pl.pallas_call(
+        kernel,
+        out_shape=out_shape,
+        grid=(pl.cdiv(n_out, cfg.block_n), cfg.split_k),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
+        interpret=interpret,
+        name=f"loopjax_streaming_matmul_{epilogue}",
+    )(*operands)
+    if fused:
+        return out
+    # NOTE: split-K: XLA fuses the partial sum, the rounding and the epilogue in one kernel.
+    y = jnp.sum(out, axis=0).astype(x.dtype)
+    if epilogue == "add":
+        return y + residual
+    if epilogue == "silu":
+        return layers.silu_mul(*jnp.split(y, 2, axis=-1))
+    if epilogue == "silu_f32":
+        from loopjax.models import ouro
+
+        return ouro._silu_mul(*jnp.split(y, 2, axis=-1))
+    return y
+
+
+def _overrides(block_n, block_k, split_k, num_warps, num_stages) -> dict:
+    return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
+                num_stages=num_stages)
+
+
+def streaming_matmul(
+    x,  # [M, K], M in 1..128
+    w,  # [K, N], x's dtype
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+):
+    """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear)."""
+    return _call(x, w, None, "none", interpret,
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+
+
+def streaming_matmul_add(
+    x,  # [M, K]
+    w,  # [K, N]
+    residual,  # [M, N], x's dtype
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+):
+    """linear(x, w) + residual -> [M, N] (the product rounded before the add, as XLA does)."""
+    return _call(x, w, residual, "add", interpret,
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+
+
+def streaming_matmul_silu_mul(
+    x,  # [M, K]
+    w_gate_up,  # [K, 2F], columns [gate | up]
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+):
+    """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F] (Huginn's roundings)."""
+    return _call(x, w_gate_up, None, "silu", interpret,
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+
+
+def streaming_matmul_silu_f32_mul(
+    x,  # [M, K]
+    w_gate_up,  # [K, 2F], columns [gate | up]
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool = False,
+):
+    """ouro._silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F] (Ouro's roundings)."""
+    return _call(x, w_gate_up, None, "silu_f32", interpret,
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
