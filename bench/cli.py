@@ -40,9 +40,8 @@ class InProcessBackend:
             record.token_ids = list(out.token_ids)
             loops = list(out.exit_loops or [])
             record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
-            m = out.metrics
-            record.submissions = int((m.get("submissions") if isinstance(m, dict)
-                                      else getattr(m, "submissions", 0)) or 0)
+            per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
+            record.submissions = round(per_token * max(1, len(out.token_ids)))
         return record
 
 
@@ -99,7 +98,7 @@ def add_arguments(parser):
     parser.add_argument("--url", default=None, help="http://host:port of a running `loopjax serve`")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --url: token ids to draw from (default: the server's /v1/models)")
-    parser.add_argument("--no-warmup", action="store_true", help="skip the untimed warm-up request")
+    parser.add_argument("--no-warmup-request", action="store_true", help="skip the untimed warm-up request")
     parser.add_argument("--out", default=None, help="JSON report path (default: bench-<workload>.json)")
     parser.add_argument("--plot", default=None, help="PNG plot path (default: the JSON path with .png)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -135,7 +134,7 @@ async def _run_in_process(args, spec):
     await aengine.start()
     try:
         records, duration = await _timed(spec, InProcessBackend(aengine), cfg.vocab_size,
-                                         not args.no_warmup, not args.no_progress)
+                                         not args.no_warmup_request, not args.no_progress)
     finally:
         aengine.shutdown()
     stats = aengine.stats()
@@ -157,7 +156,7 @@ async def _run_http(args, spec):
                 raise ValueError(f"the server at {args.url} does not serve {args.model!r} with a known "
                                  f"vocab_size (served: {[c['id'] for c in cards]}); pass --vocab-size")
         records, duration = await _timed(spec, HttpBackend(client, args.model), vocab_size,
-                                         not args.no_warmup, not args.no_progress)
+                                         not args.no_warmup_request, not args.no_progress)
         metrics = parse((await client.get("/metrics")).text)
     stats = {k[len("loopjax_"):]: v for k, v in metrics.items() if "{" not in k and k.startswith("loopjax_")}
     return records, duration, args.url, stats

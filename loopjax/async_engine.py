@@ -40,6 +40,9 @@ class EngineDeadError(RuntimeError):
     """The engine loop is not running (stopped, or a step raised)."""
 
 
+_CLOSED = object()  # queue item: the stream was closed while a reader waited
+
+
 class RequestStream:
     """Async iterator over one request's RequestOutputs; ends after the finished one.
 
@@ -64,6 +67,8 @@ class RequestStream:
         if self.closed:
             raise StopAsyncIteration
         item = await self.queue.get()
+        if item is _CLOSED:
+            raise StopAsyncIteration
         if isinstance(item, BaseException):
             self.closed = True
             raise item
@@ -72,9 +77,11 @@ class RequestStream:
         return item
 
     def close(self):
-        """Stop reading; aborts the request if the engine has not finished it."""
+        """Stop reading (a reader waiting now gets StopAsyncIteration); aborts the request if
+        the engine has not finished it."""
         if not self.closed:
             self.closed = True
+            self.queue.put_nowait(_CLOSED)
             if not self.finished:
                 self.owner.abort(self.request_id)
 
@@ -147,6 +154,7 @@ class AsyncEngine:
         if stream.first_token_at is None:
             self._set_waiting(-1)
         stream.closed = True
+        stream.queue.put_nowait(_CLOSED)
         self.metrics.aborted.inc()
         self._post(("abort", request_id))
 
@@ -283,31 +291,36 @@ def add_engine_arguments(parser):
     group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
     for field in dataclasses.fields(EngineConfig):
         type_name = str(field.type).replace("| None", "").replace("Optional[", "").strip(" ]")
-        kind = _SIMPLE_TYPES.get(type_name)
+        is_tuple = type_name.startswith("tuple[") and type_name.endswith(", ...")
+        kind = _SIMPLE_TYPES.get(type_name[len("tuple["):-len(", ...")] if is_tuple else type_name)
         flag = "--" + field.name.replace("_", "-")
-        if kind is None or flag in parser._option_string_actions:
+        taken = parser._option_string_actions  # a subcommand's own flags win
+        if kind is None or flag in taken or "--no-" + flag[2:] in taken:
             continue
+        dest, text = "engine_" + field.name, f"default: {field.default}"
         if kind is bool:
-            group.add_argument(flag, dest="engine_" + field.name, action=argparse.BooleanOptionalAction,
-                               default=None)
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                               help=text)
         else:
-            group.add_argument(flag, dest="engine_" + field.name, type=kind, default=None)
+            group.add_argument(flag, dest=dest, type=kind, default=None, nargs="+" if is_tuple else None,
+                               metavar=kind.__name__.upper(), help=text)
 
 
 def engine_config_kwargs(args) -> dict:
     """EngineConfig keyword arguments given on the command line (unset ones are left out)."""
     import json
 
-    kwargs = {k[len("engine_"):]: v for k, v in vars(args).items()
+    kwargs = {k[len("engine_"):]: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items()
               if k.startswith("engine_") and k != "engine_arg" and v is not None}
     for item in getattr(args, "engine_arg", None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--engine-arg wants KEY=VALUE, got {item!r}")
         try:
-            kwargs[key.replace("-", "_")] = json.loads(value)
+            parsed = json.loads(value)
         except json.JSONDecodeError:
-            kwargs[key.replace("-", "_")] = value
+            parsed = value
+        kwargs[key.replace("-", "_")] = tuple(parsed) if isinstance(parsed, list) else parsed
     return kwargs
 
 

@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 
@@ -107,9 +108,10 @@ class _Choice:
         else:  # exit loops of the new tokens only
             new_loops = loops
             self.exit_loops += loops
+        # NOTE: the engine reports submissions per output token; usage carries the total.
         m = out.metrics
-        subs = m.get("submissions") if isinstance(m, dict) else getattr(m, "submissions", None)
-        self.submissions = int(subs or 0)
+        per_token = m.get("submissions") if isinstance(m, dict) else getattr(m, "submissions", None)
+        self.submissions = round((per_token or 0) * max(1, len(self.token_ids)))
         if self.tokenizer is not None:
             self.text = self.tokenizer.decode(self.token_ids)
             for s in self.stop:
@@ -226,7 +228,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                        "; use /v1/completions with a prompt", "messages")
         return check_ids(encode(render_chat(chat_template, clean), "messages"), "messages")
 
-    async def submit_all(prompts, params) -> list:
+    async def submit_all(body, prompts, params) -> list:
         streams = []
         try:
             for ids in prompts:
@@ -238,8 +240,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                 raise APIError(429, str(e), None, "rate_limit_error") from None
             if isinstance(e, EngineDeadError):
                 raise APIError(503, str(e), None, "server_error") from None
-            if isinstance(e, ValueError):
-                raise _bad(str(e), "prompt" if "prompt" in str(e) else None) from None
+            if isinstance(e, ValueError):  # the engine's one line, less its internal request id
+                message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
+                raise _bad(message, _param_of(message, body) or "prompt") from None
             raise
         return streams
 
@@ -276,7 +279,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         body = await read_body(request)
         prompts = [chat_prompt(body)] if chat else completion_prompts(body)
         params = sampling_params(body)
-        streams = await submit_all(prompts, params)
+        streams = await submit_all(body, prompts, params)
         choices = [_Choice(i, tokenizer, params.stop) for i in range(len(prompts))]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -325,6 +328,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                 if chat:
                     for c in choices:
                         yield sse({**head, "choices": [{"index": c.index, "finish_reason": None,
+                                                        "token_ids": [], "exit_loops": [],
                                                         "delta": {"role": "assistant", "content": ""}}]})
                 async for c, delta, new_ids, new_loops in run_choices():
                     choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,

@@ -31,6 +31,11 @@ CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 WORDS = ["hello", "world", "user", "assistant", "system", "the", "loop", "model"]
 MODEL_NAME = "ouro-tiny"
+# Small buckets keep start-up compilation short on CI's CPU: 16 rows for 16 concurrent requests.
+SERVER_ENGINE = dict(max_num_rows=16, decode_row_buckets=(16,), max_prefill_tokens=64,
+                     prefill_token_buckets=(64,), max_prefill_rows=4, verbose=False)
+REF_ENGINE = dict(max_num_rows=2, decode_row_buckets=(2,), max_prefill_tokens=32,
+                  prefill_token_buckets=(32,), max_prefill_rows=2, verbose=False)
 
 
 def word_tokenizer(vocab_size: int):
@@ -81,7 +86,7 @@ def model():
 def server(model):
     from loopjax.engine import Engine, EngineConfig
 
-    engine = Engine(model, EngineConfig())
+    engine = Engine(model, EngineConfig(**SERVER_ENGINE))
     app = create_app(engine, MODEL_NAME, model=model)
     with LiveServer(app) as live:
         live.aengine = app.state.async_engine
@@ -110,7 +115,7 @@ def test_completion_greedy_equals_generate(client, model):
     from loopjax.generate import generate
 
     prompts = [[5, 9, 13, 17, 21], [7, 3, 100, 42]]
-    ref = generate(model, prompts, max_new_tokens=8)
+    ref = generate(model, prompts, max_new_tokens=8, engine_options=dict(REF_ENGINE))
     for prompt, expect in zip(prompts, ref):
         r = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0)
         choice = r.choices[0]
@@ -136,7 +141,7 @@ def test_chat_uses_template(client, model):
     messages = [{"role": "system", "content": "the model"}, {"role": "user", "content": "hello world"}]
     ids = model.tokenizer.encode(render_chat(CHATML, messages), add_special_tokens=False).ids
     assert ids[:2] == [1, 7] and ids[-2:] == [1, 6]  # <|im_start|>system ... <|im_start|>assistant
-    expect = generate(model, [ids], max_new_tokens=6)[0]
+    expect = generate(model, [ids], max_new_tokens=6, engine_options=dict(REF_ENGINE))[0]
     r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6, temperature=0)
     assert r.choices[0].message.role == "assistant"
     assert r.choices[0].token_ids == list(expect.token_ids)
@@ -239,17 +244,17 @@ def test_models_and_metrics(server, client, model):
     assert samples["loopjax_pages_free"] > 0 and samples["loopjax_generation_tokens_total"] >= 3
 
 
-def test_chat_without_template_is_400(model):
-    from loopjax.engine import Engine, EngineConfig
-
-    bare = dataclasses.replace(model, tokenizer=None, chat_template=None)
-    app = create_app(Engine(bare, EngineConfig()), MODEL_NAME, model=bare)
-    with LiveServer(app) as live:
+def test_chat_without_template_is_400():
+    bare = types.SimpleNamespace(tokenizer=None, chat_template=None,
+                                 cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=bare)) as live:
         r = httpx.post(live.url + "/v1/chat/completions", timeout=30,
                        json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": MODEL_NAME, "prompt": "hi"})
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "max_tokens": 3})
+        assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
 
 
 # ------------------------------------------------------------------ AsyncEngine contract (fake engine)
