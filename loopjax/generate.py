@@ -101,11 +101,11 @@ def _result(prompt, out, model) -> GenerateOutput:
 _CACHE: dict = {}
 
 
-def compact_engine_options(num_prompts: int, max_prompt_len: int, max_new_tokens: int) -> dict:
+def compact_engine_options(prompt_lens: list[int], max_new_tokens: int) -> dict:
     """Engine options sized to one batch of prompts (two compiled buckets)."""
-    rows = min(32, 1 << max(0, num_prompts - 1).bit_length())
-    chunk = min(512, 1 << max(4, (max_prompt_len - 1).bit_length()))
-    context = 1 << max(6, (max_prompt_len + max_new_tokens - 1).bit_length())
+    rows = min(32, 1 << max(0, len(prompt_lens) - 1).bit_length())
+    chunk = min(512, 1 << max(4, (sum(prompt_lens) - 1).bit_length()))
+    context = 1 << max(6, (max(prompt_lens) + max_new_tokens - 1).bit_length())
     return {"max_num_rows": rows, "decode_row_buckets": (rows,), "max_prefill_tokens": chunk,
             "prefill_token_buckets": (chunk,), "max_prefill_rows": min(4, rows),
             "max_context_len": context, "verbose": False}
@@ -124,7 +124,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if not prompt_list:
         raise ValueError("prompts is empty")
     lengths = [len(model.tokenize(p)) if isinstance(p, str) else len(p) for p in prompt_list]
-    options = engine_options or compact_engine_options(len(prompt_list), max(lengths), max_new_tokens)
+    options = engine_options or compact_engine_options(lengths, max_new_tokens)
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)

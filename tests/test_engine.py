@@ -1,0 +1,261 @@
+"""Engine end to end on the golden tiny models (fp32): greedy identity with the references,
+fused == per-loop decode, batch-composition independence, padding rows, page accounting,
+compile guard, bad inputs. One engine per module fixture; every engine is strict (any
+compilation after warm-up raises)."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import loopjax
+from loopjax.engine import Engine, EngineConfig
+from loopjax.sampling_params import SamplingParams
+
+OURO = "tests/data/ouro"
+HUGINN = "tests/data/huginn/huginn_shape_242"
+PROMPTS = ("p0", "p1", "p2")
+
+SMALL = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
+             prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64,
+             strict_compile=True, verbose=False)
+
+
+def greedy(max_tokens, **kw):
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def run_all(engine, arrivals=None):
+    """Step until done; arrivals {step: [(prompt, params, id)]} are added before that step.
+    Returns {id: final RequestOutput}."""
+    arrivals = dict(arrivals or {})
+    finals, step = {}, 0
+    while engine.has_unfinished() or arrivals:
+        for prompt, params, rid in arrivals.pop(step, []):
+            engine.add_request(prompt, params, rid)
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        step += 1
+    return finals
+
+
+@pytest.fixture(scope="module")
+def ouro_model():
+    return loopjax.load(OURO)
+
+
+@pytest.fixture(scope="module")
+def ouro_ref():
+    return np.load(f"{OURO}/reference_fp32.npz")
+
+
+@pytest.fixture(scope="module")
+def ouro_engine(ouro_model):
+    return Engine(ouro_model, EngineConfig(**SMALL))
+
+
+def test_ouro_greedy_equals_golden_with_staggered_arrivals(ouro_engine, ouro_ref):
+    compiled = ouro_engine.stats()["compilations"]
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    # p0 alone first, p1 joins mid-decode, p2 later still: mixed prompt lengths and arrival times.
+    finals = run_all(ouro_engine, {0: [(ids[0], greedy(24), "p0")], 3: [(ids[1], greedy(24), "p1")],
+                                   7: [(ids[2], greedy(24), "p2")]})
+    for k in PROMPTS:
+        out = finals[k]
+        assert out.token_ids == ouro_ref[f"{k}_greedy_tokens"].tolist(), k
+        assert out.exit_loops == [s + 1 for s in ouro_ref[f"{k}_greedy_exit_steps"].tolist()]
+        assert out.finish_reason == "length"
+        assert out.metrics["decode_submissions_per_token"] == 1.0
+    stats = ouro_engine.stats()
+    assert stats["compilations"] == compiled, "something compiled in steady state"
+    assert stats["pages_free"] == stats["pages_total"]
+    assert stats["mean_loops_per_token"] == 4.0
+
+
+def test_sampled_tokens_independent_of_batch_composition(ouro_engine, ouro_ref):
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_k=50, seed=1234, ignore_eos=True)
+    alone = run_all(ouro_engine, {0: [(ids[1], params, "a")]})["a"].token_ids
+    mixed = run_all(ouro_engine, {0: [(ids[0], greedy(12), "x")], 2: [(ids[1], params, "b")],
+                                  3: [(ids[2], greedy(5), "y")]})["b"].token_ids
+    assert alone == mixed
+    other_seed = SamplingParams(max_tokens=10, temperature=1.0, top_k=50, seed=99, ignore_eos=True)
+    assert run_all(ouro_engine, {0: [(ids[1], other_seed, "c")]})["c"].token_ids != alone
+
+
+def test_padding_rows_write_no_page(ouro_engine, ouro_ref):
+    """A decode step of 1 real row in a bucket of 4 changes only that row's new slot."""
+    prompt = ouro_ref["p1_input_ids"].tolist()
+    ouro_engine.add_request(prompt, greedy(3), "pad")
+    ouro_engine.step()  # prefill
+    request = ouro_engine.scheduler.get("pad")
+    before = jax.device_get(ouro_engine.runner.state.kv)
+    ouro_engine.step()  # decode of position len(prompt)
+    after = jax.device_get(ouro_engine.runner.state.kv)
+    size = ouro_engine.layout.page_size
+    pos = len(prompt)
+    slot = request.page_ids[pos // size] * size + pos % size
+    for b, a in zip(before.k + before.v, after.k + after.v):
+        flat_b = b.reshape(b.shape[0], b.shape[1], -1, b.shape[-1])
+        flat_a = a.reshape(flat_b.shape)
+        changed = np.nonzero(np.any(flat_b != flat_a, axis=(0, 1, 3)))[0]
+        assert changed.tolist() == [slot]
+    run_all(ouro_engine)
+
+
+def test_per_loop_decode_equals_fused(ouro_model, ouro_ref):
+    engine = Engine(ouro_model, EngineConfig(**SMALL, fused_decode=False))
+    compiled = engine.stats()["compilations"]
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    finals = run_all(engine, {0: [(ids[0], greedy(12), "p0")], 2: [(ids[1], greedy(12), "p1")],
+                              3: [(ids[2], greedy(12), "p2")]})
+    for k in PROMPTS:
+        assert finals[k].token_ids == ouro_ref[f"{k}_greedy_tokens"][:12].tolist()
+        assert finals[k].exit_loops == [4] * 12
+        assert finals[k].metrics["decode_submissions_per_token"] == 4.0
+    assert engine.stats()["compilations"] == compiled
+
+
+def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
+    """A pool of 8 pages (64 tokens) cannot hold three 41-token requests: preemption by
+    recompute must keep every token equal to the golden and leak no page."""
+    engine = Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": 8, "max_context_len": 48}))
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    for k, prompt in zip(PROMPTS, ids):
+        engine.add_request(prompt, greedy(24), k)
+    engine.add_request(ids[0], greedy(24), "doomed")
+    finals = {}
+    for step in range(400):
+        if step == 5:
+            assert engine.abort("doomed")
+        for out in engine.step():
+            if out.finished:
+                finals[out.request_id] = out
+        if not engine.has_unfinished():
+            break
+    assert finals["doomed"].finish_reason == "abort"
+    for k in PROMPTS:
+        assert finals[k].token_ids == ouro_ref[f"{k}_greedy_tokens"].tolist(), k
+    stats = engine.stats()
+    assert stats["preemptions"] > 0
+    assert stats["pages_free"] == stats["pages_total"] == 8
+    engine.scheduler.block_manager.check([])
+    assert not engine.abort("doomed")
+
+
+def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
+    ok = ouro_ref["p0_input_ids"].tolist()
+    ouro_engine.add_request(ok, greedy(24), "good")
+    bad = [
+        (list(range(1, 70)), greedy(4)),      # longer than the context
+        ([], greedy(4)),                       # empty
+        ([1, 2, 300], greedy(4)),              # outside the vocabulary
+        ([1.5, 2.0], greedy(4)),               # not token ids
+        ("hello", greedy(4)),                  # a string, not ids
+        (ok, {"temperature": 0.5}),            # not a SamplingParams
+        (ok, greedy(4, logprobs=3)),           # more logprobs than the engine serves
+        (ok, greedy(4, loops=9)),              # deeper than the engine
+        (ok, greedy(4, exit_criterion="kl")),  # adaptive exit: not yet
+    ]
+    for prompt, params in bad:
+        with pytest.raises(ValueError) as info:
+            ouro_engine.add_request(prompt, params)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="already in use"):
+        ouro_engine.add_request(ok, greedy(4), "good")
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1.0)
+    assert ouro_engine.stats()["queue_len"] + ouro_engine.stats()["running_rows"] == 1
+    finals = run_all(ouro_engine)
+    assert finals["good"].token_ids == ouro_ref["p0_greedy_tokens"].tolist()
+
+
+def test_pool_too_small_is_a_clear_error(ouro_model):
+    with pytest.raises(ValueError, match="too small"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": None, "kv_memory_bytes": 100}))
+    with pytest.raises(ValueError, match="not implemented for Ouro"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "kv_layout": "shared"}))
+
+
+# ------------------------------------------------------------------------------ Huginn
+
+@pytest.fixture(scope="module")
+def huginn():
+    model = loopjax.load(HUGINN)
+    gen = load_file(f"{HUGINN}/generate.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    return model, gen, prompt
+
+
+@pytest.mark.parametrize("layout, key", [("per_loop", "gen_tokens"), ("per_loop", "gen_latest_m4_tokens"),
+                                         ("shared", "gen_compress_s8_tokens")])
+def test_huginn_greedy_equals_golden(huginn, layout, key):
+    model, gen, prompt = huginn
+    engine = _huginn_engine(model, layout)
+    states = gen["gen_init_states"][0]
+    rid = engine.add_request(prompt, greedy(8), initial_state=states)
+    out = run_all(engine)[rid]
+    assert out.token_ids == gen[key][0].tolist()
+    assert out.exit_loops == [8] * 8
+    assert out.metrics["decode_submissions_per_token"] == 1.0
+
+
+def test_huginn_zero_and_seeded_states(huginn):
+    from loopjax.models import huginn as hm
+    model, gen, prompt = huginn
+    engine = _huginn_engine(model, "per_loop")
+    zero = engine.add_request(prompt, greedy(8), initial_state="zero")
+    seeded = engine.add_request(prompt[:7], greedy(6))
+    finals = run_all(engine)
+    assert finals[zero].token_ids == gen["gen_zero_state_tokens"][0].tolist()
+    expected, _, _ = hm.generate_greedy_recompute(model.params, model.cfg, prompt[:7], 6, seed=0)
+    assert finals[seeded].token_ids == np.asarray(expected).tolist()
+    with pytest.raises(ValueError, match="initial_state"):
+        engine.add_request(prompt, greedy(8), initial_state=np.zeros((3, 64)))
+
+
+_HUGINN_ENGINES: dict = {}
+
+
+def _huginn_engine(model, layout):
+    if layout not in _HUGINN_ENGINES:
+        _HUGINN_ENGINES[layout] = Engine(model, EngineConfig(**SMALL, kv_layout=layout,
+                                                             shared_kv_slots=8))
+    return _HUGINN_ENGINES[layout]
+
+
+# ------------------------------------------------------------------------- generate API
+
+def test_generate_and_llm_reuse(ouro_model, ouro_ref):
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    outs = loopjax.generate(ouro_model, ids, max_new_tokens=24, ignore_eos=True)
+    for k, out in zip(PROMPTS, outs):
+        assert out.token_ids == ouro_ref[f"{k}_greedy_tokens"].tolist()
+        assert out.finish_reason == "length" and out.text is None
+        assert out.metrics["submissions"] == 1.0 and out.metrics["ttft"] > 0
+    llm = loopjax.LLM(ouro_model, **SMALL)
+    compiled = llm.engine.stats()["compilations"]
+    for _ in range(2):
+        first = llm.generate(ids[2], max_new_tokens=5, ignore_eos=True)[0]
+        assert first.token_ids == ouro_ref["p2_greedy_tokens"][:5].tolist()
+    assert llm.engine.stats()["compilations"] == compiled
+
+
+def test_generate_cli(capsys):
+    import argparse
+
+    from loopjax import generate_cli
+    parser = argparse.ArgumentParser()
+    generate_cli.add_arguments(parser)
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220,249,138",
+                                               "--max-tokens", "6", "--ignore-eos", "--json"])) == 0
+    import json
+    out = json.loads(capsys.readouterr().out)
+    assert out["token_ids"] == [138, 138, 111, 111, 138, 138]
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1,x"])) == 2
+    assert generate_cli.run(parser.parse_args(["no-such-model", "--prompt-ids", "1"])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("loopjax generate: error:") for line in err)
