@@ -245,10 +245,11 @@ def exit_init(num_tokens: int, hidden_size: int, num_loops: int, dtype) -> ExitS
                      hidden=jnp.zeros((num_tokens, hidden_size), dtype))
 
 
-def exit_update(state: ExitState, gate, hidden, depth, num_loops: int, threshold) -> ExitState:
+def exit_update(state: ExitState, gate, hidden, depth, num_loops, threshold) -> ExitState:
     """Fold loop `depth` (may be traced) into the state: gate [N] model-dtype logits of this
-    loop, hidden [N, H] its normed output. A token exits at the first loop whose cdf reaches
-    `threshold` (or at the last loop); later loops leave its selection unchanged. After the
+    loop, hidden [N, H] its normed output; num_loops (int or per-token [N]) and threshold
+    (scalar or [N]) may be traced. A token exits at the first loop whose cdf reaches
+    `threshold` (or at its last loop); later loops leave its selection unchanged. After the
     last loop, `exit_loop` and `hidden` equal the batch rule's `threshold_exit` selection."""
     is_last = depth == num_loops - 1
     p, remaining = _exit_mass(_sigmoid(gate), state.remaining, is_last)
