@@ -211,6 +211,40 @@ def test_incremental_exit_state_equals_batch_rule(refs, tag):
     assert seen[0.5] == {0, 1, 2, 3} and len(seen[1.0]) > 1 and seen[0.0] == {0}
 
 
+def test_incremental_exit_state_with_per_token_loop_counts():
+    """The engine's fused loop: rows with fewer loops (num_loops [N]) stop updating after their
+    last loop; each row then equals the batch rule over its own loops."""
+    dt, max_loops, hidden_size = jnp.bfloat16, 4, 4
+    rng = np.random.default_rng(3)
+    num_tokens = 400
+    gate = jnp.asarray(rng.normal(2, 3, (max_loops, num_tokens))).astype(dt)
+    hidden = jnp.asarray(rng.normal(size=(max_loops, num_tokens, hidden_size))).astype(dt)
+    row_loops = jnp.asarray(rng.integers(1, max_loops + 1, num_tokens), jnp.int32)
+
+    @jax.jit
+    def fused(gate, hidden, row_loops):
+        def body(depth, state):
+            new = ouro.exit_update(state, gate[depth], hidden[depth], depth, row_loops, 0.9)
+            live = depth < row_loops
+            return jax.tree.map(lambda a, b: jnp.where(live.reshape(-1, *[1] * (a.ndim - 1)), a, b),
+                                new, state)
+        return jax.lax.fori_loop(0, max_loops, body, ouro.exit_init(num_tokens, hidden_size, max_loops, dt))
+
+    @jax.jit
+    def batch_rule(gate, hidden):  # over every token, for the first n = len(gate) loops
+        exit_loop = ouro.threshold_exit(ouro.exit_cdf(ouro.exit_pdf(gate)), 0.9)
+        return exit_loop, ouro.select_loop(hidden, exit_loop)
+
+    state = fused(gate, hidden, row_loops)
+    for n in range(1, max_loops + 1):
+        rows = np.asarray(row_loops) == n
+        exit_loop, selected = batch_rule(gate[:n], hidden[:n])
+        exit_loop = np.asarray(exit_loop)[rows]
+        np.testing.assert_array_equal(state.exit_loop[rows], exit_loop)
+        np.testing.assert_array_equal(state.hidden[rows], np.asarray(selected)[rows])
+        assert (exit_loop < n - 1).any() or n == 1
+
+
 # ---------------------------------------------------------------- Model A-sat (gate bias 8)
 
 @pytest.mark.parametrize("tag", DTYPES)
