@@ -1,0 +1,170 @@
+"""Weight-streaming matmul: interpret-mode kernel vs its XLA twin on tiny shapes (row and
+column masks, K tails, empty K splits), the fused epilogues, bad inputs, the block-size
+table, and the kernel lowered for CUDA on this CPU host (so Triton lowering errors fail CI)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.mesh import AbstractDevice, AbstractMesh
+from jax.sharding import use_abstract_mesh
+
+from loopjax.kernels import streaming_matmul as sm
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+REAL_SHAPES = [  # (K, N) of every decode product of Ouro-1.4B and Huginn-0125
+    (2048, 6144), (2048, 2048), (2048, 11264), (5632, 2048),
+    (5280, 15840), (5280, 5280), (5280, 35840), (17920, 5280),
+    (2048, 49152), (5280, 65536),
+]
+
+
+def _inputs(m, k, n, dtype, seed=0):
+    kx, kw, kr = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = jax.random.normal(kx, (m, k), F32).astype(dtype)
+    w = (jax.random.normal(kw, (k, n), F32) / np.sqrt(k)).astype(dtype)
+    r = jax.random.normal(kr, (m, n), F32).astype(dtype)
+    return x, w, r
+
+
+def _exact(x, w):
+    return np.asarray(x, np.float64) @ np.asarray(w, np.float64)
+
+
+def _assert_close(out, ref, dtype, ulps=1, floor=0.0):
+    """fp32: accumulation-order noise only; bf16: `ulps` rounding steps apart (both
+    accumulate in fp32 and round once, but a different summation order can flip the last
+    bit; an epilogue rounds again), plus `floor` for values that cancel to ~0."""
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    a, b = np.asarray(out, np.float32), np.asarray(ref, np.float32)
+    if dtype == F32:
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    else:
+        ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(b), 1e-30))) - 7)  # bf16 spacing
+        assert np.all(np.abs(a - b) <= ulps * ulp + floor + 1e-6), np.max(np.abs(a - b) / ulp)
+
+
+# (M, K, N, block_n, block_k, split_k): row masks (M < 16), K tails (K % block_k), odd N,
+# uneven and empty K splits (K=96, block_k=16, split 4: 2+2+2+0 tiles).
+CASES = [
+    (1, 64, 48, 16, 16, 1, F32),
+    (3, 80, 37, 16, 32, 2, BF16),
+    (16, 96, 64, 32, 16, 4, F32),
+    (5, 40, 20, 16, 16, 2, BF16),
+    (2, 24, 16, 16, 32, 1, BF16),  # K < block_k: one masked tile
+]
+
+
+@pytest.mark.parametrize("m, k, n, block_n, block_k, split_k, dtype", CASES)
+def test_matches_ref(m, k, n, block_n, block_k, split_k, dtype):
+    x, w, _ = _inputs(m, k, n, dtype)
+    out = sm.streaming_matmul(x, w, block_n=block_n, block_k=block_k, split_k=split_k, interpret=True)
+    ref = sm.ref_streaming_matmul(x, w)
+    _assert_close(out, ref, dtype)
+    # and both are the exact product up to fp32 accumulation and one final rounding
+    exact = _exact(x, w)
+    scale = np.abs(np.asarray(x, np.float64)) @ np.abs(np.asarray(w, np.float64))
+    eps = 2.0**-23 * k + (2.0**-8 if dtype == BF16 else 0)
+    assert np.all(np.abs(np.asarray(out, np.float64) - exact) <= eps * scale + 1e-6)
+
+
+@pytest.mark.parametrize("split_k", [1, 2])
+def test_epilogues(split_k):
+    """split 1: the epilogue runs in the kernel; split 2: in XLA after the partial sum."""
+    m, k, n = 3, 48, 40
+    x, w, r = _inputs(m, k, n, BF16, seed=split_k)
+    kw = dict(block_n=16, block_k=16, split_k=split_k, interpret=True)
+    floor = 2.0**-8  # one bf16 step of the O(1) product, carried through the epilogue
+    out = sm.streaming_matmul_add(x, w, r, **kw)
+    _assert_close(out, sm.ref_streaming_matmul_add(x, w, r), BF16, ulps=1, floor=floor)
+    out = sm.streaming_matmul_silu_f32_mul(x, w, **kw)
+    assert out.shape == (m, n // 2)
+    _assert_close(out, sm.ref_streaming_matmul_silu_f32_mul(x, w), BF16, ulps=2, floor=floor)
+    out = sm.streaming_matmul_silu_mul(x, w, **kw)
+    _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
+
+
+def test_epilogue_refs_are_the_model_math():
+    from loopjax import layers
+    from loopjax.models import ouro
+
+    x, w, r = _inputs(2, 32, 8, BF16)
+    gate, up = jnp.split(layers.linear(x, w), 2, axis=-1)
+    np.testing.assert_array_equal(sm.ref_streaming_matmul_silu_f32_mul(x, w), ouro._silu_mul(gate, up))
+    np.testing.assert_array_equal(sm.ref_streaming_matmul_silu_mul(x, w), layers.silu_mul(gate, up))
+    np.testing.assert_array_equal(sm.ref_streaming_matmul_add(x, w, r), layers.linear(x, w) + r)
+
+
+def _bad(fn, match, *args, **kw):
+    with pytest.raises(ValueError, match=match):
+        fn(*args, **kw)
+
+
+def test_bad_inputs_raise():
+    x, w, r = _inputs(3, 32, 16, BF16)
+    for fn in (sm.streaming_matmul, sm.ref_streaming_matmul):
+        _bad(fn, "disagree on K", x, w[:16])
+        _bad(fn, "dtype", x, w.astype(F32))
+        _bad(fn, "dtype", x.astype(jnp.int32), w.astype(jnp.int32))
+        _bad(fn, r"must be \[M, K\]", x[0], w)
+        _bad(fn, "1..128 rows", jnp.zeros((129, 32), BF16), w)
+        _bad(fn, "1..128 rows", jnp.zeros((0, 32), BF16), w)
+    _bad(sm.streaming_matmul_add, "residual must be", x, w, r[:, :8])
+    _bad(sm.ref_streaming_matmul_add, "residual must be", x, w, r.astype(F32))
+    _bad(sm.streaming_matmul_silu_mul, r"\[K, 2F\]", x, w[:, :15])
+    _bad(sm.ref_streaming_matmul_silu_f32_mul, r"\[K, 2F\]", x, w[:, :15])
+    _bad(sm.streaming_matmul, "power of two", x, w, block_n=24)
+    _bad(sm.streaming_matmul, "power of two", x, w, block_k=8)
+    _bad(sm.streaming_matmul, "split_k must be in 1..2", x, w, block_k=16, split_k=3)
+    _bad(sm.streaming_matmul, "split_k", x, w, split_k=0)
+
+
+def test_configs_fill_the_gpu():
+    """Every real shape, every row bucket: a valid config with >= 1 program per SM."""
+    for k, n in REAL_SHAPES:
+        for m in (1, 8, 32, 128):
+            cfg = sm.pick_config(m, k, n, BF16)
+            sm._check_config(cfg, k)
+            programs = -(-n // cfg.block_n) * cfg.split_k
+            assert programs >= sm.NUM_SMS, (k, n, m, cfg, programs)
+
+
+def test_tuned_table_wins_and_kwargs_override(monkeypatch):
+    tuned = sm.Config(block_n=32, block_k=128, split_k=5, num_warps=2, num_stages=3)
+    monkeypatch.setitem(sm.TUNED, (2048, 2048, 16), tuned)
+    assert sm.pick_config(3, 2048, 2048, BF16) == tuned
+    assert sm.pick_config(3, 2048, 2048, F32).block_k == 64  # same tile bytes in fp32
+    assert sm.pick_config(32, 2048, 2048, BF16) != tuned  # another row bucket
+    assert sm.pick_config(3, 2048, 2048, BF16, split_k=2).split_k == 2
+
+
+# ------------------------------------------------------------------- CUDA lowering on CPU
+
+H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+
+
+def _lower_cuda(fn, *shapes):
+    args = [jax.ShapeDtypeStruct(s, BF16) for s in shapes]
+    with use_abstract_mesh(H200):
+        return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 2048, 6144), (128, 5280, 15840), (8, 17920, 5280)])
+def test_lowers_for_cuda(m, k, n):
+    """Default configs at real shapes (K and N tails for Huginn) lower to one Triton call
+    per product; split-K adds only XLA's reduction."""
+    text = _lower_cuda(sm.streaming_matmul, (m, k), (k, n))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_epilogues_lower_for_cuda(split_k):
+    m, k, f = 4, 5280, 17920
+    for fn in (sm.streaming_matmul_silu_mul, sm.streaming_matmul_silu_f32_mul):
+        text = _lower_cuda(lambda x, w, fn=fn: fn(x, w, split_k=split_k), (m, k), (k, 2 * f))
+        assert text.count("__gpu$xla.gpu.triton") == 1
+    text = _lower_cuda(lambda x, w, r: sm.streaming_matmul_add(x, w, r, split_k=split_k),
+                       (m, k), (k, 5280), (m, 5280))
+    assert text.count("__gpu$xla.gpu.triton") == 1
