@@ -204,8 +204,11 @@ def _map_max_tokens(body, kw):
     a, b = body.get("max_tokens"), body.get("max_completion_tokens")
     if a is not None and b is not None and a != b:
         _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
-    if a is not None or b is not None:
-        kw["max_tokens"] = b if b is not None else a
+    if b is not None:
+        _check_int("max_completion_tokens", b, 1)
+        kw["max_tokens"] = b
+    elif a is not None:
+        kw["max_tokens"] = a
 
 
 def _map_logprobs(body, kw):
@@ -213,6 +216,8 @@ def _map_logprobs(body, kw):
     lp, top = body.get("logprobs"), body.get("top_logprobs")
     if isinstance(lp, bool):
         if lp:
+            if top is not None:
+                _check_int("top_logprobs", top, 0, MAX_LOGPROBS)
             kw["logprobs"] = 0 if top is None else top
         elif top is not None:
             _fail("top_logprobs requires logprobs=true")

@@ -11,16 +11,21 @@ from loopjax.sampling import TOP_K_CAP, SamplingBatch, filter_threshold, row_key
 from loopjax.sampling_params import SamplingParams
 
 _sample = jax.jit(sample, static_argnames="num_top_logprobs")
+_filter_threshold = jax.jit(filter_threshold)
 
 
 def run(logits, params, steps=None, num_rows=None, k=0):
-    """Sample rows of `logits` [n, V] with `params`; returns numpy outputs of the real rows."""
+    """Sample rows of `logits` [n, V] with `params`; returns numpy outputs of the real rows.
+
+    To bound compilations, rows are padded (greedy padding rows) to a power of two >= 8 and
+    the vocabulary with -inf columns to 64 or 1024, which changes no token or logprob."""
     logits = np.asarray(logits, np.float32)
-    n = len(params)
-    num_rows = num_rows or n
-    padded = np.zeros((num_rows, logits.shape[1]), np.float32)
-    padded[:n] = logits
-    batch = SamplingBatch.from_params(params, num_rows, steps or [0] * n)
+    n, vocab = logits.shape
+    rows = max(8, 1 << (max(n, num_rows or 0) - 1).bit_length())
+    padded = np.full((rows, 64 if vocab <= 64 else 1024), -np.inf, np.float32)
+    padded[:, :vocab] = 0.0
+    padded[:n, :vocab] = logits
+    batch = SamplingBatch.from_params(params, rows, steps or [0] * n)
     out = _sample(jnp.asarray(padded), batch, num_top_logprobs=k)
     return [np.asarray(o)[:n] for o in out]
 
@@ -30,7 +35,7 @@ def kept_set(logits_row, **kw):
     p = SamplingParams(**kw)
     batch = SamplingBatch.from_params([p], 1, [0])
     scaled = jnp.asarray(np.asarray(logits_row, np.float32)[None] / p.temperature)
-    thr = filter_threshold(scaled, batch, jnp.asarray([False]))
+    thr = _filter_threshold(scaled, batch, jnp.asarray([False]))
     return set(np.nonzero(np.asarray(scaled >= thr)[0])[0].tolist())
 
 
@@ -92,13 +97,13 @@ def test_same_seed_same_tokens_whatever_batch_composition():
 
 
 def test_token_index_and_seed_change_the_draw():
-    logits = np.zeros((32, 1000), np.float32)  # uniform: draws are all noise
-    same = [SamplingParams(temperature=1.0, seed=7)] * 32
-    by_step, *_ = run(logits, same, steps=list(range(32)))
-    assert len(set(by_step.tolist())) > 20
-    by_seed, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(32)])
-    assert len(set(by_seed.tolist())) > 20
-    again, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(32)])
+    logits = np.zeros((64, 1024), np.float32)  # uniform: draws are all noise
+    same = [SamplingParams(temperature=1.0, seed=7)] * 64
+    by_step, *_ = run(logits, same, steps=list(range(64)))
+    assert len(set(by_step.tolist())) > 40
+    by_seed, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(64)])
+    assert len(set(by_seed.tolist())) > 40
+    again, *_ = run(logits, [SamplingParams(temperature=1.0, seed=s) for s in range(64)])
     np.testing.assert_array_equal(by_seed, again)
 
 
@@ -160,13 +165,13 @@ def test_top_p_one_never_drops_a_rounded_tail():
 
 def test_unfiltered_rows_keep_the_whole_vocab_beside_a_top_k_row():
     # The top-k row sends the batch down the lax.top_k(TOP_K_CAP) branch; the other rows
-    # must still draw from all 1024 ids (uniform logits: tokens >= TOP_K_CAP must appear).
+    # must still draw from all 1024 ids: about half their mass lies outside their top 128.
     params = [SamplingParams(temperature=1.0, top_k=5, seed=0)]
     params += [SamplingParams(temperature=1.0, seed=s) for s in range(1, 33)]
-    logits = np.zeros((33, 1024), np.float32)
-    logits[0] = -np.arange(1024) * 0.01  # distinct, so top-5 keeps ids 0..4
+    logits = np.random.default_rng(5).normal(size=(33, 1024)).astype(np.float32)
     tokens, *_ = run(logits, params)
-    assert tokens[0] < 5 and tokens[1:].max() >= TOP_K_CAP
+    rank = (logits > logits[np.arange(33), tokens][:, None]).sum(-1)  # 0 = the row's argmax
+    assert rank[0] < 5 and rank[1:].max() >= TOP_K_CAP
 
 
 def test_sampled_tokens_stay_inside_the_filter():
@@ -290,7 +295,9 @@ def test_from_openai_maps_fields():
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
     ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens (3) and max_completion_tokens (4) disagree"),
     ({"top_logprobs": 2}, "top_logprobs requires logprobs=true"),
-    ({"logprobs": True, "top_logprobs": 30}, "logprobs must be in [0, 20], got 30"),
+    ({"logprobs": True, "top_logprobs": 30}, "top_logprobs must be in [0, 20], got 30"),
+    ({"logprobs": 30}, "logprobs must be in [0, 20], got 30"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1, got 0"),
     ({"n": 2}, "n is not supported (only 1), got 2"),
     ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
     ({"logit_bias": {"5": 1}}, "logit_bias is not supported"),
