@@ -88,6 +88,8 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int):
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
     top_logprobs [R, k] f32 (descending).
     """
+    if not 0 <= num_top_logprobs <= logits.shape[-1]:
+        raise ValueError(f"num_top_logprobs must be in [0, {logits.shape[-1]}], got {num_top_logprobs}")
     logits = logits.astype(jnp.float32)
     with jax.named_scope("sample"):
         greedy = batch.temperature < GREEDY_EPS

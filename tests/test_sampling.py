@@ -210,6 +210,9 @@ def test_logprobs_are_log_softmax_of_raw_logits():
     assert tokens[0] == rnd[0].argmax()  # the greedy row of a mixed batch
     _, _, none_ids, none_lp = run(rnd, params, k=0)
     assert none_ids.shape == (5, 0) and none_lp.shape == (5, 0)
+    batch = SamplingBatch.from_params(params, 5, [0] * 5)
+    with pytest.raises(ValueError, match=r"num_top_logprobs must be in \[0, 40\], got 41"):
+        sample(jnp.asarray(rnd), batch, num_top_logprobs=41)
 
 
 # ------------------------------------------------------------------ SamplingParams
