@@ -322,14 +322,14 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
                          f"{tuple(input_ids.shape)}")
     if exit_step is not None and weighted:
         raise ValueError("ouro forward: exit_step and weighted exit are exclusive")
-    hidden, gate, loop_logits = _run_loops(params, cfg, input_ids, num_loops)
     threshold = cfg.early_exit_threshold if exit_threshold is None else exit_threshold
     if exit_step is None and not weighted and threshold is None:
         exit_step = num_loops - 1 if cfg.early_exit_step is None else cfg.early_exit_step
+    if exit_step is not None and not 0 <= exit_step < num_loops:
+        raise ValueError(f"ouro forward: exit_step {exit_step} is outside 0..{num_loops - 1}")
+    hidden, gate, loop_logits = _run_loops(params, cfg, input_ids, num_loops)
     num_tokens = input_ids.shape[0]
     if exit_step is not None:
-        if not 0 <= exit_step < num_loops:
-            raise ValueError(f"ouro forward: exit_step {exit_step} is outside 0..{num_loops - 1}")
         logits, exit_loop = loop_logits[exit_step], jnp.full((num_tokens,), exit_step, jnp.int32)
     elif weighted:
         logits = _select_weighted(loop_logits, gate)
