@@ -372,3 +372,34 @@ def test_config_validation():
     assert c.token_buckets == (8, 16, 20) and c.token_bucket(17) == 20
     assert c.max_seq_len == 64 and c.max_pages_per_request == 16
     assert c.prefill_share(4) == 4 and cfg(prefill_share_per_loop=False).prefill_share(4) == 1
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_configs_tiny_pool_equals_big_pool(seed):
+    """Any config knob mix: a pool of one longest sequence (+ a few pages) gives the tokens of
+    an unconstrained pool, never stalls and gets every page back."""
+    rng = random.Random(seed)
+    page_size, ctx = rng.choice([1, 2, 4]), rng.randint(4, 24)
+    knobs = dict(page_size=page_size, max_num_rows=rng.choice([1, 3, 8]), max_context_len=ctx,
+                 max_prefill_tokens=rng.choice([1, 3, 8, 32]), max_prefill_rows=rng.choice([1, 4]),
+                 max_prefill_batches_before_decode=rng.choice([1, 2]),
+                 prefill_share_per_loop=rng.random() < 0.5, fused_decode=rng.random() < 0.5)
+    adaptive = rng.random() < 0.5
+
+    def workload():
+        wl = random.Random(seed)
+        arrivals = {}
+        for i in range(15):
+            r = req(f"r{i}", [wl.randrange(V) for _ in range(wl.randint(1, ctx - 1))],
+                    max_tokens=wl.randint(1, 12), stop=(wl.randrange(V),),
+                    adaptive=adaptive and wl.random() < 0.5, max_loops=wl.choice([None, 1, 2, 4]))
+            arrivals.setdefault(wl.randint(0, 30), []).append(r)
+        return arrivals
+
+    min_pages = -(-ctx // page_size)
+    results = []
+    for num_pages in (1000, rng.randint(min_pages, min_pages + 4)):
+        sched, runner = setup(cfg(num_pages=num_pages, **knobs))
+        results.append(_outputs(drive(sched, runner, workload())))
+        assert sched.block_manager.num_free_pages == num_pages and not sched.has_unfinished()
+    assert results[0] == results[1] and len(results[0]) == 15
