@@ -217,19 +217,21 @@ class PagedAttention:
         k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots,
                                     k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype))
         kv = kv.replace_layer(layer_id, k_layer, v_layer)
-        attend = _attention_fn(self.backend)
+        decode = q.shape[0] == self.batch.page_table.shape[0]  # static: one token per row
+        attend = _attention_fn(self.backend, decode)
         out = attend(q, k_layer, v_layer, plane, self.batch.page_table, self.batch.row_of_token,
                      self.batch.positions)
         return kv, out.astype(q.dtype)
 
 
-def _attention_fn(backend: str):
+def _attention_fn(backend: str, decode: bool):
+    """'xla': ref_paged_attention. 'pallas': the Pallas decode kernel for decode steps; for
+    prefill the kernels' prefill_attention when present, else the XLA twin."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
     if backend == "xla":
         return pa.ref_paged_attention
     if backend == "pallas":
-        fn = getattr(pa, "paged_attention", None)
-        if fn is None:
-            raise ValueError("attention backend 'pallas' is not available in loopjax.kernels yet")
-        return fn
+        if decode:
+            return pa.paged_attention
+        return getattr(pa, "prefill_attention", pa.ref_paged_attention)
     raise ValueError(f"unknown attention backend {backend!r}; choose 'xla' or 'pallas'")

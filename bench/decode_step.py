@@ -1,0 +1,188 @@
+"""Device benchmark of one decode step: `python -m loopjax.bench.decode_step`.
+
+    python -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 \\
+        --context 512,2048 --out decode.json
+    python -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512,2048
+    python -m loopjax.bench.decode_step --smoke          # tiny presets on CPU
+
+For each (preset, backend, context, rows): random bf16 weights of the preset, a KV pool whose
+page tables cover `context` positions per row (rows wrap around the pool when it is smaller
+than rows x context: `kv_pages_wrapped`), one decode token per row at position context - 1.
+Times (median of --iters after one warm-up call, block_until_ready each) the FUSED step (all
+loops in one submission) and, for --per-loop-rows, the PER-LOOP baseline (one submission per
+loop, waiting for each: a host round trip per loop). The roofline is the bytes a step must
+read, weights x loops + KV of every plane read, at --bandwidth (4.1 TB/s, the H200's measured
+copy rate); `roofline_pct` = roofline time / measured time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+SMOKE = dict(preset="ouro-tiny,huginn-tiny", rows="1,2", context="32", iters=3, per_loop_rows="2",
+             kv_gb=0.01, page_size=8)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="ouro-1.4b", help="comma-separated presets")
+    parser.add_argument("--rows", default="1,8,32,128", help="comma-separated decode rows")
+    parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
+    parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
+    parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
+    parser.add_argument("--per-loop-rows", default="1,32",
+                        help="rows for which the per-loop baseline is timed too (first context only)")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--kv-gb", type=float, default=40.0, help="KV pool cap in GB")
+    parser.add_argument("--bandwidth", type=float, default=4.1e12, help="bytes/s of the roofline")
+    parser.add_argument("--dtype", default=None, help="default: bf16 (fp32 for tiny presets)")
+    parser.add_argument("--smoke", action="store_true", help="tiny presets, small sizes (CPU)")
+    parser.add_argument("--out", default=None, help="write the records as JSON here")
+
+
+def _ints(text: str) -> list[int]:
+    return [int(t) for t in str(text).split(",") if t.strip()]
+
+
+def weight_bytes(model, loops: int) -> int:
+    """Bytes of weights one decode step reads: the looped stack x loops, the rest once
+    (embedding: one row per token, negligible; the lm_head once)."""
+    size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+    p, cfg = model.params, model.cfg
+    if cfg.family == "ouro":
+        return size(p["layers"]) * loops + size(p["lm_head"]) + size(p["norm"]) + size(p["gate_w"])
+    return (size(p["prelude"]) + size(p["coda"]) + (size(p["core"]) + size(p["adapter"])) * loops
+            + size(p["embed"]))  # the tied lm_head reads the whole embedding
+
+
+def kv_read_bytes(cfg, layout, loops: int, rows: int, context: int) -> int:
+    """KV bytes attention reads: every position of the row at one plane per (layer, loop run)."""
+    itemsize = np.dtype(layout.dtype).itemsize
+    if cfg.family == "ouro":
+        plane_reads = cfg.num_layers * loops
+    else:
+        plane_reads = cfg.num_prelude_layers + cfg.num_coda_layers + cfg.num_core_layers * loops
+    return rows * context * plane_reads * 2 * layout.num_kv_heads * layout.head_dim * itemsize
+
+
+def bench_model(model, args, backend: str, records: list) -> None:
+    for i, context in enumerate(_ints(args.context)):
+        _bench_context(model, args, backend, context, i == 0, records)
+        gc.collect()  # free this context's pool before the next one is allocated
+
+
+def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
+    from loopjax import kv_cache
+    from loopjax.runner import FUSED, Runner, StepKind, default_row_input
+
+    cfg = model.cfg
+    loops = args.loops or cfg.default_loops
+    rows_list = _ints(args.rows)
+    per_loop_rows = set(_ints(args.per_loop_rows)) if first else set()
+    pages_per_row = -(-context // args.page_size)
+    probe = kv_cache.make_layout(cfg, args.layout, page_size=args.page_size, dtype=model.dtype,
+                                 num_pages=1, max_loops=loops)
+    cap = int(args.kv_gb * 1e9) // (probe.bytes_per_token * args.page_size)
+    num_pages = max(pages_per_row, min(max(rows_list) * pages_per_row, cap))
+    layout = kv_cache.make_layout(cfg, args.layout, page_size=args.page_size, dtype=model.dtype,
+                                  num_pages=num_pages, max_loops=loops)
+    runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
+                    max_pages=pages_per_row, max_loops=loops, backend=backend)
+    for rows in rows_list:
+        row_inputs = []
+        for r in range(rows):
+            pages = [(r * pages_per_row + j) % num_pages for j in range(pages_per_row)]
+            row_inputs.append(default_row_input([1], context - 1, pages, loops=loops, carry_slot=r))
+        base = dict(preset=args.current_preset, backend=backend, layout=args.layout, rows=rows,
+                    context=context, loops=loops, kv_pages_wrapped=rows * pages_per_row > num_pages,
+                    pool_pages=num_pages, page_size=args.page_size,
+                    weight_bytes=weight_bytes(model, loops),
+                    kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context))
+        base["roofline_us"] = (base["weight_bytes"] + base["kv_bytes"]) / args.bandwidth * 1e6
+        fused = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
+        times = _time(lambda fused=fused: [runner.submit(fused, FUSED)], args.iters)
+        records.append(_record(base, "fused", times, 1))
+        if rows in per_loop_rows:
+            kinds = [StepKind(first=t == 0, final=t == loops - 1, save_carry=True) for t in range(loops)]
+            batches = [runner.make_batch(row_inputs, decode=True, loop_begin=t, loop_end=t + 1)
+                       for t in range(loops)]
+            steps = list(zip(batches, kinds))
+            step = lambda steps=steps: [jax.block_until_ready(runner.submit(b, k)) for b, k in steps]
+            records.append(_record(base, "per_loop", _time(step, args.iters), loops))
+        _print(records[-2:] if records[-1]["variant"] == "per_loop" else records[-1:])
+
+
+def _time(fn, iters: int) -> list[float]:
+    jax.block_until_ready(fn())  # warm-up: compiles
+    times = []
+    for _ in range(iters):
+        start = time.perf_counter()
+        jax.block_until_ready(fn())
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:
+    median = statistics.median(times) * 1e6
+    return {**base, "variant": variant, "submissions_per_token": submissions,
+            "median_us": median, "min_us": min(times) * 1e6, "max_us": max(times) * 1e6,
+            "tokens_per_s": base["rows"] / (median * 1e-6),
+            "roofline_pct": 100.0 * base["roofline_us"] / median}
+
+
+def _print(records: list[dict]) -> None:
+    for r in records:
+        print(f"{r['preset']:>12} {r['backend']:>6} {r['variant']:>8} rows {r['rows']:>4} "
+              f"ctx {r['context']:>5} loops {r['loops']:>2}: {r['median_us']:>10.1f} us "
+              f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
+              + ("  (kv pages wrapped)" if r["kv_pages_wrapped"] else ""), flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loopjax.model import load
+
+    if args.smoke:
+        for key, value in SMOKE.items():
+            if getattr(args, key) == _DEFAULTS[key]:
+                setattr(args, key, value)
+    print(f"loopjax decode-step benchmark on {jax.devices()[0].device_kind}", flush=True)
+    records: list[dict] = []
+    start = time.perf_counter()
+    for preset in args.preset.split(","):
+        dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
+        model = load(preset, dtype)
+        args.current_preset = preset
+        for backend in args.backend.split(","):
+            bench_model(model, args, backend, records)
+        del model
+        gc.collect()
+    print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": jax.devices()[0].device_kind, "records": records}, f, indent=1)
+    bad = [r for r in records if not math.isfinite(r["median_us"])]
+    return 1 if bad else 0
+
+
+_PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.decode_step", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+add_arguments(_PARSER)
+_DEFAULTS = vars(_PARSER.parse_args([]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(_PARSER.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
