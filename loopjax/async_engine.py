@@ -169,6 +169,8 @@ class AsyncEngine:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
                 log.warning("engine thread did not stop within %.0f s", timeout_s)
+            elif self.error is None:  # the thread is gone: a last, fresh snapshot is safe here
+                self._on_stats(dict(self.engine.stats()))
         self._fail_all(EngineDeadError("server shutting down"))
 
     def _set_waiting(self, delta: int):
@@ -269,6 +271,37 @@ class AsyncEngine:
                 except Exception as e:  # NOTE: an abort must never kill the loop
                     log.debug("abort %s: %s", command[1], e)
         return changed
+
+
+async def merge_streams(streams: list[RequestStream]):
+    """Yields (index, RequestOutput) of all streams as outputs arrive; re-raises a stream's
+    error; closes every stream (aborting unfinished requests) when the consumer stops."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i, stream):
+        try:
+            async for out in stream:
+                queue.put_nowait((i, out))
+        except Exception as e:
+            queue.put_nowait((i, e))
+        queue.put_nowait((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(streams)
+        while left:
+            i, item = await queue.get()
+            if item is None:
+                left -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield i, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        for stream in streams:
+            stream.close()
 
 
 # ---------------------------------------------------------------- command-line engine options

@@ -28,7 +28,7 @@ import uuid
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
-from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError
+from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
 from loopjax.sampling_params import SamplingParams
 
 log = logging.getLogger("loopjax.server")
@@ -246,35 +246,6 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
             raise
         return streams
 
-    async def merged(streams):
-        """(choice index, RequestOutput) of all streams as they come; closes them at the end."""
-        queue: asyncio.Queue = asyncio.Queue()
-
-        async def pump(i, stream):
-            try:
-                async for out in stream:
-                    await queue.put((i, out))
-            except Exception as e:
-                await queue.put((i, e))
-            await queue.put((i, None))
-
-        tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-        try:
-            left = len(streams)
-            while left:
-                i, item = await queue.get()
-                if item is None:
-                    left -= 1
-                elif isinstance(item, Exception):
-                    raise item
-                else:
-                    yield i, item
-        finally:
-            for t in tasks:
-                t.cancel()
-            for s in streams:
-                s.close()
-
     async def handle(request: Request, chat: bool):
         body = await read_body(request)
         prompts = [chat_prompt(body)] if chat else completion_prompts(body)
@@ -294,7 +265,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
 
         async def run_choices():
             """Yields (choice, delta, new ids, new loops) per output; stops a choice at its stop string."""
-            async for i, out in merged(streams):
+            async for i, out in merge_streams(streams):
                 c = choices[i]
                 if c.finish_reason is not None:
                     continue
@@ -304,11 +275,19 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                 yield c, delta, new_ids, new_loops
 
         if not body.get("stream"):
-            try:
+            async def drain():
                 async for _ in run_choices():
                     pass
-            except EngineDeadError as e:
-                raise APIError(503, str(e), None, "server_error") from None
+
+            consumer = asyncio.create_task(drain())
+            # NOTE: a client gone before the answer is complete aborts its requests (pages back).
+            while not (await asyncio.wait({consumer}, timeout=0.25))[0]:
+                if await request.is_disconnected():
+                    consumer.cancel()
+                    return JSONResponse({}, status_code=499)
+            if isinstance(consumer.exception(), EngineDeadError):
+                raise APIError(503, str(consumer.exception()), None, "server_error")
+            consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
                 {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,

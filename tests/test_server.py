@@ -192,6 +192,18 @@ def test_cancelled_stream_frees_pages(client, server):
     assert server.aengine.metrics.aborted.value >= 1
 
 
+def test_client_gone_before_a_full_answer_aborts(server):
+    before = server.aengine.metrics.aborted.value
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", timeout=httpx.Timeout(30, read=1.0),
+                   json={"prompt": [9, 8, 7], "max_tokens": 450, "ignore_eos": True})
+    deadline = time.time() + 20
+    while server.aengine.metrics.aborted.value == before:
+        assert time.time() < deadline, "the request of a vanished client was not aborted"
+        time.sleep(0.05)
+    _wait_idle(server.aengine)
+
+
 @pytest.mark.parametrize("body, status, param, words", [
     ({"model": "gpt-4", "prompt": [1, 2]}, 400, "model", "gpt-4"),
     ({"prompt": [5, 6], "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
