@@ -1,0 +1,337 @@
+"""Kernels vs their ref_ twins (Pallas interpret mode on CPU), bad inputs, and CUDA lowering.
+
+Attention: fp32-accumulation tolerance against the twin (and the twin against the dense
+layers.causal_attention). Pointwise kernels: exact equality. Every GPU kernel is also
+lowered for CUDA against an abstract H200, so a Triton lowering error fails CI here.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractDevice, AbstractMesh, AxisType
+
+from loopjax import kernels as K
+from loopjax import layers
+from loopjax.kernels.prefill_attention import query_blocks
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+ATOL = {F32: 2e-5, BF16: 3e-2}
+
+
+def _rand(rs, shape, dtype, scale=1.0):
+    return jnp.asarray(rs.standard_normal(shape) * scale, dtype)
+
+
+def _pool(rs, planes, hkv, pages, page_size, d, dtype):
+    shape = (planes, hkv, pages, page_size, d)
+    return _rand(rs, shape, dtype), _rand(rs, shape, dtype)
+
+
+def _page_table(rs, rows, max_pages, extra=3):
+    """Distinct random pages per row; the pool has rows * max_pages + extra pages."""
+    num_pages = rows * max_pages + extra
+    return jnp.asarray(rs.permutation(num_pages)[: rows * max_pages].reshape(rows, max_pages), jnp.int32)
+
+
+def _close(a, b, dtype):
+    np.testing.assert_allclose(np.asarray(a, np.float32), np.asarray(b, np.float32), atol=ATOL[dtype], rtol=0)
+
+
+def _same(a, b):
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(np.asarray(a.astype(F32)), np.asarray(b.astype(F32)))
+
+
+# ------------------------------------------------------------------ ref twin and write_kv
+
+
+@pytest.mark.parametrize("dtype", [F32, BF16])
+@pytest.mark.parametrize("decode", [False, True])
+def test_ref_paged_matches_dense_causal(dtype, decode):
+    rs = np.random.default_rng(0)
+    lens, hq, hkv, d, s = [5, 9, 1], 4, 2, 16, 4
+    pt = _page_table(rs, 3, 3)
+    kc = jnp.zeros((2, hkv, 12, s, d), dtype)
+    vc = jnp.zeros_like(kc)
+    qs, ks, vs = ([_rand(rs, (n, h, d), dtype) for n in lens] for h in (hq, hkv, hkv))
+    rows = np.repeat(np.arange(3), lens).astype(np.int32)
+    pos = np.concatenate([np.arange(n) for n in lens]).astype(np.int32)
+    slots = np.asarray(pt)[rows, pos // s] * s + pos % s
+    kc, vc = K.write_kv(
+        kc, vc, jnp.int32(1), jnp.asarray(slots, jnp.int32), jnp.concatenate(ks), jnp.concatenate(vs)
+    )
+    last = np.cumsum(lens) - 1
+    take = last if decode else np.arange(sum(lens))
+    out = K.ref_paged_attention(
+        jnp.concatenate(qs)[take], kc, vc, jnp.int32(1), pt, jnp.asarray(rows[take]), jnp.asarray(pos[take])
+    )
+    dense = []
+    for q, k, v, n in zip(qs, ks, vs, lens, strict=True):
+        dense.append(layers.causal_attention(q, k, v, jnp.tril(jnp.ones((n, n), bool))))
+    _close(out, jnp.concatenate(dense)[take], dtype)
+
+
+def test_write_kv_slots_planes_and_padding():
+    rs = np.random.default_rng(1)
+    kc, vc = _pool(rs, 3, 2, 4, 4, 8, F32)
+    k, v = _rand(rs, (3, 2, 8), F32), _rand(rs, (3, 2, 8), F32)
+    slots = jnp.asarray([5, 15, 4 * 4], jnp.int32)  # page 1 offset 1, page 3 offset 3, padding
+    k2, v2 = jax.jit(K.write_kv, donate_argnums=(0, 1))(
+        jnp.array(kc), jnp.array(vc), jnp.int32(2), slots, k, v
+    )
+    exp_k = np.array(kc)
+    exp_k[2, :, 1, 1], exp_k[2, :, 3, 3] = k[0], k[1]
+    _same(k2, jnp.asarray(exp_k))
+    assert (np.asarray(v2[2, :, 1, 1]) == np.asarray(v[0])).all()
+    _same(v2[:2], vc[:2])
+
+
+# ------------------------------------------------------------------ paged decode kernel
+
+DECODE_CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block
+    (1, 2, 2, 16, 4, 1, F32, None, None),  # one row, one page
+    (5, 4, 2, 16, 4, 3, F32, 2, 1),  # GQA 2, split context
+    (4, 4, 1, 128, 8, 2, BF16, 1, 2),  # GQA 4, head_dim 128
+    (3, 3, 3, 96, 4, 4, BF16, 3, 2),  # head_dim 96 (64 + 32 chunks), more splits than blocks
+    (2, 2, 2, 96, 16, 2, F32, None, None),
+]
+
+
+@pytest.mark.parametrize("case", DECODE_CASES, ids=lambda c: "-".join(map(str, c[:6])))
+def test_paged_decode_matches_ref(case):
+    n, hq, hkv, d, s, m, dtype, splits, ppb = case
+    rs = np.random.default_rng(n * 100 + d)
+    pt = _page_table(rs, n, m)
+    kc, vc = _pool(rs, 2, hkv, n * m + 3, s, d, dtype)
+    # one token, page boundaries, full pages, a random position
+    pos = np.array([0, s - 1, s, m * s - 1, rs.integers(0, m * s)])[np.arange(n) % 5]
+    pos = jnp.asarray(np.minimum(pos, m * s - 1), jnp.int32)
+    q = _rand(rs, (n, hq, d), dtype)
+    args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(n, dtype=jnp.int32), pos)
+    fn = functools.partial(K.paged_attention, num_splits=splits, pages_per_block=ppb, interpret=True)
+    _close(jax.jit(fn)(*args), K.ref_paged_attention(*args), dtype)
+
+
+def test_paged_decode_in_fori_loop_with_donated_pool():
+    """Each step writes one token per row, then attends: the pool is a donated loop carry."""
+    rs = np.random.default_rng(7)
+    n, hq, hkv, d, s, m, steps = 2, 4, 2, 16, 4, 2, 5
+    pt = _page_table(rs, n, m)
+    kc, vc = _pool(rs, 2, hkv, n * m + 3, s, d, F32)
+    ks, vs, qs = (
+        _rand(rs, (steps, n, hkv, d), F32),
+        _rand(rs, (steps, n, hkv, d), F32),
+        _rand(rs, (steps, n, hq, d), F32),
+    )
+    rows = jnp.arange(n, dtype=jnp.int32)
+
+    def run(attn, kc, vc):
+        def body(i, carry):
+            kc, vc, outs = carry
+            pos = jnp.full((n,), i + 1, jnp.int32)  # context 0..i+1 (position 0 pre-filled)
+            slots = pt[rows, pos // s] * s + pos % s
+            kc, vc = K.write_kv(kc, vc, jnp.int32(1), slots, ks[i], vs[i])
+            outs = outs.at[i].set(attn(qs[i], kc, vc, jnp.int32(1), pt, rows, pos))
+            return kc, vc, outs
+
+        return jax.lax.fori_loop(0, steps, body, (kc, vc, jnp.zeros((steps, n, hq, d), F32)))
+
+    kern = functools.partial(K.paged_attention, num_splits=2, interpret=True)
+    ref_kc, ref_vc, ref_out = jax.jit(functools.partial(run, K.ref_paged_attention))(kc, vc)
+    kc2, vc2, out = jax.jit(functools.partial(run, kern), donate_argnums=(0, 1))(jnp.array(kc), jnp.array(vc))
+    _same(kc2, ref_kc)
+    _same(vc2, ref_vc)
+    _close(out, ref_out, F32)
+
+
+# ------------------------------------------------------------------ prefill kernel
+
+PREFILL_CASES = [  # lens, cached prefix per row, hq, hkv, d, page_size, dtype, block_q, block_k
+    ([5, 17, 1], [0, 3, 30], 4, 2, 16, 4, F32, 16, 16),  # odd lengths, one token, chunked rows
+    ([33], [0], 2, 2, 96, 8, BF16, 16, 32),  # one prompt across query blocks, head_dim 96
+    ([3, 20], [10, 0], 4, 1, 128, 16, F32, 16, 16),  # GQA 4, head_dim 128, a full page
+]
+
+
+@pytest.mark.parametrize("case", PREFILL_CASES, ids=lambda c: f"{c[0]}-{c[4]}-{c[6].__name__}")
+def test_prefill_matches_ref(case):
+    lens, starts, hq, hkv, d, s, dtype, bq, bk = case
+    rs = np.random.default_rng(sum(lens))
+    r, m = len(lens), max(a + b for a, b in zip(starts, lens, strict=True)) // s + 1
+    pt = _page_table(rs, r, m)
+    kc, vc = _pool(rs, 2, hkv, r * m + 3, s, d, dtype)
+    rows = jnp.asarray(np.repeat(np.arange(r), lens), jnp.int32)
+    pos = jnp.asarray(
+        np.concatenate([np.arange(a, a + b) for a, b in zip(starts, lens, strict=True)]), jnp.int32
+    )
+    q = _rand(rs, (sum(lens), hq, d), dtype)
+    args = (q, kc, vc, jnp.int32(1), pt, rows, pos)
+    fn = functools.partial(K.prefill_attention, block_q=bq, block_k=bk, interpret=True)
+    _close(jax.jit(fn)(*args), K.ref_prefill_attention(*args), dtype)
+
+
+def test_query_blocks_cut_runs_and_block_size():
+    starts, ends = query_blocks(jnp.asarray([0, 0, 0, 1, 1, 2, 2, 2, 2, 2], jnp.int32), 3, 2)
+    assert starts.tolist() == [0, 2, 3, 5, 7, 9, 10, 10, 10]
+    assert ends.tolist() == [2, 3, 5, 7, 9, 10, 10, 10, 10]
+
+
+# ------------------------------------------------------------------ pointwise: bitwise
+
+
+@pytest.mark.parametrize(
+    "n,h,dtype", [(1, 16, F32), (5, 96, BF16), (7, 200, F32), (3, 2048, BF16), (9, 5280, BF16)]
+)
+def test_rms_norm_bitwise(n, h, dtype):
+    rs = np.random.default_rng(h)
+    x, res, w = _rand(rs, (n, h), dtype, 3.0), _rand(rs, (n, h), dtype), _rand(rs, (h,), dtype)
+    for name, args in (("rms_norm", (x, w)), ("add_rms_norm", (x, res, w)), ("rms_norm_add", (x, res, w))):
+        kern = jax.jit(functools.partial(getattr(K, name), eps=1e-6, interpret=True))
+        ref = jax.jit(functools.partial(getattr(K, "ref_" + name), eps=1e-6))
+        _same(kern(*args), ref(*args))
+
+
+@pytest.mark.parametrize(
+    "n,f,dtype,blocks",
+    [(1, 16, F32, {}), (5, 96, BF16, {}), (9, 100, BF16, dict(block_rows=4, block_cols=32))],
+)
+def test_silu_mul_bitwise(n, f, dtype, blocks):
+    gate_up = _rand(np.random.default_rng(f), (n, 2 * f), dtype, 4.0)
+    for name in ("silu_mul", "silu_f32_mul"):
+        kern = jax.jit(functools.partial(getattr(K, name), interpret=True, **blocks))
+        _same(kern(gate_up), jax.jit(getattr(K, "ref_" + name))(gate_up))
+
+
+@pytest.mark.parametrize(
+    "n,hq,hkv,d,dtype,block_rows",
+    [(1, 2, 1, 16, F32, None), (5, 4, 2, 96, BF16, None), (7, 2, 2, 128, F32, 4), (3, 3, 3, 96, BF16, 2)],
+)
+def test_rope_bitwise(n, hq, hkv, d, dtype, block_rows):
+    rs = np.random.default_rng(d + n)
+    qkv = _rand(rs, (n, (hq + 2 * hkv) * d), dtype)
+    cos, sin = layers.rope_angles(jnp.arange(n) * 37 + 5, d, 10000.0)
+    heads = dict(num_heads=hq, num_kv_heads=hkv)
+    kern = jax.jit(functools.partial(K.rope_rotate_half_qk, block_rows=block_rows, interpret=True, **heads))
+    for a, b in zip(
+        kern(qkv, cos, sin), jax.jit(functools.partial(K.ref_rope_rotate_half_qk, **heads))(qkv, cos, sin)
+    ):
+        _same(a, b)
+    if hq == hkv:
+        bias = _rand(rs, (2, hq, d), dtype)
+        kern = jax.jit(functools.partial(K.rope_interleaved_qk, block_rows=block_rows, interpret=True))
+        for a, b in zip(kern(qkv, bias, cos, sin), jax.jit(K.ref_rope_interleaved_qk)(qkv, bias, cos, sin)):
+            _same(a, b)
+
+
+# ------------------------------------------------------------------ bad inputs
+
+
+def _attn_args(n=2, hq=4, hkv=2, d=16, dtype=F32, pt_dtype=jnp.int32, pos_n=None):
+    z = jnp.zeros
+    return (
+        z((n, hq, d), dtype),
+        z((1, hkv, 4, 4, d), dtype),
+        z((1, hkv, 4, 4, d), dtype),
+        jnp.int32(0),
+        z((n, 2), pt_dtype),
+        z((n,), jnp.int32),
+        z((pos_n or n,), jnp.int32),
+    )
+
+
+@pytest.mark.parametrize("fn", [K.ref_paged_attention, K.paged_attention, K.prefill_attention])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [(dict(hq=3), "multiple"), (dict(pt_dtype=jnp.float32), "page_table"), (dict(pos_n=3), "positions")],
+)
+def test_attention_bad_inputs(fn, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fn(*_attn_args(**kwargs))
+
+
+def test_bad_inputs_raise():
+    z = jnp.zeros
+    q, kc, vc, plane, pt, rows, pos = _attn_args()
+    with pytest.raises(ValueError, match="head_dim"):
+        K.paged_attention(z((2, 4, 8)), kc, vc, plane, pt, rows, pos)
+    with pytest.raises(ValueError, match="dtypes differ"):
+        K.ref_paged_attention(q.astype(BF16), kc, vc, plane, pt, rows, pos)
+    with pytest.raises(ValueError, match="power-of-two"):
+        K.paged_attention(z((2, 6, 16)), z((1, 2, 4, 4, 16)), z((1, 2, 4, 4, 16)), plane, pt, rows, pos)
+    with pytest.raises(ValueError, match="block_k"):
+        K.prefill_attention(q, kc, vc, plane, pt, rows, pos, block_k=24)
+    with pytest.raises(ValueError, match="slot_mapping"):
+        K.write_kv(kc, vc, plane, z((2,), F32), z((2, 2, 16)), z((2, 2, 16)))
+    with pytest.raises(ValueError, match="k must be"):
+        K.write_kv(kc, vc, plane, z((2,), jnp.int32), z((2, 3, 16)), z((2, 2, 16)))
+    with pytest.raises(ValueError, match="weight"):
+        K.rms_norm(z((2, 8)), z((9,)), 1e-6)
+    with pytest.raises(ValueError, match="residual"):
+        K.ref_add_rms_norm(z((2, 8)), z((3, 8)), z((8,)), 1e-6)
+    with pytest.raises(ValueError, match="gate_up"):
+        K.silu_mul(z((2, 7)))
+    with pytest.raises(ValueError, match="qkv width"):
+        K.rope_rotate_half_qk(z((2, 50)), z((2, 8)), z((2, 8)), num_heads=2, num_kv_heads=1)
+    with pytest.raises(ValueError, match="cos"):
+        K.ref_rope_interleaved_qk(z((2, 96)), z((2, 2, 16)), z((2, 4)), z((2, 8)))
+
+
+# ------------------------------------------------------------------ CUDA lowering (no GPU)
+
+H200 = AbstractMesh(
+    (1,),
+    ("x",),
+    (AxisType.Explicit,),
+    abstract_device=AbstractDevice(device_kind="NVIDIA H200", num_cores=132, platform="gpu"),
+)
+S = jax.ShapeDtypeStruct
+MODELS = {"ouro": (16, 16, 128, 2048, 5632), "huginn": (55, 55, 96, 5280, 17920)}  # Hq, Hkv, D, H, F
+
+
+def _attn_shapes(n, hq, hkv, d, rows=8, dtype=BF16):
+    pool = S((4, hkv, 512, 16, d), dtype)
+    i32 = jnp.int32
+    return (S((n, hq, d), dtype), pool, pool, S((), i32), S((rows, 64), i32), S((n,), i32), S((n,), i32))
+
+
+def _lowering_cases():
+    for model, (hq, hkv, d, h, f) in MODELS.items():
+        yield f"decode-{model}", K.paged_attention, _attn_shapes(8, hq, hkv, d)
+        yield (
+            f"decode-1split-{model}",
+            functools.partial(K.paged_attention, num_splits=1),
+            _attn_shapes(64, hq, hkv, d),
+        )
+        yield f"prefill-{model}", K.prefill_attention, _attn_shapes(300, hq, hkv, d, rows=4)
+        yield (
+            f"rms_norm-{model}",
+            functools.partial(K.add_rms_norm, eps=1e-6),
+            (S((7, h), BF16),) * 2 + (S((h,), BF16),),
+        )
+        yield f"silu-{model}", K.silu_mul, (S((7, 2 * f), BF16),)
+        yield f"silu_f32-{model}", K.silu_f32_mul, (S((7, 2 * f), BF16),)
+        cs = S((7, d // 2), F32)
+        if model == "ouro":
+            rope = functools.partial(K.rope_rotate_half_qk, num_heads=hq, num_kv_heads=hkv)
+            yield "rope-ouro", rope, (S((7, (hq + 2 * hkv) * d), BF16), cs, cs)
+        else:
+            yield (
+                "rope-huginn",
+                K.rope_interleaved_qk,
+                (S((7, 3 * hq * d), BF16), S((2, hq, d), BF16), cs, cs),
+            )
+    yield "decode-gqa4-f32", K.paged_attention, _attn_shapes(4, 8, 2, 16, dtype=F32)
+
+
+@pytest.mark.parametrize(
+    "name,fn,shapes", list(_lowering_cases()), ids=lambda x: x if isinstance(x, str) else ""
+)
+def test_lowers_for_cuda(name, fn, shapes):
+    with jax.sharding.use_abstract_mesh(H200):
+        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+    assert "__gpu$xla.gpu.triton" in text, name
