@@ -168,3 +168,16 @@ def test_epilogues_lower_for_cuda(split_k):
     text = _lower_cuda(lambda x, w, r: sm.streaming_matmul_add(x, w, r, split_k=split_k),
                        (m, k), (k, 5280), (m, 5280))
     assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_bench_smoke(capsys):
+    """bench/matmul.py --smoke: every product row checks out, every decode variant runs."""
+    from loopjax.bench import matmul
+
+    assert matmul.main(["--smoke", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "ERROR" not in out and "BAD" not in out and "skipped" not in out
+    product_rows = [line for line in out.splitlines() if line.startswith("smoke.")]
+    assert len(product_rows) == 4 and sum(" ok" in line for line in product_rows) == 4
+    for variant in ("xla", "pallas", "pallas+silu"):
+        assert any(line.split()[:2] == [variant, "3"] for line in out.splitlines()), variant

@@ -1,0 +1,318 @@
+"""Weight-streaming products on the GPU: the Pallas kernel (kernels/streaming_matmul.py) vs
+XLA (`layers.linear`), per product and for a whole Ouro-1.4B weights-only decode step.
+
+    python -m loopjax.bench.matmul                 # products + decode step, < 4 min on an H200
+    python -m loopjax.bench.matmul --sweep         # block-size sweep; prints a TUNED table
+    python -m loopjax.bench.matmul --smoke         # tiny shapes, CPU, interpret mode (CI)
+
+Products: for each (K, N) of Ouro-1.4B and Huginn-0125 and each row count, one executable
+runs `n` products over distinct activations and B weight buffers in rotation, so that at
+least ~150 MB of other weights pass between two reads of a buffer (the 50 MB L2 never serves
+them). Time per product = median over rounds of (wall time of `calls` asynchronous calls) /
+(calls * n); with >= ~300 us of GPU work per call, Python dispatch hides behind the GPU.
+% = (weight + activation bytes) / time over the copy rate measured at the start of the run
+(device-to-device copy of 1 GiB, read + write counted). rel_err = max|kernel - XLA| / max|XLA|.
+
+Decode step: 4 loops x 24 layers in a `lax.fori_loop` over loops, the 24 layers unrolled
+over per-layer buffers (docs/design.md), Ouro's sandwich norms and SiLU, no attention (the q
+columns stand in for its output). Variants: XLA products; kernel products; kernel products
+with the SiLU*up epilogue fused. % of roofline = weight bytes x loops / time / copy rate.
+Every case runs in its own try/except: a failure prints an error row and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+
+from loopjax import layers
+from loopjax.config import preset
+
+try:
+    from loopjax.kernels import streaming_matmul as sm
+except ImportError:  # NOTE: run from a checkout with PYTHONPATH=. (kernels/ not installed)
+    from kernels import streaming_matmul as sm
+
+SHAPES = {  # name -> [(product, K, N)]
+    "ouro": [("ouro.wqkv", 2048, 6144), ("ouro.wo", 2048, 2048), ("ouro.w_gate_up", 2048, 11264),
+             ("ouro.w_down", 5632, 2048), ("ouro.lm_head", 2048, 49152)],
+    "huginn": [("huginn.wqkv", 5280, 15840), ("huginn.wo", 5280, 5280),
+               ("huginn.w_gate_up", 5280, 35840), ("huginn.w_down", 17920, 5280),
+               ("huginn.lm_head", 5280, 65536)],
+}
+SMOKE_SHAPES = [("smoke.a", 64, 48), ("smoke.b", 40, 80)]
+L2_BYTES = 50e6
+COPY_RATE_REF = 4.08e12  # B/s, docs h200.md; the run measures its own
+
+
+def log(*parts):
+    print(*parts, flush=True)
+
+
+def _median_time(fn, args, *, rounds: int, calls: int) -> float:
+    """Seconds per call: median over rounds of (calls asynchronous calls, one sync)."""
+    jax.block_until_ready(fn(*args))  # compile
+    jax.block_until_ready(fn(*args))  # warm
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        out = None
+        for _ in range(calls):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def measure_copy_rate(num_bytes: int, rounds: int) -> float:
+    """Device-to-device copy rate in B/s (read + write)."""
+    a = jnp.zeros((num_bytes // 4,), jnp.float32)
+    t = _median_time(jax.jit(lambda a: a + 1.0), (a,), rounds=rounds, calls=5)
+    return 2 * num_bytes / t
+
+
+def _random(key, shape, dtype, scale=1.0):
+    return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
+
+
+def _weights(key, k, n, count, dtype):
+    return [_random(jax.random.fold_in(key, i), (k, n), dtype, k**-0.5) for i in range(count)]
+
+
+def _plan(weight_bytes: int, copy_rate: float, smoke: bool) -> tuple[int, int]:
+    """(B weight buffers, n products per call)."""
+    if smoke:
+        return 2, 2
+    b = max(1, min(16, -(-int(3 * L2_BYTES) // weight_bytes)))
+    est = weight_bytes / copy_rate  # seconds per product at the copy rate
+    n = max(4, min(32, math.ceil(300e-6 / est)))
+    return b, b * max(1, -(-n // b))
+
+
+def time_products(fn, xs, ws, *, rounds: int, calls: int):
+    """(seconds per product, first output) of fn(x_i, w_{i mod B}) over the n activations."""
+    b = len(ws)
+
+    def run(xs, ws):
+        return [fn(x, ws[i % b]) for i, x in enumerate(xs)]
+
+    step = jax.jit(run)
+    t = _median_time(step, (xs, ws), rounds=rounds, calls=calls)
+    return t / len(xs), step(xs, ws)[0]
+
+
+def _rel_err(a, b) -> float:
+    a, b = a.astype(jnp.float32), b.astype(jnp.float32)
+    return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
+
+
+def _kernel_fn(cfg, interpret):
+    return lambda x, w: sm.streaming_matmul(x, w, interpret=interpret, **cfg._asdict())
+
+
+def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, configs=None):
+    """Rows for one (product, M): XLA first, then the kernel with each config (default:
+    the one pick_config chooses)."""
+    key = jax.random.PRNGKey(k * 7 + n + m)
+    wbytes = k * n * jnp.dtype(dtype).itemsize
+    b, num = _plan(wbytes, copy_rate, smoke)
+    ws = _weights(key, k, n, b, dtype)
+    xs = [_random(jax.random.fold_in(key, 1000 + i), (m, k), dtype) for i in range(num)]
+    moved = wbytes + (m * k + m * n) * jnp.dtype(dtype).itemsize
+    t_xla, ref = time_products(layers.linear, xs, ws, rounds=rounds, calls=calls)
+    rows = [dict(name=name, k=k, n=n, m=m, impl="xla", us=t_xla * 1e6,
+                 pct=100 * moved / t_xla / copy_rate, err=0.0, cfg="")]
+    for cfg in configs or [sm.pick_config(m, k, n, dtype)]:
+        try:
+            t, out = time_products(_kernel_fn(cfg, smoke), xs, ws, rounds=rounds, calls=calls)
+            rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", us=t * 1e6,
+                             pct=100 * moved / t / copy_rate, err=_rel_err(out, ref), cfg=cfg,
+                             speedup=t_xla / t))
+        except Exception as e:  # noqa: BLE001 - one failing config prints a row
+            rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", error=_short(e), cfg=cfg))
+    return rows
+
+
+def _short(e: Exception) -> str:
+    lines = [s for s in str(e).strip().splitlines() if s.strip()]
+    return f"{type(e).__name__}: {(lines[0] if lines else '')[:150]}"
+
+
+def _cfg_str(cfg) -> str:
+    if not cfg:
+        return ""
+    return f"n{cfg.block_n} k{cfg.block_k} s{cfg.split_k} w{cfg.num_warps} st{cfg.num_stages}"
+
+
+def print_row(r):
+    head = f"{r['name']:<18} {r['k']:>6}->{r['n']:<6} {r['m']:>4} {r['impl']:<7}"
+    if "error" in r:
+        log(f"{head} ERROR {r['error']}  [{_cfg_str(r['cfg'])}]")
+        return
+    ok = "ok" if r["err"] <= 2e-2 else "BAD"
+    extra = f" x{r['speedup']:.2f}" if "speedup" in r else ""
+    log(f"{head} {r['us']:>9.1f} us {r['pct']:>5.1f}%  rel_err {r['err']:.1e} {ok}{extra}"
+        f"  {_cfg_str(r['cfg'])}")
+
+
+# ------------------------------------------------------------------------------ decode step
+
+
+def _ouro_layers(cfg, key, dtype):
+    """Per-layer weight buffers (a list of dicts, never a stacked array)."""
+    h, f = cfg.hidden_size, cfg.intermediate_size
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    out = []
+    for i in range(cfg.num_layers):
+        kk = jax.random.split(jax.random.fold_in(key, i), 4)
+        ones = jnp.ones((h,), dtype)
+        out.append({"wqkv": _random(kk[0], (h, q + 2 * kv), dtype, h**-0.5),
+                    "wo": _random(kk[1], (q, h), dtype, q**-0.5),
+                    "w_gate_up": _random(kk[2], (h, 2 * f), dtype, h**-0.5),
+                    "w_down": _random(kk[3], (f, h), dtype, f**-0.5),
+                    **{n: ones + 0 for n in ("attn_norm", "attn_norm_2", "mlp_norm", "mlp_norm_2")}})
+    return out
+
+
+def _silu_f32_mul(y):
+    from loopjax.models import ouro
+
+    return ouro._silu_mul(*jnp.split(y, 2, axis=-1))
+
+
+def decode_step_fn(cfg, num_loops: int, variant: str, interpret: bool):
+    """jit((layers, x [M, H]) -> x): num_loops x every layer, products per `variant`."""
+    eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
+    if variant == "xla":
+        mm, mm_act = layers.linear, lambda x, w: _silu_f32_mul(layers.linear(x, w))
+    else:
+        mm = lambda x, w: sm.streaming_matmul(x, w, interpret=interpret)  # noqa: E731
+        if variant == "pallas+silu":
+            mm_act = lambda x, w: sm.streaming_matmul_silu_f32_mul(x, w, interpret=interpret)  # noqa: E731
+        else:
+            mm_act = lambda x, w: _silu_f32_mul(mm(x, w))  # noqa: E731
+
+    def step(lps, x):
+        def one_loop(_, x):
+            for lp in lps:  # NOTE: unrolled over per-layer buffers; closed over, not sliced
+                qkv = mm(layers.rms_norm(x, lp["attn_norm"], eps), lp["wqkv"])
+                o = mm(qkv[:, :q_dim], lp["wo"])  # NOTE: no attention; q stands in for its output
+                x = x + layers.rms_norm(o, lp["attn_norm_2"], eps)
+                a = mm_act(layers.rms_norm(x, lp["mlp_norm"], eps), lp["w_gate_up"])
+                x = x + layers.rms_norm(mm(a, lp["w_down"]), lp["mlp_norm_2"], eps)
+            return x
+
+        return jax.lax.fori_loop(0, num_loops, one_loop, x)
+
+    return jax.jit(step)
+
+
+def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, deadline):
+    key = jax.random.PRNGKey(1)
+    lps = _ouro_layers(cfg, key, dtype)
+    wbytes = sum(v.size * v.dtype.itemsize for lp in lps for v in lp.values() if v.ndim == 2)
+    roofline = wbytes * num_loops / copy_rate
+    log(f"\n# decode step, {cfg.num_layers} layers x {num_loops} loops, weights "
+        f"{wbytes / 1e9:.2f} GB/loop, roofline {roofline * 1e3:.3f} ms")
+    log(f"{'variant':<14} {'M':>4} {'ms':>9} {'%roof':>6}  rel_err vs xla")
+    for m in rows:
+        x = _random(jax.random.fold_in(key, 99), (m, cfg.hidden_size), dtype)
+        ref = None
+        for variant in ("xla", "pallas", "pallas+silu"):
+            if time.perf_counter() > deadline:
+                log(f"{variant:<14} {m:>4} skipped (time budget)")
+                continue
+            try:
+                fn = decode_step_fn(cfg, num_loops, variant, smoke)
+                t = _median_time(fn, (lps, x), rounds=rounds, calls=3)
+                out = fn(lps, x)
+                ref = out if variant == "xla" else ref
+                err = "" if ref is None or variant == "xla" else f"{_rel_err(out, ref):.1e}"
+                log(f"{variant:<14} {m:>4} {t * 1e3:>9.3f} {100 * roofline / t:>5.1f}%  {err}")
+            except Exception as e:  # noqa: BLE001
+                log(f"{variant:<14} {m:>4} ERROR {_short(e)}")
+
+
+# ------------------------------------------------------------------------------ sweep
+
+
+def sweep_configs(m, k, n, dtype):
+    """A handful of neighbours of pick_config's choice (deduplicated, valid)."""
+    base = sm.pick_config(m, k, n, dtype)
+    num_k = lambda bk: max(1, k // bk)  # noqa: E731
+    cands = [base, base._replace(block_n=128 if base.block_n == 64 else 64),
+             base._replace(block_k=128), base._replace(split_k=base.split_k * 2),
+             base._replace(split_k=max(1, base.split_k // 2)), base._replace(num_stages=3),
+             base._replace(num_warps=8 if base.num_warps == 4 else 4)]
+    out = []
+    for c in cands:
+        c = c._replace(split_k=max(1, min(c.split_k, num_k(c.block_k))))
+        if c not in out:
+            out.append(c)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", default="1,8,32,128", help="comma-separated row counts M")
+    p.add_argument("--shapes", default="ouro,huginn", help="ouro, huginn or both")
+    p.add_argument("--no-step", action="store_true", help="skip the decode step")
+    p.add_argument("--step-only", action="store_true", help="only the decode step")
+    p.add_argument("--sweep", action="store_true", help="try several block sizes per case")
+    p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, interpret mode")
+    p.add_argument("--max-seconds", type=float, default=225.0, help="time budget of the run")
+    args = p.parse_args(argv)
+    start = time.perf_counter()
+    deadline = start + args.max_seconds
+    rows = [int(r) for r in args.rows.split(",")]
+    dtype = jnp.bfloat16
+    if args.smoke:
+        rows, rounds, calls = [r for r in rows if r <= 3] or [1], 2, 1
+        shapes = SMOKE_SHAPES
+        copy_rate = measure_copy_rate(1 << 20, rounds)
+    else:
+        rounds, calls = 10, 5
+        shapes = [s for fam in args.shapes.split(",") for s in SHAPES[fam]]
+        copy_rate = measure_copy_rate(1 << 30, rounds)
+    log(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, bf16; copy rate "
+        f"{copy_rate / 1e12:.3f} TB/s (ref {COPY_RATE_REF / 1e12:.2f}); % below = of that rate")
+    log(f"{'product':<18} {'K->N':>13} {'M':>4} {'impl':<7} {'time':>12} {'%copy':>6}")
+    # NOTE: products get ~60% of the budget (all of it with --sweep or --no-step).
+    product_deadline = deadline if (args.sweep or args.no_step) else start + 0.6 * args.max_seconds
+    tuned = {}
+    for name, k, n in [] if args.step_only else shapes:
+        for m in rows:
+            if time.perf_counter() > product_deadline:
+                log(f"{name:<18} {k:>6}->{n:<6} {m:>4} skipped (time budget)")
+                continue
+            configs = sweep_configs(m, k, n, dtype) if args.sweep else None
+            try:
+                case = product_case(name, k, n, m, dtype=dtype, copy_rate=copy_rate,
+                                    smoke=args.smoke, rounds=rounds, calls=calls, configs=configs)
+            except Exception as e:  # noqa: BLE001
+                case = [dict(name=name, k=k, n=n, m=m, impl="xla", error=_short(e), cfg=None)]
+            for r in case:
+                print_row(r)
+            good = [r for r in case if r["impl"] == "pallas" and "error" not in r and r["err"] <= 2e-2]
+            if good:
+                tuned[(k, n, sm.block_rows(m))] = min(good, key=lambda r: r["us"])["cfg"]
+    if args.sweep:
+        log("\n# fastest config per case: paste into kernels/streaming_matmul.py TUNED")
+        for key, cfg in sorted(tuned.items()):
+            log(f"    {key}: Config{tuple(cfg)},")
+    if not (args.no_step or args.sweep):
+        cfg = preset("ouro-tiny" if args.smoke else "ouro-1.4b")
+        decode_step_cases(cfg, 2 if args.smoke else 4, rows, dtype=dtype, copy_rate=copy_rate,
+                          smoke=args.smoke, rounds=3 if args.smoke else 10, deadline=deadline)
+    log(f"\n# done in {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
