@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 import uuid
@@ -43,9 +44,8 @@ class APIError(Exception):
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
     def response(self) -> JSONResponse:
-        body = {"error": {"message": self.message, "type": self.kind, "param": self.param,
-                          "code": self.status}}
-        return JSONResponse(body, status_code=self.status)
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        return JSONResponse({"error": error}, status_code=self.status)
 
 
 def _bad(message: str, param: str | None = None) -> APIError:
@@ -54,10 +54,7 @@ def _bad(message: str, param: str | None = None) -> APIError:
 
 def _param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
-    for word in message.replace(":", " ").replace(",", " ").split():
-        if word.strip("'\"") in body or word.strip("'\"") in ("max_tokens", "prompt", "messages"):
-            return word.strip("'\"")
-    return None
+    return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
 
 
 def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
@@ -86,32 +83,35 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
         raise _bad(f"messages: the chat template refused them: {e}", "messages") from None
 
 
+def _special_tokens(model) -> dict:
+    """bos_token / eos_token of the checkpoint's tokenizer_config.json (chat templates use them)."""
+    try:
+        with open(os.path.join(model.path, "tokenizer_config.json")) as f:
+            config = json.load(f)
+    except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
+        return {}
+    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
+    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
+
+
 class _Choice:
-    """Text of one choice as tokens arrive: detokenized, trimmed at a stop string."""
+    """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
     def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
         self.index, self.tokenizer, self.stop = index, tokenizer, stop
         self.text, self.sent = "", 0  # full text so far; characters already streamed
         self.token_ids: list[int] = []
-        self.exit_loops: list[int] = []
+        self.exit_loops: list[int] = []  # loops run per generated token
+        self.logprobs = self.top_logprobs = None  # per generated token, when asked
         self.finish_reason: str | None = None
         self.submissions = 0
 
-    def update(self, out) -> tuple[str, list[int], list[int]]:
-        """Apply one RequestOutput; returns (text delta, new token ids, their exit loops)."""
-        new_ids = list(out.new_token_ids)
-        self.token_ids = list(out.token_ids)
-        loops = list(out.exit_loops or [])
-        if len(loops) == len(self.token_ids):  # exit loops of every token so far
-            new_loops = loops[len(loops) - len(new_ids):] if new_ids else []
-            self.exit_loops = loops
-        else:  # exit loops of the new tokens only
-            new_loops = loops
-            self.exit_loops += loops
+    def update(self, out) -> tuple[str, int]:
+        """Apply one RequestOutput; returns (text delta, number of new tokens)."""
+        self.token_ids, self.exit_loops = list(out.token_ids), list(out.exit_loops)
+        self.logprobs, self.top_logprobs = out.logprobs, out.top_logprobs
         # NOTE: the engine reports submissions per output token; usage carries the total.
-        m = out.metrics
-        per_token = m.get("submissions") if isinstance(m, dict) else getattr(m, "submissions", None)
-        self.submissions = round((per_token or 0) * max(1, len(self.token_ids)))
+        self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.tokenizer is not None:
             self.text = self.tokenizer.decode(self.token_ids)
             for s in self.stop:
@@ -119,8 +119,7 @@ class _Choice:
                 if cut >= 0:
                     self.text, self.finish_reason = self.text[:cut], "stop"
         if out.finished and self.finish_reason is None:
-            self.finish_reason = {"eos": "stop", "stop": "stop", "length": "length"}.get(
-                str(out.finish_reason), str(out.finish_reason))
+            self.finish_reason = out.finish_reason
         end = len(self.text)
         if self.finish_reason is None:  # hold back what may still become a stop string or a char
             end = len(self.text.rstrip("\ufffd"))
@@ -130,7 +129,29 @@ class _Choice:
                         end -= k
                         break
         delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
-        return delta, new_ids, new_loops
+        return delta, len(out.new_token_ids)
+
+    def fields(self, start: int, chat: bool) -> dict:
+        """finish_reason, OpenAI logprobs and loopjax's extras of the tokens from `start` on."""
+        ids = self.token_ids[start:]
+        return {"index": self.index, "finish_reason": self.finish_reason,
+                "logprobs": self._logprobs(start, chat), "token_ids": ids,
+                "exit_loops": self.exit_loops[start:]}
+
+    def _logprobs(self, start: int, chat: bool):
+        if self.logprobs is None:
+            return None
+        tok = self.tokenizer
+        name = (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
+        ids, lps = self.token_ids[start:], self.logprobs[start:]
+        tops = (self.top_logprobs or [[]] * len(self.token_ids))[start:]
+        if chat:
+            def entry(t, lp):
+                return {"token": name(t), "logprob": lp, "bytes": list(name(t).encode())}
+            return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
+                                for t, lp, top in zip(ids, lps, tops)]}
+        return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
+                "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -> FastAPI:
@@ -142,6 +163,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     model = model if model is not None else getattr(aengine.engine, "model", None)
     tokenizer = getattr(model, "tokenizer", None)
     chat_template = getattr(model, "chat_template", None)
+    special_tokens = _special_tokens(model)
     cfg = getattr(model, "cfg", None)
     vocab_size = getattr(cfg, "vocab_size", None)
     max_context = getattr(cfg, "max_context_len", None) or getattr(cfg, "max_position_embeddings", None)
@@ -226,7 +248,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
             raise _bad(f"model {model_name!r} has no chat template" +
                        ("" if tokenizer is not None else " or tokenizer") +
                        "; use /v1/completions with a prompt", "messages")
-        return check_ids(encode(render_chat(chat_template, clean), "messages"), "messages")
+        return check_ids(encode(render_chat(chat_template, clean, **special_tokens), "messages"), "messages")
 
     async def submit_all(body, prompts, params) -> list:
         streams = []
@@ -249,6 +271,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     async def handle(request: Request, chat: bool):
         body = await read_body(request)
         prompts = [chat_prompt(body)] if chat else completion_prompts(body)
+        if chat and max_context and all(body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
+            body["max_tokens"] = max_context - len(prompts[0])  # OpenAI's chat default: until done
         params = sampling_params(body)
         streams = await submit_all(body, prompts, params)
         choices = [_Choice(i, tokenizer, params.stop) for i in range(len(prompts))]
@@ -264,15 +288,15 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                     "submissions": sum(c.submissions for c in choices)}
 
         async def run_choices():
-            """Yields (choice, delta, new ids, new loops) per output; stops a choice at its stop string."""
+            """Yields (choice, text delta, new tokens) per output; stops a choice at its stop string."""
             async for i, out in merge_streams(streams):
                 c = choices[i]
                 if c.finish_reason is not None:
                     continue
-                delta, new_ids, new_loops = c.update(out)
+                delta, num_new = c.update(out)
                 if c.finish_reason is not None and not out.finished:
                     streams[i].close()  # a stop string matched: free the engine row now
-                yield c, delta, new_ids, new_loops
+                yield c, delta, num_new
 
         if not body.get("stream"):
             async def drain():
@@ -290,35 +314,31 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
-                {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,
-                 "token_ids": c.token_ids, "exit_loops": c.exit_loops,
-                 **({"message": {"role": "assistant", "content": c.text}} if chat else {"text": c.text})}
-                for c in choices]
+                c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
+                                     else {"text": c.text}) for c in choices]
             head["usage"] = usage()
             return JSONResponse(head)
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
 
-        def sse(payload) -> str:
-            return f"data: {json.dumps(payload)}\n\n"
+        sse = "data: {}\n\n".format
 
         async def events():
             try:
                 if chat:
                     for c in choices:
-                        yield sse({**head, "choices": [{"index": c.index, "finish_reason": None,
-                                                        "token_ids": [], "exit_loops": [],
-                                                        "delta": {"role": "assistant", "content": ""}}]})
-                async for c, delta, new_ids, new_loops in run_choices():
-                    choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": None,
-                              "token_ids": new_ids, "exit_loops": new_loops}
+                        first = {"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": [],
+                                 "delta": {"role": "assistant", "content": ""}}
+                        yield sse(json.dumps({**head, "choices": [first]}))
+                async for c, delta, num_new in run_choices():
+                    choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})
-                    yield sse({**head, "choices": [choice]})
+                    yield sse(json.dumps({**head, "choices": [choice]}))
                 if include_usage:
-                    yield sse({**head, "choices": [], "usage": usage()})
+                    yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except EngineDeadError as e:
-                yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 503}})
-            yield "data: [DONE]\n\n"
+                yield sse(APIError(503, str(e), None, "server_error").response().body.decode())
+            yield sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})

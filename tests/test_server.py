@@ -33,7 +33,7 @@ WORDS = ["hello", "world", "user", "assistant", "system", "the", "loop", "model"
 MODEL_NAME = "ouro-tiny"
 # Small buckets keep start-up compilation short on CI's CPU: 16 rows for 16 concurrent requests.
 SERVER_ENGINE = dict(max_num_rows=16, decode_row_buckets=(16,), max_prefill_tokens=64,
-                     prefill_token_buckets=(64,), max_prefill_rows=4, verbose=False)
+                     prefill_token_buckets=(64,), max_prefill_rows=4, max_logprobs=2, verbose=False)
 REF_ENGINE = dict(max_num_rows=2, decode_row_buckets=(2,), max_prefill_tokens=32,
                   prefill_token_buckets=(32,), max_prefill_rows=2, verbose=False)
 
@@ -164,6 +164,21 @@ def test_streaming_completion_and_chat(client):
     assert sum(len(c.choices[0].token_ids or []) for c in chat) == 10
 
 
+def test_logprobs_completion_and_chat(client):
+    r = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=0,
+                                  logprobs=2, extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
+        assert logprob <= 0 and len(top) == 2 and top[token] == pytest.approx(max(top.values()))  # greedy
+    chunks = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=1, stream=True, extra_body={"ignore_eos": True}))
+    content = [e for c in chunks if c.choices and c.choices[0].logprobs
+               for e in c.choices[0].logprobs.content]
+    assert len(content) == 3 and all(e.top_logprobs[0].token == e.token for e in content)
+
+
 def test_sixteen_concurrent_requests(client, server):
     def one(i):
         r = client.completions.create(model=MODEL_NAME, prompt=[3 + i, 4, 5 + i], max_tokens=6,
@@ -212,6 +227,7 @@ def test_client_gone_before_a_full_answer_aborts(server):
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
+    ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
 ])
 def test_bad_requests_get_400(server, body, status, param, words):
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
@@ -308,7 +324,8 @@ class FakeEngine:
             done = len(r.ids) == r.max
             outs.append(types.SimpleNamespace(request_id=rid, new_token_ids=[r.last], token_ids=list(r.ids),
                                               finished=done, finish_reason="length" if done else None,
-                                              exit_loops=[4] * len(r.ids),
+                                              exit_loops=[4] * len(r.ids), logprobs=None,
+                                              top_logprobs=None,
                                               metrics={"submissions": len(r.ids)}))
             if done:
                 del self.requests[rid]
