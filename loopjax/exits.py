@@ -44,6 +44,7 @@ loop serves any mix of criteria; every formula is evaluated and the row's kind s
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -82,7 +83,7 @@ class ExitSpec:
         if self.threshold == "auto":
             if self.criterion == "steps":
                 raise ValueError("exit criterion 'steps' needs a loop count as threshold, not 'auto'")
-        elif isinstance(self.threshold, bool) or not isinstance(self.threshold, int | float) \
+        elif isinstance(self.threshold, bool) or not isinstance(self.threshold, numbers.Real) \
                 or not np.isfinite(self.threshold):
             raise ValueError(f"exit threshold must be a finite number or 'auto', got "
                              f"{self.threshold!r}")
