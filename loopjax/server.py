@@ -100,10 +100,9 @@ class _Choice:
     def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
         self.index, self.tokenizer, self.stop = index, tokenizer, stop
         self.text, self.sent = "", 0  # full text so far; characters already streamed
-        self.token_ids: list[int] = []
-        self.exit_loops: list[int] = []  # loops run per generated token
-        self.logprobs = self.top_logprobs = None  # per generated token, when asked
-        self.finish_reason: str | None = None
+        self._offsets = (0, 0)  # token ids [p, r): left context of the next decode, r: committed
+        self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
+        self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self.submissions = 0
 
     def update(self, out) -> tuple[str, int]:
@@ -113,16 +112,21 @@ class _Choice:
         # NOTE: the engine reports submissions per output token; usage carries the total.
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.tokenizer is not None:
-            self.text = self.tokenizer.decode(self.token_ids)
+            # Incremental detokenization: decode from the last committed token with the previous
+            # step's tokens as left context (decode(a + b) != decode(a) + decode(b) at word
+            # boundaries); a trailing partial character (U+FFFD) waits for its next bytes.
+            ids, (p, r), old_len = self.token_ids, self._offsets, len(self.text)
+            before, now = self.tokenizer.decode(ids[p:r]), self.tokenizer.decode(ids[p:])
+            if len(now) > len(before) and (not now.endswith("\ufffd") or out.finished):
+                self.text, self._offsets = self.text + now[len(before):], (r, len(ids))
             for s in self.stop:
-                cut = self.text.find(s)
+                cut = self.text.find(s, max(0, old_len - len(s) + 1))
                 if cut >= 0:
                     self.text, self.finish_reason = self.text[:cut], "stop"
         if out.finished and self.finish_reason is None:
             self.finish_reason = out.finish_reason
         end = len(self.text)
-        if self.finish_reason is None:  # hold back what may still become a stop string or a char
-            end = len(self.text.rstrip("\ufffd"))
+        if self.finish_reason is None:  # hold back what may still become a stop string
             for s in self.stop:
                 for k in range(min(len(s) - 1, end), 0, -1):
                     if self.text[:end].endswith(s[:k]):
@@ -166,7 +170,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     special_tokens = _special_tokens(model)
     cfg = getattr(model, "cfg", None)
     vocab_size = getattr(cfg, "vocab_size", None)
-    max_context = getattr(cfg, "max_context_len", None) or getattr(cfg, "max_position_embeddings", None)
+    max_context = getattr(cfg, "max_context_len", None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -178,10 +182,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
 
     app = FastAPI(title="loopjax", lifespan=lifespan)
     app.state.async_engine = aengine
-
-    @app.exception_handler(APIError)
-    async def _api_error(request, exc: APIError):
-        return exc.response()
+    app.add_exception_handler(APIError, lambda request, exc: exc.response())
 
     async def read_body(request: Request) -> dict:
         raw = await request.body()
@@ -194,8 +195,6 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         if body.get("model") is not None and body["model"] != model_name:
             raise _bad(f"model {body['model']!r} is not served here; this server serves {model_name!r}",
                        "model")
-        if body.get("n") not in (None, 1):
-            raise _bad(f"n must be 1 (one choice per prompt), got {body['n']!r}", "n")
         if not isinstance(body.get("stream", False), bool):
             raise _bad(f"stream must be true or false, got {body['stream']!r}", "stream")
         return body

@@ -389,3 +389,34 @@ def test_metrics_text_round_trips():
     with pytest.raises(ValueError, match="line 1"):
         parse("not a sample line at all")
     assert json.dumps(samples)  # plain floats
+
+
+def test_incremental_text_with_split_characters_and_stop_strings():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from loopjax.server import _Choice
+
+    # Byte-level tokenizer without merges: "é", "ö", "✓" span two or three tokens each.
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    text = "héllo wörld ✓ done"
+    ids = tok.encode(text).ids
+
+    def stream(stop):
+        choice, deltas = _Choice(0, tok, stop), []
+        for n in range(1, len(ids) + 1):
+            done = n == len(ids)
+            out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
+                                        logprobs=None, top_logprobs=None, metrics={}, finished=done,
+                                        finish_reason="length" if done else None)
+            deltas.append(choice.update(out)[0])
+            if choice.finish_reason:
+                return deltas, choice
+
+    deltas, choice = stream(())
+    assert "".join(deltas) == choice.text == text and not any("\ufffd" in d for d in deltas)
+    assert choice.finish_reason == "length"
+    deltas, choice = stream(("ld ✓",))  # the stop string is trimmed and never streamed
+    assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
