@@ -1,0 +1,198 @@
+"""Issue 8, item 1: the decode step never copies a weight inside its loop.
+
+Slicing a stacked weight inside a loop body (by the loop counter, or even by a constant)
+materializes a copy of that layer's weights on every iteration (docs/h200.md: 22% of the
+copy rate instead of 41-58%). docs/design.md therefore keeps each layer's weights in
+separate buffers. These tests compile the decode step (the engine's runner, and the model's
+own `ouro.loop` in a `fori_loop`) for the CPU and read the optimized HLO: no instruction
+reachable from a while-loop body may dynamic-slice, slice, gather or copy a value of a
+weight's shape. Deliberately stacked-weights steps show that the check does fail.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import loopjax
+from loopjax import kv_cache, runner
+from loopjax.layers import rope_angles
+from loopjax.models import ouro
+
+SUSPECT_OPS = ("dynamic-slice", "slice", "gather", "copy")
+_HEADER = re.compile(r"^(?:ENTRY )?%?([^\s(]+) \(.*\{\s*$")
+_ARRAY_OP = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \w+\[([\d,]*)\]\S* ([a-z][a-z0-9-]*)\(")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%([^\s,)}]+)")
+_CALL_SETS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_BODY = re.compile(r"\bwhile\(.*\bbody=%([^\s,)}]+)")
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    comps, name = {}, None
+    for line in hlo.splitlines():
+        if name is None:
+            if m := _HEADER.match(line):
+                name = m.group(1)
+                comps[name] = []
+        elif line.startswith("}"):
+            name = None
+        else:
+            comps[name].append(line)
+    return comps
+
+
+def _callees(line: str) -> list[str]:
+    out = _CALLS.findall(line)
+    for group in _CALL_SETS.findall(line):
+        out += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
+    return out
+
+
+def weight_copies_in_loops(hlo: str, weight_shapes) -> list[str]:
+    """Instructions inside any while body (fusions and calls included) that dynamic-slice,
+    slice, gather or copy a value whose shape, size-1 dims dropped, is a weight's shape."""
+    comps = _computations(hlo)
+    shapes = {tuple(d for d in s if d != 1) for s in weight_shapes}
+    todo = [b for lines in comps.values() for line in lines for b in _BODY.findall(line)]
+    if not todo:
+        raise AssertionError("no while loop in the HLO: is this the decode step?")
+    seen, found = set(), []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            todo += _callees(line)
+            m = _ARRAY_OP.match(line)
+            if m and m.group(3) in SUSPECT_OPS:
+                dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) != 1)
+                if dims in shapes:
+                    found.append(f"{name}: {line.strip()[:160]}")
+    return found
+
+
+def _weight_shapes(params) -> set[tuple[int, ...]]:
+    return {a.shape for a in jax.tree.leaves(params) if a.ndim >= 2 and min(a.shape) > 1}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return loopjax.load("ouro-tiny", dtype="float32")
+
+
+class _NoAttention:
+    """Attention backend stand-in: out = q, cache untouched (the weights are what counts)."""
+
+    def __call__(self, kv, layer_id, depth, q, k, v):
+        return kv, q
+
+
+def _loop_decode(layer_fn, num_loops: int):
+    """jit((params, x [N, H]) -> x) running layer_fn(params, x, depth) num_loops times."""
+
+    def step(params, x):
+        return jax.lax.fori_loop(0, num_loops, lambda d, x: layer_fn(params, x, d), x)
+
+    return jax.jit(step)
+
+
+def _compiled(fn, *args) -> str:
+    return fn.lower(*args).compile().as_text()
+
+
+def test_engine_decode_step_copies_no_weight(model):
+    """The runner's fused decode step (paged KV, exit gate, sampling) as the engine jits it."""
+    cfg = model.cfg
+    layout = kv_cache.make_layout(cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8,
+                                  max_loops=cfg.total_ut_steps)
+    r = runner.Runner(model, layout, decode_rows=(2,), prefill_buckets=((1, 8),), max_pages=4,
+                      max_loops=cfg.total_ut_steps)
+    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=cfg.total_ut_steps, num_rows=2)
+    kind = runner.fused(cfg.total_ut_steps)
+    hlo = _compiled(r._step, r.params, r.state, batch, kind)
+    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)) == []
+
+
+def _positions(n):
+    return rope_angles(jnp.arange(n, dtype=jnp.int32), 16, 10000.0)
+
+
+def test_model_loop_copies_no_weight(model):
+    """ouro.loop (layers unrolled over per-layer buffers) inside the fori_loop over loops."""
+    cfg, x = model.cfg, jnp.ones((2, model.cfg.hidden_size), jnp.float32)
+    cos, sin = _positions(2)
+
+    def one_loop(params, x, depth):
+        return ouro.loop(params, cfg, x, cos, sin, _NoAttention(), None, depth)[0]
+
+    hlo = _compiled(_loop_decode(one_loop, 4), model.params, x)
+    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)) == []
+
+
+def _stack_layers(params):
+    return {**params, "layers": jax.tree.map(lambda *a: jnp.stack(a), *params["layers"])}
+
+
+def test_check_fails_on_stacked_weights_indexed_by_counter(model):
+    """Negative control: layers in a fori_loop over stacked weights (the slow layout)."""
+    cfg, x = model.cfg, jnp.ones((2, model.cfg.hidden_size), jnp.float32)
+    cos, sin = _positions(2)
+    stacked = _stack_layers(model.params)
+
+    def one_loop(params, x, depth):
+        def layer(i, x):
+            lp = jax.tree.map(lambda a: a[i], params["layers"])
+            return ouro._layer(lp, cfg, x, cos, sin, _NoAttention(), None, 0, depth)[0]
+
+        return jax.lax.fori_loop(0, cfg.num_layers, layer, x)
+
+    hlo = _compiled(_loop_decode(one_loop, 4), stacked, x)
+    found = weight_copies_in_loops(hlo, _weight_shapes(model.params))
+    assert found, "stacked weights indexed by the layer counter must be flagged"
+    assert any("dynamic-slice" in f for f in found)
+
+
+def test_check_fails_on_static_slices_of_stacked_weights(model):
+    """Negative control: layers unrolled, but each takes a constant slice of stacked weights."""
+    cfg, x = model.cfg, jnp.ones((2, model.cfg.hidden_size), jnp.float32)
+    cos, sin = _positions(2)
+    stacked = _stack_layers(model.params)
+
+    def one_loop(params, x, depth):
+        for i in range(cfg.num_layers):
+            lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
+            x = ouro._layer(lp, cfg, x, cos, sin, _NoAttention(), None, i, depth)[0]
+        return x
+
+    hlo = _compiled(_loop_decode(one_loop, 4), stacked, x)
+    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)), \
+        "static slices of stacked weights inside the loop must be flagged"
+
+
+def test_checker_parses_hlo():
+    hlo = """HloModule m
+
+%fused_slice (p0: f32[3,8,16], p1: s32[]) -> f32[1,8,16] {
+  %p0 = f32[3,8,16]{2,1,0} parameter(0)
+  ROOT %ds = f32[1,8,16]{2,1,0} dynamic-slice(%p0, %p1, %c, %c), dynamic_slice_sizes={1,8,16}
+}
+
+%body (t: (s32[], f32[3,8,16])) -> (s32[], f32[3,8,16]) {
+  %f = f32[1,8,16]{2,1,0} fusion(%a, %b), kind=kLoop, calls=%fused_slice
+  %c = f32[8,16]{1,0} copy(%x)
+}
+
+ENTRY %main (a: f32[3,8,16]) -> f32[3,8,16] {
+  %c2 = f32[8,16]{1,0} copy(%a)
+  %w = (s32[], f32[3,8,16]) while(%t), condition=%cond, body=%body
+}
+"""
+    found = weight_copies_in_loops(hlo, {(8, 16)})
+    assert len(found) == 2 and "fused_slice" in found[0] + found[1]  # not the ENTRY copy
+    assert weight_copies_in_loops(hlo, {(16, 8)}) == []
+    with pytest.raises(AssertionError, match="no while loop"):
+        weight_copies_in_loops("ENTRY %main () -> f32[] {\n}\n", {(8, 16)})
