@@ -1,0 +1,296 @@
+"""Kernel checks and timings on the GPU: each Pallas kernel of loopjax.kernels against its
+ref_ twin (bitwise for the pointwise kernels, fp32-accumulation tolerance for attention)
+and timed against the XLA twin and, for decode attention, jax's shipped (deprecated)
+`jax.experimental.pallas.ops.gpu.paged_attention` with the pool already in its layout
+(one plane of our pool *is* its [Hkv, pages, page_size, D] layout).
+
+    python -m loopjax.bench.kernels --out results/kernels.json     # H200, < 5 minutes
+    python -m loopjax.bench.kernels --smoke                        # CPU, interpret mode
+
+Times are device time per call: `iters` calls inside one jitted fori_loop (inputs behind
+an optimization barrier so nothing is hoisted), divided by iters. Bandwidth counts the
+bytes a call must move (attention: the K/V of every row's context; pointwise: inputs +
+outputs) against the measured ~4.1 TB/s copy rate. Every case is wrapped: a failure
+prints an error row and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+import subprocess
+import time
+import traceback
+
+import jax
+import jax.numpy as jnp
+
+from loopjax import kernels as K
+from loopjax import layers
+
+COPY_RATE = 4.1e12  # bytes/s, device-to-device copy on the H200 (docs/h200.md)
+TIME_BUDGET_S = 280.0  # later cases print "skipped"; run sections apart with --only
+# name: (Hq, Hkv, D, H, F, RoPE style)
+MODELS = {
+    "ouro-1.4b": (16, 16, 128, 2048, 5632, "rotate_half"),
+    "huginn-0125": (55, 55, 96, 5280, 17920, "interleaved"),
+}
+SMOKE_MODELS = {"tiny-gqa": (4, 2, 16, 64, 96, "rotate_half"), "tiny-96": (2, 2, 96, 80, 40, "interleaved")}
+
+
+def device_time(fn, args, iters: int) -> float:
+    """Seconds per call of fn(*args), measured as iters calls in one jitted loop."""
+
+    def loop(*args):
+        def body(i, acc):
+            a, _ = jax.lax.optimization_barrier((args, i))
+            out = jax.tree.leaves(fn(*a))[0]
+            return acc + out.reshape(-1)[0].astype(jnp.float32)
+
+        return jax.lax.fori_loop(0, iters, body, jnp.float32(0))
+
+    run = jax.jit(loop)
+    run(*args).block_until_ready()  # compile + warm up
+    t0 = time.perf_counter()
+    run(*args).block_until_ready()
+    return (time.perf_counter() - t0) / iters
+
+
+class Bench:
+    def __init__(self, smoke: bool, iters: int):
+        self.smoke, self.iters, self.rows, self.t0 = smoke, iters, [], time.perf_counter()
+        print(f"{'case':<44} {'impl':<10} {'us':>9} {'GB/s':>8} {'%4.1TB/s':>8}  check")
+
+    def case(self, name: str, impl: str, fn, args, nbytes: float, check=None):
+        row = dict(case=name, impl=impl, us=None, gbps=None, pct_copy=None, check=None, error=None)
+        if time.perf_counter() - self.t0 > TIME_BUDGET_S:
+            row["error"] = "skipped: time budget"
+        else:
+            try:
+                if check is not None:
+                    row["check"] = check()
+                sec = device_time(fn, args, self.iters)
+                row.update(us=sec * 1e6, gbps=nbytes / sec / 1e9, pct_copy=100 * nbytes / sec / COPY_RATE)
+            except Exception as e:  # noqa: BLE001 - one failing case must not end the run
+                row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+                if self.smoke:
+                    traceback.print_exc()
+        self.rows.append(row)
+        check = row["check"] or ""
+        if row["us"] is None:
+            print(f"{name:<44} {impl:<10} {'-':>9} {'-':>8} {'-':>8}  {check} ERROR {row['error']}")
+        else:
+            print(
+                f"{name:<44} {impl:<10} {row['us']:9.1f} {row['gbps']:8.0f} {row['pct_copy']:7.1f}%  {check}"
+            )
+
+
+def _attn_check(kernel, ref, args, tol):
+    def check():
+        out, want = jax.jit(kernel)(*args), jax.jit(ref)(*args)
+        err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - want.astype(jnp.float32))))
+        return f"max_err={err:.2e} {'ok' if err <= tol else 'FAIL'}"
+
+    return check
+
+
+def _bitwise_check(kernel, ref, args):
+    def check():
+        outs, wants = jax.tree.leaves(jax.jit(kernel)(*args)), jax.tree.leaves(jax.jit(ref)(*args))
+        bad = sum(int(jnp.sum(o != w)) for o, w in zip(outs, wants, strict=True))
+        total = sum(o.size for o in outs)
+        return "bitwise ok" if bad == 0 else f"MISMATCH {bad}/{total}"
+
+    return check
+
+
+def _pool_case(key, hkv, d, rows, ctx, page_size, dtype, planes=2):
+    """Random pool of rows * ctx / page_size pages (+1), scattered page table, plane 1."""
+    m = -(-ctx // page_size)
+    num_pages = rows * m + 1
+    kk, kv, kp = jax.random.split(key, 3)
+    shape = (planes, hkv, num_pages, page_size, d)
+    kc, vc = jax.random.normal(kk, shape, dtype), jax.random.normal(kv, shape, dtype)
+    pt = jax.random.permutation(kp, num_pages)[: rows * m].reshape(rows, m).astype(jnp.int32)
+    return kc, vc, pt
+
+
+def bench_decode(b: Bench, models, batches, contexts, dtype, interpret, page_size):
+    try:
+        from jax.experimental.pallas.ops.gpu import paged_attention as jax_paged
+    except Exception:  # noqa: BLE001
+        jax_paged = None
+    tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
+    for model, (hq, hkv, d, *_) in models.items():
+        for rows in batches:
+            for ctx in contexts:
+                name = f"decode {model} B={rows} ctx={ctx}"
+                try:
+                    key = jax.random.key(rows * 7919 + ctx)
+                    kc, vc, pt = _pool_case(key, hkv, d, rows, ctx, page_size, dtype)
+                    q = jax.random.normal(jax.random.fold_in(key, 1), (rows, hq, d), dtype)
+                    pos = jnp.full((rows,), ctx - 1, jnp.int32)
+                    args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(rows, dtype=jnp.int32), pos)
+                except Exception as e:  # noqa: BLE001
+                    print(f"{name:<44} setup ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                    continue
+                nbytes = 2 * rows * ctx * hkv * d * jnp.dtype(dtype).itemsize
+                kern = functools.partial(K.paged_attention, interpret=interpret)
+                b.case(
+                    name, "pallas", kern, args, nbytes, _attn_check(kern, K.ref_paged_attention, args, tol)
+                )
+                b.case(name, "xla_ref", K.ref_paged_attention, args, nbytes)
+                if jax_paged is not None:
+                    k_pages, v_pages = kc[1], vc[1]  # pre-laid: [Hkv, pages, S, D]
+                    shipped = functools.partial(
+                        jax_paged.paged_attention,
+                        k_splits=min(16, pt.shape[1]),
+                        pages_per_compute_block=min(8, pt.shape[1]),
+                        interpret=interpret,
+                    )
+                    jargs = (q, k_pages, v_pages, pt, pos + 1)
+                    b.case(name, "jax_paged", shipped, jargs, nbytes)
+                    del k_pages, v_pages
+                del kc, vc
+
+
+def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
+    tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
+    for model, (hq, hkv, d, *_) in models.items():
+        for rows, new, cached in shapes:
+            name = f"prefill {model} {rows}x{new} (+{cached} cached)"
+            try:
+                ctx = cached + new
+                key = jax.random.key(rows * 31 + new)
+                kc, vc, pt = _pool_case(key, hkv, d, rows, ctx, page_size, dtype)
+                n = rows * new
+                q = jax.random.normal(jax.random.fold_in(key, 1), (n, hq, d), dtype)
+                row_of_token = jnp.repeat(jnp.arange(rows, dtype=jnp.int32), new)
+                pos = jnp.tile(jnp.arange(cached, ctx, dtype=jnp.int32), rows)
+                args = (q, kc, vc, jnp.int32(1), pt, row_of_token, pos)
+            except Exception as e:  # noqa: BLE001
+                print(f"{name:<44} setup ERROR {type(e).__name__}: {str(e).splitlines()[0][:160]}")
+                continue
+            nbytes = 2 * rows * ctx * hkv * d * jnp.dtype(dtype).itemsize
+            block = 16 if interpret else 64
+            kern = functools.partial(K.prefill_attention, block_q=block, block_k=block, interpret=interpret)
+            b.case(name, "pallas", kern, args, nbytes, _attn_check(kern, K.ref_prefill_attention, args, tol))
+            b.case(name, "xla_ref", K.ref_prefill_attention, args, nbytes)
+            del kc, vc
+
+
+def bench_pointwise(b: Bench, models, token_counts, dtype, interpret):
+    for model, (hq, hkv, d, h, f, rope_style) in models.items():
+        for n in token_counts:
+            key = jax.random.key(n + h)
+            ks = jax.random.split(key, 6)
+            x, res = jax.random.normal(ks[0], (n, h), dtype), jax.random.normal(ks[1], (n, h), dtype)
+            w = 1 + 0.1 * jax.random.normal(ks[2], (h,), dtype)
+            gate_up = 3 * jax.random.normal(ks[3], (n, 2 * f), dtype)
+            qkv = jax.random.normal(ks[4], (n, (hq + 2 * hkv) * d), dtype)
+            cos, sin = layers.rope_angles(jnp.arange(n) * 3 + 1, d, 10000.0)
+            bias = 0.1 * jax.random.normal(ks[5], (2, hq, d), dtype)
+            item = jnp.dtype(dtype).itemsize
+            cases = [
+                ("rms_norm", (x, w), 2 * n * h * item),
+                ("add_rms_norm", (x, res, w), 3 * n * h * item),
+                ("rms_norm_add", (x, res, w), 3 * n * h * item),
+            ]
+            for fn_name, args, nbytes in cases:
+                kern = functools.partial(getattr(K, fn_name), eps=1e-6, interpret=interpret)
+                ref = functools.partial(getattr(K, "ref_" + fn_name), eps=1e-6)
+                _pair(b, f"{fn_name} {model} N={n}", kern, ref, args, nbytes)
+            silu_bytes = 3 * n * f * item
+            for fn_name in ("silu_mul", "silu_f32_mul"):
+                kern = functools.partial(getattr(K, fn_name), interpret=interpret)
+                _pair(
+                    b, f"{fn_name} {model} N={n}", kern, getattr(K, "ref_" + fn_name), (gate_up,), silu_bytes
+                )
+            # which spelling does XLA's layers.silu_mul follow on this device? (informational)
+            kern = functools.partial(K.silu_f32_mul, interpret=interpret)
+            b.case(
+                f"silu_f32_mul vs ref_silu_mul {model} N={n}",
+                "pallas",
+                kern,
+                (gate_up,),
+                silu_bytes,
+                _bitwise_check(kern, K.ref_silu_mul, (gate_up,)),
+            )
+            rope_bytes = 2 * n * (hq + hkv) * d * item
+            if rope_style == "interleaved":
+                kern = functools.partial(K.rope_interleaved_qk, interpret=interpret)
+                _pair(
+                    b,
+                    f"rope_interleaved {model} N={n}",
+                    kern,
+                    K.ref_rope_interleaved_qk,
+                    (qkv, bias, cos, sin),
+                    rope_bytes,
+                )
+            else:
+                heads = dict(num_heads=hq, num_kv_heads=hkv)
+                kern = functools.partial(K.rope_rotate_half_qk, interpret=interpret, **heads)
+                ref = functools.partial(K.ref_rope_rotate_half_qk, **heads)
+                _pair(b, f"rope_rotate_half {model} N={n}", kern, ref, (qkv, cos, sin), rope_bytes)
+
+
+def _pair(b: Bench, name, kern, ref, args, nbytes):
+    b.case(name, "pallas", kern, args, nbytes, _bitwise_check(kern, ref, args))
+    b.case(name, "xla_ref", ref, args, nbytes)
+
+
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+        return out.stdout.strip()
+    except Exception:  # noqa: BLE001
+        return ""
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="write the rows as JSON to this path")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU)")
+    parser.add_argument("--iters", type=int, default=None, help="calls per timing loop")
+    parser.add_argument("--only", default="decode,prefill,pointwise", help="comma list of sections")
+    args = parser.parse_args(argv)
+    dtype = jnp.bfloat16
+    if args.smoke:
+        models, interpret, iters, page = SMOKE_MODELS, True, args.iters or 1, 4
+        batches, contexts, prefill_shapes, tokens = (1, 3), (16, 40), [(2, 7, 5)], (5,)
+    else:
+        models, interpret, iters, page = MODELS, False, args.iters or 20, 16
+        batches, contexts = (1, 8, 32, 128), (512, 2048, 4096)
+        prefill_shapes, tokens = [(1, 2048, 0), (8, 256, 0), (4, 512, 512)], (128, 2048)
+    device = jax.devices()[0].device_kind
+    print(f"jax {jax.__version__} on {device}; dtype {jnp.dtype(dtype).name}; iters {iters}")
+    b = Bench(args.smoke, iters)
+    sections = args.only.split(",")
+    if "pointwise" in sections:
+        bench_pointwise(b, models, tokens, dtype, interpret)
+    if "decode" in sections:
+        bench_decode(b, models, batches, contexts, dtype, interpret, page)
+    if "prefill" in sections:
+        bench_prefill(b, models, prefill_shapes, dtype, interpret, page)
+    errors = sum(r["error"] is not None for r in b.rows)
+    failed = sum("FAIL" in (r["check"] or "") or "MISMATCH" in (r["check"] or "") for r in b.rows)
+    print(f"{len(b.rows)} rows, {errors} errors, {failed} failed checks, {time.perf_counter() - b.t0:.0f} s")
+    if args.out:
+        meta = dict(
+            jax=jax.__version__,
+            device=jax.devices()[0].device_kind,
+            commit=_commit(),
+            smoke=args.smoke,
+            date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            copy_rate=COPY_RATE,
+        )
+        with open(args.out, "w") as fh:
+            json.dump(dict(meta=meta, rows=b.rows), fh, indent=1)
+        print(f"wrote {args.out}")
+    return b.rows
+
+
+if __name__ == "__main__":
+    main()
