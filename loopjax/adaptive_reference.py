@@ -50,6 +50,7 @@ from loopjax.models import huginn, ouro
 
 CACHE_RULES = ("full", "latest-m4", "compress-sK", "latest-m4-compress-sK")
 WARM_STARTS = (None, "ln_f", "raw")
+MODES = ("skip", "select")
 
 
 @dataclass(frozen=True)
@@ -124,9 +125,10 @@ def _swap(items: tuple, index: int, value) -> tuple:
 
 @dataclass
 class AdaptiveResult:
-    tokens: np.ndarray  # [max_new] int32 greedy tokens
-    loops: np.ndarray   # [max_new] int32 loops of each call's emitted token (see module doc)
-    logits: np.ndarray  # [max_new, V] f32 emitted logits
+    tokens: np.ndarray     # [max_new] int32 greedy tokens
+    loops: np.ndarray      # [max_new] int32 exit loop count of each call's emitted token
+    logits: np.ndarray     # [max_new, V] f32 emitted logits
+    loops_run: np.ndarray  # [max_new] int32 loops each call ran (the work; = loops in skip)
 
 
 # ------------------------------------------------------------------------------ Huginn
@@ -182,21 +184,25 @@ _NO_EXIT = exits.ExitSpec()
 
 def huginn_generate(params, cfg, prompt_ids, max_new_tokens: int, *, max_loops: int,
                     init_states, exit_spec: exits.ExitSpec | list = _NO_EXIT,
-                    cache_rule: str = "latest-m4", warm_start: str | None = None
-                    ) -> AdaptiveResult:
+                    cache_rule: str = "latest-m4", warm_start: str | None = None,
+                    mode: str = "skip") -> AdaptiveResult:
     """Greedy Huginn generation with per-call adaptive exit (see the module doc).
 
     init_states [>= T + max_new - 1, H]: s_0 per position (prefill rows first; with a warm
     start only the prompt's rows are used). exit_spec: one ExitSpec for every call, or a list
-    with one per call (e.g. `ExitSpec("steps", n)` per call replays an exit trace)."""
+    with one per call (e.g. `ExitSpec("steps", n)` per call replays an exit trace).
+    mode "skip" (the reference): a call stops at its exit. "select": every call runs all
+    `max_loops` loops (its core KV written at every plane) and the exit loop's state is the
+    one emitted, fed to the coda (whose KV it writes) and warm-started from."""
     prompt_ids = np.asarray(prompt_ids, np.int32).reshape(-1)
     num_prompt = prompt_ids.shape[0]
     specs = exit_spec if isinstance(exit_spec, list | tuple) else [exit_spec] * max_new_tokens
     if len(specs) != max_new_tokens or max_new_tokens < 1 or max_loops < 1:
         raise ValueError(f"huginn_generate: need max_new_tokens >= 1, max_loops >= 1 and one "
                          f"exit spec per call; got {max_new_tokens}, {max_loops}, {len(specs)}")
-    if warm_start not in WARM_STARTS:
-        raise ValueError(f"warm_start must be one of {WARM_STARTS}, got {warm_start!r}")
+    if warm_start not in WARM_STARTS or mode not in MODES:
+        raise ValueError(f"huginn_generate: warm_start must be one of {WARM_STARTS} and mode "
+                         f"one of {MODES}; got {warm_start!r}, {mode!r}")
     dtype = params["embed"].dtype
     init_states = jnp.asarray(init_states, dtype)
     needed = num_prompt if warm_start else num_prompt + max_new_tokens - 1
@@ -207,34 +213,47 @@ def huginn_generate(params, cfg, prompt_ids, max_new_tokens: int, *, max_loops: 
     layout = huginn_layout(cfg, max_loops, num_prompt + max_new_tokens)
     kv = empty_store(layout, dtype)
     ids, start, warm = prompt_ids, 0, None
-    tokens, loops, emitted = [], [], []
+    tokens, loops, loops_run, emitted = [], [], [], []
     for spec in specs:
         positions = jnp.arange(start, start + len(ids), dtype=jnp.int32)
-        e, kv = _huginn_prelude(params, cfg, layout, rule, kv, jnp.asarray(ids), positions)
-        s = init_states[start:start + len(ids)] if warm is None else warm
-        row = jnp.zeros(len(ids), jnp.int32)
-        p = exits.exit_params([spec])
-        state = exits.init(p, s, cfg.vocab_size)
-        logits, logits_loop = None, -1
-        for depth in range(max_loops):
-            s, kv = _huginn_core(params, cfg, layout, rule, kv, s, e, positions, depth)
-            last = None
-            if bool(_needs_logits(p, state, depth)):
-                logits, kv = _huginn_coda(params, cfg, layout, rule, kv, s, positions)
-                logits_loop, last = depth, logits[-1:]
-            state, exit_now = _exit_update(state, p, last, s, depth, row_of_token=row)
-            if bool(exit_now[0]):
-                break
-        if logits_loop != depth:  # the final state's coda (also its KV) was not run yet
-            logits, kv = _huginn_coda(params, cfg, layout, rule, kv, s, positions)
+        s0 = init_states[start:start + len(ids)] if warm is None else warm
+        kv, s, logits, exit_loops, run = _huginn_call(params, cfg, layout, rule, kv, ids, positions,
+                                                      s0, spec, max_loops, mode)
         tokens.append(int(jnp.argmax(logits[-1])))
-        loops.append(depth + 1)
+        loops.append(exit_loops)
+        loops_run.append(run)
         emitted.append(np.asarray(logits[-1]))
         if warm_start is not None:
             warm = s[-1:] if warm_start == "raw" else rms_norm(s[-1:], params["ln_f"], cfg.norm_eps)
         ids, start = np.asarray([tokens[-1]], np.int32), start + len(ids)
     return AdaptiveResult(np.asarray(tokens, np.int32), np.asarray(loops, np.int32),
-                          np.stack(emitted))
+                          np.stack(emitted), np.asarray(loops_run, np.int32))
+
+
+def _huginn_call(params, cfg, layout, rule, kv, ids, positions, s0, spec, max_loops, mode):
+    """One call (prefill or one decoded token), one loop at a time. Returns (kv, emitted
+    state s [N, H], logits [N, V] f32 of s, exit loop count, loops run)."""
+    e, kv = _huginn_prelude(params, cfg, layout, rule, kv, jnp.asarray(ids), positions)
+    p = exits.exit_params([spec])
+    state, row = exits.init(p, s0, cfg.vocab_size), jnp.zeros(len(ids), jnp.int32)
+    s, selected, logits, logits_loop = s0, None, None, -1
+    for depth in range(max_loops):
+        s, kv = _huginn_core(params, cfg, layout, rule, kv, s, e, positions, depth)
+        if selected is not None:
+            continue  # select mode after the exit: the loop only writes its KV
+        last = None
+        if bool(_needs_logits(p, state, depth)):
+            logits, kv = _huginn_coda(params, cfg, layout, rule, kv, s, positions)
+            logits_loop, last = depth, logits[-1:]
+        state, exit_now = _exit_update(state, p, last, s, depth, row_of_token=row)
+        if bool(exit_now[0]) or depth == max_loops - 1:
+            selected = (s, depth + 1)
+            if mode == "skip":
+                break
+    s, exit_loops = selected
+    if logits_loop != exit_loops - 1:  # the coda (and its KV) has not seen this state yet
+        logits, kv = _huginn_coda(params, cfg, layout, rule, kv, s, positions)
+    return kv, s, logits, exit_loops, depth + 1
 
 
 # -------------------------------------------------------------------------------- Ouro
@@ -260,18 +279,17 @@ def _ouro_head(params, hidden):
 
 
 def ouro_generate(params, cfg, prompt_ids, max_new_tokens: int, *, threshold: float,
-                  mode: str = "select") -> tuple[AdaptiveResult, int]:
-    """Greedy Ouro generation with the threshold exit (module doc). Returns the result and
-    the total number of (token, loop) applications of the decoded tokens (work done)."""
-    if mode not in ("select", "skip"):
-        raise ValueError(f"ouro_generate: mode must be 'select' or 'skip', got {mode!r}")
+                  mode: str = "select") -> AdaptiveResult:
+    """Greedy Ouro generation with the threshold exit (module doc)."""
+    if mode not in MODES:
+        raise ValueError(f"ouro_generate: mode must be one of {MODES}, got {mode!r}")
     prompt_ids = np.asarray(prompt_ids, np.int32).reshape(-1)
     num_loops = cfg.total_ut_steps
     layout = ouro_layout(cfg, prompt_ids.shape[0] + max_new_tokens)
     dtype = params["embed"].dtype
     kv = empty_store(layout, dtype)
-    ids, start, work = prompt_ids, 0, 0
-    tokens, loops, emitted = [], [], []
+    ids, start = prompt_ids, 0
+    tokens, loops, loops_run, emitted = [], [], [], []
     for call in range(max_new_tokens):
         positions = jnp.arange(start, start + len(ids), dtype=jnp.int32)
         x = ouro.embed(params, jnp.asarray(ids))
@@ -279,16 +297,16 @@ def ouro_generate(params, cfg, prompt_ids, max_new_tokens: int, *, threshold: fl
         for depth in range(num_loops):
             x, kv, ex = _ouro_loop(params, cfg, layout, kv, x, positions, depth, ex,
                                    jnp.float32(threshold))
-            work += len(ids) if call else 0
             if mode == "skip" and call and bool(ex.exited[-1]):
                 break
         logits = _ouro_head(params, ex.hidden[-1:])[0]
         tokens.append(int(jnp.argmax(logits)))
         loops.append(int(ex.exit_loop[-1]) + 1)
+        loops_run.append(depth + 1)
         emitted.append(np.asarray(logits))
         ids, start = np.asarray([tokens[-1]], np.int32), start + len(ids)
     return AdaptiveResult(np.asarray(tokens, np.int32), np.asarray(loops, np.int32),
-                          np.stack(emitted)), work
+                          np.stack(emitted), np.asarray(loops_run, np.int32))
 
 
 __all__ = ["AdaptiveResult", "CACHE_RULES", "DenseKV", "DenseStore", "ReadRule", "StoreLayout",

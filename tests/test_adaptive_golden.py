@@ -7,6 +7,7 @@ Huginn: every run of adaptive.safetensors (generate_with_adaptive_compute, num_s
 every call must match exactly. generate.safetensors (num_steps=8, no exits) checks the ring
 rules (compress-s4/s8/s16, latest-m4) and the warm start, with the loop count replayed by
 the "steps" criterion so every run shares one compiled store of 16 planes.
+Select mode equals an oracle built from the identity forward (per-position selection).
 Ouro: "select" equals the no-cache identity greedy at the same threshold; "skip" does less
 work and its loop counts are the rule's; a forced trace equals the skip reference.
 """
@@ -24,7 +25,8 @@ from loopjax import exits
 from loopjax.adaptive_reference import huginn_generate, ouro_generate, parse_cache_rule
 from loopjax.config import read_hf_config
 from loopjax.convert.huginn_keys import to_params
-from loopjax.models import ouro
+from loopjax.layers import DenseCausal, rope_angles
+from loopjax.models import huginn, ouro
 
 FOLDER = os.path.join(os.path.dirname(__file__), "data", "huginn", "huginn_shape_242")
 MAX_LOOPS = 16   # the adaptive goldens' num_steps
@@ -120,6 +122,33 @@ def test_latest_differs_from_full_once_tokens_exit_early(huginn_golden):
     assert np.abs(runs["full"].logits[2:] - runs["latest-m4"].logits[2:]).max() > 1e-3
 
 
+def test_select_mode_equals_forward_with_per_position_selection(huginn_golden):
+    """In select mode every loop runs, so the core trajectory is the full forward's; the
+    coda sees each position's exit-loop state. Oracle: forward at 16 loops over the whole
+    sequence, select each position's state, one cache-free coda."""
+    cfg, params, data = huginn_golden
+    trace = (5, 16, 2, 9, 1, 16, 7, 3)
+    prompt = data["inputs"]["prompt_ids"][0]
+    init = data["adaptive"][golden_key("none", "auto", "full") + "_init_states"][0]
+    specs = [exits.ExitSpec("steps", n) for n in trace]
+    out = huginn_generate(params, cfg, prompt, NEW_TOKENS, max_loops=MAX_LOOPS, init_states=init,
+                          exit_spec=specs, cache_rule="latest-m4", mode="select")
+    np.testing.assert_array_equal(out.loops, trace)
+    assert (out.loops_run == MAX_LOOPS).all()
+    seq = np.concatenate([prompt, out.tokens[:-1]])
+    fw = huginn.forward(params, cfg, seq, loops=MAX_LOOPS, initial_state=init[:len(seq)])
+    exit_loop = np.concatenate([np.full(len(prompt), trace[0]), trace[1:]]) - 1
+    selected = fw.loop_hidden[exit_loop, np.arange(len(seq))]
+    cos, sin = rope_angles(jnp.arange(len(seq)), cfg.head_dim, cfg.rope_base)
+    logits, _ = huginn.coda(params, cfg, selected, cos, sin, DenseCausal(), None)
+    np.testing.assert_allclose(out.logits, np.asarray(logits)[len(prompt) - 1:], rtol=0, atol=ATOL)
+    skip = huginn_generate(params, cfg, prompt, NEW_TOKENS, max_loops=MAX_LOOPS, init_states=init,
+                           exit_spec=specs, cache_rule="latest-m4")
+    np.testing.assert_array_equal(skip.loops_run, trace)
+    np.testing.assert_allclose(skip.logits[0], out.logits[0], rtol=0, atol=ATOL)
+    assert np.abs(skip.logits[1:] - out.logits[1:]).max() > 1e-3
+
+
 def test_parse_cache_rule_and_errors(huginn_golden):
     cfg = huginn_golden[0]
     assert parse_cache_rule("full", cfg) == (False, None)
@@ -147,12 +176,13 @@ def test_ouro_select_equals_identity_greedy_and_skip_saves_work(ouro_model):
     cfg, params = ouro_model
     prompt = np.arange(3, 11, dtype=np.int32)
     threshold = 0.5
-    select, select_work = ouro_generate(params, cfg, prompt, 6, threshold=threshold)
+    select = ouro_generate(params, cfg, prompt, 6, threshold=threshold)
     identity_cfg = dataclasses.replace(cfg, early_exit_threshold=threshold, early_exit_step=None)
     expected = ouro.greedy_nocache(params, identity_cfg, prompt, 6)
     np.testing.assert_array_equal(select.tokens, expected)
-    assert select_work == 5 * cfg.total_ut_steps
-    skip, skip_work = ouro_generate(params, cfg, prompt, 6, threshold=threshold, mode="skip")
+    assert (select.loops_run == cfg.total_ut_steps).all()
+    skip = ouro_generate(params, cfg, prompt, 6, threshold=threshold, mode="skip")
     assert skip.tokens[0] == select.tokens[0] and skip.loops[0] == select.loops[0]
-    assert skip_work == int(skip.loops[1:].sum()) <= select_work
+    np.testing.assert_array_equal(skip.loops_run[1:], skip.loops[1:])  # stops at the exit
+    assert skip.loops_run.sum() < select.loops_run.sum()
     assert ((skip.loops >= 1) & (skip.loops <= cfg.total_ut_steps)).all()
