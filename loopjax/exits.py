@@ -35,6 +35,14 @@ Logits: `LOGIT_CRITERIA` (kl, minp-kl, entropy-diff, argmax-stability) need the 
 lm_head on every checked loop; latent-diff, cosine, steps and none need only the state.
 `needs_logits(params, state, loop_idx)` says whether any live row needs them this loop.
 
+Fused-loop use (one `lax.while_loop` over depth, carry (s, kv, ExitState, done, selected)):
+after `core_loop`, if `needs_logits(params, state, depth, active=~done)` run the coda over the
+step's tokens (prefill: all of a row's tokens, its last one is checked) under `lax.cond`,
+else pass None/zeros; `update(..., active=~done)`; a row is done when `exit_now` or
+depth + 1 reaches its max loops; keep the done loop's s as its selected state; stop when
+every row is done. The coda of the selected state runs once more after the loop (its KV is
+the one later tokens read; a check-time coda gives the same logits for the same state).
+
 Shapes: R rows, N tokens (decode: N = R, token r is row r; prefill: the packed tokens with
 `row_of_token [N]`, the latent criteria averaging over each row's tokens, as the reference
 does over the prompt). Settings are per row (`ExitParams`, arrays [R]), so one compiled
@@ -192,7 +200,8 @@ def update(state: ExitState, params: ExitParams, logits, latent, loop_idx, *,
 
     logits [R, V] (any float dtype; used in fp32): each row's last-token logits of this loop,
     or None when no row needs them (`needs_logits` false): logit criteria then neither fire
-    nor advance. latent [N, H]: this loop's raw states s (before ln_f). row_of_token [N]:
+    nor advance. latent [N, H]: this loop's raw states s (before ln_f; norms and dot
+    products in fp32, the reference's are in the model dtype). row_of_token [N]:
     the row of each token (None: N = R, token r is row r). active [R]: rows that ran this
     loop (None: all); inactive and already exited rows keep their state and never fire.
     exit_now is true only on the loop a row first exits; `state.exited` accumulates it.
