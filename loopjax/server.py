@@ -195,8 +195,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         if body.get("model") is not None and body["model"] != model_name:
             raise _bad(f"model {body['model']!r} is not served here; this server serves {model_name!r}",
                        "model")
-        if not isinstance(body.get("stream", False), bool):
+        if not isinstance(body.get("stream") or False, bool):
             raise _bad(f"stream must be true or false, got {body['stream']!r}", "stream")
+        for key in ("echo", "suffix"):  # accepted by from_openai, but this server cannot honour them
+            if body.get(key):
+                raise _bad(f"{key} is not supported by this server", key)
         return body
 
     def sampling_params(body: dict) -> SamplingParams:
@@ -213,8 +216,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
             raise _bad(f"{param} has token ids outside [0, {vocab_size})", param)
         if max_context is not None and len(ids) >= max_context:
-            raise _bad(f"{param} is too long: {len(ids)} tokens, the model's context is {max_context}",
-                       param)
+            raise _bad(f"{param} is too long: {len(ids)} tokens for a context of {max_context}", param)
         return ids
 
     def encode(text: str, param: str) -> list[int]:
@@ -227,8 +229,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt:
-            raise _bad("prompt must be a string, a list of token ids, or a non-empty list of those",
-                       "prompt")
+            raise _bad("prompt must be text, token ids, or a non-empty list of those", "prompt")
         return [check_ids(encode(p, "prompt") if isinstance(p, str) else p, "prompt") for p in prompt]
 
     def chat_prompt(body: dict) -> list[int]:
@@ -280,10 +281,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                 "created": int(time.time()), "model": model_name}
 
         def usage():
-            gen = sum(len(c.token_ids) for c in choices)
-            prompt_tokens = sum(len(p) for p in prompts)
-            return {"prompt_tokens": prompt_tokens, "completion_tokens": gen,
-                    "total_tokens": prompt_tokens + gen,
+            gen, given = sum(len(c.token_ids) for c in choices), sum(len(p) for p in prompts)
+            return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
                     "submissions": sum(c.submissions for c in choices)}
 
         async def run_choices():

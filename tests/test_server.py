@@ -228,6 +228,7 @@ def test_client_gone_before_a_full_answer_aborts(server):
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
+    ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
 ])
 def test_bad_requests_get_400(server, body, status, param, words):
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
