@@ -6,10 +6,10 @@ XLA (`layers.linear`), per product and for a whole Ouro-1.4B weights-only decode
     python -m loopjax.bench.matmul --smoke         # tiny shapes, CPU, interpret mode (CI)
 
 Products: for each (K, N) of Ouro-1.4B and Huginn-0125 and each row count, one executable
-runs `n` products over distinct activations and B weight buffers in rotation, so that at
-least ~150 MB of other weights pass between two reads of a buffer (the 50 MB L2 never serves
-them). Time per product = median over rounds of (wall time of `calls` asynchronous calls) /
-(calls * n); with >= ~300 us of GPU work per call, Python dispatch hides behind the GPU.
+runs B products, each over its own activation and its own weight buffer, so that at least
+~150 MB of other weights pass between two reads of a buffer (the 50 MB L2 never serves them).
+Time per product = median over rounds of (wall time of `calls` asynchronous calls) /
+(calls * B); with >= ~300 us of GPU work per call, Python dispatch hides behind the GPU.
 % = (weight + activation bytes) / time over the copy rate measured at the start of the run
 (device-to-device copy of 1 GiB, read + write counted). rel_err = max|kernel - XLA| / max|XLA|.
 
@@ -85,22 +85,22 @@ def _weights(key, k, n, count, dtype):
     return [_random(jax.random.fold_in(key, i), (k, n), dtype, k**-0.5) for i in range(count)]
 
 
-def _plan(weight_bytes: int, copy_rate: float, smoke: bool) -> tuple[int, int]:
-    """(B weight buffers, n products per call)."""
+def _num_buffers(weight_bytes: int, copy_rate: float, smoke: bool) -> int:
+    """Weight buffers = products per call: >= 150 MB between two reads of one buffer, and
+    >= ~300 us of GPU work per call; at most 64 products and 4 GB."""
     if smoke:
-        return 2, 2
-    b = max(1, min(16, -(-int(3 * L2_BYTES) // weight_bytes)))
+        return 2
     est = weight_bytes / copy_rate  # seconds per product at the copy rate
-    n = max(4, min(32, math.ceil(300e-6 / est)))
-    return b, b * max(1, -(-n // b))
+    b = max(math.ceil(3 * L2_BYTES / weight_bytes), math.ceil(300e-6 / est), 2)
+    return max(1, min(b, 64, int(4e9 // weight_bytes)))
 
 
 def time_products(fn, xs, ws, *, rounds: int, calls: int):
-    """(seconds per product, first output) of fn(x_i, w_{i mod B}) over the n activations."""
-    b = len(ws)
+    """(seconds per product, first output) of fn(x_i, w_i). NOTE: every product of a call
+    reads its own weight buffer, so XLA cannot merge dots that share one (DotMerger)."""
 
     def run(xs, ws):
-        return [fn(x, ws[i % b]) for i, x in enumerate(xs)]
+        return [fn(x, w) for x, w in zip(xs, ws, strict=True)]
 
     step = jax.jit(run)
     t = _median_time(step, (xs, ws), rounds=rounds, calls=calls)
@@ -121,8 +121,8 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
     the one pick_config chooses)."""
     key = jax.random.PRNGKey(k * 7 + n + m)
     wbytes = k * n * jnp.dtype(dtype).itemsize
-    b, num = _plan(wbytes, copy_rate, smoke)
-    ws = _weights(key, k, n, b, dtype)
+    num = _num_buffers(wbytes, copy_rate, smoke)
+    ws = _weights(key, k, n, num, dtype)
     xs = [_random(jax.random.fold_in(key, 1000 + i), (m, k), dtype) for i in range(num)]
     moved = wbytes + (m * k + m * n) * jnp.dtype(dtype).itemsize
     t_xla, ref = time_products(layers.linear, xs, ws, rounds=rounds, calls=calls)

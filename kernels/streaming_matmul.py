@@ -59,6 +59,7 @@ __all__ = [
 
 MAX_ROWS = 128  # one row block holds every row; past this, weights are no longer the cost
 NUM_SMS = 132  # H200
+SMEM_BYTES = 200 * 1024  # of the H200's 227 KB per block, leaving room for Triton's scratch
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -119,15 +120,22 @@ def block_rows(m: int) -> int:
 def default_config(m: int, k: int, n: int, dtype=jnp.bfloat16) -> Config:
     """Heuristic for shapes missing from TUNED: 8 KB weight tiles ([64, 64] bf16, [32, 64]
     fp32; [64, 128] when the columns alone give > 1 program per SM), K split until ~2
-    programs per SM run, 4 tiles in flight."""
+    programs per SM run, 4 tiles in flight. NOTE: the fp32 partials of a split cost
+    split_k * M * N * 4 bytes of traffic; they are kept under half the weight's bytes."""
     bm = block_rows(m)
     block_n = 128 if (bm <= 32 and n >= 128 * NUM_SMS) else 64
     block_n = min(block_n, max(16, next_pow2(n)))
     block_k = min(64 if jnp.dtype(dtype).itemsize < 4 else 32, max(16, next_pow2(k)))
     col_blocks = -(-n // block_n)
     num_k_blocks = max(1, k // block_k)
-    split_k = max(1, min(16, num_k_blocks, round(2 * NUM_SMS / col_blocks)))
-    return Config(block_n, block_k, split_k, 8 if bm >= 64 else 4, 4)
+    split_k = min(16, num_k_blocks, round(2 * NUM_SMS / col_blocks), k // (4 * m))
+    return Config(block_n, block_k, max(1, split_k), 8 if bm >= 64 else 4, 4)
+
+
+def _fit_stages(cfg: Config, block_m: int, weight_tiles: int, itemsize: int) -> Config:
+    """Fewer stages when the pipelined tiles would not fit in shared memory (~200 KB)."""
+    per_stage = (block_m * cfg.block_k + weight_tiles * cfg.block_k * cfg.block_n) * itemsize
+    return cfg._replace(num_stages=max(1, min(cfg.num_stages, SMEM_BYTES // per_stage)))
 
 
 def pick_config(m: int, k: int, n: int, dtype=jnp.bfloat16, **overrides) -> Config:
@@ -257,6 +265,8 @@ def _call(x, w, residual, epilogue: str, interpret: bool, overrides: dict):
     _check_config(cfg, k)
     block_m = block_rows(m)
     fused = cfg.split_k == 1
+    cfg = _fit_stages(cfg, block_m, 2 if fused and epilogue.startswith("silu") else 1,
+                      x.dtype.itemsize)
     n_out = n_w // 2 if (fused and epilogue.startswith("silu")) else n_w
     kernel_epilogue = epilogue if fused else "none"
     if fused:
