@@ -3,17 +3,19 @@
 One sequence, greedy, one jitted call per loop driven by a Python loop over tokens and
 loops, and a dense KV store with an explicit "written" mark per (cache layer, plane,
 position). The model math is `models.huginn` / `models.ouro`; only the attention backend
-(`DenseStore`) and the exit bookkeeping live here.
+(`DenseStore`) and the exit bookkeeping live here. Every cache rule shares one compiled
+store shape (planes = max loops; a ring uses its first K / R planes).
 
 Huginn (`huginn_generate`), as the reference's `generate_with_adaptive_compute` does it:
 - call 0 is the prefill: every prompt token runs the same loops and they exit together (the
   logit criteria look at the last position, latent-diff / cosine average over positions);
-  call k > 0 decodes one token. `loops[k]` is the number of core loops call k ran.
+  call k > 0 decodes one token. `loops[k]` is call k's exit loop count (`loops_run[k]`
+  the loops it ran: the same in "skip" mode, the reference's; all of them in "select").
 - after each loop the exit criterion (`loopjax.exits`) is checked; the logit criteria run
   the coda (with its KV writes) on the checked loop; the emitted logits are the coda of the
-  final state (the exit loop's, or the last loop's). NOTE: the reference instead emits the
-  last *checked* loop's logits when check_every > 1 leaves the last loop unchecked; the
-  goldens check every loop, where the two agree.
+  selected state (the exit loop's, or the last loop's), which also leaves the coda KV.
+  NOTE: the reference instead emits the last *checked* loop's logits when check_every > 1
+  leaves the last loop unchecked; the goldens check every loop, where the two agree.
 - cache rules (the reference's `HuginnDynamicCache` lookup strategies), for core layers:
   `full`: plane = loop; a read sees only the entries written at that plane (a token that
   exited earlier is absent, as the reference's stacking of the present entries does).
