@@ -179,6 +179,14 @@ def test_logprobs_completion_and_chat(client):
     assert len(content) == 3 and all(e.top_logprobs[0].token == e.token for e in content)
 
 
+def test_per_request_loop_settings(client):
+    kw = dict(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    shallow = client.completions.create(**kw, extra_body={"loops": 2, "ignore_eos": True})
+    assert shallow.choices[0].exit_loops == [2, 2, 2]
+    with pytest.raises(openai.BadRequestError, match="loops"):
+        client.completions.create(**kw, extra_body={"loops": 0})
+
+
 def test_sixteen_concurrent_requests(client, server):
     def one(i):
         r = client.completions.create(model=MODEL_NAME, prompt=[3 + i, 4, 5 + i], max_tokens=6,
