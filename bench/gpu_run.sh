@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One device call: install loopjax from the checkout (no network there) and run the named
+# benchmarks, each under its own time limit, logs and JSON under $OUT.
+#   bash bench/gpu_run.sh kernels:150 matmul:150 decode_ouro:200
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+python3 -m pip install -q --no-deps --no-build-isolation -e . >"$OUT/pip.log" 2>&1 || { echo "pip install failed"; tail -5 "$OUT/pip.log"; }
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv,noheader
+python3 -c "import jax; print('jax', jax.__version__, jax.devices())"
+echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+for spec in "$@"; do
+  name=${spec%%:*}; limit=${spec##*:}
+  case $name in
+    kernels) cmd="python3 -m loopjax.bench.kernels --out $OUT/kernels.json" ;;
+    matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
+    decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla,pallas --out $OUT/decode_ouro.json" ;;
+    decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512,2048 --backend xla --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
+    burst_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst --concurrency 32 --prompt-len 512 --output-len 128 --out $OUT/burst_ouro.json" ;;
+    *) cmd="$name" ;;
+  esac
+  echo "=== $name (limit ${limit}s): $cmd"
+  start=$(date +%s)
+  timeout --signal=INT --kill-after=10 "$limit" $cmd >"$OUT/$name.log" 2>&1
+  echo "rc=$? in $(( $(date +%s) - start ))s"
+  tail -n 40 "$OUT/$name.log"
+done
