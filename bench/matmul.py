@@ -258,6 +258,17 @@ def sweep_configs(m, k, n, dtype):
     return out
 
 
+def _add_totals(totals: dict, key, case) -> None:
+    """Sum each config's time over the row counts of one block_m bucket; a config that
+    fails or mismatches for any of them drops out."""
+    good = {r["cfg"]: r["us"] for r in case
+            if r["impl"] == "pallas" and "error" not in r and r["err"] <= 2e-2}
+    if key not in totals:
+        totals[key] = good
+    else:
+        totals[key] = {c: t + good[c] for c, t in totals[key].items() if c in good}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,8,32,128", help="comma-separated row counts M")
@@ -285,11 +296,13 @@ def main(argv=None) -> int:
     log(f"{'product':<18} {'K->N':>13} {'M':>4} {'impl':<7} {'time':>12} {'%copy':>6}")
     # NOTE: products get ~60% of the budget (all of it with --sweep or --no-step).
     product_deadline = deadline if (args.sweep or args.no_step) else start + 0.6 * args.max_seconds
-    tuned = {}
+    totals: dict = {}  # (K, N, block_m) -> {config: summed us over the bucket's row counts}
+    skipped = 0
     for name, k, n in [] if args.step_only else shapes:
         for m in rows:
             if time.perf_counter() > product_deadline:
                 log(f"{name:<18} {k:>6}->{n:<6} {m:>4} skipped (time budget)")
+                skipped += 1
                 continue
             configs = sweep_configs(m, k, n, dtype) if args.sweep else None
             try:
@@ -299,17 +312,18 @@ def main(argv=None) -> int:
                 case = [dict(name=name, k=k, n=n, m=m, impl="xla", error=_short(e), cfg=None)]
             for r in case:
                 print_row(r)
-            good = [r for r in case if r["impl"] == "pallas" and "error" not in r and r["err"] <= 2e-2]
-            if good:
-                tuned[(k, n, sm.block_rows(m))] = min(good, key=lambda r: r["us"])["cfg"]
+            _add_totals(totals, (k, n, sm.block_rows(m)), case)
     if args.sweep:
-        log("\n# fastest config per case: paste into kernels/streaming_matmul.py TUNED")
-        for key, cfg in sorted(tuned.items()):
-            log(f"    {key}: Config{tuple(cfg)},")
+        log("\n# fastest config per (K, N, block_m): paste into kernels/streaming_matmul.py TUNED")
+        for key, by_cfg in sorted(totals.items()):
+            if by_cfg:
+                log(f"    {key}: {min(by_cfg, key=by_cfg.get)!r},")
     if not (args.no_step or args.sweep):
         cfg = preset("ouro-tiny" if args.smoke else "ouro-1.4b")
         decode_step_cases(cfg, 2 if args.smoke else 4, rows, dtype=dtype, copy_rate=copy_rate,
                           smoke=args.smoke, rounds=3 if args.smoke else 10, deadline=deadline)
+    if skipped:
+        log(f"# {skipped} product cases skipped for time: rerun with --shapes huginn --no-step")
     log(f"\n# done in {time.perf_counter() - start:.0f} s")
     return 0
 
