@@ -10,8 +10,13 @@ Conventions:
   for prefill purposes), and the chunk that completes it samples the next token.
 - Depth: `max_loops` is the loops each generated token runs (fixed depth), or the cap when
   `adaptive` (an exit rule may stop earlier; such rows are planned one loop per submission).
-- The scheduler owns every field except `sampling_params`, `adaptive` and `max_loops`, which
-  the engine sets before `Scheduler.add`.
+- Prefix cache (`prefix_cache.py`): `cache_salt` names what besides the token ids and the
+  loop count determines the request's KV (Huginn: the initial-state mode and seed); None
+  means its KV cannot be reproduced from tokens (explicit or per-request-random states), so
+  it never shares pages. `page_keys[i]` is the key of full page i of `all_token_ids`,
+  computed once per page and kept through preemption (the tokens never change).
+- The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops` and
+  `cache_salt`, which the engine sets before `Scheduler.add`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,7 @@ class Request:
     adaptive: bool = False       # an exit rule may end a token before max_loops
     max_loops: int | None = None  # loops per token (cap when adaptive); None = the model's depth
     arrival_time: float | None = None  # clock time of `add` (set by the scheduler if None)
+    cache_salt: tuple | None = None  # KV inputs besides tokens/loops; None = never share pages
     # ---- scheduler-owned state
     output_token_ids: list[int] = field(default_factory=list)
     exit_loops: list[int] = field(default_factory=list)  # loops run, per output token
@@ -50,6 +56,10 @@ class Request:
     num_computed_tokens: int = 0  # positions whose KV is in the pool
     num_loops_done: int = 0       # per-loop decode: loops already run for the pending token
     page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
+    page_keys: list[bytes] = field(default_factory=list)  # prefix-cache key of each full page so far
+    num_cached_pages: int = 0     # leading page_ids already offered to the prefix cache (hit or
+    #                               published, or a duplicate of a cached page); 0 after free
+    num_cached_tokens: int = 0    # tokens the last admission took from the prefix cache
     finish_reason: str | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

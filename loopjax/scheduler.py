@@ -20,162 +20,24 @@ Vocabulary:
 from __future__ import annotations
 
 import bisect
-import enum
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from loopjax.block_manager import BlockManager
+from loopjax.prefix_cache import PrefixCache
 from loopjax.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestPhase
+from loopjax.step_plan import SchedulerConfig, StepKind, StepOutput, StepPlan
 
-
-class StepKind(enum.Enum):
-    PREFILL = "prefill"
-    DECODE = "decode"
-
-
-def _bucket(buckets: tuple[int, ...], n: int, what: str) -> int:
-    i = bisect.bisect_left(buckets, n)
-    if i == len(buckets):
-        raise ValueError(f"{n} {what} exceed the largest bucket {buckets[-1]}")
-    return buckets[i]
-
-
-def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
-    return tuple(sorted({b for b in buckets if b < limit} | {limit}))
-
-
-@dataclass(frozen=True)
-class SchedulerConfig:
-    page_size: int = 16                   # tokens per KV page
-    num_pages: int = 1024                 # pages in the pool
-    max_num_rows: int = 64                # admitted requests at once = rows of a decode step
-    decode_row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # capped by max_num_rows
-    max_prefill_tokens: int = 2048        # real tokens per prefill step (chunked above it)
-    prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)  # capped likewise
-    max_prefill_rows: int = 8             # requests packed into one prefill step
-    max_context_len: int = 4096           # prompt + generated tokens of one request
-    max_prefill_batches_before_decode: int = 1  # prefill steps per decode step (x loops, see below)
-    prefill_share_per_loop: bool = True   # a decode step of L loops allows L x the prefill steps
-    num_loops: int = 4                    # default depth of a request's tokens (the model's)
-    max_loops: int | None = None          # largest depth a request may ask for; None = num_loops
-    fused_decode: bool = True             # fixed-depth rows run all loops in one submission
-
-    def __post_init__(self):
-        for name in ("page_size", "num_pages", "max_num_rows", "max_prefill_tokens",
-                     "max_prefill_rows", "max_context_len", "max_prefill_batches_before_decode",
-                     "num_loops"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"SchedulerConfig.{name} must be an integer >= 1, got {value!r}")
-        if self.max_loops is not None and self.max_loops < self.num_loops:
-            raise ValueError(f"SchedulerConfig.max_loops ({self.max_loops}) < num_loops ({self.num_loops})")
-        for name in ("decode_row_buckets", "prefill_token_buckets"):
-            buckets = getattr(self, name)
-            if not buckets or any(not isinstance(b, int) or b < 1 for b in buckets):
-                raise ValueError(f"SchedulerConfig.{name} must be positive integers, got {buckets!r}")
-
-    @property
-    def loop_cap(self) -> int:
-        return self.num_loops if self.max_loops is None else self.max_loops
-
-    @property
-    def row_buckets(self) -> tuple[int, ...]:
-        """Decode row counts that are compiled; the last is max_num_rows."""
-        return _capped(self.decode_row_buckets, self.max_num_rows)
-
-    @property
-    def prefill_row_buckets(self) -> tuple[int, ...]:
-        return _capped(self.decode_row_buckets, self.max_prefill_rows)
-
-    @property
-    def token_buckets(self) -> tuple[int, ...]:
-        """Packed prefill token counts that are compiled; the last is max_prefill_tokens."""
-        return _capped(self.prefill_token_buckets, self.max_prefill_tokens)
-
-    @property
-    def capacity_tokens(self) -> int:
-        return self.num_pages * self.page_size
-
-    @property
-    def max_seq_len(self) -> int:
-        """Tokens one request may reach: the context limit, or the whole pool if smaller."""
-        return min(self.max_context_len, self.capacity_tokens)
-
-    @property
-    def max_pages_per_request(self) -> int:
-        """Page-table width: pages of the longest sequence."""
-        return -(-self.max_seq_len // self.page_size)
-
-    def row_bucket(self, num_rows: int) -> int:
-        return _bucket(self.row_buckets, num_rows, "decode rows")
-
-    def prefill_row_bucket(self, num_rows: int) -> int:
-        return _bucket(self.prefill_row_buckets, num_rows, "prefill rows")
-
-    def token_bucket(self, num_tokens: int) -> int:
-        return _bucket(self.token_buckets, num_tokens, "prefill tokens")
-
-    def prefill_share(self, num_loops: int) -> int:
-        """Prefill steps allowed after a decode submission of num_loops loops."""
-        per_loop = num_loops if self.prefill_share_per_loop else 1
-        return per_loop * self.max_prefill_batches_before_decode
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    step_id: int                    # 0, 1, 2...: planned steps so far
-    kind: StepKind                  # PREFILL: packed prompt chunks; DECODE: one input token per row
-    requests: tuple[Request, ...]   # real rows in row order (live objects: read them before update)
-    token_ranges: tuple[tuple[int, int], ...]  # per row: [start, end) of all_token_ids fed now, at
-    #                                 positions start..end-1 (decode: end = start + 1)
-    emits: tuple[bool, ...]         # per row: a token is sampled (prefill: the chunk completes the
-    #                                 prompt; decode: the row reaches its last loop; an adaptive
-    #                                 row may emit earlier, on its exit)
-    row_loops: tuple[int, ...]      # per row: loops of its token in all (request.max_loops)
-    loop_begin: int                 # first loop run now: 0 except later per-loop decode submissions
-    num_loops: int                  # loops run now, >= 1: loop_begin .. loop_begin + num_loops - 1;
-    #                                 a row idles in loops >= its row_loops
-    num_real_rows: int              # len(requests)
-    row_bucket: int                 # compiled rows (>= num_real_rows); the rest are padding rows
-    num_real_tokens: int            # tokens fed (decode: num_real_rows)
-    token_bucket: int               # compiled tokens (prefill: a token bucket; decode: row_bucket)
-    preempted: tuple[Request, ...]  # preempted while planning this step: pages freed; the
-    #                                 runner drops any device state it keeps for them
-
-    def __post_init__(self):
-        n = self.num_real_rows
-        if self.num_loops < 1:  # NOTE: explicit; nothing downstream may turn a 0 into 1
-            raise ValueError(f"step {self.step_id}: a plan runs at least one loop, got {self.num_loops}")
-        if not (len(self.requests) == len(self.token_ranges) == len(self.emits) == len(self.row_loops)
-                == n <= self.row_bucket) or self.num_real_tokens > self.token_bucket:
-            raise ValueError(f"step {self.step_id}: inconsistent plan ({n} rows, bucket {self.row_bucket}, "
-                             f"{self.num_real_tokens} tokens, bucket {self.token_bucket})")
-
-    @property
-    def loop_end(self) -> int:
-        return self.loop_begin + self.num_loops
-
-    def input_token_ids(self) -> list[int]:
-        """The real tokens of the step, packed in row order."""
-        return [t for r, (s, e) in zip(self.requests, self.token_ranges) for t in r.token_ids(s, e)]
-
-    def positions(self) -> list[int]:
-        return [p for s, e in self.token_ranges for p in range(s, e)]
-
-
-@dataclass
-class StepOutput:
-    token_ids: list[int | None]    # per real row: the sampled token, None where the row emits none
-    exit_loops: list[int | None]   # per real row: loops its token ran (read where a token is given)
+__all__ = ["Scheduler", "SchedulerConfig", "StepKind", "StepOutput", "StepPlan"]
 
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
         self.clock = clock
-        self.block_manager = BlockManager(config.num_pages, config.page_size)
+        self.block_manager = BlockManager(config.num_pages, config.page_size,
+                                          enable_prefix_cache=config.enable_prefix_caching)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.waiting: deque[Request] = deque()  # preempted first (by arrival), then new ones
         self.running: list[Request] = []        # admitted (PREFILLING / DECODING), by arrival
@@ -236,19 +98,23 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
-    def stats(self) -> dict[str, int]:
+    def stats(self) -> dict[str, int | float]:
+        """Counts of the queue, the pool and the steps; the prefix_cache_* entries are zero
+        with the cache off (hit rates: hit / queried, queried = every admitted context)."""
         phases = [r.phase for r in self.running]
+        bm = self.block_manager
         return {
             "num_waiting": len(self.waiting),
             "num_running": len(self.running),
             "num_prefilling": phases.count(RequestPhase.PREFILLING),
             "num_decoding": phases.count(RequestPhase.DECODING),
-            "num_free_pages": self.block_manager.num_free_pages,
-            "num_used_pages": self.block_manager.num_used_pages,
+            "num_free_pages": bm.num_free_pages,
+            "num_used_pages": bm.num_used_pages,
             "num_preemptions": self.num_preemptions,
             "num_steps": self.num_steps,
             "num_prefill_steps": self.num_prefill_steps,
             "num_decode_steps": self.num_decode_steps,
+            **(bm.prefix_cache or PrefixCache(bm.page_size)).stats(),
         }
 
     # ---------------------------------------------------------------- planning
@@ -304,16 +170,19 @@ class Scheduler:
         while (not blocked and self.waiting and len(rows) < cfg.max_prefill_rows and budget > 0
                and len(self.running) < cfg.max_num_rows):
             request = self.waiting[0]
-            end = min(request.num_tokens, budget)
-            if not self.block_manager.can_fit(request, end):
+            hits = self.block_manager.match(request)  # cached prefix pages (prefix cache on)
+            start = len(hits) * cfg.page_size         # < num_tokens: the last token is computed
+            end = min(request.num_tokens, start + budget)
+            if not self.block_manager.can_admit(hits, end):
                 break  # FCFS: nobody overtakes the head of the queue
             self.waiting.popleft()
-            self.block_manager.allocate(request, end)
+            self.block_manager.admit(request, hits, end)
+            request.num_computed_tokens = start
             request.phase = RequestPhase.PREFILLING
             bisect.insort(self.running, request, key=lambda r: r.arrival_order)
             rows.append(request)
-            ranges.append((0, end))
-            budget -= end
+            ranges.append((start, end))
+            budget -= end - start
         if not rows:
             return None
         self._prefills_since_decode += 1
@@ -372,8 +241,8 @@ class Scheduler:
         if not bm.can_allocate(needed):
             newer = [r for r in self.running
                      if r.arrival_order > request.arrival_order and r not in protected]
-            if bm.num_free_pages + sum(len(r.page_ids) for r in newer) < needed:
-                return False
+            if bm.num_free_pages + bm.num_reclaimable(newer) < needed:
+                return False  # NOTE: pages shared with older requests would not come back
             while not bm.can_allocate(needed):
                 self._preempt(newer.pop(), preempted)
         bm.allocate(request, num_tokens)
@@ -422,6 +291,7 @@ class Scheduler:
             if plan.kind is StepKind.PREFILL:
                 request.num_prefill_submissions += 1
                 request.num_computed_tokens = end
+                self.block_manager.publish(request)  # NOTE: before _append may free its pages
                 if end < request.num_tokens:
                     continue  # more prompt chunks to come
                 request.phase = RequestPhase.DECODING
@@ -431,6 +301,7 @@ class Scheduler:
                     request.num_loops_done = plan.loop_end
                     continue
                 request.num_computed_tokens = end
+                self.block_manager.publish(request)
                 request.num_loops_done = 0
                 request.num_decode_tokens += 1
             self._append(request, token, exit_loop, now)

@@ -3,16 +3,21 @@
 - Next token = (last token of the row's context + 1) % vocab_size.
 - Exit loop: a fixed-depth row exits at its row_loops; an adaptive row exits at
   1 + (last token % row_loops) (hand-checkable, and not the same for every row).
-- The fake keeps a simulated KV pool (slot -> (request id, position, token)): every step
-  writes the fed tokens into their slots through the row's page list and reads the row's
-  whole context back through it, so a page that is shared, freed too early or mapped wrong
-  fails the test at once. It also checks the per-loop carry: a row's loops arrive in order.
+- The fake keeps a simulated KV pool. A slot holds what a real model's KV is a function of:
+  (identity, position, every token up to it), where identity is (cache_salt, loops) for a
+  request whose pages may be shared and its own id for one whose pages may not (cache_salt
+  None, or adaptive). Every step writes the fed tokens into their slots through the row's
+  page list and reads the row's whole context back through it, so a page that is shared
+  wrongly, freed too early or mapped wrong fails the test at once. Given the block manager,
+  it also asserts a step never writes a page that another request holds or the prefix cache
+  published. It checks the per-loop carry too: a row's loops arrive in order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from loopjax.block_manager import BlockManager
 from loopjax.request import Request
 from loopjax.scheduler import Scheduler, StepKind, StepOutput, StepPlan
 
@@ -22,10 +27,12 @@ def adaptive_exit(last_token: int, row_loops: int) -> int:
 
 
 class FakeRunner:
-    def __init__(self, page_size: int, num_pages: int, vocab_size: int = 97):
+    def __init__(self, page_size: int, num_pages: int, vocab_size: int = 97,
+                 block_manager: BlockManager | None = None):
         self.page_size = page_size
         self.vocab_size = vocab_size
-        self.pool: list[tuple[str, int, int] | None] = [None] * (num_pages * page_size)
+        self.block_manager = block_manager
+        self.pool: list[tuple | None] = [None] * (num_pages * page_size)
         self.loops_done: dict[str, int] = {}  # per-loop decode carry: loops run for the pending token
         self.num_submissions = 0
 
@@ -60,16 +67,21 @@ class FakeRunner:
     def _write_and_read(self, request: Request, start: int, end: int) -> list[int]:
         rid, size = request.request_id, self.page_size
         assert len(request.page_ids) * size >= end, f"{rid}: pages do not cover position {end - 1}"
+        shareable = request.cache_salt is not None and not request.adaptive
+        identity = (request.cache_salt, request.max_loops) if shareable else ("private", rid)
+        tokens = tuple(request.token_ids(0, end))
         slots = [request.page_ids[p // size] * size + p % size for p in range(end)]
+        bm = self.block_manager
         for p in range(start, end):
-            self.pool[slots[p]] = (rid, p, request.token_ids(p, p + 1)[0])
-        context = []
+            page = request.page_ids[p // size]
+            if bm is not None:
+                assert bm.ref_count(page) == 1, f"{rid}: writes position {p} into shared page {page}"
+                assert not bm.is_published(page), f"{rid}: writes position {p} into cached page {page}"
+            self.pool[slots[p]] = (identity, p, tokens[:p + 1])
         for p in range(end):
             entry = self.pool[slots[p]]
-            assert entry is not None and entry[:2] == (rid, p), f"{rid}: slot of position {p} holds {entry}"
-            context.append(entry[2])
-        assert context == request.token_ids(0, end), f"{rid}: context read back through pages differs"
-        return context
+            assert entry == (identity, p, tokens[:p + 1]), f"{rid}: slot of position {p} holds {entry}"
+        return list(tokens)
 
 
 @dataclass

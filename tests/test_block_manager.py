@@ -34,7 +34,7 @@ def test_free_returns_every_page_and_reuses_last_freed_first():
     bm.check([a, b])
     c = _req("c")
     bm.allocate(c, 2)
-    assert c.page_ids == [2]  # a's pages went back as 0, 1, 2: the last freed is reused first
+    assert c.page_ids == [0]  # a freed its pages tail first (2, 1, 0): the last freed is reused first
     bm.free(b)
     bm.free(c)
     assert bm.num_free_pages == 6

@@ -28,7 +28,8 @@ def req(rid, prompt, max_tokens=4, stop=(), **kw):
 
 
 def setup(config):
-    return Scheduler(config), FakeRunner(config.page_size, config.num_pages, V)
+    sched = Scheduler(config)
+    return sched, FakeRunner(config.page_size, config.num_pages, V, sched.block_manager)
 
 
 def step(sched, runner):
