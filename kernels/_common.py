@@ -77,5 +77,10 @@ def div_rn(x, y, interpret: bool):
     return out
 
 
+def resolve_interpret(interpret: bool | None) -> bool:
+    """None: interpret mode unless the default backend is a GPU (CPU tests, CPU engines)."""
+    return jax.default_backend() not in ("gpu", "cuda", "rocm") if interpret is None else interpret
+
+
 def compiler_params(num_warps: int = 4, num_stages: int = 2):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)

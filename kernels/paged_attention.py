@@ -32,6 +32,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ._common import resolve_interpret
+
 __all__ = [
     "check_paged_inputs",
     "check_write_inputs",
@@ -39,6 +41,16 @@ __all__ = [
     "ref_paged_attention",
     "write_kv",
 ]
+
+
+def __getattr__(name: str):
+    # NOTE: `paged_attention.prefill_attention` resolves lazily (the prefill module imports
+    # this one), so callers holding this module find both kernels.
+    if name == "prefill_attention":
+        from .prefill_attention import prefill_attention
+
+        return prefill_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _is_int32(x) -> bool:
@@ -260,7 +272,7 @@ def paged_attention(
     num_splits: int | None = None,
     num_warps: int = 4,
     num_stages: int = 2,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     """Pallas paged decode attention, one program per (token, kv head, context split);
     the G = Hq // Hkv q heads of a kv head share each K/V read. Reads the pool in place
@@ -271,6 +283,7 @@ def paged_attention(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
     g = hq // hkv
+    interpret = resolve_interpret(interpret)
     if not (_pow2(g) and _pow2(s)):
         raise ValueError(f"Pallas kernel needs power-of-two q heads per kv head ({g}) and page_size ({s})")
     if pages_per_block is None:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._common import compiler_params, is_pow2, load_tile, load_vec, pow2_chunks, store_tile
+from ._common import compiler_params, is_pow2, load_tile, load_vec, pow2_chunks, resolve_interpret, store_tile
 from .paged_attention import check_paged_inputs, ref_paged_attention
 
 __all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention"]
@@ -128,7 +128,7 @@ def prefill_attention(
     block_k: int = 64,
     num_warps: int = 4,
     num_stages: int = 2,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     """Pallas prefill attention (module docstring); the query-block table is computed
     on device from row_of_token, so the call stays one jitted step."""
@@ -139,6 +139,7 @@ def prefill_attention(
         raise ValueError(f"page_size {s}, block_q {block_q}, block_k {block_k}: powers of two, block_k >= S")
     if min(block_q, block_k) < 16 or min(sz for _, sz in pow2_chunks(d)) < 16:
         raise ValueError(f"tensor-core dots need block_q, block_k >= 16 and head_dim chunks >= 16 (D={d})")
+    interpret = resolve_interpret(interpret)
     pages_per_block = block_k // s
     m_pad = -(-m // pages_per_block) * pages_per_block
     if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).

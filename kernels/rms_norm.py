@@ -20,7 +20,7 @@ from jax.experimental import pallas as pl
 
 from loopjax import layers
 
-from ._common import compiler_params, div_rn, load_tile, load_vec, next_pow2, store_tile
+from ._common import compiler_params, div_rn, load_tile, load_vec, next_pow2, resolve_interpret, store_tile
 
 __all__ = [
     "add_rms_norm",
@@ -84,11 +84,10 @@ def _kernel(*refs, eps: float, block_rows: int, residual: str | None, interpret:
 
 def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret):
     n, h = x.shape
+    interpret = resolve_interpret(interpret)
     if block_rows is None:  # ~8K elements per program
         block_rows = max(1, min(next_pow2(n), 8192 // next_pow2(h)))
-    kernel = functools.partial(
-        _kernel, eps=eps, block_rows=block_rows, residual=mode, interpret=interpret
-    )
+    kernel = functools.partial(_kernel, eps=eps, block_rows=block_rows, residual=mode, interpret=interpret)
     args = (x, residual, weight) if mode else (x, weight)
     return pl.pallas_call(
         kernel,
@@ -107,7 +106,7 @@ def rms_norm(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     check_rms_norm_inputs(x, weight)
     return _call(x, None, weight, eps, None, block_rows, num_warps, interpret)
@@ -121,7 +120,7 @@ def add_rms_norm(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     check_rms_norm_inputs(x, weight, residual)
     return _call(x, residual, weight, eps, "before", block_rows, num_warps, interpret)
@@ -135,7 +134,7 @@ def rms_norm_add(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     check_rms_norm_inputs(x, weight, residual)
     return _call(x, residual, weight, eps, "after", block_rows, num_warps, interpret)

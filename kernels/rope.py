@@ -24,7 +24,7 @@ from jax.experimental import pallas as pl
 
 from loopjax import layers
 
-from ._common import compiler_params, load_tile, next_pow2, store_tile
+from ._common import compiler_params, load_tile, next_pow2, resolve_interpret, store_tile
 
 __all__ = [
     "check_rope_inputs",
@@ -131,11 +131,16 @@ def _kernel(*refs, num_heads: int, d: int, block_rows: int, interleaved: bool, i
 
 def _call(qkv, qk_bias, cos, sin, num_heads, num_kv_heads, d, block_rows, num_warps, interpret):
     n = qkv.shape[0]
+    interpret = resolve_interpret(interpret)
     if block_rows is None:
         block_rows = max(1, min(next_pow2(n), 2048 // next_pow2(d)))
     kernel = functools.partial(
-        _kernel, num_heads=num_heads, d=d, block_rows=block_rows,
-        interleaved=qk_bias is not None, interpret=interpret,
+        _kernel,
+        num_heads=num_heads,
+        d=d,
+        block_rows=block_rows,
+        interleaved=qk_bias is not None,
+        interpret=interpret,
     )
     args = (qkv, cos, sin) if qk_bias is None else (qkv, qk_bias.reshape(2 * num_heads, d), cos, sin)
     q, k = pl.pallas_call(
@@ -161,7 +166,7 @@ def rope_rotate_half_qk(
     num_kv_heads: int,
     block_rows: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     _, d = check_rope_inputs(qkv, cos, sin, num_heads, num_kv_heads)
     return _call(qkv, None, cos, sin, num_heads, num_kv_heads, d, block_rows, num_warps, interpret)
@@ -175,7 +180,7 @@ def rope_interleaved_qk(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     h = qk_bias.shape[1] if qk_bias.ndim == 3 else -1
     _, d = check_rope_inputs(qkv, cos, sin, h, h, qk_bias)

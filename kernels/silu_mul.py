@@ -23,7 +23,7 @@ from jax.experimental import pallas as pl
 
 from loopjax import layers
 
-from ._common import compiler_params, div_rn, load_tile, next_pow2, store_tile
+from ._common import compiler_params, div_rn, load_tile, next_pow2, resolve_interpret, store_tile
 
 __all__ = ["check_silu_inputs", "ref_silu_f32_mul", "ref_silu_mul", "silu_f32_mul", "silu_mul"]
 
@@ -83,6 +83,7 @@ def _kernel(gu_ref, o_ref, *, block_rows: int, block_cols: int, act_f32: bool, i
 
 def _call(gate_up, act_f32, block_rows, block_cols, num_warps, interpret):
     n, f = check_silu_inputs(gate_up)
+    interpret = resolve_interpret(interpret)
     if block_cols is None:  # NOTE: interpret mode has no power-of-two rule
         block_cols = f if interpret else min(1024, next_pow2(f))
     if block_rows is None:
@@ -106,7 +107,7 @@ def silu_mul(
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     return _call(gate_up, False, block_rows, block_cols, num_warps, interpret)
 
@@ -117,6 +118,6 @@ def silu_f32_mul(
     block_rows: int | None = None,
     block_cols: int | None = None,
     num_warps: int = 4,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     return _call(gate_up, True, block_rows, block_cols, num_warps, interpret)

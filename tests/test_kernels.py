@@ -8,6 +8,7 @@ lowered for CUDA against an abstract H200, so a Triton lowering error fails CI h
 from __future__ import annotations
 
 import functools
+import importlib
 
 import jax
 import jax.numpy as jnp
@@ -115,6 +116,12 @@ def test_paged_decode_matches_ref(case):
     args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(n, dtype=jnp.int32), pos)
     fn = functools.partial(K.paged_attention, num_splits=splits, pages_per_block=ppb, interpret=True)
     _close(jax.jit(fn)(*args), K.ref_paged_attention(*args), dtype)
+
+
+def test_prefill_kernel_reachable_from_paged_attention_module():
+    pa = importlib.import_module("loopjax.kernels.paged_attention")  # the engine looks there
+
+    assert pa.prefill_attention is K.prefill_attention
 
 
 def test_paged_decode_in_fori_loop_with_donated_pool():
@@ -333,5 +340,6 @@ def _lowering_cases():
 )
 def test_lowers_for_cuda(name, fn, shapes):
     with jax.sharding.use_abstract_mesh(H200):
-        text = jax.jit(fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
+        gpu_fn = functools.partial(fn, interpret=False)  # the default on a CPU host is interpret mode
+        text = jax.jit(gpu_fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert "__gpu$xla.gpu.triton" in text, name
