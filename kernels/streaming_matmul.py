@@ -9,9 +9,10 @@ out for the weight stream, not for the FLOPs:
 - the grid is (column blocks, K splits): with few column blocks the K range is split
   (`split_k`) so that enough programs keep all 132 SMs loading; each split writes an fp32
   partial [split_k, M, N] that XLA sums and rounds (the epilogue then runs in that fusion);
-- each program walks its K range in [block_k, block_n] weight tiles (16-byte loads along N,
-  `num_stages` tiles in flight through Triton's software pipeline), accumulating in fp32 with
-  `jnp.dot(..., preferred_element_type=f32)`; the result is rounded once to x's dtype;
+- each program walks its K range in [block_k, block_n] weight tiles (contiguous along N, so
+  Triton can issue 16-byte loads; `num_stages` tiles in flight through its software
+  pipeline; evict-first, since a decode step reads each weight once), accumulating in fp32
+  with `jnp.dot(..., preferred_element_type=f32)`; the result is rounded once to x's dtype;
 - K need not be a multiple of block_k (the last split also reads a masked tail tile), nor N
   of block_n (masked columns).
 
@@ -44,6 +45,7 @@ from .silu_mul import _silu
 __all__ = [
     "TUNED",
     "Config",
+    "block_rows",
     "check_matmul_inputs",
     "default_config",
     "pick_config",
