@@ -15,7 +15,7 @@ import json
 import sys
 import time
 
-from loopjax.bench.report import format_summary, summarize, write_json, write_plot
+from loopjax.bench.report import format_summary, summarize, write_json, write_plot, write_sweep_plot
 from loopjax.bench.workloads import Record, WorkloadSpec, run_workload
 
 
@@ -90,7 +90,8 @@ def add_arguments(parser):
     parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
                         help="burst prompt tokens / sessions' opening tokens")
     parser.add_argument("--output-len", "-O", type=int, default=d.output_len, help="tokens per request/turn")
-    parser.add_argument("--concurrency", "-C", type=int, default=d.concurrency, help="burst requests")
+    parser.add_argument("--concurrency", "-C", type=int, nargs="+", default=[d.concurrency],
+                        help="burst requests sent at once; several values run a sweep")
     parser.add_argument("--sessions", "-N", type=int, default=d.num_sessions, help="sessions")
     parser.add_argument("--turns", "-T", type=int, default=d.num_turns, help="turns per session")
     parser.add_argument("--user-len", "-U", type=int, default=d.user_len, help="tokens per later user turn")
@@ -105,48 +106,59 @@ def add_arguments(parser):
     add_engine_arguments(parser)
 
 
-def _spec(args) -> WorkloadSpec:
-    return WorkloadSpec(args.workload, prompt_len=args.prompt_len, output_len=args.output_len,
-                        concurrency=args.concurrency, num_sessions=args.sessions, num_turns=args.turns,
-                        user_len=args.user_len, seed=args.seed)
+def _specs(args) -> list[WorkloadSpec]:
+    """One spec per burst concurrency level (a sweep when several are given)."""
+    levels = args.concurrency if args.workload == "burst" else args.concurrency[:1]
+    return [WorkloadSpec(args.workload, prompt_len=args.prompt_len, output_len=args.output_len,
+                         concurrency=c, num_sessions=args.sessions, num_turns=args.turns,
+                         user_len=args.user_len, seed=args.seed) for c in levels]
 
 
-async def _timed(spec, backend, vocab_size, warmup: bool, progress: bool):
+async def _run_specs(specs, backend, vocab_size, args, stats):
+    """[(spec, records, duration_s, engine stats after it)]; one untimed warm-up request first
+    (first-call costs such as compilation or connection setup stay out of the numbers)."""
     from tqdm import tqdm
 
-    if warmup:  # untimed: first-call costs (compilation, connection setup) stay out of the numbers
-        await backend.generate(list(range(spec.token_low, spec.token_low + min(spec.prompt_len, 8))), 2)
-    with tqdm(total=spec.num_requests, desc=spec.name, unit="req", disable=not progress) as bar:
-        start = time.perf_counter()
-        records = await run_workload(spec, backend, vocab_size, on_done=lambda r: bar.update(1))
-        return records, time.perf_counter() - start
+    if not args.no_warmup_request:
+        low = specs[0].token_low
+        await backend.generate(list(range(low, low + min(specs[0].prompt_len, 8))), 2)
+    results = []
+    for spec in specs:
+        label = spec.name if spec.name == "sessions" else f"burst C={spec.concurrency}"
+        with tqdm(total=spec.num_requests, desc=label, unit="req", disable=args.no_progress) as bar:
+            start = time.perf_counter()
+            records = await run_workload(spec, backend, vocab_size, on_done=lambda r: bar.update(1))
+            duration = time.perf_counter() - start
+        results.append((spec, records, duration, await stats()))
+    return results
 
 
-async def _run_in_process(args, spec):
+async def _run_in_process(args, specs):
     from loopjax.async_engine import AsyncEngine, build_engine
 
     model, engine = build_engine(args)
-    cfg = model.cfg
-    context = getattr(cfg, "max_context_len", None) or cfg.max_position_embeddings
-    if spec.max_context > context:
-        raise ValueError(f"the workload needs {spec.max_context} tokens of context, the model has {context}")
-    aengine = AsyncEngine(engine, max_waiting=spec.num_requests + 1)
+    context, need = model.cfg.max_context_len, max(s.max_context for s in specs)
+    if need > context:
+        raise ValueError(f"the workload needs {need} tokens of context, the model has {context}")
+    aengine = AsyncEngine(engine, max_waiting=max(s.num_requests for s in specs) + 1)
     await aengine.start()
+
+    async def stats():
+        return aengine.stats()
+
     try:
-        records, duration = await _timed(spec, InProcessBackend(aengine), cfg.vocab_size,
-                                         not args.no_warmup_request, not args.no_progress)
+        return await _run_specs(specs, InProcessBackend(aengine), model.cfg.vocab_size, args, stats)
     finally:
         aengine.shutdown()
-    stats = aengine.stats()
-    return records, duration, "in-process", stats
 
 
-async def _run_http(args, spec):
+async def _run_http(args, specs):
     import httpx
 
     from loopjax.metrics import parse
 
-    limits = httpx.Limits(max_connections=spec.num_requests + 4, max_keepalive_connections=64)
+    most = max(s.num_requests for s in specs)
+    limits = httpx.Limits(max_connections=most + 4, max_keepalive_connections=64)
     async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits) as client:
         vocab_size = args.vocab_size
         if vocab_size is None:
@@ -155,30 +167,39 @@ async def _run_http(args, spec):
             if vocab_size is None:
                 raise ValueError(f"the server at {args.url} does not serve {args.model!r} with a known "
                                  f"vocab_size (served: {[c['id'] for c in cards]}); pass --vocab-size")
-        records, duration = await _timed(spec, HttpBackend(client, args.model), vocab_size,
-                                         not args.no_warmup_request, not args.no_progress)
-        metrics = parse((await client.get("/metrics")).text)
-    stats = {k[len("loopjax_"):]: v for k, v in metrics.items() if "{" not in k and k.startswith("loopjax_")}
-    return records, duration, args.url, stats
+
+        async def stats():  # the server's gauges and counters, as /metrics has them
+            samples = parse((await client.get("/metrics")).text)
+            return {k[len("loopjax_"):]: v for k, v in samples.items()
+                    if k.startswith("loopjax_") and "{" not in k}
+
+        return await _run_specs(specs, HttpBackend(client, args.model), vocab_size, args, stats)
 
 
 def run(args) -> int:
     try:
-        spec = _spec(args)
+        specs = _specs(args)
         runner = _run_http if args.url else _run_in_process
-        records, duration, target, stats = asyncio.run(runner(args, spec))
+        results = asyncio.run(runner(args, specs))
     except (ValueError, RuntimeError, OSError) as e:
         print(f"loopjax bench: {e}", file=sys.stderr)
         return 1
-    report = summarize(records, duration, workload=spec.name, model=args.model, target=target,
-                       spec=dataclasses.asdict(spec) | {"num_requests": spec.num_requests},
-                       engine_stats=stats,
-                       mean_loops_per_token=None if any(r.exit_loops for r in records)
-                       else stats.get("mean_loops_per_token"))
-    out = args.out or f"bench-{spec.name}.json"
+    reports = []
+    for spec, records, duration, stats in results:
+        loops = None if any(r.exit_loops for r in records) else stats.get("mean_loops_per_token")
+        reports.append(summarize(records, duration, workload=spec.name, model=args.model,
+                                 target=args.url or "in-process", engine_stats=stats,
+                                 mean_loops_per_token=loops,
+                                 spec=dataclasses.asdict(spec) | {"num_requests": spec.num_requests}))
+        print(format_summary(reports[-1]))
+    out = args.out or f"bench-{specs[0].name}.json"
     plot = args.plot or (out[:-5] if out.endswith(".json") else out) + ".png"
-    write_json(report, out)
-    write_plot(report, plot)
-    print(format_summary(report))
+    # One level: its report. A sweep: {"sweep": [report per level]} and a plot against C.
+    if len(reports) == 1:
+        write_json(reports[0], out)
+        write_plot(reports[0], plot)
+    else:
+        write_json({"sweep": reports}, out)
+        write_sweep_plot(reports, plot)
     print(f"wrote {out} and {plot}")
     return 0

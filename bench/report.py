@@ -111,3 +111,34 @@ def write_plot(report: dict, path: str):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_sweep_plot(reports: list[dict], path: str):
+    """A burst sweep: tokens/s, TTFT p50/p90 and TPOT p50 against the concurrency C."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cs = [r["spec"]["concurrency"] for r in reports]
+
+    def series(key, scale=1.0):
+        return [None if r[key] is None else r[key] * scale for r in reports]
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot(cs, series("tokens_per_s"), "o-")
+    axes[0].set(title="throughput", ylabel="output tokens/s")
+    axes[1].plot(cs, series("ttft_p50_s", 1e3), "o-", label="p50")
+    axes[1].plot(cs, series("ttft_p90_s", 1e3), "o--", label="p90")
+    axes[1].set(title="TTFT", ylabel="ms")
+    axes[1].legend()
+    axes[2].plot(cs, series("tpot_p50_s", 1e3), "o-")
+    axes[2].set(title="TPOT p50", ylabel="ms")
+    for ax in axes:
+        ax.set(xscale="log", xlabel="concurrent requests C")
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"burst sweep on {reports[0]['model']} ({reports[0]['target']})", fontsize=9)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

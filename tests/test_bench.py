@@ -80,9 +80,7 @@ def test_summary_fields_and_percentiles():
         WorkloadSpec("storm")
 
 
-def _check_report(path, workload, num_requests):
-    with open(path) as f:
-        report = json.load(f)
+def _check_report(report, workload, num_requests):
     assert tuple(report) == REPORT_FIELDS
     assert report["workload"] == workload and report["num_requests"] == num_requests
     assert report["output_tokens"] == 4 * num_requests  # greedy + ignore_eos: exactly O each
@@ -90,18 +88,28 @@ def _check_report(path, workload, num_requests):
                 "mean_loops_per_token"):
         assert isinstance(report[key], float) and report[key] > 0, key
     assert report["ttft_p50_s"] <= report["ttft_p90_s"]
+    assert report["engine_stats"]["pages_free"] > 0
+
+
+def _load(path):
     png = path[:-5] + ".png"
     assert os.path.getsize(png) > 1000
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
-    return report
+    with open(path) as f:
+        return json.load(f)
 
 
-def test_bench_in_process_burst(tmp_path, capsys):
+def test_bench_in_process_burst_sweep(tmp_path, capsys):
     out = str(tmp_path / "burst.json")
-    assert main(["bench", "ouro-tiny", "--workload", "burst", *TINY, *ENGINE_FLAGS, "--out", out]) == 0
-    report = _check_report(out, "burst", 3)
-    assert report["target"] == "in-process" and "tok/s" in capsys.readouterr().out
+    assert main(["bench", "ouro-tiny", "--workload", "burst", *TINY, "-C", "1", "3", *ENGINE_FLAGS,
+                 "--out", out]) == 0
+    sweep = _load(out)["sweep"]
+    assert [r["spec"]["concurrency"] for r in sweep] == [1, 3]
+    for report, c in zip(sweep, (1, 3)):
+        _check_report(report, "burst", c)
+        assert report["target"] == "in-process"
+    assert capsys.readouterr().out.count("tok/s") == 2
 
 
 def test_bench_over_http_sessions(tmp_path):
@@ -116,7 +124,8 @@ def test_bench_over_http_sessions(tmp_path):
     with LiveServer(app) as live:
         out = str(tmp_path / "sessions.json")
         assert main(["bench", "tiny", "--workload", "sessions", *TINY, "--url", live.url, "--out", out]) == 0
-        report = _check_report(out, "sessions", 4)
-        assert report["target"] == live.url and report["engine_stats"]["pages_free"] > 0
+        report = _load(out)
+        _check_report(report, "sessions", 4)
+        assert report["target"] == live.url and report["engine_stats"]["requests_finished_total"] >= 4
         # A name the server does not serve is one clear error line, not a traceback.
         assert main(["bench", "nope", *TINY, "--url", live.url, "--out", out]) == 1
