@@ -83,7 +83,7 @@ def bench_model(model, args, backend: str, records: list) -> None:
 
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
     from loopjax import kv_cache
-    from loopjax.runner import FUSED, Runner, StepKind, default_row_input
+    from loopjax.runner import Runner, default_row_input, fused, per_loop
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops
@@ -109,11 +109,11 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
                     weight_bytes=weight_bytes(model, loops),
                     kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context))
         base["roofline_us"] = (base["weight_bytes"] + base["kv_bytes"]) / args.bandwidth * 1e6
-        fused = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
-        times = _time(lambda fused=fused: [runner.submit(fused, FUSED)], args.iters)
+        batch = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
+        times = _time(lambda batch=batch: [runner.submit(batch, fused(loops))], args.iters)
         records.append(_record(base, "fused", times, 1))
         if rows in per_loop_rows:
-            kinds = [StepKind(first=t == 0, final=t == loops - 1, save_carry=True) for t in range(loops)]
+            kinds = [per_loop(first=t == 0, final=t == loops - 1) for t in range(loops)]
             batches = [runner.make_batch(row_inputs, decode=True, loop_begin=t, loop_end=t + 1)
                        for t in range(loops)]
             steps = list(zip(batches, kinds))

@@ -93,12 +93,13 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     for i, row in enumerate(rows):
         count = len(row.token_ids)
         end = row.start_pos + count
-        if len(row.pages) * page_size < end:
+        num_pages = -(-end // page_size)  # only the pages of positions < end are read
+        if len(row.pages) < num_pages:
             raise ValueError(f"row {i}: {len(row.pages)} pages cannot hold {end} positions")
-        if len(row.pages) > max_pages:
-            raise ValueError(f"row {i}: {len(row.pages)} pages exceed the table width {max_pages}")
+        if num_pages > max_pages:
+            raise ValueError(f"row {i}: {num_pages} pages exceed the table width {max_pages}")
         pos = np.arange(row.start_pos, end, dtype=np.int32)
-        pages = np.asarray(row.pages, np.int32)
+        pages = np.asarray(row.pages[:num_pages], np.int32)
         token_ids[n:n + count] = row.token_ids
         positions[n:n + count] = pos
         row_of_token[n:n + count] = i

@@ -21,7 +21,7 @@ import numpy as np
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO, RowInput
 from loopjax.request import FINISH_STOP, Request
-from loopjax.runner import FUSED, Runner, StepKind, StepResult
+from loopjax.runner import Runner, StepResult
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
@@ -40,6 +40,7 @@ class EngineConfig:
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     max_prefill_rows: int = 4             # prompts packed into one prefill step
     max_context_len: int | None = None    # prompt + output; None: min(model context, 4096)
+    decode_context_buckets: tuple[int, ...] = ()  # decode contexts compiled besides the max
     kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (Huginn compress-sK ring)
     shared_kv_slots: int = 8              # K of the shared ring (Huginn)
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
@@ -88,6 +89,9 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
+        if config.attention_backend not in ("xla", "pallas"):
+            raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
+                             "choose 'xla' or 'pallas'")
         num_pages, budget = config.num_pages, config.kv_memory_bytes
         if num_pages is None and budget is None:  # every row at full context, at most 16 GiB
             num_pages = -(-config.max_num_rows * max_context // config.page_size)
@@ -112,9 +116,11 @@ class Engine:
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
                              max_pages=sc.max_pages_per_request, max_loops=self.max_loops,
                              backend=config.attention_backend, num_top_logprobs=config.max_logprobs,
-                             strict=config.strict_compile)
+                             strict=config.strict_compile,
+                             decode_page_widths=tuple(-(-c // config.page_size)
+                                                      for c in config.decode_context_buckets))
         if config.warmup:
-            self.runner.warmup(per_loop=not config.fused_decode)
+            self.runner.warmup(loop_counts=(cfg.default_loops,), series=not config.fused_decode)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._aborted: list[RequestOutput] = []
@@ -173,12 +179,9 @@ class Engine:
         rows = [self._row(r, start, end, emits, loops, per_loop)
                 for r, (start, end), emits, loops in zip(plan.requests, plan.token_ranges,
                                                           plan.emits, plan.row_loops)]
-        kind = (StepKind(first=plan.loop_begin == 0, final=any(plan.emits), save_carry=True)
-                if per_loop else FUSED)
-        result = self.runner.run(rows, decode=decode, loop_begin=plan.loop_begin,
-                                 num_loops=plan.num_loops, kind=kind, num_rows=plan.row_bucket,
-                                 num_tokens=plan.token_bucket)
-        return result
+        return self.runner.run(rows, decode=decode, loop_begin=plan.loop_begin,
+                               num_loops=plan.num_loops, series=per_loop, num_rows=plan.row_bucket,
+                               num_tokens=plan.token_bucket)
 
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
              per_loop: bool) -> RowInput:

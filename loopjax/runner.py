@@ -1,14 +1,17 @@
 """Jitted device steps: pure `(params, state, batch) -> (state, out)`, the state donated.
 
 One step function per family serves prefill (N packed prompt tokens over R rows) and decode
-(N = R): it runs the loops [batch.loop_begin, batch.loop_end) inside ONE `lax.fori_loop`
+(N = R): it runs loops loop_begin .. loop_begin + num_loops - 1 inside ONE `lax.fori_loop`
 (Ouro: every layer per loop plus the exit-gate carry, lm_head once on the selected state;
-Huginn: prelude, the recurrent loops, coda), then samples on device. Static `StepKind` flags
-`first`/`final` cut a decode into one-loop submissions (the unfused baseline): the loop
-state between submissions stays on device in `DeviceState.carry`, never on the host.
+Huginn: prelude, the recurrent loops, coda), then samples on device. The loop count is a
+static trip count (`StepKind.num_loops`): a traced bound would make XLA read the loop
+predicate back to the host every loop. `per_loop` kinds cut a decode into one-loop
+submissions (a per-loop series): the loop state between submissions stays on device in
+`DeviceState.carry` (indexed by each request's carry slot), never on the host.
 
-Rows past their own loop count (`row_loops`) freeze their state and write no KV; afterwards
-their deeper planes get the "last exited" fill. Padding rows write only to the drop slot.
+Rows past their own loop count (`row_loops`) freeze their state and write no KV (fixed-depth
+requests never read those planes; the "last exited" fill, `kv_cache.fill_last_exited`, is for
+adaptive exits). Padding rows write only to the drop slot.
 Compilation is bounded: `warmup()` runs every bucket once; each trace bumps `compilations`,
 and with `strict=True` a trace after warm-up raises `CompileAfterWarmup`.
 """
@@ -37,12 +40,20 @@ class CompileAfterWarmup(RuntimeError):
 class StepKind:
     """Static part of a step (hashable: part of the jit cache key)."""
 
+    num_loops: int            # loops run: a static trip count, so no host sync per loop
     first: bool = True        # the submission starts at loop 0 (embed / prelude)
     final: bool = True        # some row ends its token here: run the tail (lm_head / coda) and sample
     save_carry: bool = False  # store the loop state of every row (per-loop decode series)
 
 
-FUSED = StepKind(True, True, False)
+def fused(num_loops: int) -> StepKind:
+    """All loops of the step in one submission."""
+    return StepKind(num_loops)
+
+
+def per_loop(first: bool, final: bool) -> StepKind:
+    """One loop of a per-loop decode series; the loop state stays on device between them."""
+    return StepKind(1, first, final, save_carry=True)
 
 
 @jax.tree_util.register_dataclass
@@ -78,15 +89,6 @@ def _finish(logits, batch, num_top_logprobs, exit_loops):
     return StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
 
 
-def _fill(kv, layout, layer_ids, batch, loop_end):
-    """"Last exited" fill for tokens of rows that stopped before `loop_end` (skipped when none)."""
-    exit_depth = batch.row_loops[batch.row_of_token] - 1
-    needed = jnp.any((exit_depth < loop_end - 1) & (batch.slot_mapping < layout.drop_slot))
-    max_depth = max(layout.num_planes)
-    return jax.lax.cond(needed, lambda kv: kv_cache.fill_last_exited(
-        kv, layout, layer_ids, batch.slot_mapping, exit_depth, max_depth), lambda kv: kv, kv)
-
-
 def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
               num_top_logprobs: int):
     from loopjax.models import ouro
@@ -113,14 +115,14 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
                           new_ex, ex)
         return x, kv, ex
 
-    x, kv, ex = jax.lax.fori_loop(batch.loop_begin, batch.loop_end, body, (x, state.kv, ex))
+    x, kv, ex = jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c),
+                                  (x, state.kv, ex))
     carry = state.carry
     if kind.save_carry:
         carry = {"x": _put(carry["x"], batch.carry_slot, x),
                  "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
     if not kind.final:
         return DeviceState(kv, carry), None
-    kv = _fill(kv, layout, range(cfg.num_layers), batch, batch.loop_end)
     logits = ouro.lm_head(params, ex.hidden)
     return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
@@ -147,14 +149,12 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
                                      depth)
         return jnp.where(live[:, None], s_new, s), kv
 
-    s, kv = jax.lax.fori_loop(batch.loop_begin, batch.loop_end, body, (s, kv))
+    s, kv = jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), (s, kv))
     carry = state.carry
     if kind.save_carry:
         carry = {"e": _put(carry["e"], batch.carry_slot, e), "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
         return DeviceState(kv, carry), None
-    core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
-    kv = _fill(kv, layout, core, batch, batch.loop_end)
     # NOTE: the coda runs over every token (its KV is needed), lm_head included; only the
     # rows' last tokens are sampled.
     logits, kv = huginn.coda(params, cfg, s, cos, sin, attn, kv)
@@ -192,11 +192,14 @@ class Runner:
 
     def __init__(self, model, layout: kv_cache.KVLayout, *, decode_rows: tuple[int, ...],
                  prefill_buckets: tuple[tuple[int, int], ...], max_pages: int, max_loops: int,
-                 backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False):
+                 backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
+                 decode_page_widths: tuple[int, ...] = ()):
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
         self.decode_rows = tuple(sorted(decode_rows))
         self.prefill_buckets = tuple(sorted(prefill_buckets))
         self.max_pages, self.max_loops = max_pages, max_loops
+        # Decode page-table widths (context buckets): attention work scales with the width.
+        self.decode_widths = tuple(sorted({w for w in decode_page_widths if w < max_pages} | {max_pages}))
         self.num_top_logprobs, self.strict = num_top_logprobs, strict
         self.compilations, self.submissions, self.warm = 0, 0, False
         dtype = jax.tree.leaves(self.params)[0].dtype
@@ -231,24 +234,28 @@ class Runner:
 
     # ------------------------------------------------------------------ running
     def make_batch(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
-                   num_rows: int = 0, num_tokens: int = 0):
+                   num_rows: int = 0, num_tokens: int = 0, page_width: int = 1):
         """Device StepBatch of `rows` in the smallest compiled bucket holding them (and at
-        least (num_rows, num_tokens))."""
+        least (num_rows, num_tokens), and for decode a page-table width >= page_width)."""
         if not 1 <= loop_end <= self.max_loops or not 0 <= loop_begin < loop_end:
             raise ValueError(f"loops [{loop_begin}, {loop_end}) outside 0..{self.max_loops}")
         num_rows, num_tokens = max(num_rows, len(rows)), max(num_tokens, sum(len(r.token_ids) for r in rows))
+        width = self.max_pages
         if decode:
             num_rows = num_tokens = self.decode_bucket(max(num_rows, num_tokens))
+            size = self.layout.page_size
+            needed = max([-(-(r.start_pos + len(r.token_ids)) // size) for r in rows] + [page_width])
+            width = next(w for w in self.decode_widths if w >= needed)
         else:
             num_rows, num_tokens = self.prefill_bucket(num_rows, num_tokens)
         batch = build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens,
-                                 max_pages=self.max_pages, page_size=self.layout.page_size,
+                                 max_pages=width, page_size=self.layout.page_size,
                                  drop_slot=self.layout.drop_slot, loop_begin=loop_begin,
                                  loop_end=loop_end, pad_carry_slot=self.max_rows,
                                  hidden_size=self._hidden)
         return jax.device_put(batch)
 
-    def submit(self, batch, kind: StepKind = FUSED):
+    def submit(self, batch, kind: StepKind):
         """One device submission (asynchronous): updates the device state, returns the
         device StepOut (None when kind.final is False)."""
         self.submissions += 1
@@ -256,11 +263,13 @@ class Runner:
         return out
 
     def run(self, rows: list[RowInput], *, decode: bool, loop_begin: int = 0,
-            num_loops: int | None = None, kind: StepKind = FUSED, num_rows: int = 0,
+            num_loops: int | None = None, series: bool = False, num_rows: int = 0,
             num_tokens: int = 0) -> StepResult | None:
         """One step over `rows` (prefill: packed chunks; decode: one token per row) running
-        loops [loop_begin, loop_begin + num_loops), then one host read of the outputs."""
+        loops [loop_begin, loop_begin + num_loops), then one host read of the outputs.
+        series: a one-loop submission of a per-loop decode series (state kept on device)."""
         num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
+        kind = per_loop(loop_begin == 0, any(r.emits for r in rows)) if series else fused(num_loops)
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens)
@@ -277,27 +286,33 @@ class Runner:
         one depth here). Host reads once, after the last loop."""
         num_loops = max(r.loops for r in rows)
         for t in range(num_loops):
-            kind = StepKind(first=t == 0, final=t == num_loops - 1, save_carry=True)
-            result = self.run(rows, decode=True, loop_begin=t, num_loops=1, kind=kind)
+            emitting = [RowInput(**{**vars(r), "emits": t == num_loops - 1}) for r in rows]
+            result = self.run(emitting, decode=True, loop_begin=t, num_loops=1, series=True)
         result.submissions = num_loops
         return result
 
-    def warmup(self, *, per_loop: bool = False) -> int:
-        """Compile (by running all-padding batches) every decode and prefill bucket; with
-        per_loop, also the one-loop decode variants. Returns the compile count."""
+    def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False) -> int:
+        """Compile (by running all-padding batches) every decode and prefill bucket for each
+        fused loop count (default: max_loops); with series, the one-loop decode variants
+        instead of the fused decode ones. Returns the compile count."""
         outs = []
-        kinds = [FUSED] + ([StepKind(f, t, True) for f in (True, False) for t in (True, False)]
-                           if per_loop else [])
+        loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
+        if series:
+            kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)]
+        else:
+            kinds = [fused(n) for n in loop_counts]
         for r in self.decode_rows:
-            for kind in kinds:
-                begin = 0 if kind.first else self.max_loops - 1
-                b = self.make_batch([], decode=True, loop_begin=begin, loop_end=self.max_loops,
-                                    num_rows=r)
-                outs.append(self.submit(b, kind))
+            for width in self.decode_widths:
+                for kind in kinds:
+                    begin = 0 if kind.first else self.max_loops - 1
+                    b = self.make_batch([], decode=True, loop_begin=begin,
+                                        loop_end=begin + kind.num_loops, num_rows=r, page_width=width)
+                    outs.append(self.submit(b, kind))
         for r, n in self.prefill_buckets:
-            b = self.make_batch([], decode=False, loop_begin=0, loop_end=self.max_loops,
-                                num_rows=r, num_tokens=n)
-            outs.append(self.submit(b))
+            for count in loop_counts:
+                b = self.make_batch([], decode=False, loop_begin=0, loop_end=count, num_rows=r,
+                                    num_tokens=n)
+                outs.append(self.submit(b, fused(count)))
         jax.block_until_ready((outs, self.state))
         self.warm = True
         return self.compilations

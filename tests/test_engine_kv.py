@@ -1,0 +1,100 @@
+"""KV pool layout: plane counts per family/layout, bytes per token, the ring rule, the
+"last exited" fill, and the paged backend against dense causal attention."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from loopjax import config, kv_cache
+from loopjax.batch import build_step_batch
+from loopjax.layers import causal_attention
+from loopjax.sampling_params import SamplingParams
+
+
+def test_plane_counts_and_bytes_per_token():
+    ouro = kv_cache.make_layout(config.preset("ouro-1.4b"), "per_loop", page_size=16,
+                                dtype=jnp.bfloat16, num_pages=10)
+    assert ouro.num_planes == (4,) * 24
+    assert ouro.bytes_per_token == 768 * 1024  # docs/models.md: 768 KiB per token
+    huginn = config.preset("huginn-0125")
+    full = kv_cache.make_layout(huginn, "per_loop", page_size=16, dtype=jnp.bfloat16, num_pages=10,
+                                max_loops=32)
+    assert full.num_planes == (1, 1) + (32,) * 4 + (1, 1)  # packed depth planes: 132
+    assert full.bytes_per_token == 132 * 2 * 55 * 96 * 2
+    ring = kv_cache.make_layout(huginn, "shared", page_size=16, dtype=jnp.bfloat16, num_pages=10,
+                                shared_slots=8)
+    assert ring.num_planes == (1, 1) + (2,) * 4 + (1, 1) and ring.ring[2] and not ring.ring[0]
+    assert int(ring.plane(3, 5)) == 1 and int(ring.plane(0, 0)) == 0 and int(full.plane(3, 5)) == 5
+    assert "tokens of capacity" in full.describe() and "bytes/token" in full.describe()
+
+
+def test_layout_errors():
+    tiny = config.preset("huginn-tiny")
+    with pytest.raises(ValueError, match="multiple"):
+        kv_cache.make_layout(tiny, "shared", page_size=8, dtype=jnp.float32, num_pages=4, shared_slots=6)
+    with pytest.raises(ValueError, match="unknown kv layout"):
+        kv_cache.make_layout(tiny, "ring", page_size=8, dtype=jnp.float32, num_pages=4)
+    with pytest.raises(ValueError, match="too small"):
+        kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32, kv_memory_bytes=1000)
+    sized = kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32,
+                                 kv_memory_bytes=10 * 8 * 36 * 2 * 64 * 4)
+    assert sized.num_pages == 10
+
+
+def test_fill_last_exited():
+    cfg = config.preset("huginn-tiny")
+    layout = kv_cache.make_layout(cfg, "per_loop", page_size=4, dtype=jnp.float32, num_pages=3,
+                                  max_loops=4)
+    rng = np.random.default_rng(0)
+    pool = kv_cache.KVPool(tuple(jnp.asarray(rng.normal(size=k.shape), jnp.float32)
+                                 for k in kv_cache.allocate(layout).k),
+                           tuple(jnp.asarray(rng.normal(size=k.shape), jnp.float32)
+                                 for k in kv_cache.allocate(layout).v))
+    slots = jnp.array([1, 6, layout.drop_slot], jnp.int32)
+    exit_depth = jnp.array([0, 3, 1], jnp.int32)  # token 0 exited after loop 0; token 1 ran all
+    core = range(2, 6)
+    filled = kv_cache.fill_last_exited(pool, layout, core, slots, exit_depth, 4)
+    for layer in range(8):
+        before, after = np.asarray(pool.k[layer]), np.asarray(filled.k[layer])
+        flat_b = before.reshape(before.shape[0], before.shape[1], -1, before.shape[-1])
+        flat_a = after.reshape(flat_b.shape)
+        if layer not in core:
+            np.testing.assert_array_equal(flat_a, flat_b)
+            continue
+        for t in range(4):  # token 0: planes 1..3 now hold its plane-0 entry
+            np.testing.assert_array_equal(flat_a[t, :, 1], flat_b[0, :, 1])
+        np.testing.assert_array_equal(flat_a[:, :, 6], flat_b[:, :, 6])  # token 1 unchanged
+        untouched = np.ones(flat_b.shape[2], bool)
+        untouched[1] = False
+        np.testing.assert_array_equal(flat_a[:, :, untouched], flat_b[:, :, untouched])
+
+
+def test_paged_backend_matches_dense_causal():
+    """Two packed sequences written and attended through the pool == dense causal attention
+    of each sequence alone (plane 1 of a 2-plane layer)."""
+    cfg = config.preset("ouro-tiny")
+    layout = kv_cache.make_layout(cfg, "per_loop", page_size=4, dtype=jnp.float32, num_pages=8)
+    params = SamplingParams(temperature=0.0, seed=0)
+    from loopjax.batch import RowInput
+    rows = [RowInput([1] * 6, 0, [5, 2], True, 4, params), RowInput([1] * 3, 0, [7], True, 4, params)]
+    batch = build_step_batch(rows, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
+                             drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_carry_slot=2)
+    batch = jax_tree_asarray(batch)
+    rng = np.random.default_rng(1)
+    q, k, v = (jnp.asarray(rng.normal(size=(12, 4, 16)), jnp.float32) for _ in range(3))
+    attn = kv_cache.PagedAttention(layout, batch)
+    pool, out = attn(kv_cache.allocate(layout), 0, 1, q, k, v)
+    for lo, hi in ((0, 6), (6, 9)):
+        n = hi - lo
+        mask = np.arange(n)[:, None] >= np.arange(n)[None, :]
+        dense = causal_attention(q[lo:hi], k[lo:hi], v[lo:hi], jnp.asarray(mask))
+        np.testing.assert_allclose(np.asarray(out[lo:hi]), np.asarray(dense), atol=1e-5)
+    # Padding tokens 9..11 wrote nothing; plane 0 is untouched.
+    assert not np.any(np.asarray(pool.k[0])[0])
+    written = np.asarray(pool.k[0])[1].transpose(1, 2, 0, 3).reshape(32, 4, 16)
+    assert np.count_nonzero(np.any(written != 0, axis=(1, 2))) == 9
+
+
+def jax_tree_asarray(tree):
+    import jax
+    return jax.tree.map(jnp.asarray, tree)
