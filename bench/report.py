@@ -135,7 +135,10 @@ def write_sweep_plot(reports: list[dict], path: str):
     axes[2].plot(cs, series("tpot_p50_s", 1e3), "o-")
     axes[2].set(title="TPOT p50", ylabel="ms")
     for ax in axes:
-        ax.set(xscale="log", xlabel="concurrent requests C")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(cs, [str(c) for c in cs])
+        ax.minorticks_off()
+        ax.set_xlabel("concurrent requests C")
         ax.grid(alpha=0.3)
     fig.suptitle(f"burst sweep on {reports[0]['model']} ({reports[0]['target']})", fontsize=9)
     fig.tight_layout()
