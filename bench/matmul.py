@@ -243,16 +243,17 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
 
 
 def sweep_configs(m, k, n, dtype):
-    """A handful of neighbours of pick_config's choice (deduplicated, valid)."""
+    """pick_config's choice, then other weight tiles (each with its default split) and
+    pipeline depths; valid and deduplicated."""
     base = sm.pick_config(m, k, n, dtype)
-    num_k = lambda bk: max(1, k // bk)  # noqa: E731
-    cands = [base, base._replace(block_n=128 if base.block_n == 64 else 64),
-             base._replace(block_k=128), base._replace(split_k=base.split_k * 2),
-             base._replace(split_k=max(1, base.split_k // 2)), base._replace(num_stages=3),
-             base._replace(num_warps=8 if base.num_warps == 4 else 4)]
+    cands = [base]
+    for bn, bk in ((64, 64), (128, 64), (64, 128), (128, 128), (256, 32)):
+        cands.append(base._replace(block_n=bn, block_k=bk,
+                                   split_k=sm.default_split(m, k, n, bn, bk)))
+    cands += [base._replace(num_stages=st) for st in (3, 6)]
+    cands.append(base._replace(split_k=min(16, max(1, k // base.block_k), 2 * base.split_k)))
     out = []
     for c in cands:
-        c = c._replace(split_k=max(1, min(c.split_k, num_k(c.block_k))))
         if c not in out:
             out.append(c)
     return out

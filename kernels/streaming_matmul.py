@@ -48,6 +48,7 @@ __all__ = [
     "block_rows",
     "check_matmul_inputs",
     "default_config",
+    "default_split",
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
@@ -119,19 +120,24 @@ def block_rows(m: int) -> int:
     return max(16, next_pow2(m))
 
 
+def default_split(m: int, k: int, n: int, block_n: int, block_k: int) -> int:
+    """K splits for ~2 programs per SM. NOTE: the fp32 partials of a split cost
+    split_k * M * N * 4 bytes of traffic; they are kept under half the weight's bytes."""
+    col_blocks = -(-n // block_n)
+    split_k = min(16, max(1, k // block_k), round(2 * NUM_SMS / col_blocks), k // (4 * m))
+    return max(1, split_k)
+
+
 def default_config(m: int, k: int, n: int, dtype=jnp.bfloat16) -> Config:
     """Heuristic for shapes missing from TUNED: 8 KB weight tiles ([64, 64] bf16, [32, 64]
-    fp32; [64, 128] when the columns alone give > 1 program per SM), K split until ~2
-    programs per SM run, 4 tiles in flight. NOTE: the fp32 partials of a split cost
-    split_k * M * N * 4 bytes of traffic; they are kept under half the weight's bytes."""
+    fp32; [64, 128] when the columns alone give > 1 program per SM), `default_split`, 4
+    tiles in flight."""
     bm = block_rows(m)
     block_n = 128 if (bm <= 32 and n >= 128 * NUM_SMS) else 64
     block_n = min(block_n, max(16, next_pow2(n)))
     block_k = min(64 if jnp.dtype(dtype).itemsize < 4 else 32, max(16, next_pow2(k)))
-    col_blocks = -(-n // block_n)
-    num_k_blocks = max(1, k // block_k)
-    split_k = min(16, num_k_blocks, round(2 * NUM_SMS / col_blocks), k // (4 * m))
-    return Config(block_n, block_k, max(1, split_k), 8 if bm >= 64 else 4, 4)
+    split_k = default_split(m, k, n, block_n, block_k)
+    return Config(block_n, block_k, split_k, 8 if bm >= 64 else 4, 4)
 
 
 def _fit_stages(cfg: Config, block_m: int, weight_tiles: int, itemsize: int) -> Config:
