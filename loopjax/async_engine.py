@@ -97,6 +97,7 @@ class AsyncEngine:
         self.metrics = metrics or ServingMetrics()
         self.num_waiting = 0  # event-loop side count of requests without a first token
         self._streams: dict[str, RequestStream] = {}  # event-loop side; open requests
+        self._pending: set[asyncio.Future] = set()  # event-loop side; admissions not answered yet
         self._inbox: collections.deque = collections.deque()  # thread-safe appends/pops
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -132,16 +133,19 @@ class AsyncEngine:
             raise ValueError(f"request_id {request_id!r} is already in use")
         stream = RequestStream(self, request_id, len(prompt_ids))
         accepted = self._loop.create_future()
+        self._pending.add(accepted)
         self._streams[request_id] = stream
         self._set_waiting(+1)
         self._post(("add", request_id, list(prompt_ids), params, accepted))
         try:
             await accepted
-        except BaseException:  # refused (ValueError), or the caller was cancelled meanwhile
+        except BaseException:  # refused (ValueError), engine gone, or the caller was cancelled
+            self._pending.discard(accepted)
             if self._streams.pop(request_id, None) is not None:
                 self._set_waiting(-1)
             self._post(("abort", request_id))  # no-op when the engine refused it
             raise
+        self._pending.discard(accepted)
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
@@ -213,9 +217,14 @@ class AsyncEngine:
             future.set_exception(error)
 
     def _fail_all(self, error: BaseException):
+        """Every open stream and every unanswered admission gets `error`."""
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.queue.put_nowait(error)
+        for future in self._pending:
+            if not future.done():
+                future.set_exception(error)
+        self._pending.clear()
         self.num_waiting = 0
         self.metrics.waiting.set(0)
 

@@ -302,6 +302,7 @@ class FakeEngine:
         self.requests, self.steps, self.fail_at_step = {}, 0, fail_at_step
         self.thread_ids = set()
         self.paused = False  # while set, the loop accepts requests but never steps
+        self.gate = None  # a threading.Event step() waits for, when set
 
     def add_request(self, prompt_ids, params, request_id=None):
         self.thread_ids.add(threading.get_ident())
@@ -323,6 +324,8 @@ class FakeEngine:
     def step(self):
         self.thread_ids.add(threading.get_ident())
         self.steps += 1
+        if self.gate is not None:
+            self.gate.wait(10)
         if self.steps == self.fail_at_step:
             raise RuntimeError("device fell over")
         time.sleep(0.002)
@@ -378,6 +381,23 @@ def test_async_engine_contract():
         with pytest.raises(EngineDeadError):
             await dying.submit([1], params)
         dying.shutdown()
+
+        # Ctrl-C while a step runs: admissions still in the inbox are answered, never left hanging.
+        slow = FakeEngine()
+        slow.gate = threading.Event()
+        stopping = AsyncEngine(slow)
+        await stopping.start()
+        first = await stopping.submit([1], params)  # accepted; the thread then blocks in step()
+        late = asyncio.ensure_future(stopping.submit([2], params))
+        await asyncio.sleep(0.1)
+        assert not late.done()
+        stopping.shutdown(timeout_s=0.2)
+        slow.gate.set()
+        with pytest.raises(EngineDeadError, match="shutting down"):
+            await late
+        with pytest.raises(EngineDeadError, match="shutting down"):
+            async for _ in first:
+                pass
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
