@@ -343,3 +343,45 @@ def test_lowers_for_cuda(name, fn, shapes):
         gpu_fn = functools.partial(fn, interpret=False)  # the default on a CPU host is interpret mode
         text = jax.jit(gpu_fn).trace(*shapes).lower(lowering_platforms=("cuda",)).as_text()
     assert "__gpu$xla.gpu.triton" in text, name
+
+
+# ------------------------------------------------------------------ engine with the kernels on
+
+ENGINE_SMALL = dict(
+    page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
+    prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False,
+)  # fmt: skip
+
+
+def _finish(engine):
+    finals = {}
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    return finals
+
+
+@pytest.mark.parametrize("family", ["ouro", "huginn"])
+def test_engine_golden_greedy_tokens_with_pallas_attention(family):
+    """The paged decode and prefill kernels (interpret mode) leave the golden tokens as they are."""
+    from safetensors.numpy import load_file
+
+    import loopjax
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.sampling_params import SamplingParams
+
+    greedy = functools.partial(SamplingParams, temperature=0.0, ignore_eos=True)
+    if family == "ouro":
+        model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
+        engine = Engine(model, EngineConfig(attention_backend="pallas", **ENGINE_SMALL))
+        for k in ("p0", "p1", "p2"):
+            engine.add_request(ref[f"{k}_input_ids"].tolist(), greedy(max_tokens=24), k)
+        finals = _finish(engine)
+        for k in ("p0", "p1", "p2"):
+            assert finals[k].token_ids == ref[f"{k}_greedy_tokens"].tolist(), k
+    else:
+        path = "tests/data/huginn/huginn_shape_242"
+        gen = load_file(f"{path}/generate.safetensors")
+        prompt = load_file(f"{path}/inputs.safetensors")["prompt_ids"][0].tolist()
+        engine = Engine(loopjax.load(path), EngineConfig(attention_backend="pallas", **ENGINE_SMALL))
+        rid = engine.add_request(prompt, greedy(max_tokens=8), initial_state=gen["gen_init_states"][0])
+        assert _finish(engine)[rid].token_ids == gen["gen_tokens"][0].tolist()
