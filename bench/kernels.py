@@ -6,6 +6,7 @@ and timed against the XLA twin and, for decode attention, jax's shipped (depreca
 
     python -m loopjax.bench.kernels --out results/kernels.json     # H200, < 5 minutes
     python -m loopjax.bench.kernels --smoke                        # CPU, interpret mode
+    python -m loopjax.bench.kernels --only sweep                   # decode kernel configs
 
 Times are device time per call: `iters` calls inside one jitted fori_loop (inputs behind
 an optimization barrier so nothing is hoisted), divided by iters. Bandwidth counts the
@@ -156,6 +157,30 @@ def bench_decode(b: Bench, models, batches, contexts, dtype, interpret, page_siz
                 del kc, vc
 
 
+def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs):
+    """Decode kernel configurations (pages_per_block, num_warps, num_splits) per case, to
+    pick the defaults by measurement."""
+    for model, (hq, hkv, d, *_) in models.items():
+        for rows, ctx in cases:
+            key = jax.random.key(rows * 7919 + ctx)
+            kc, vc, pt = _pool_case(key, hkv, d, rows, ctx, page_size, dtype)
+            q = jax.random.normal(jax.random.fold_in(key, 1), (rows, hq, d), dtype)
+            pos = jnp.full((rows,), ctx - 1, jnp.int32)
+            args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(rows, dtype=jnp.int32), pos)
+            nbytes = 2 * rows * ctx * hkv * d * jnp.dtype(dtype).itemsize
+            for ppb, warps, splits in configs:
+                kern = functools.partial(
+                    K.paged_attention,
+                    pages_per_block=ppb,
+                    num_warps=warps,
+                    num_splits=splits,
+                    interpret=interpret,
+                )
+                impl = f"p{ppb}w{warps}s{splits or 'd'}"
+                b.case(f"sweep decode {model} B={rows} ctx={ctx}", impl, kern, args, nbytes)
+            del kc, vc
+
+
 def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
     tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
     for model, (hq, hkv, d, *_) in models.items():
@@ -254,7 +279,11 @@ def main(argv=None):
     parser.add_argument("--out", default=None, help="write the rows as JSON to this path")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU)")
     parser.add_argument("--iters", type=int, default=None, help="calls per timing loop")
-    parser.add_argument("--only", default="decode,prefill,pointwise", help="comma list of sections")
+    parser.add_argument(
+        "--only",
+        default="pointwise,decode,prefill",
+        help="comma list of sections: pointwise,decode,prefill,sweep",
+    )
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
     if args.smoke:
@@ -274,6 +303,13 @@ def main(argv=None):
         bench_decode(b, models, batches, contexts, dtype, interpret, page)
     if "prefill" in sections:
         bench_prefill(b, models, prefill_shapes, dtype, interpret, page)
+    if "sweep" in sections:  # not in the default run: `--only sweep`
+        if args.smoke:
+            sweep_cases, configs = [(3, 40)], [(1, 4, None), (2, 2, 1)]
+        else:
+            sweep_cases = [(1, 4096), (8, 2048), (32, 4096), (128, 1024)]
+            configs = [(p, w, None) for p in (1, 2, 4, 8) for w in (4, 8)] + [(4, 4, 1), (8, 8, 1)]
+        bench_sweep(b, models, sweep_cases, dtype, interpret, page, configs)
     errors = sum(r["error"] is not None for r in b.rows)
     failed = sum("FAIL" in (r["check"] or "") or "MISMATCH" in (r["check"] or "") for r in b.rows)
     print(f"{len(b.rows)} rows, {errors} errors, {failed} failed checks, {time.perf_counter() - b.t0:.0f} s")
