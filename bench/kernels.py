@@ -233,16 +233,10 @@ def bench_pointwise(b: Bench, models, token_counts, dtype, interpret):
                 _pair(
                     b, f"{fn_name} {model} N={n}", kern, getattr(K, "ref_" + fn_name), (gate_up,), silu_bytes
                 )
-            # which spelling does XLA's layers.silu_mul follow on this device? (informational)
-            kern = functools.partial(K.silu_f32_mul, interpret=interpret)
-            b.case(
-                f"silu_f32_mul vs ref_silu_mul {model} N={n}",
-                "pallas",
-                kern,
-                (gate_up,),
-                silu_bytes,
-                _bitwise_check(kern, K.ref_silu_mul, (gate_up,)),
-            )
+            # the literal per-op spelling, in case the GPU compiler keeps XLA's bf16 roundings
+            kern = functools.partial(K.silu_mul, round_each_op=True, interpret=interpret)
+            check = _bitwise_check(kern, K.ref_silu_mul, (gate_up,))
+            b.case(f"silu_mul round_each_op {model} N={n}", "pallas", kern, (gate_up,), silu_bytes, check)
             rope_bytes = 2 * n * (hq + hkv) * d * item
             if rope_style == "interleaved":
                 kern = functools.partial(K.rope_interleaved_qk, interpret=interpret)

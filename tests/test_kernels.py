@@ -214,6 +214,22 @@ def test_silu_mul_bitwise(n, f, dtype, blocks):
         _same(kern(gate_up), jax.jit(getattr(K, "ref_" + name))(gate_up))
 
 
+def test_silu_gpu_spelling_matches_jitted_twins():
+    """The GPU body's f32 spelling (plain jit on CPU) equals both twins under jit."""
+    silu_mod = importlib.import_module("loopjax.kernels.silu_mul")
+    rs = np.random.default_rng(3)
+    g, u = _rand(rs, (16, 64), BF16, 4.0), _rand(rs, (16, 64), BF16)
+
+    @jax.jit
+    def spelled(g, u):
+        act = silu_mod._silu(g, F32, True).astype(g.dtype)
+        return (act.astype(F32) * u.astype(F32)).astype(g.dtype)
+
+    gate_up = jnp.concatenate([g, u], axis=1)
+    _same(spelled(g, u), jax.jit(K.ref_silu_mul)(gate_up))
+    _same(spelled(g, u), jax.jit(K.ref_silu_f32_mul)(gate_up))
+
+
 @pytest.mark.parametrize(
     "n,hq,hkv,d,dtype,block_rows",
     [(1, 2, 1, 16, F32, None), (5, 4, 2, 96, BF16, None), (7, 2, 2, 128, F32, 4), (3, 3, 3, 96, BF16, 2)],
