@@ -83,7 +83,8 @@ def bench_model(model, args, backend: str, records: list) -> None:
 
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
     from loopjax import kv_cache
-    from loopjax.runner import Runner, default_row_input, fused, per_loop
+    from loopjax.batch import greedy_row
+    from loopjax.runner import Runner, fused, per_loop
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops
@@ -102,7 +103,7 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
         row_inputs = []
         for r in range(rows):
             pages = [(r * pages_per_row + j) % num_pages for j in range(pages_per_row)]
-            row_inputs.append(default_row_input([1], context - 1, pages, loops=loops, carry_slot=r))
+            row_inputs.append(greedy_row([1], context - 1, pages, loops=loops, carry_slot=r))
         base = dict(preset=args.current_preset, backend=backend, layout=args.layout, rows=rows,
                     context=context, loops=loops, kv_pages_wrapped=rows * pages_per_row > num_pages,
                     pool_pages=num_pages, page_size=args.page_size,

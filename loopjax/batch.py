@@ -121,3 +121,10 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
                      row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling, threshold,
                      init_mode, init_seed, init_state)
+
+
+def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,
+               params: SamplingParams | None = None, **kw) -> RowInput:
+    """A RowInput with greedy sampling defaults (tests, benchmarks)."""
+    return RowInput(list(token_ids), start_pos, list(pages), emits, loops,
+                    params or SamplingParams(temperature=0.0, seed=0), **kw)

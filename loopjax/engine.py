@@ -142,6 +142,8 @@ class Engine:
         if params.exit_criterion is not None or params.exit_trace is not None or params.exit_mode != "select":
             raise ValueError("adaptive exit (exit_criterion, exit_trace, exit_mode='skip') is not "
                              "supported by this engine yet")
+        if params.stop and self.model.tokenizer is None:
+            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
         extra = self._initial_state(initial_state, len(prompt) + params.max_tokens - 1)
@@ -230,8 +232,8 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _check_stop_strings(self, request: Request) -> None:
-        tokenizer = self.model.tokenizer
-        if tokenizer is None:
+        """Detokenize (only requests with stop strings, or finished) and apply stop strings."""
+        if self.model.tokenizer is None or not (request.sampling_params.stop or request.is_finished):
             return
         extra = self._extra[request.request_id]
         extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)

@@ -92,14 +92,14 @@ def plane_counts(cfg, kind: str, max_loops: int | None = None,
                  shared_slots: int | None = None) -> tuple[tuple[int, ...], tuple[bool, ...]]:
     """(planes per cache layer, ring flag per layer) for a family config and layout kind.
 
-    max_loops: the deepest loop any request may run (Huginn per_loop); shared_slots: K of
+    max_loops: the deepest loop any request may run (per_loop); shared_slots: K of
     Huginn compress-sK (a multiple of the core layer count)."""
     if kind not in LAYOUTS:
         raise ValueError(f"unknown kv layout {kind!r}; choose one of {', '.join(LAYOUTS)}")
     if cfg.family == "ouro":
         if kind == "shared":
             raise ValueError("kv layout 'shared' is not implemented for Ouro yet; use 'per_loop'")
-        return (cfg.total_ut_steps,) * cfg.num_layers, (False,) * cfg.num_layers
+        return (max_loops or cfg.total_ut_steps,) * cfg.num_layers, (False,) * cfg.num_layers
     pre, core, coda = cfg.num_prelude_layers, cfg.num_core_layers, cfg.num_coda_layers
     if kind == "per_loop":
         loops = max_loops or cfg.mean_recurrence

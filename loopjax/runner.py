@@ -10,16 +10,14 @@ submissions (a per-loop series): the loop state between submissions stays on dev
 `DeviceState.carry` (indexed by each request's carry slot), never on the host.
 
 Rows past their own loop count (`row_loops`) freeze their state and write no KV (fixed-depth
-requests never read those planes; the "last exited" fill, `kv_cache.fill_last_exited`, is for
-adaptive exits). Padding rows write only to the drop slot.
-Compilation is bounded: `warmup()` runs every bucket once; each trace bumps `compilations`,
-and with `strict=True` a trace after warm-up raises `CompileAfterWarmup`.
+requests never read those planes; `kv_cache.fill_last_exited` is for adaptive exits).
+Padding rows write only to the drop slot. Compilation is bounded: `warmup()` runs every
+bucket once; each trace bumps `compilations`; with `strict=True` a later trace raises.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -29,11 +27,10 @@ from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, RowInput, build_step_batch
 from loopjax.layers import rope_angles
 from loopjax.sampling import sample
-from loopjax.sampling_params import SamplingParams
 
 
 class CompileAfterWarmup(RuntimeError):
-    """A step function compiled after warm-up (a bucket or static flag missed by warmup)."""
+    """A step compiled after warm-up (a bucket or static flag that warmup missed)."""
 
 
 @dataclass(frozen=True)
@@ -59,7 +56,7 @@ def per_loop(first: bool, final: bool) -> StepKind:
 @jax.tree_util.register_dataclass
 @dataclass
 class DeviceState:
-    kv: kv_cache.KVPool
+    kv: kv_cache.KVPool    # the paged pool
     carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
 
 
@@ -74,8 +71,8 @@ class StepOut:
 
 
 def _put(buffer, slots, values):
-    """buffer[slots] = values; padding rows carry the slot one past the real ones (dropped)."""
-    return buffer.at[slots].set(values, mode="drop")
+    """buffer[slots] = values (padding rows all write the spare last slot)."""
+    return buffer.at[slots].set(values)
 
 
 def _write_mask(batch, depth):
@@ -108,12 +105,11 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth)
         x = jnp.where(live[:, None], h, x)
         last = x[batch.last_token_index]
-        gate = ouro.gate_logits(params, last)
-        row_live = depth < batch.row_loops
-        new_ex = ouro.exit_update(ex, gate, last, depth, batch.row_loops, batch.exit_threshold)
-        ex = jax.tree.map(lambda a, b: jnp.where(row_live.reshape(-1, *[1] * (a.ndim - 1)), a, b),
-                          new_ex, ex)
-        return x, kv, ex
+        new = ouro.exit_update(ex, ouro.gate_logits(params, last), last, depth, batch.row_loops,
+                               batch.exit_threshold)
+        row_live = depth < batch.row_loops  # rows past their loops keep their selection
+        return x, kv, jax.tree.map(lambda a, b: jnp.where(row_live.reshape(-1, *[1] * (a.ndim - 1)),
+                                                          a, b), new, ex)
 
     x, kv, ex = jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c),
                                   (x, state.kv, ex))
@@ -169,22 +165,20 @@ def _carry_init(cfg, max_rows: int, dtype) -> dict:
     if cfg.family == "huginn":
         return {"e": jnp.zeros((max_rows, h), dtype), "s": jnp.zeros((max_rows, h), dtype)}
     from loopjax.models import ouro
-    exit_state = ouro.exit_init(max_rows, h, cfg.total_ut_steps, dtype)
     # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).
-    return {"x": jnp.zeros((max_rows, h), dtype),
-            "exit": jax.tree.map(lambda a: jnp.array(a, copy=True), exit_state)}
+    return {"x": jnp.zeros((max_rows, h), dtype), "exit": jax.tree.map(
+        lambda a: jnp.array(a, copy=True), ouro.exit_init(max_rows, h, cfg.total_ut_steps, dtype))}
 
 
 @dataclass
 class StepResult:
-    """Host copy of a step's outputs (read back once per submission group)."""
+    """Host copy of a step's outputs for the real rows (one read per submission)."""
 
     tokens: np.ndarray       # [R] int32
     exit_loops: np.ndarray   # [R] int32
     logprobs: np.ndarray     # [R] f32
     top_ids: np.ndarray      # [R, k]
     top_logprobs: np.ndarray  # [R, k]
-    submissions: int         # device submissions this step took
 
 
 class Runner:
@@ -195,8 +189,7 @@ class Runner:
                  backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
                  decode_page_widths: tuple[int, ...] = ()):
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
-        self.decode_rows = tuple(sorted(decode_rows))
-        self.prefill_buckets = tuple(sorted(prefill_buckets))
+        self.decode_rows, self.prefill_buckets = tuple(sorted(decode_rows)), tuple(sorted(prefill_buckets))
         self.max_pages, self.max_loops = max_pages, max_loops
         # Decode page-table widths (context buckets): attention work scales with the width.
         self.decode_widths = tuple(sorted({w for w in decode_page_widths if w < max_pages} | {max_pages}))
@@ -221,16 +214,16 @@ class Runner:
 
     # ------------------------------------------------------------------ buckets
     def decode_bucket(self, num_rows: int) -> int:
-        for r in self.decode_rows:
-            if r >= num_rows:
-                return r
-        raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.decode_rows[-1]}")
+        fits = [r for r in self.decode_rows if r >= num_rows]
+        if not fits:
+            raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.decode_rows[-1]}")
+        return fits[0]
 
     def prefill_bucket(self, num_rows: int, num_tokens: int) -> tuple[int, int]:
-        for r, n in self.prefill_buckets:
-            if r >= num_rows and n >= num_tokens:
-                return r, n
-        raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
+        fits = [(r, n) for r, n in self.prefill_buckets if r >= num_rows and n >= num_tokens]
+        if not fits:
+            raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
+        return fits[0]
 
     # ------------------------------------------------------------------ running
     def make_batch(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
@@ -240,24 +233,21 @@ class Runner:
         if not 1 <= loop_end <= self.max_loops or not 0 <= loop_begin < loop_end:
             raise ValueError(f"loops [{loop_begin}, {loop_end}) outside 0..{self.max_loops}")
         num_rows, num_tokens = max(num_rows, len(rows)), max(num_tokens, sum(len(r.token_ids) for r in rows))
-        width = self.max_pages
-        if decode:
+        width, size = self.max_pages, self.layout.page_size
+        if decode:  # the narrowest compiled page-table width that holds every row's context
             num_rows = num_tokens = self.decode_bucket(max(num_rows, num_tokens))
-            size = self.layout.page_size
-            needed = max([-(-(r.start_pos + len(r.token_ids)) // size) for r in rows] + [page_width])
+            needed = max([-(-(r.start_pos + 1) // size) for r in rows] + [page_width])
             width = next(w for w in self.decode_widths if w >= needed)
         else:
             num_rows, num_tokens = self.prefill_bucket(num_rows, num_tokens)
-        batch = build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens,
-                                 max_pages=width, page_size=self.layout.page_size,
-                                 drop_slot=self.layout.drop_slot, loop_begin=loop_begin,
+        batch = build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens, max_pages=width,
+                                 page_size=size, drop_slot=self.layout.drop_slot, loop_begin=loop_begin,
                                  loop_end=loop_end, pad_carry_slot=self.max_rows,
                                  hidden_size=self._hidden)
         return jax.device_put(batch)
 
     def submit(self, batch, kind: StepKind):
-        """One device submission (asynchronous): updates the device state, returns the
-        device StepOut (None when kind.final is False)."""
+        """One asynchronous submission; returns the device StepOut (None unless kind.final)."""
         self.submissions += 1
         self.state, out = self._step(self.params, self.state, batch, kind)
         return out
@@ -279,17 +269,7 @@ class Runner:
         host = jax.device_get(out)  # the one host read of this step
         k = len(rows)
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
-                          host.top_ids[:k], host.top_logprobs[:k], 1)
-
-    def run_decode_unfused(self, rows: list[RowInput]) -> StepResult:
-        """Decode every row with one submission per loop (the unfused baseline; rows share
-        one depth here). Host reads once, after the last loop."""
-        num_loops = max(r.loops for r in rows)
-        for t in range(num_loops):
-            emitting = [RowInput(**{**vars(r), "emits": t == num_loops - 1}) for r in rows]
-            result = self.run(emitting, decode=True, loop_begin=t, num_loops=1, series=True)
-        result.submissions = num_loops
-        return result
+                          host.top_ids[:k], host.top_logprobs[:k])
 
     def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False) -> int:
         """Compile (by running all-padding batches) every decode and prefill bucket for each
@@ -317,9 +297,3 @@ class Runner:
         self.warm = True
         return self.compilations
 
-
-def default_row_input(token_ids, start_pos, pages, *, loops: int, emits: bool = True,
-                      params: SamplingParams | None = None, **kw: Any) -> RowInput:
-    """A RowInput with greedy defaults (tests, benchmarks)."""
-    return RowInput(list(token_ids), start_pos, list(pages), emits, loops,
-                    params or SamplingParams(temperature=0.0, seed=0), **kw)

@@ -122,7 +122,9 @@ def test_per_loop_decode_equals_fused(ouro_model, ouro_ref):
 def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     """A pool of 8 pages (64 tokens) cannot hold three 41-token requests: preemption by
     recompute must keep every token equal to the golden and leak no page."""
-    engine = Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": 8, "max_context_len": 48}))
+    engine = Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": 8, "max_context_len": 48,
+                                                "decode_context_buckets": (16,)}))
+    assert engine.runner.decode_widths == (2, 6)  # decode steps also run a narrower page table
     ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
     for k, prompt in zip(PROMPTS, ids):
         engine.add_request(prompt, greedy(24), k)
@@ -159,6 +161,7 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
         (ok, greedy(4, logprobs=3)),           # more logprobs than the engine serves
         (ok, greedy(4, loops=9)),              # deeper than the engine
         (ok, greedy(4, exit_criterion="kl")),  # adaptive exit: not yet
+        (ok, greedy(4, stop=("x",))),          # stop strings without a tokenizer
     ]
     for prompt, params in bad:
         with pytest.raises(ValueError) as info:
