@@ -17,6 +17,8 @@ Decode step: 4 loops x 24 layers in a `lax.fori_loop` over loops, the 24 layers 
 over per-layer buffers (docs/design.md), Ouro's sandwich norms and SiLU, no attention (the q
 columns stand in for its output). Variants: XLA products; kernel products; kernel products
 with the SiLU*up epilogue fused. % of roofline = weight bytes x loops / time / copy rate.
+wcopies = weight-shaped slices/copies inside loop bodies of the compiled HLO (must be 0 on
+the GPU; --smoke's interpret mode slices weight tiles, which can match a tiny weight).
 Every case runs in its own try/except: a failure prints an error row and the run goes on.
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import statistics
 import sys
 import time
@@ -161,6 +164,70 @@ def print_row(r):
         f"  {_cfg_str(r['cfg'])}")
 
 
+# ------------------------------------------------------------------------------ HLO check
+# A dynamic-slice / slice / gather / copy of a weight-shaped value inside a loop body is a
+# weight copy per iteration (docs/h200.md); tests/test_no_weight_copy.py runs this on the
+# CPU HLO of the engine's decode step, the decode-step bench on the GPU's.
+
+SUSPECT_OPS = ("dynamic-slice", "slice", "gather", "copy")
+_HEADER = re.compile(r"^(?:ENTRY )?%?([^\s(]+) \(.*\{\s*$")
+_ARRAY_OP = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \w+\[([\d,]*)\]\S* ([a-z][a-z0-9-]*)\(")
+_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%([^\s,)}]+)")
+_CALL_SETS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
+_BODY = re.compile(r"\bwhile\(.*\bbody=%([^\s,)}]+)")
+
+
+def _computations(hlo: str) -> dict[str, list[str]]:
+    comps, name = {}, None
+    for line in hlo.splitlines():
+        if name is None:
+            if m := _HEADER.match(line):
+                name = m.group(1)
+                comps[name] = []
+        elif line.startswith("}"):
+            name = None
+        else:
+            comps[name].append(line)
+    return comps
+
+
+def _callees(line: str) -> list[str]:
+    out = _CALLS.findall(line)
+    for group in _CALL_SETS.findall(line):
+        out += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
+    return out
+
+
+def weight_copies_in_loops(hlo: str, weight_shapes) -> list[str]:
+    """Instructions inside any while body (fusions and calls included) that dynamic-slice,
+    slice, gather or copy a value whose shape, size-1 dims dropped, is a weight's shape."""
+    comps = _computations(hlo)
+    shapes = {tuple(d for d in s if d != 1) for s in weight_shapes}
+    todo = [b for lines in comps.values() for line in lines for b in _BODY.findall(line)]
+    if not todo:
+        raise AssertionError("no while loop in the HLO: is this the decode step?")
+    seen, found = set(), []
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in comps:
+            continue
+        seen.add(name)
+        for line in comps[name]:
+            todo += _callees(line)
+            m = _ARRAY_OP.match(line)
+            if m and m.group(3) in SUSPECT_OPS:
+                dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) != 1)
+                if dims in shapes:
+                    found.append(f"{name}: {line.strip()[:160]}")
+    return found
+
+
+def weight_shapes(params) -> set[tuple[int, ...]]:
+    """Shapes of the 2-D-or-more leaves of a params pytree (size-1 dims excluded)."""
+    return {a.shape for a in jax.tree.leaves(params) if a.ndim >= 2 and min(a.shape) > 1}
+
+
+
 # ------------------------------------------------------------------------------ decode step
 
 
@@ -220,7 +287,9 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
     roofline = wbytes * num_loops / copy_rate
     log(f"\n# decode step, {cfg.num_layers} layers x {num_loops} loops, weights "
         f"{wbytes / 1e9:.2f} GB/loop, roofline {roofline * 1e3:.3f} ms")
-    log(f"{'variant':<14} {'M':>4} {'ms':>9} {'%roof':>6}  rel_err vs xla")
+    shapes = weight_shapes(lps)
+    log(f"{'variant':<14} {'M':>4} {'ms':>9} {'%roof':>6} {'wcopies':>7}  rel_err vs xla "
+        f"(wcopies: weight-shaped slices/copies in loop bodies of the compiled HLO)")
     for m in rows:
         x = _random(jax.random.fold_in(key, 99), (m, cfg.hidden_size), dtype)
         ref = None
@@ -229,12 +298,14 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
                 log(f"{variant:<14} {m:>4} skipped (time budget)")
                 continue
             try:
-                fn = decode_step_fn(cfg, num_loops, variant, smoke)
+                fn = decode_step_fn(cfg, num_loops, variant, smoke).lower(lps, x).compile()
+                copies = len(weight_copies_in_loops(fn.as_text(), shapes))
                 t = _median_time(fn, (lps, x), rounds=rounds, calls=1 if smoke else 3)
                 out = fn(lps, x)
                 ref = out if variant == "xla" else ref
                 err = "" if ref is None or variant == "xla" else f"{_rel_err(out, ref):.1e}"
-                log(f"{variant:<14} {m:>4} {t * 1e3:>9.3f} {100 * roofline / t:>5.1f}%  {err}")
+                log(f"{variant:<14} {m:>4} {t * 1e3:>9.3f} {100 * roofline / t:>5.1f}% "
+                    f"{copies:>7}  {err}")
             except Exception as e:  # noqa: BLE001
                 log(f"{variant:<14} {m:>4} ERROR {_short(e)}")
 

@@ -11,72 +11,15 @@ weight's shape. Deliberately stacked-weights steps show that the check does fail
 
 from __future__ import annotations
 
-import re
-
 import jax
 import jax.numpy as jnp
 import pytest
 
 import loopjax
 from loopjax import kv_cache, runner
+from loopjax.bench.matmul import weight_copies_in_loops, weight_shapes
 from loopjax.layers import rope_angles
 from loopjax.models import ouro
-
-SUSPECT_OPS = ("dynamic-slice", "slice", "gather", "copy")
-_HEADER = re.compile(r"^(?:ENTRY )?%?([^\s(]+) \(.*\{\s*$")
-_ARRAY_OP = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \w+\[([\d,]*)\]\S* ([a-z][a-z0-9-]*)\(")
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%([^\s,)}]+)")
-_CALL_SETS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_BODY = re.compile(r"\bwhile\(.*\bbody=%([^\s,)}]+)")
-
-
-def _computations(hlo: str) -> dict[str, list[str]]:
-    comps, name = {}, None
-    for line in hlo.splitlines():
-        if name is None:
-            if m := _HEADER.match(line):
-                name = m.group(1)
-                comps[name] = []
-        elif line.startswith("}"):
-            name = None
-        else:
-            comps[name].append(line)
-    return comps
-
-
-def _callees(line: str) -> list[str]:
-    out = _CALLS.findall(line)
-    for group in _CALL_SETS.findall(line):
-        out += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
-    return out
-
-
-def weight_copies_in_loops(hlo: str, weight_shapes) -> list[str]:
-    """Instructions inside any while body (fusions and calls included) that dynamic-slice,
-    slice, gather or copy a value whose shape, size-1 dims dropped, is a weight's shape."""
-    comps = _computations(hlo)
-    shapes = {tuple(d for d in s if d != 1) for s in weight_shapes}
-    todo = [b for lines in comps.values() for line in lines for b in _BODY.findall(line)]
-    if not todo:
-        raise AssertionError("no while loop in the HLO: is this the decode step?")
-    seen, found = set(), []
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen.add(name)
-        for line in comps[name]:
-            todo += _callees(line)
-            m = _ARRAY_OP.match(line)
-            if m and m.group(3) in SUSPECT_OPS:
-                dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) != 1)
-                if dims in shapes:
-                    found.append(f"{name}: {line.strip()[:160]}")
-    return found
-
-
-def _weight_shapes(params) -> set[tuple[int, ...]]:
-    return {a.shape for a in jax.tree.leaves(params) if a.ndim >= 2 and min(a.shape) > 1}
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +57,7 @@ def test_engine_decode_step_copies_no_weight(model):
     batch = r.make_batch([], decode=True, loop_begin=0, loop_end=cfg.total_ut_steps, num_rows=2)
     kind = runner.fused(cfg.total_ut_steps)
     hlo = _compiled(r._step, r.params, r.state, batch, kind)
-    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)) == []
+    assert weight_copies_in_loops(hlo, weight_shapes(model.params)) == []
 
 
 def _positions(n):
@@ -130,7 +73,7 @@ def test_model_loop_copies_no_weight(model):
         return ouro.loop(params, cfg, x, cos, sin, _NoAttention(), None, depth)[0]
 
     hlo = _compiled(_loop_decode(one_loop, 4), model.params, x)
-    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)) == []
+    assert weight_copies_in_loops(hlo, weight_shapes(model.params)) == []
 
 
 def _stack_layers(params):
@@ -151,7 +94,7 @@ def test_check_fails_on_stacked_weights_indexed_by_counter(model):
         return jax.lax.fori_loop(0, cfg.num_layers, layer, x)
 
     hlo = _compiled(_loop_decode(one_loop, 4), stacked, x)
-    found = weight_copies_in_loops(hlo, _weight_shapes(model.params))
+    found = weight_copies_in_loops(hlo, weight_shapes(model.params))
     assert found, "stacked weights indexed by the layer counter must be flagged"
     assert any("dynamic-slice" in f for f in found)
 
@@ -169,7 +112,7 @@ def test_check_fails_on_static_slices_of_stacked_weights(model):
         return x
 
     hlo = _compiled(_loop_decode(one_loop, 4), stacked, x)
-    assert weight_copies_in_loops(hlo, _weight_shapes(model.params)), \
+    assert weight_copies_in_loops(hlo, weight_shapes(model.params)), \
         "static slices of stacked weights inside the loop must be flagged"
 
 
