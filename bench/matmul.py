@@ -349,7 +349,7 @@ def main(argv=None) -> int:
     p.add_argument("--step-only", action="store_true", help="only the decode step")
     p.add_argument("--sweep", action="store_true", help="try several block sizes per case")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, interpret mode")
-    p.add_argument("--max-seconds", type=float, default=225.0, help="time budget of the run")
+    p.add_argument("--max-seconds", type=float, default=200.0, help="time budget, seconds")
     args = p.parse_args(argv)
     start = time.perf_counter()
     deadline = start + args.max_seconds
