@@ -262,3 +262,41 @@ def test_generate_cli(capsys):
     assert generate_cli.run(parser.parse_args(["no-such-model", "--prompt-ids", "1"])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("loopjax generate: error:") for line in err)
+
+
+@pytest.mark.parametrize("share", [True, False])
+def test_prefill_share_first_token_step_and_chunked_prefill(ouro_engine, ouro_model, share):
+    """A (5 tokens) decodes; B (40 tokens = chunks of 32 + 8) arrives before step 2.
+    By hand: step 0 prefills A, step 1 decodes A (4 fused loops), step 2 prefills B[0:32].
+    Share on: 4 x 1 prefill batches may follow a 4-loop decode, so step 3 prefills B[32:40]
+    and B's first token comes at step 3. Share off: one prefill batch per decode, so step 3
+    decodes A and step 4 finishes B. B's tokens equal the identity path's greedy."""
+    import dataclasses
+
+    from loopjax.models import ouro
+    sched = ouro_engine.scheduler
+    saved = sched.config
+    sched.config = dataclasses.replace(saved, prefill_share_per_loop=share)
+    try:
+        rng = np.random.default_rng(7)
+        prompt_b = rng.integers(3, 256, size=40).tolist()
+        first_token_step, kinds = None, []
+        arrivals = {0: [([28, 72, 220, 249, 138], greedy(12), "A")], 2: [(prompt_b, greedy(6), "B")]}
+        finals, step = {}, 0
+        while ouro_engine.has_unfinished() or arrivals:
+            for prompt, params, rid in arrivals.pop(step, []):
+                ouro_engine.add_request(prompt, params, rid)
+            before = sched.num_decode_steps
+            for out in ouro_engine.step():
+                if out.request_id == "B" and out.new_token_ids and first_token_step is None:
+                    first_token_step = step
+                if out.finished:
+                    finals[out.request_id] = out
+            kinds.append("D" if sched.num_decode_steps > before else "P")
+            step += 1
+    finally:
+        sched.config = saved
+    assert first_token_step == (3 if share else 4)
+    assert "".join(kinds[:5]) == ("PDPPD" if share else "PDPDP")
+    expected = ouro.greedy_nocache(ouro_model.params, ouro_model.cfg, prompt_b, 6)
+    assert finals["B"].token_ids == expected.tolist()
