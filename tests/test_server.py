@@ -208,7 +208,7 @@ def test_cancelled_stream_frees_pages(client, server):
         got += len(chunk.choices[0].token_ids)
         if got >= 2:
             break
-    assert server.aengine.stats()["pages_used"] > 0 or server.aengine.metrics.finished.value
+    assert server.aengine.stats()["pages_used"] > 0  # the stats of the step before the last chunk
     stream.close()
     stats = _wait_idle(server.aengine)
     assert stats["pages_free"] > 0
