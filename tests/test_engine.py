@@ -106,7 +106,38 @@ def test_padding_rows_write_no_page(ouro_engine, ouro_ref):
     run_all(ouro_engine)
 
 
+def sat_params(model):
+    """Model A-sat (tests/data/ouro/README.md §5): gate bias 8, so fp32 tokens exit at loop
+    2 or 3 under the config threshold 1.0. Params are an argument of the jitted step, so an
+    engine runs them without recompiling."""
+    import jax.numpy as jnp
+    return {**model.params, "gate_b": jnp.asarray([8.0], model.params["gate_b"].dtype)}
+
+
+def run_sat(engine, model):
+    sat = np.load(f"{OURO}/reference_sat_fp32.npz")
+    saved, engine.runner.params = engine.runner.params, sat_params(model)
+    try:
+        ids = [sat[f"{k}_input_ids"].tolist() for k in PROMPTS]
+        finals = run_all(engine, {0: [(ids[0], greedy(12), "p0")], 1: [(ids[1], greedy(12), "p1")],
+                                  4: [(ids[2], greedy(12), "p2")]})
+    finally:
+        engine.runner.params = saved
+    for k in PROMPTS:
+        assert finals[k].token_ids == sat[f"{k}_greedy_tokens"].tolist(), k
+        assert finals[k].exit_loops == [s + 1 for s in sat[f"{k}_greedy_exit_steps"].tolist()], k
+    return finals
+
+
+def test_ouro_exit_rule_selects_inside_the_fused_loop(ouro_engine, ouro_model):
+    finals = run_sat(ouro_engine, ouro_model)
+    assert {2, 3} <= {loop for out in finals.values() for loop in out.exit_loops}
+    assert all(out.metrics["decode_submissions_per_token"] == 1.0 for out in finals.values())
+
+
 def test_per_loop_decode_equals_fused(ouro_model, ouro_ref):
+    """One submission per loop (state kept on device between them) gives the fused tokens
+    and exit loops, for fixed exits (Model A) and rule-selected exits (Model A-sat)."""
     engine = Engine(ouro_model, EngineConfig(**SMALL, fused_decode=False))
     compiled = engine.stats()["compilations"]
     ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
@@ -116,6 +147,7 @@ def test_per_loop_decode_equals_fused(ouro_model, ouro_ref):
         assert finals[k].token_ids == ouro_ref[f"{k}_greedy_tokens"][:12].tolist()
         assert finals[k].exit_loops == [4] * 12
         assert finals[k].metrics["decode_submissions_per_token"] == 4.0
+    run_sat(engine, ouro_model)
     assert engine.stats()["compilations"] == compiled
 
 
