@@ -226,9 +226,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
 
     def completion_prompts(body: dict) -> list[list[int]]:
         prompt = body.get("prompt")
-        if isinstance(prompt, str) or (isinstance(prompt, list) and prompt and isinstance(prompt[0], int)):
+        one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
+        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
             prompt = [prompt]
-        if not isinstance(prompt, list) or not prompt:
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
             raise _bad("prompt must be text, token ids, or a non-empty list of those", "prompt")
         return [check_ids(encode(p, "prompt") if isinstance(p, str) else p, "prompt") for p in prompt]
 

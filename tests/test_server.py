@@ -234,6 +234,8 @@ def test_client_gone_before_a_full_answer_aborts(server):
     ({"prompt": [5] * 600}, 400, "prompt", "too long"),
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
+    ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
+    ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
