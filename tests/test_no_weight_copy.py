@@ -47,17 +47,20 @@ def _compiled(fn, *args) -> str:
     return fn.lower(*args).compile().as_text()
 
 
-def test_engine_decode_step_copies_no_weight(model):
-    """The runner's fused decode step (paged KV, exit gate, sampling) as the engine jits it."""
-    cfg = model.cfg
-    layout = kv_cache.make_layout(cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8,
-                                  max_loops=cfg.total_ut_steps)
-    r = runner.Runner(model, layout, decode_rows=(2,), prefill_buckets=((1, 8),), max_pages=4,
-                      max_loops=cfg.total_ut_steps)
-    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=cfg.total_ut_steps, num_rows=2)
-    kind = runner.fused(cfg.total_ut_steps)
-    hlo = _compiled(r._step, r.params, r.state, batch, kind)
-    assert weight_copies_in_loops(hlo, weight_shapes(model.params)) == []
+@pytest.mark.parametrize("name", ["ouro-tiny", "huginn-tiny"])
+def test_engine_decode_step_copies_no_weight(name):
+    """The runner's fused decode step (paged KV, exit gate or recurrence, sampling) as the
+    engine jits it."""
+    m = loopjax.load(name, dtype="float32")
+    loops = m.cfg.default_loops
+    layout = kv_cache.make_layout(m.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8,
+                                  max_loops=loops)
+    # NOTE: 3 rows, so that no activation ([3, ...]) has a weight's shape (qk_bias is [2, Hq, D]).
+    r = runner.Runner(m, layout, decode_rows=(3,), prefill_buckets=((1, 8),), max_pages=4,
+                      max_loops=loops)
+    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=loops, num_rows=3)
+    hlo = _compiled(r._step, r.params, r.state, batch, runner.fused(loops))
+    assert weight_copies_in_loops(hlo, weight_shapes(m.params)) == []
 
 
 def _positions(n):
