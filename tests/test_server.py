@@ -13,6 +13,7 @@ import concurrent.futures
 import dataclasses
 import json
 import socket
+import sys
 import threading
 import time
 import types
@@ -455,3 +456,15 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     assert choice.finish_reason == "length"
     deltas, choice = stream(("ld ✓",))  # the stop string is trimmed and never streamed
     assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
+
+
+def test_chatml_fallback_without_jinja2(monkeypatch):
+    from loopjax.server import APIError
+
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    with_jinja = render_chat(CHATML, messages)
+    for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import jinja2` now raises ImportError
+    assert render_chat(CHATML, messages) == with_jinja
+    with pytest.raises(APIError, match="jinja2 is not installed"):
+        render_chat("{{ messages[0]['content'] }}", messages)
