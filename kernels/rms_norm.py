@@ -7,6 +7,8 @@
 x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
 One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
 tile (masked past H) so the sum of squares runs over the row in its natural order.
+The body spells every op in f32 with explicit roundings to the dtype where the jitted XLA
+twin rounds (measured on CPU; Triton applies no excess precision of its own).
 The `ref_` twins call layers.rms_norm.
 """
 
@@ -21,6 +23,8 @@ from jax.experimental import pallas as pl
 from loopjax import layers
 
 from ._common import compiler_params, div_rn, load_tile, load_vec, next_pow2, resolve_interpret, store_tile
+
+F32 = jnp.float32
 
 __all__ = [
     "add_rms_norm",
@@ -60,34 +64,47 @@ def ref_rms_norm_add(x, residual, weight, eps: float):
     return residual + layers.rms_norm(x, weight, eps)
 
 
-def _kernel(*refs, eps: float, block_rows: int, residual: str | None, interpret: bool):
+def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each_op: bool, interpret: bool):
     # refs: x [N, H], (residual [N, H]), weight [H], out [N, H]
     x_ref, res_ref, w_ref, o_ref = refs if residual else (refs[0], None, *refs[1:])
     n, h = x_ref.shape
+    dt = x_ref.dtype
     # NOTE: Triton needs a power-of-two tile; interpret mode reads the row as the ref does.
     width = h if interpret else next_pow2(h)
     r0 = pl.program_id(0) * block_rows
-    x = load_tile(x_ref, r0, block_rows, 0, width, n, h)  # [BN, W], zero past the row
+    xf = load_tile(x_ref, r0, block_rows, 0, width, n, h).astype(F32)  # [BN, W], 0 past the row
     if residual is not None:
-        res = load_tile(res_ref, r0, block_rows, 0, width, n, h)
-        if residual == "before":
-            x = x + res
-    w = load_vec(w_ref, 0, width, h)[None, :]  # [1, W]
-    xf = x.astype(jnp.float32)
+        res = load_tile(res_ref, r0, block_rows, 0, width, n, h).astype(F32)
+    if residual == "before":
+        # NOTE: XLA keeps the bf16 sum that feeds rms_norm's f32 cast in f32 (excess precision).
+        xf = _rnd(xf + res, dt) if round_each_op else xf + res
+    w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)  # [1, W]
     mean = div_rn(jnp.sum(xf * xf, axis=-1, keepdims=True), jnp.float32(h), interpret)
     normed = xf * jax.lax.rsqrt(mean + eps)
-    out = w * normed.astype(x.dtype)
+    out = _rnd(w * _rnd(normed, dt), dt)  # normed rounded before the weight multiply
     if residual == "after":
-        out = res + out
-    store_tile(o_ref, r0, 0, out, n, h)
+        out = _rnd(res + out, dt)
+    store_tile(o_ref, r0, 0, out.astype(dt), n, h)
 
 
-def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret):
+def _rnd(x, dtype):
+    """Round an f32 value to dtype and back (a no-op for f32)."""
+    return x.astype(dtype).astype(F32)
+
+
+def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret, round_each_op=False):
     n, h = x.shape
     interpret = resolve_interpret(interpret)
     if block_rows is None:  # ~8K elements per program
         block_rows = max(1, min(next_pow2(n), 8192 // next_pow2(h)))
-    kernel = functools.partial(_kernel, eps=eps, block_rows=block_rows, residual=mode, interpret=interpret)
+    kernel = functools.partial(
+        _kernel,
+        eps=eps,
+        block_rows=block_rows,
+        residual=mode,
+        round_each_op=round_each_op,
+        interpret=interpret,
+    )
     args = (x, residual, weight) if mode else (x, weight)
     return pl.pallas_call(
         kernel,
@@ -120,10 +137,13 @@ def add_rms_norm(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
+    round_each_op: bool = False,
     interpret: bool | None = None,
 ):
+    """round_each_op=True rounds x + residual to the dtype (the literal jaxpr) instead of
+    keeping it in f32 as XLA does on CPU; bench/kernels.py checks which the GPU matches."""
     check_rms_norm_inputs(x, weight, residual)
-    return _call(x, residual, weight, eps, "before", block_rows, num_warps, interpret)
+    return _call(x, residual, weight, eps, "before", block_rows, num_warps, interpret, round_each_op)
 
 
 def rms_norm_add(

@@ -8,8 +8,8 @@
         q = layers.rope_interleaved(q heads + qk_bias[0], cos, sin), k with qk_bias[1].
 
 cos, sin [N, D/2] fp32 (layers.rope_angles); q [N, Hq, D], k [N, Hkv, D] in qkv's dtype.
-v stays a slice of qkv. The kernel body spells the same dtype-level ops as loopjax.layers
-(on CPU, interpret mode then compiles to the same XLA; on the GPU, Triton rounds per op).
+v stays a slice of qkv. The body spells every op in f32 with explicit roundings to the
+dtype where the jitted XLA twin rounds (measured on CPU; Triton adds no excess precision).
 One program per (row block, q-or-k head); q and k heads are contiguous in qkv, so head j
 starts at column j * D for both.
 """
@@ -78,31 +78,39 @@ def ref_rope_interleaved_qk(qkv, qk_bias, cos, sin):
     return layers.rope_interleaved(q + bias[0], cos, sin), layers.rope_interleaved(k + bias[1], cos, sin)
 
 
+def _rnd(x, dtype):
+    """Round an f32 value to dtype and back (a no-op for f32)."""
+    return x.astype(dtype).astype(F32)
+
+
 def _rotate_half(x_ref, cos_ref, sin_ref, r0, col, bn, half, w2):
-    """Rows r0.. of the head at column `col`: halves (x1*c + (-x2)*s, x2*c + x1*s) [BN, W2]
-    with c, s rounded to the dtype and every op in the dtype, as layers.rope_rotate_half."""
+    """Rows r0.. of the head at column `col`: f32 halves (x1*c + (-x2)*s, x2*c + x1*s)
+    [BN, W2], c and s rounded to the dtype and every op rounded, as layers.rope_rotate_half."""
     n, dt = x_ref.shape[0], x_ref.dtype
-    x1 = load_tile(x_ref, r0, bn, col, w2, n, half)
-    x2 = load_tile(x_ref, r0, bn, col + half, w2, n, half)
-    c = load_tile(cos_ref, r0, bn, 0, w2, n, half).astype(dt)
-    s = load_tile(sin_ref, r0, bn, 0, w2, n, half).astype(dt)
-    return x1 * c + (-x2) * s, x2 * c + x1 * s
+    x1 = load_tile(x_ref, r0, bn, col, w2, n, half).astype(F32)
+    x2 = load_tile(x_ref, r0, bn, col + half, w2, n, half).astype(F32)
+    c = _rnd(load_tile(cos_ref, r0, bn, 0, w2, n, half), dt)
+    s = _rnd(load_tile(sin_ref, r0, bn, 0, w2, n, half), dt)
+    return _rnd(_rnd(x1 * c, dt) + _rnd(-x2 * s, dt), dt), _rnd(_rnd(x2 * c, dt) + _rnd(x1 * s, dt), dt)
 
 
-def _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, bn, d, w):
+def _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, bn, d, w, round_each_op):
     """Rows r0.. of head j at column `col`: [BN, W] f32 pairs of layers.rope_interleaved
-    applied to x + bias (the add in the dtype, as the model writes it)."""
-    n = x_ref.shape[0]
-    x = load_tile(x_ref, r0, bn, col, w, n, d)
-    b = load_tile(bias_ref, j, 1, 0, w, bias_ref.shape[0], d)  # [1, W]
-    x = (x + b).astype(F32).reshape(bn, w // 2, 2)
+    applied to x + bias. NOTE: XLA keeps that bf16 sum in f32 (it feeds an f32 cast);
+    round_each_op=True rounds it as the jaxpr literally says."""
+    n, dt = x_ref.shape[0], x_ref.dtype
+    x = load_tile(x_ref, r0, bn, col, w, n, d).astype(F32)
+    b = load_tile(bias_ref, j, 1, 0, w, bias_ref.shape[0], d).astype(F32)  # [1, W]
+    x = (_rnd(x + b, dt) if round_each_op else x + b).reshape(bn, w // 2, 2)
     x0, x1 = (a.reshape(bn, w // 2) for a in jnp.split(x, 2, axis=-1))
     c = load_tile(cos_ref, r0, bn, 0, w // 2, n, d // 2)
     s = load_tile(sin_ref, r0, bn, 0, w // 2, n, d // 2)
     return jnp.stack([x0 * c - x1 * s, x1 * c + x0 * s], axis=-1).reshape(bn, w)
 
 
-def _kernel(*refs, num_heads: int, d: int, block_rows: int, interleaved: bool, interpret: bool):
+def _kernel(
+    *refs, num_heads: int, d: int, block_rows: int, interleaved: bool, round_each_op: bool, interpret: bool
+):
     # refs: qkv [N, (Hq+2Hkv)*D], (qk_bias [2*Hq, D]), cos [N, D/2], sin [N, D/2],
     #       q_out [N, Hq*D], k_out [N, Hkv*D]
     if interleaved:
@@ -114,7 +122,13 @@ def _kernel(*refs, num_heads: int, d: int, block_rows: int, interleaved: bool, i
     col = j * d
     if interleaved:
         w = d if interpret else next_pow2(d)
-        outs = [(0, _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, block_rows, d, w), d)]
+        outs = [
+            (
+                0,
+                _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, block_rows, d, w, round_each_op),
+                d,
+            )
+        ]
     else:
         half = d // 2
         w2 = half if interpret else next_pow2(half)
@@ -129,7 +143,9 @@ def _kernel(*refs, num_heads: int, d: int, block_rows: int, interleaved: bool, i
     pl.when(j >= num_heads)(lambda: store(k_ref, j - num_heads))
 
 
-def _call(qkv, qk_bias, cos, sin, num_heads, num_kv_heads, d, block_rows, num_warps, interpret):
+def _call(
+    qkv, qk_bias, cos, sin, num_heads, num_kv_heads, d, block_rows, num_warps, interpret, round_each_op=False
+):
     n = qkv.shape[0]
     interpret = resolve_interpret(interpret)
     if block_rows is None:
@@ -140,6 +156,7 @@ def _call(qkv, qk_bias, cos, sin, num_heads, num_kv_heads, d, block_rows, num_wa
         d=d,
         block_rows=block_rows,
         interleaved=qk_bias is not None,
+        round_each_op=round_each_op,
         interpret=interpret,
     )
     args = (qkv, cos, sin) if qk_bias is None else (qkv, qk_bias.reshape(2 * num_heads, d), cos, sin)
@@ -180,10 +197,12 @@ def rope_interleaved_qk(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
+    round_each_op: bool = False,
     interpret: bool | None = None,
 ):
+    """round_each_op=True: see _interleaved (bench/kernels.py checks which the GPU matches)."""
     h = qk_bias.shape[1] if qk_bias.ndim == 3 else -1
     _, d = check_rope_inputs(qkv, cos, sin, h, h, qk_bias)
     if qk_bias.dtype != qkv.dtype:
         qk_bias = qk_bias.astype(qkv.dtype)  # NOTE: as the model does before the add
-    return _call(qkv, qk_bias, cos, sin, h, h, d, block_rows, num_warps, interpret)
+    return _call(qkv, qk_bias, cos, sin, h, h, d, block_rows, num_warps, interpret, round_each_op)

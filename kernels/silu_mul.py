@@ -11,7 +11,6 @@ what XLA compiles layers.silu_mul to under jit (jax.nn.silu is one jitted unit; 
 its bf16 intermediates in f32, measured on CPU): jit(layers.silu_mul) == jit(ouro._silu_mul)
 there. `round_each_op=True` spells the literal jaxpr instead (every sigmoid op rounded to
 the dtype) in case the GPU compiler differs; bench/kernels.py checks both on the H200.
-In interpret mode the body is the twin's own expression on the tile.
 """
 
 from __future__ import annotations
@@ -73,14 +72,9 @@ def _kernel(
     gate = load_tile(gu_ref, r0, block_rows, c0, block_cols, n, valid)  # [BN, BF]
     up = load_tile(gu_ref, r0, block_rows, f + c0, block_cols, n, valid)  # [BN, BF]
     dtype = o_ref.dtype
-    if interpret:
-        # NOTE: on CPU the twin's own expression: XLA then makes the same excess-precision
-        # choices for both (under jit it drops bf16 round trips inside the fused silu).
-        out = _ouro_silu_mul()(gate, up) if act_f32 else layers.silu_mul(gate, up)
-    else:
-        # Triton has no bf16 divide and no fp-conversion simplification: spell the ops.
-        act = _silu(gate, dtype if round_each_op else jnp.float32, interpret).astype(dtype)
-        out = (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(dtype)
+    # NOTE: both twins compile to this under jit (act_f32 only names the twin).
+    act = _silu(gate, dtype if round_each_op else jnp.float32, interpret).astype(dtype)
+    out = (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(dtype)
     store_tile(o_ref, r0, c0, out, n, valid)
 
 
