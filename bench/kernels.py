@@ -60,13 +60,14 @@ def device_time(fn, args, iters: int) -> float:
 
 
 class Bench:
-    def __init__(self, smoke: bool, iters: int):
+    def __init__(self, smoke: bool, iters: int, budget_s: float = TIME_BUDGET_S):
         self.smoke, self.iters, self.rows, self.t0 = smoke, iters, [], time.perf_counter()
+        self.budget_s = budget_s
         print(f"{'case':<44} {'impl':<10} {'us':>9} {'GB/s':>8} {'%4.1TB/s':>8}  check")
 
     def case(self, name: str, impl: str, fn, args, nbytes: float, check=None):
         row = dict(case=name, impl=impl, us=None, gbps=None, pct_copy=None, check=None, error=None)
-        if time.perf_counter() - self.t0 > TIME_BUDGET_S:
+        if time.perf_counter() - self.t0 > self.budget_s:
             row["error"] = "skipped: time budget"
         else:
             try:
@@ -299,6 +300,9 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny shapes in interpret mode (CPU)")
     parser.add_argument("--iters", type=int, default=None, help="calls per timing loop")
     parser.add_argument(
+        "--budget", type=float, default=TIME_BUDGET_S, help="seconds before cases are skipped"
+    )
+    parser.add_argument(
         "--only",
         default="pointwise,decode,prefill",
         help="comma list of sections: pointwise,decode,prefill,sweep",
@@ -314,7 +318,7 @@ def main(argv=None):
         prefill_shapes, tokens = [(1, 2048, 0), (8, 256, 0), (4, 512, 512)], (128, 2048)
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}; dtype {jnp.dtype(dtype).name}; iters {iters}")
-    b = Bench(args.smoke, iters)
+    b = Bench(args.smoke, iters, args.budget)
     sections = args.only.split(",")
     if "pointwise" in sections:
         bench_pointwise(b, models, tokens, dtype, interpret)
