@@ -321,6 +321,10 @@ def sweep_configs(m, k, n, dtype):
     for bn, bk in ((64, 64), (128, 64), (64, 128), (128, 128), (256, 32)):
         cands.append(base._replace(block_n=bn, block_k=bk,
                                    split_k=sm.default_split(m, k, n, bn, bk)))
+    # NOTE: no split (so no XLA reduction kernel after it): the narrowest tile giving ~1
+    # column block per SM.
+    narrow = max(16, min(256, sm.next_pow2(max(1, n // sm.NUM_SMS)) // 2 or 16))
+    cands.append(base._replace(block_n=narrow, block_k=128, split_k=1))
     cands += [base._replace(num_stages=st) for st in (3, 6)]
     cands.append(base._replace(split_k=min(16, max(1, k // base.block_k), 2 * base.split_k)))
     out = []
