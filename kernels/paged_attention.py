@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._common import resolve_interpret
+from ._common import is_pow2, pow2_chunks, resolve_interpret
 
 __all__ = [
     "check_paged_inputs",
@@ -172,21 +172,6 @@ def write_kv(k_cache, v_cache, plane, slot_mapping, k, v):
 # ----------------------------------------------------------------------------------------
 
 
-def _pow2(x: int) -> bool:
-    return x > 0 and x & (x - 1) == 0
-
-
-def _dim_chunks(d: int) -> tuple[tuple[int, int], ...]:
-    """(offset, size) power-of-two chunks covering head_dim (96 -> 64 + 32): Triton blocks
-    must have power-of-two sizes, so the kernel reads and accumulates D chunk by chunk."""
-    chunks, off = [], 0
-    for bit in reversed(range(d.bit_length())):
-        if d & (1 << bit):
-            chunks.append((off, 1 << bit))
-            off += 1 << bit
-    return tuple(chunks)
-
-
 def _decode_kernel(
     plane_ref,  # [1] i32
     pt_ref,  # [R, M_pad] i32, M_pad a multiple of pages_per_block
@@ -207,7 +192,7 @@ def _decode_kernel(
     s = k_ref.shape[3]
     block_k = pages_per_block * s
     dtype = q_ref.dtype
-    chunks = _dim_chunks(d)
+    chunks = pow2_chunks(d)
     plane, row = plane_ref[0], row_ref[n]
     ctx = pos_ref[n] + 1  # keys 0..positions[n]
     num_blocks = pl.cdiv(ctx, block_k)
@@ -284,12 +269,12 @@ def paged_attention(
     )
     g = hq // hkv
     interpret = resolve_interpret(interpret)
-    if not (_pow2(g) and _pow2(s)):
+    if not (is_pow2(g) and is_pow2(s)):
         raise ValueError(f"Pallas kernel needs power-of-two q heads per kv head ({g}) and page_size ({s})")
     if pages_per_block is None:
         pages_per_block = max(1, min(m, 64 // s)) if s < 64 else 1
         pages_per_block = 1 << (pages_per_block.bit_length() - 1)
-    if not _pow2(pages_per_block):
+    if not is_pow2(pages_per_block):
         raise ValueError(f"pages_per_block must be a power of two, got {pages_per_block}")
     m_pad = -(-m // pages_per_block) * pages_per_block
     if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).
