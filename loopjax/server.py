@@ -168,9 +168,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     tokenizer = getattr(model, "tokenizer", None)
     chat_template = getattr(model, "chat_template", None)
     special_tokens = _special_tokens(model)
-    cfg = getattr(model, "cfg", None)
-    vocab_size = getattr(cfg, "vocab_size", None)
-    max_context = getattr(cfg, "max_context_len", None)
+    vocab_size = getattr(cfg := getattr(model, "cfg", None), "vocab_size", None)
+    # NOTE: the engine may serve less context than the model has (its scheduler's limit).
+    sched = getattr(getattr(aengine.engine, "scheduler", None), "config", None)
+    max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

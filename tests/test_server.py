@@ -272,7 +272,10 @@ def test_full_queue_gets_429(server, client):
 
 
 def test_models_and_metrics(server, client, model):
-    assert [m.id for m in client.models.list().data] == [MODEL_NAME]
+    cards = client.models.list().data
+    assert [m.id for m in cards] == [MODEL_NAME]
+    assert cards[0].max_model_len == server.aengine.engine.scheduler.config.max_seq_len == 512
+    assert cards[0].vocab_size == model.cfg.vocab_size
     client.completions.create(model=MODEL_NAME, prompt=[8, 9], max_tokens=3, temperature=0)
     samples = parse(httpx.get(server.url + "/metrics", timeout=10).text)
     for name in ("loopjax_queue_len", "loopjax_running_rows", "loopjax_pages_used", "loopjax_pages_free",
