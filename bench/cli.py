@@ -137,9 +137,12 @@ async def _run_in_process(args, specs):
     from loopjax.async_engine import AsyncEngine, build_engine
 
     model, engine = build_engine(args)
-    context, need = model.cfg.max_context_len, max(s.max_context for s in specs)
+    sched = getattr(getattr(engine, "scheduler", None), "config", None)  # may allow less than the model
+    context = getattr(sched, "max_seq_len", None) or model.cfg.max_context_len
+    need = max(s.max_context for s in specs)
     if need > context:
-        raise ValueError(f"the workload needs {need} tokens of context, the model has {context}")
+        raise ValueError(f"the workload needs {need} tokens of context, the engine serves {context} "
+                         f"(see --max-context-len)")
     aengine = AsyncEngine(engine, max_waiting=max(s.num_requests for s in specs) + 1)
     await aengine.start()
 
