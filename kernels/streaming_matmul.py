@@ -191,7 +191,8 @@ def _mask(shape, r0=0, rows=None, c0=0, cols=None, ok=None):
     for axis, start, bounds in ((0, r0, rows), (1, c0, cols)):
         if bounds is not None:
             idx = start + jax.lax.broadcasted_iota(jnp.int32, shape, axis)
-            parts.append((idx >= bounds[0]) & (idx < bounds[1]))
+            lo, hi = bounds
+            parts.append(idx < hi if isinstance(lo, int) and lo == 0 else (idx >= lo) & (idx < hi))
     if ok is not None:
         parts.append(jnp.broadcast_to(ok, shape))
     return functools.reduce(jnp.logical_and, parts) if parts else None
