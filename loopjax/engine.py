@@ -44,6 +44,7 @@ class EngineConfig:
     kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (Huginn compress-sK ring)
     shared_kv_slots: int = 8              # K of the shared ring (Huginn)
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
+    loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
     attention_backend: str = "xla"        # 'xla' (ref_paged_attention) | 'pallas'
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
@@ -109,8 +110,9 @@ class Engine:
             prefill_token_buckets=config.prefill_token_buckets,
             max_prefill_rows=config.max_prefill_rows, max_context_len=max_context,
             max_prefill_batches_before_decode=config.max_prefill_batches_before_decode,
-            prefill_share_per_loop=config.prefill_share_per_loop, num_loops=cfg.default_loops,
-            max_loops=max(self.max_loops, cfg.default_loops), fused_decode=config.fused_decode))
+            prefill_share_per_loop=config.prefill_share_per_loop,
+            num_loops=min(cfg.default_loops, self.max_loops), max_loops=self.max_loops,
+            fused_decode=config.fused_decode))
         sc = self.scheduler.config
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
@@ -120,7 +122,8 @@ class Engine:
                              decode_page_widths=tuple(-(-c // config.page_size)
                                                       for c in config.decode_context_buckets))
         if config.warmup:
-            self.runner.warmup(loop_counts=(cfg.default_loops,), series=not config.fused_decode)
+            self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
+                               series=not config.fused_decode)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._aborted: list[RequestOutput] = []

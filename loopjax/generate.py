@@ -101,14 +101,16 @@ def _result(prompt, out, model) -> GenerateOutput:
 _CACHE: dict = {}
 
 
-def compact_engine_options(prompt_lens: list[int], max_new_tokens: int) -> dict:
-    """Engine options sized to one batch of prompts (two compiled buckets)."""
+def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
+                           loops: int | None = None) -> dict:
+    """Engine options sized to one batch of prompts (two compiled buckets per loop count)."""
     rows = min(32, 1 << max(0, len(prompt_lens) - 1).bit_length())
     chunk = min(512, 1 << max(4, (sum(prompt_lens) - 1).bit_length()))
     context = 1 << max(6, (max(prompt_lens) + max_new_tokens - 1).bit_length())
     return {"max_num_rows": rows, "decode_row_buckets": (rows,), "max_prefill_tokens": chunk,
             "prefill_token_buckets": (chunk,), "max_prefill_rows": min(4, rows),
-            "max_context_len": context, "verbose": False}
+            "max_context_len": context, "max_loops": loops, "verbose": False,
+            "loop_buckets": () if loops is None else (loops,)}
 
 
 def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
@@ -124,7 +126,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if not prompt_list:
         raise ValueError("prompts is empty")
     lengths = [len(model.tokenize(p)) if isinstance(p, str) else len(p) for p in prompt_list]
-    options = engine_options or compact_engine_options(lengths, max_new_tokens)
+    loops = sampling_kwargs.get("loops")
+    options = engine_options or compact_engine_options(lengths, max_new_tokens, loops)
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)

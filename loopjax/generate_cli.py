@@ -53,7 +53,7 @@ def _run(args) -> int:
         prompt = args.prompt
     model = load(args.model, args.dtype)
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
-    options = compact_engine_options([max(1, length)], max(1, args.max_tokens))
+    options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops)
     options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
     out = generate(model, [prompt], max_new_tokens=args.max_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, seed=args.seed, loops=args.loops,

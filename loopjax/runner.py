@@ -43,8 +43,7 @@ class StepKind:
     save_carry: bool = False  # store the loop state of every row (per-loop decode series)
 
 
-def fused(num_loops: int) -> StepKind:
-    """All loops of the step in one submission."""
+def fused(num_loops: int) -> StepKind:  # all loops of the step in one submission
     return StepKind(num_loops)
 
 
@@ -171,9 +170,7 @@ def _carry_init(cfg, max_rows: int, dtype) -> dict:
 
 
 @dataclass
-class StepResult:
-    """Host copy of a step's outputs for the real rows (one read per submission)."""
-
+class StepResult:  # host copy of a step's outputs for the real rows (one read per submission)
     tokens: np.ndarray       # [R] int32
     exit_loops: np.ndarray   # [R] int32
     logprobs: np.ndarray     # [R] f32
@@ -195,6 +192,7 @@ class Runner:
         self.decode_widths = tuple(sorted({w for w in decode_page_widths if w < max_pages} | {max_pages}))
         self.num_top_logprobs, self.strict = num_top_logprobs, strict
         self.compilations, self.submissions, self.warm = 0, 0, False
+        self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
         dtype = jax.tree.leaves(self.params)[0].dtype
         self.max_rows = max(self.decode_rows)  # carry slots 0..max_rows-1; max_rows = padding
         self.state = DeviceState(kv_cache.allocate(layout), _carry_init(self.cfg, self.max_rows, dtype))
@@ -259,7 +257,9 @@ class Runner:
         loops [loop_begin, loop_begin + num_loops), then one host read of the outputs.
         series: a one-loop submission of a per-loop decode series (state kept on device)."""
         num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
-        kind = per_loop(loop_begin == 0, any(r.emits for r in rows)) if series else fused(num_loops)
+        # A fused step runs the smallest compiled loop count that covers it (rows stop at theirs).
+        count = next(c for c in self.loop_counts if c >= num_loops) if not series else 1
+        kind = per_loop(loop_begin == 0, any(r.emits for r in rows)) if series else fused(count)
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens)
@@ -276,7 +276,7 @@ class Runner:
         fused loop count (default: max_loops); with series, the one-loop decode variants
         instead of the fused decode ones. Returns the compile count."""
         outs = []
-        loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
+        self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
         if series:
             kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)]
         else:

@@ -332,3 +332,28 @@ def test_prefill_share_first_token_step_and_chunked_prefill(ouro_engine, ouro_mo
     assert "".join(kinds[:5]) == ("PDPPD" if share else "PDPDP")
     expected = ouro.greedy_nocache(ouro_model.params, ouro_model.cfg, prompt_b, 6)
     assert finals["B"].token_ids == expected.tolist()
+
+
+def test_fewer_loops_run_in_the_compiled_loop_count(ouro_engine, ouro_model, huginn):
+    """loops=2 (Ouro) / 5 (Huginn) run inside the compiled max-loop step, rows stopping at
+    their own depth (strict engines: nothing compiles), equal to the identity path."""
+    from loopjax.models import huginn as hm
+    from loopjax.models import ouro
+    prompt = [28, 72, 220, 249, 138]
+    out = run_all(ouro_engine, {0: [(prompt, greedy(4, loops=2), "short")],
+                                1: [(prompt, greedy(4), "full")]})
+    ids = np.zeros(16, np.int32)
+    ids[:5] = prompt
+    for i in range(4):
+        ids[5 + i] = int(np.argmax(ouro.forward(ouro_model.params, ouro_model.cfg, ids,
+                                                loops=2).logits[4 + i]))
+    assert out["short"].token_ids == ids[5:9].tolist() and out["short"].exit_loops == [2] * 4
+    assert out["full"].exit_loops == [4] * 4
+    model, gen, hprompt = huginn
+    engine = _huginn_engine(model, "per_loop")
+    states = gen["gen_init_states"][0]
+    rid = engine.add_request(hprompt, greedy(5, loops=5), initial_state=states)
+    result = run_all(engine)[rid]
+    expected, _, _ = hm.generate_greedy_recompute(model.params, model.cfg, hprompt, 5,
+                                                  initial_states=states, loops=5)
+    assert result.token_ids == np.asarray(expected).tolist() and result.exit_loops == [5] * 5
