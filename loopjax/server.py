@@ -99,11 +99,10 @@ class _Choice:
 
     def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
         self.index, self.tokenizer, self.stop = index, tokenizer, stop
-        self.text, self.sent = "", 0  # full text so far; characters already streamed
+        self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self._offsets = (0, 0)  # token ids [p, r): left context of the next decode, r: committed
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
-        self.submissions = 0
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -203,12 +202,6 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
                 raise _bad(f"{key} is not supported by this server", key)
         return body
 
-    def sampling_params(body: dict) -> SamplingParams:
-        try:
-            return SamplingParams.from_openai(body)
-        except (ValueError, TypeError) as e:
-            raise _bad(str(e), _param_of(str(e), body)) from None
-
     def check_ids(ids, param: str) -> list[int]:
         if not ids:
             raise _bad(f"{param} is empty", param)
@@ -253,29 +246,34 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
         return check_ids(encode(render_chat(chat_template, clean, **special_tokens), "messages"), "messages")
 
     async def submit_all(body, prompts, params) -> list:
-        streams = []
-        try:
-            for ids in prompts:
-                streams.append(await aengine.submit(ids, params))
-        except BaseException as e:
-            for s in streams:
-                s.close()
-            if isinstance(e, QueueFullError):
-                raise APIError(429, str(e), None, "rate_limit_error") from None
-            if isinstance(e, EngineDeadError):
-                raise APIError(503, str(e), None, "server_error") from None
-            if isinstance(e, ValueError):  # the engine's one line, less its internal request id
-                message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
-                raise _bad(message, _param_of(message, body) or "prompt") from None
-            raise
-        return streams
+        """All prompts admitted at once (one engine turn), or none: the first error maps to HTTP."""
+        results = await asyncio.gather(*(aengine.submit(ids, params) for ids in prompts),
+                                       return_exceptions=True)
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if not errors:
+            return results
+        for r in results:
+            if not isinstance(r, BaseException):
+                r.close()
+        e = errors[0]
+        if isinstance(e, QueueFullError):
+            raise APIError(429, str(e), None, "rate_limit_error")
+        if isinstance(e, EngineDeadError):
+            raise APIError(503, str(e), None, "server_error")
+        if isinstance(e, ValueError):  # the engine's one line, less its internal request id
+            message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
+            raise _bad(message, _param_of(message, body) or "prompt")
+        raise e
 
     async def handle(request: Request, chat: bool):
         body = await read_body(request)
         prompts = [chat_prompt(body)] if chat else completion_prompts(body)
         if chat and max_context and all(body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
             body["max_tokens"] = max_context - len(prompts[0])  # OpenAI's chat default: until done
-        params = sampling_params(body)
+        try:
+            params = SamplingParams.from_openai(body)
+        except (ValueError, TypeError) as e:
+            raise _bad(str(e), _param_of(str(e), body)) from None
         streams = await submit_all(body, prompts, params)
         choices = [_Choice(i, tokenizer, params.stop) for i in range(len(prompts))]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
