@@ -49,6 +49,7 @@ class EngineConfig:
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
     prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
+    enable_prefix_caching: bool = False   # share KV pages of common prefixes (Huginn: s0 by seed)
     max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
     huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'
     huginn_seed: int = 0                  # seed of the position-keyed s0
@@ -112,7 +113,7 @@ class Engine:
             max_prefill_batches_before_decode=config.max_prefill_batches_before_decode,
             prefill_share_per_loop=config.prefill_share_per_loop,
             num_loops=min(cfg.default_loops, self.max_loops), max_loops=self.max_loops,
-            fused_decode=config.fused_decode))
+            fused_decode=config.fused_decode, enable_prefix_caching=config.enable_prefix_caching))
         sc = self.scheduler.config
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
@@ -153,7 +154,8 @@ class Engine:
         if not params.ignore_eos and self._eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
-        request = Request(request_id, prompt, params, max_loops=params.loops)
+        request = Request(request_id, prompt, params, max_loops=params.loops,
+                          cache_salt=self._cache_salt(extra))
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id
@@ -268,6 +270,15 @@ class Engine:
             self._free_carry.append(extra.carry_slot)
             extra.carry_slot = None
 
+    def _cache_salt(self, extra: _Extra) -> tuple | None:
+        """What a request's KV depends on besides tokens and loops (prefix_cache.py): nothing
+        for Ouro; Huginn's s0 rule, and None (never share) for explicit states."""
+        if self.model.cfg.family != "huginn":
+            return ()
+        if extra.init_mode == INIT_EXPLICIT:
+            return None
+        return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", self.config.huginn_seed)
+
     def _initial_state(self, spec, num_positions: int) -> _Extra:
         if self.model.cfg.family != "huginn":
             if spec is not None:
@@ -296,7 +307,8 @@ class Engine:
                 "steps": s["num_steps"], "prefill_steps": s["num_prefill_steps"],
                 "decode_steps": s["num_decode_steps"], "preemptions": s["num_preemptions"],
                 "generated_tokens": self.num_generated,
-                "mean_loops_per_token": self.loops_generated / max(1, self.num_generated)}
+                "mean_loops_per_token": self.loops_generated / max(1, self.num_generated),
+                **{k: v for k, v in s.items() if k.startswith("prefix_cache")}}
 
 
 def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:

@@ -357,3 +357,22 @@ def test_fewer_loops_run_in_the_compiled_loop_count(ouro_engine, ouro_model, hug
     expected, _, _ = hm.generate_greedy_recompute(model.params, model.cfg, hprompt, 5,
                                                   initial_states=states, loops=5)
     assert result.token_ids == np.asarray(expected).tolist() and result.exit_loops == [5] * 5
+
+
+def test_prefix_cache_hits_keep_tokens(ouro_model, ouro_ref):
+    """A repeated prompt reuses its full KV pages (prefill starts after them) and still gives
+    the golden tokens; so does a prompt that shares only the first page."""
+    engine = Engine(ouro_model, EngineConfig(**SMALL, enable_prefix_caching=True))
+    prompt = ouro_ref["p2_input_ids"].tolist()  # 17 tokens: 2 full pages of 8
+    first = run_all(engine, {0: [(prompt, greedy(24), "first")]})["first"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    again = run_all(engine, {0: [(prompt, greedy(24), "again")]})["again"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 16
+    assert first.token_ids == again.token_ids == ouro_ref["p2_greedy_tokens"].tolist()
+    other = prompt[:8] + [5] * 9
+    shared = run_all(engine, {0: [(other, greedy(6), "shared")]})["shared"]
+    assert engine.stats()["prefix_cache_hit_tokens"] == 24
+    from loopjax.models import ouro
+    assert shared.token_ids == ouro.greedy_nocache(ouro_model.params, ouro_model.cfg, other, 6).tolist()
+    stats = engine.stats()
+    assert stats["pages_free"] == stats["pages_total"]  # parked cached pages count as free
