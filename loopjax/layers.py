@@ -15,6 +15,8 @@ engine's paged backend lives in `loopjax/kv_cache.py`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
@@ -105,3 +107,16 @@ class DenseCausal:
         n = q.shape[0]
         mask = jnp.arange(n)[:, None] >= jnp.arange(n)[None, :]
         return kv, causal_attention(q, k, v, mask)
+
+
+@dataclass(frozen=True)
+class Ops:
+    """The dense products a layer runs, so a step can swap in a device kernel where it wins
+    (the weight-streaming matmul of `loopjax.kernels.streaming_matmul` for decode on GPU)
+    without a second model definition. Each field keeps the signature of its XLA default
+    here; frozen and made of functions, so it is hashable and can be a static jit argument."""
+
+    linear: Callable = linear
+
+
+XLA_OPS = Ops()

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import HuginnConfig
-from loopjax.layers import DenseCausal, linear, rms_norm, rope_angles, rope_interleaved, silu_mul
+from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles, rope_interleaved, silu_mul
 
 # ---------------------------------------------------------------- params
 
@@ -83,30 +83,30 @@ def init_params(cfg: HuginnConfig, key, dtype=jnp.bfloat16):
 
 # ---------------------------------------------------------------- blocks
 
-def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth):
+def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
     n = x.shape[0]
-    qkv = linear(x, layer["wqkv"]).reshape(n, 3, cfg.num_heads, cfg.head_dim)
+    qkv = ops.linear(x, layer["wqkv"]).reshape(n, 3, cfg.num_heads, cfg.head_dim)
     bias = layer["qk_bias"].astype(x.dtype)
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
     q = rope_interleaved(qkv[:, 0] + bias[0], cos, sin)
     k = rope_interleaved(qkv[:, 1] + bias[1], cos, sin)
     kv, out = attn(kv, layer_id, depth, q, k, qkv[:, 2])
-    return linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
+    return ops.linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
 
 
-def _mlp(layer, cfg: HuginnConfig, x):
-    gate_up = linear(x, layer["w_gate_up"])
+def _mlp(layer, cfg: HuginnConfig, x, ops):
+    gate_up = ops.linear(x, layer["w_gate_up"])
     f = cfg.intermediate_size
-    return linear(silu_mul(gate_up[:, :f], gate_up[:, f:]), layer["w_down"])
+    return ops.linear(silu_mul(gate_up[:, :f], gate_up[:, f:]), layer["w_down"])
 
 
-def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth):
+def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
     """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
     eps = cfg.norm_eps
     out, kv = _attention(layer, cfg, rms_norm(x, layer["norm_1"], eps), cos, sin, attn, kv,
-                         layer_id, depth)
+                         layer_id, depth, ops)
     x = rms_norm(out + x, layer["norm_2"], eps)
-    x = rms_norm(_mlp(layer, cfg, rms_norm(x, layer["norm_3"], eps)) + x, layer["norm_4"], eps)
+    x = rms_norm(_mlp(layer, cfg, rms_norm(x, layer["norm_3"], eps), ops) + x, layer["norm_4"], eps)
     return x, kv
 
 
@@ -117,21 +117,21 @@ def embed(params, cfg: HuginnConfig, ids):
     return (x.astype(jnp.float32) * cfg.embed_scale).astype(x.dtype)
 
 
-def prelude(params, cfg: HuginnConfig, x, cos, sin, attn, kv):
+def prelude(params, cfg: HuginnConfig, x, cos, sin, attn, kv, ops=XLA_OPS):
     """The prelude layers on the embedded tokens: returns e, the input injected every loop."""
     with jax.named_scope("huginn_prelude"):
         for i, layer in enumerate(params["prelude"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, i, 0)
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, i, 0, ops)
     return x, kv
 
 
-def core_loop(params, cfg: HuginnConfig, s, e, cos, sin, attn, kv, depth):
+def core_loop(params, cfg: HuginnConfig, s, e, cos, sin, attn, kv, depth, ops=XLA_OPS):
     """One recurrence: s' = core(adapter(concat[s, e])). `depth` is the loop index (0-based)."""
     with jax.named_scope("huginn_core"):
-        x = linear(jnp.concatenate([s, e], axis=-1), params["adapter"])
+        x = ops.linear(jnp.concatenate([s, e], axis=-1), params["adapter"])
         base = cfg.num_prelude_layers
         for j, layer in enumerate(params["core"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + j, depth)
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + j, depth, ops)
     return x, kv
 
 
@@ -141,13 +141,13 @@ def lm_head(params, x):
                       preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv):
+def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv, ops=XLA_OPS):
     """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype."""
     with jax.named_scope("huginn_coda"):
         x = rms_norm(s, params["ln_f"], cfg.norm_eps)
         base = cfg.num_prelude_layers + cfg.num_core_layers
         for i, layer in enumerate(params["coda"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + i, 0)
+            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + i, 0, ops)
         x = rms_norm(x, params["ln_f"], cfg.norm_eps)
         return lm_head(params, x), kv
 

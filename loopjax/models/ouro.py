@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import OuroConfig
-from loopjax.layers import DenseCausal, linear, rms_norm, rope_angles, rope_rotate_half
+from loopjax.layers import XLA_OPS, DenseCausal, linear, rms_norm, rope_angles, rope_rotate_half, silu_mul
 
 # Std of the normal the random (benchmark) weights are drawn from (HF's initializer_range).
 INIT_STD = 0.02
@@ -81,41 +81,37 @@ def embed(params, ids):
     return jnp.take(params["embed"], ids, axis=0)
 
 
-def _silu_mul(gate, up):
-    """SiLU(gate) computed in fp32 and rounded once to the activation dtype (torch's bf16 silu),
-    then times up in the activation dtype. NOTE: layers.silu_mul rounds inside the sigmoid in
-    bf16 (jax.nn.silu lowers to per-op bf16 exp/add/divide), which is not the reference's."""
-    act = jax.nn.silu(gate.astype(jnp.float32)).astype(gate.dtype)
-    return act * up
+# NOTE: kept for callers of the old private name; layers.silu_mul is the one definition.
+_silu_mul = silu_mul
 
 
-def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth):
+def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
     """One sandwich-norm decoder layer: x + norm_2(attn(norm(x))), then the same for the MLP."""
     n, eps = x.shape[0], cfg.rms_norm_eps
     q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     with jax.named_scope("attention"):
-        qkv = linear(rms_norm(x, lp["attn_norm"], eps), lp["wqkv"])
+        qkv = ops.linear(rms_norm(x, lp["attn_norm"], eps), lp["wqkv"])
         q = qkv[:, :q_dim].reshape(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, q_dim:q_dim + kv_dim].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, q_dim + kv_dim:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         q, k = rope_rotate_half(q, cos, sin), rope_rotate_half(k, cos, sin)
         kv, out = attn(kv, layer_id, depth, q, k, v)
-        out = linear(out.reshape(n, q_dim), lp["wo"])
+        out = ops.linear(out.reshape(n, q_dim), lp["wo"])
         x = x + rms_norm(out, lp["attn_norm_2"], eps)
     with jax.named_scope("mlp"):
-        gate, up = jnp.split(linear(rms_norm(x, lp["mlp_norm"], eps), lp["w_gate_up"]), 2, axis=-1)
-        out = linear(_silu_mul(gate, up), lp["w_down"])
+        gate, up = jnp.split(ops.linear(rms_norm(x, lp["mlp_norm"], eps), lp["w_gate_up"]), 2, axis=-1)
+        out = ops.linear(silu_mul(gate, up), lp["w_down"])
         x = x + rms_norm(out, lp["mlp_norm_2"], eps)
     return x, kv
 
 
-def loop(params, cfg: OuroConfig, x, cos, sin, attn, kv, depth):
+def loop(params, cfg: OuroConfig, x, cos, sin, attn, kv, depth, ops=XLA_OPS):
     """One loop: every layer once (unrolled; layer l uses cache layer l), then the final norm.
     x [N, H]; cos, sin [N, D/2] fp32 from `rope_angles`; depth = loop index (may be traced).
     Returns (h, kv): h is this loop's exit candidate and the next loop's input."""
     for layer_id, lp in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{layer_id}"):
-            x, kv = _layer(lp, cfg, x, cos, sin, attn, kv, layer_id, depth)
+            x, kv = _layer(lp, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
     return rms_norm(x, params["norm"], cfg.rms_norm_eps), kv
 
 
