@@ -25,6 +25,7 @@ Every case runs in its own try/except: a failure prints an error row and the run
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import re
 import statistics
@@ -49,7 +50,7 @@ SHAPES = {  # name -> [(product, K, N)]
                ("huginn.w_gate_up", 5280, 35840), ("huginn.w_down", 17920, 5280),
                ("huginn.lm_head", 5280, 65536)],
 }
-SMOKE_SHAPES = [("smoke.a", 64, 48), ("smoke.b", 40, 80)]
+SMOKE_SHAPES = [("smoke.a", 64, 64), ("smoke.b", 96, 128)]  # NOTE: Mosaic GPU needs whole tiles
 L2_BYTES = 50e6
 COPY_RATE_REF = 4.08e12  # B/s, docs h200.md; the run measures its own
 
@@ -139,6 +140,16 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
                              speedup=t_xla / t))
         except Exception as e:  # noqa: BLE001 - one failing config prints a row
             rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", error=_short(e), cfg=cfg))
+    if not configs:  # NOTE: the Mosaic GPU variant, with its own default tiles
+        cfg = sm.mgpu_config(m, k, n)
+        try:
+            fn = functools.partial(sm.streaming_matmul_mgpu, interpret=smoke)
+            t, out = time_products(fn, xs, ws, rounds=rounds, calls=calls)
+            rows.append(dict(name=name, k=k, n=n, m=m, impl="mgpu", us=t * 1e6,
+                             pct=100 * moved / t / copy_rate, err=_rel_err(out, ref), cfg=cfg,
+                             speedup=t_xla / t))
+        except Exception as e:  # noqa: BLE001
+            rows.append(dict(name=name, k=k, n=n, m=m, impl="mgpu", error=_short(e), cfg=cfg))
     return rows
 
 
@@ -256,14 +267,12 @@ def _silu_f32_mul(y):
 def decode_step_fn(cfg, num_loops: int, variant: str, interpret: bool):
     """jit((layers, x [M, H]) -> x): num_loops x every layer, products per `variant`."""
     eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
-    if variant == "xla":
-        mm, mm_act = layers.linear, lambda x, w: _silu_f32_mul(layers.linear(x, w))
+    mm = {"xla": layers.linear, "mgpu": functools.partial(sm.streaming_matmul_mgpu, interpret=interpret)
+          }.get(variant, functools.partial(sm.streaming_matmul, interpret=interpret))
+    if variant == "pallas+silu":
+        mm_act = functools.partial(sm.streaming_matmul_silu_f32_mul, interpret=interpret)
     else:
-        mm = lambda x, w: sm.streaming_matmul(x, w, interpret=interpret)  # noqa: E731
-        if variant == "pallas+silu":
-            mm_act = lambda x, w: sm.streaming_matmul_silu_f32_mul(x, w, interpret=interpret)  # noqa: E731
-        else:
-            mm_act = lambda x, w: _silu_f32_mul(mm(x, w))  # noqa: E731
+        mm_act = lambda x, w: _silu_f32_mul(mm(x, w))  # noqa: E731
 
     def step(lps, x):
         def one_loop(_, x):
@@ -293,7 +302,7 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
     for m in rows:
         x = _random(jax.random.fold_in(key, 99), (m, cfg.hidden_size), dtype)
         ref = None
-        for variant in ("xla", "pallas", "pallas+silu"):
+        for variant in ("xla", "pallas", "pallas+silu", "mgpu"):
             if time.perf_counter() > deadline:
                 log(f"{variant:<14} {m:>4} skipped (time budget)")
                 continue

@@ -144,6 +144,29 @@ def test_tuned_table_wins_and_kwargs_override(monkeypatch):
     assert sm.pick_config(3, 2048, 2048, BF16, split_k=2).split_k == 2
 
 
+@pytest.mark.parametrize("m, k, n, block_n, block_k, split_k", [(3, 256, 128, 64, 64, 2),
+                                                                 (100, 128, 64, 32, 64, 1)])
+def test_mgpu_matches_ref(m, k, n, block_n, block_k, split_k):
+    """Mosaic GPU variant in its CPU interpreter: rows past M (TMA zero-fill), 128-row block,
+    K split, tiles of different widths."""
+    x, w, _ = _inputs(m, k, n, BF16)
+    out = sm.streaming_matmul_mgpu(x, w, block_n=block_n, block_k=block_k, split_k=split_k,
+                                   interpret=True)
+    _assert_close(out, sm.ref_streaming_matmul(x, w), BF16)
+
+
+def test_mgpu_bad_inputs_and_configs():
+    x, w, _ = _inputs(3, 96, 64, BF16)
+    _bad(sm.streaming_matmul_mgpu, "bfloat16/float16", x.astype(F32), w.astype(F32))
+    _bad(sm.streaming_matmul_mgpu, "must divide", x, w, block_k=64)  # 96 = 1.5 tiles
+    _bad(sm.streaming_matmul_mgpu, "must divide", x, w[:, :48], block_n=32)
+    _bad(sm.streaming_matmul_mgpu, "disagree on K", x, w[:64])
+    for k, n in REAL_SHAPES:
+        for m in (1, 32, 128):
+            cfg = sm.mgpu_config(m, k, n)
+            assert k % (cfg.block_k * cfg.split_k) == 0 and n % cfg.block_n == 0, (k, n, cfg)
+
+
 # ------------------------------------------------------------------- CUDA lowering on CPU
 
 H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
@@ -182,6 +205,12 @@ def test_bench_smoke(capsys):
     out = capsys.readouterr().out
     assert "ERROR" not in out and "BAD" not in out and "skipped" not in out
     product_rows = [line for line in out.splitlines() if line.startswith("smoke.")]
-    assert len(product_rows) == 4 and sum(" ok" in line for line in product_rows) == 4
-    for variant in ("xla", "pallas", "pallas+silu"):
+    assert len(product_rows) == 6 and sum(" ok" in line for line in product_rows) == 6
+    for variant in ("xla", "pallas", "pallas+silu", "mgpu"):
         assert any(line.split()[:2] == [variant, "3"] for line in out.splitlines()), variant
+
+
+@pytest.mark.parametrize("m, k, n", [(1, 2048, 2048), (128, 5280, 15840), (32, 17920, 5280)])
+def test_mgpu_lowers_for_cuda(m, k, n):
+    text = _lower_cuda(sm.streaming_matmul_mgpu, (m, k), (k, n))
+    assert text.count("mosaic_gpu") >= 1
