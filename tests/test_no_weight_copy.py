@@ -90,9 +90,10 @@ def test_check_fails_on_stacked_weights_indexed_by_counter(model):
     stacked = _stack_layers(model.params)
 
     def one_loop(params, x, depth):
-        def layer(i, x):
+        def layer(i, x):  # NOTE: ouro.loop over a one-layer list = that layer + final norm
             lp = jax.tree.map(lambda a: a[i], params["layers"])
-            return ouro._layer(lp, cfg, x, cos, sin, _NoAttention(), None, 0, depth)[0]
+            return ouro.loop({**params, "layers": [lp]}, cfg, x, cos, sin, _NoAttention(), None,
+                             depth)[0]
 
         return jax.lax.fori_loop(0, cfg.num_layers, layer, x)
 
@@ -109,10 +110,8 @@ def test_check_fails_on_static_slices_of_stacked_weights(model):
     stacked = _stack_layers(model.params)
 
     def one_loop(params, x, depth):
-        for i in range(cfg.num_layers):
-            lp = jax.tree.map(lambda a, i=i: a[i], params["layers"])
-            x = ouro._layer(lp, cfg, x, cos, sin, _NoAttention(), None, i, depth)[0]
-        return x
+        lps = [jax.tree.map(lambda a, i=i: a[i], params["layers"]) for i in range(cfg.num_layers)]
+        return ouro.loop({**params, "layers": lps}, cfg, x, cos, sin, _NoAttention(), None, depth)[0]
 
     hlo = _compiled(_loop_decode(one_loop, 4), stacked, x)
     assert weight_copies_in_loops(hlo, weight_shapes(model.params)), \
