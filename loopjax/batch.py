@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
+from loopjax import exits
+from loopjax.exits import ExitParams, ExitSpec
 from loopjax.sampling import SamplingBatch
 from loopjax.sampling_params import SamplingParams
 
@@ -40,6 +42,8 @@ class StepBatch:
     loop_end: jax.Array          # [] i32  one past the last loop of this submission
     sampling: SamplingBatch      # [R] per-row sampling settings (loopjax.sampling)
     exit_threshold: jax.Array    # [R] f32  Ouro Q-exit threshold (config default if unset)
+    exit_skip: jax.Array         # [R] bool  adaptive "skip": the row stops at its exit loop
+    exit: ExitParams | None      # [R] Huginn exit criteria (adaptive steps only)
     init_mode: jax.Array | None  # [N] i32  Huginn s0: INIT_ZERO / INIT_SEEDED / INIT_EXPLICIT
     init_seed: jax.Array | None  # [N] u32  Huginn s0 seed (INIT_SEEDED)
     init_state: jax.Array | None  # [N, H] Huginn explicit s0 (INIT_EXPLICIT), else zeros
@@ -58,6 +62,8 @@ class RowInput:
     token_index: int = 0          # generated tokens so far (the sampled token's index)
     carry_slot: int = 0           # slot of the per-loop decode state (per-loop decode only)
     exit_threshold: float = 1.0
+    exit_skip: bool = False       # stop at the exit loop (adaptive skip mode / exit trace)
+    exit_spec: ExitSpec | None = None  # Huginn exit criterion of this row's token
     init_mode: int = INIT_SEEDED  # Huginn only
     init_seed: int = 0
     init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
@@ -65,11 +71,12 @@ class RowInput:
 
 def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
                      page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
-                     pad_carry_slot: int, hidden_size: int | None = None) -> StepBatch:
+                     pad_carry_slot: int, hidden_size: int | None = None,
+                     adaptive: bool = False) -> StepBatch:
     """Numpy StepBatch for `rows` padded to the bucket (num_rows, num_tokens).
 
     pad_carry_slot: the carry slot of padding rows; hidden_size: set for Huginn (the init_*
-    fields), None for Ouro."""
+    fields), None for Ouro; adaptive: fill `exit` (Huginn criteria)."""
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
     total = sum(len(r.token_ids) for r in rows)
@@ -85,6 +92,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     row_loops = np.zeros(num_rows, np.int32)
     carry_slot = np.full(num_rows, pad_carry_slot, np.int32)
     threshold = np.ones(num_rows, np.float32)
+    skip = np.zeros(num_rows, bool)
     huginn = hidden_size is not None
     init_mode = np.zeros(num_tokens, np.int32) if huginn else None
     init_seed = np.zeros(num_tokens, np.uint32) if huginn else None
@@ -110,17 +118,21 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         row_loops[i] = row.loops
         carry_slot[i] = row.carry_slot
         threshold[i] = row.exit_threshold
+        skip[i] = row.exit_skip
         if huginn:
             init_mode[n:n + count] = row.init_mode
             init_seed[n:n + count] = row.init_seed % 2**32
             if row.init_mode == INIT_EXPLICIT:
                 init_state[n:n + count] = row.init_states
         n += count
+    exit_params = None
+    if adaptive and huginn:
+        exit_params = exits.exit_params([r.exit_spec or exits.ExitSpec() for r in rows], num_rows)
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
     return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
-                     row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling, threshold,
-                     init_mode, init_seed, init_state)
+                     row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling,
+                     threshold, skip, exit_params, init_mode, init_seed, init_state)
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,
@@ -128,3 +140,43 @@ def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = Tr
     """A RowInput with greedy sampling defaults (tests, benchmarks)."""
     return RowInput(list(token_ids), start_pos, list(pages), emits, loops,
                     params or SamplingParams(temperature=0.0, seed=0), **kw)
+
+
+@dataclass(frozen=True)
+class Buckets:
+    """The compiled step shapes, and the smallest one that holds a step's rows."""
+
+    decode_rows: tuple[int, ...]             # decode row counts (N = R)
+    prefill: tuple[tuple[int, int], ...]     # prefill (rows, tokens), sorted
+    page_widths: tuple[int, ...]             # decode page-table widths (context buckets)
+    page_size: int
+    drop_slot: int
+    pad_carry_slot: int
+    hidden_size: int | None                  # Huginn: the init_* fields; None for Ouro
+
+    def build(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
+              num_rows: int = 0, num_tokens: int = 0, page_width: int = 1,
+              adaptive: bool = False) -> StepBatch:
+        """Numpy StepBatch of `rows` in the smallest bucket holding them and at least
+        (num_rows, num_tokens); decode: the narrowest page-table width >= every row's context
+        and page_width."""
+        num_rows = max(num_rows, len(rows))
+        num_tokens = max(num_tokens, sum(len(r.token_ids) for r in rows))
+        width = self.page_widths[-1]
+        if decode:
+            fits = [r for r in self.decode_rows if r >= max(num_rows, num_tokens)]
+            if not fits:
+                raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.decode_rows[-1]}")
+            num_rows = num_tokens = fits[0]
+            needed = max([-(-(r.start_pos + 1) // self.page_size) for r in rows] + [page_width])
+            width = next(w for w in self.page_widths if w >= needed)
+        else:
+            fits = [(r, n) for r, n in self.prefill if r >= num_rows and n >= num_tokens]
+            if not fits:
+                raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
+            num_rows, num_tokens = fits[0]
+        return build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens, max_pages=width,
+                                page_size=self.page_size, drop_slot=self.drop_slot,
+                                loop_begin=loop_begin, loop_end=loop_end,
+                                pad_carry_slot=self.pad_carry_slot, hidden_size=self.hidden_size,
+                                adaptive=adaptive)

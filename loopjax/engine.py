@@ -20,6 +20,7 @@ import numpy as np
 
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO, RowInput
+from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_STOP, Request
 from loopjax.runner import Runner, StepResult
 from loopjax.sampling_params import SamplingParams
@@ -51,6 +52,7 @@ class EngineConfig:
     prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
     enable_prefix_caching: bool = False   # share KV pages of common prefixes (Huginn: s0 by seed)
     max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
+    adaptive_exit: bool = False           # also compile the adaptive (while_loop) steps at start-up
     huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'
     huginn_seed: int = 0                  # seed of the position-keyed s0
     strict_compile: bool = False          # raise if anything compiles after warm-up
@@ -78,6 +80,8 @@ class _Extra:
 
     init_mode: int = INIT_SEEDED
     init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
+    skip: bool = False                      # adaptive "skip": stop at the exit (or trace)
+    exit_spec: ExitSpec | None = None       # Huginn exit criterion
     carry_slot: int | None = None
     text: str | None = None
     logprobs: list[float] = field(default_factory=list)
@@ -124,7 +128,7 @@ class Engine:
                                                       for c in config.decode_context_buckets))
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
-                               series=not config.fused_decode)
+                               series=not config.fused_decode, adaptive=config.adaptive_exit)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._aborted: list[RequestOutput] = []
@@ -143,19 +147,25 @@ class Engine:
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")
-        if params.exit_criterion is not None or params.exit_trace is not None or params.exit_mode != "select":
-            raise ValueError("adaptive exit (exit_criterion, exit_trace, exit_mode='skip') is not "
-                             "supported by this engine yet")
+        if params.exit_criterion is not None and self.model.cfg.family != "huginn":
+            raise ValueError("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
         if params.stop and self.model.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
         extra = self._initial_state(initial_state, len(prompt) + params.max_tokens - 1)
+        extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
+        if params.exit_criterion is not None:
+            extra.exit_spec = ExitSpec(params.exit_criterion, "auto" if params.exit_threshold is None
+                                       else params.exit_threshold, params.exit_min_loops,
+                                       params.exit_check_every)
         if not params.ignore_eos and self._eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
+        # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
+        adaptive = extra.skip or extra.exit_spec is not None
         request = Request(request_id, prompt, params, max_loops=params.loops,
-                          cache_salt=self._cache_salt(extra))
+                          cache_salt=None if adaptive else self._cache_salt(extra))
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id
@@ -183,7 +193,7 @@ class Engine:
             self._release_carry(request)
         decode = plan.kind is PlanKind.DECODE
         per_loop = decode and (plan.num_loops < max(plan.row_loops) or plan.loop_begin > 0)
-        rows = [self._row(r, start, end, emits, loops, per_loop)
+        rows = [self._row(r, start, end, emits, loops, per_loop, decode)
                 for r, (start, end), emits, loops in zip(plan.requests, plan.token_ranges,
                                                           plan.emits, plan.row_loops)]
         return self.runner.run(rows, decode=decode, loop_begin=plan.loop_begin,
@@ -191,7 +201,7 @@ class Engine:
                                num_tokens=plan.token_bucket)
 
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
-             per_loop: bool) -> RowInput:
+             per_loop: bool, decode: bool) -> RowInput:
         extra = self._extra[request.request_id]
         if per_loop and extra.carry_slot is None:
             extra.carry_slot = self._free_carry.pop()
@@ -202,8 +212,15 @@ class Engine:
         states = None
         if extra.init_mode == INIT_EXPLICIT:
             states = extra.init_states[start:end]
+        index = request.num_output_tokens
+        # Ouro prompt tokens run every loop (they need their planes); Huginn prefill may exit.
+        exits_here = decode or self.model.cfg.family == "huginn"
+        trace = params.exit_trace
+        if trace is not None and exits_here:  # replay: token k runs trace[k] loops
+            loops = min(loops, trace[min(index, len(trace) - 1)])
         return RowInput(request.token_ids(start, end), start, request.page_ids, emits, loops, params,
-                        token_index=request.num_output_tokens,
+                        token_index=index, exit_skip=extra.skip and exits_here,
+                        exit_spec=extra.exit_spec,
                         carry_slot=extra.carry_slot if extra.carry_slot is not None else 0,
                         exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=extra.init_mode, init_seed=self.config.huginn_seed,

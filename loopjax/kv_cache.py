@@ -155,6 +155,29 @@ def allocate(layout: KVLayout) -> KVPool:
     return KVPool(tuple(one(p) for p in layout.num_planes), tuple(one(p) for p in layout.num_planes))
 
 
+@jax.tree_util.register_dataclass
+@dataclass
+class DeviceState:
+    """Everything a step donates and returns: the pool and the per-loop decode state."""
+
+    kv: KVPool             # the paged pool
+    carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
+
+
+def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
+    """The pool plus `max_rows` carry slots (+1: the padding rows' slot) of per-loop state:
+    Huginn (e, s), Ouro (x, exit state)."""
+    rows, h = max_rows + 1, cfg.hidden_size
+    if cfg.family == "huginn":
+        carry = {"e": jnp.zeros((rows, h), dtype), "s": jnp.zeros((rows, h), dtype)}
+    else:
+        from loopjax.models import ouro
+        # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).
+        carry = {"x": jnp.zeros((rows, h), dtype), "exit": jax.tree.map(
+            lambda a: jnp.array(a, copy=True), ouro.exit_init(rows, h, cfg.total_ut_steps, dtype))}
+    return DeviceState(allocate(layout), carry)
+
+
 def write_plane(cache, plane, slots, new):
     """cache [planes, Hkv, P, S, D]; new [N, Hkv, D] stored at (plane, slots[N]); slots past
     the end are dropped."""

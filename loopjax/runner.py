@@ -24,7 +24,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, RowInput, build_step_batch
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, Buckets, RowInput
+from loopjax.kv_cache import DeviceState
 from loopjax.layers import rope_angles
 from loopjax.sampling import sample
 
@@ -41,22 +42,16 @@ class StepKind:
     first: bool = True        # the submission starts at loop 0 (embed / prelude)
     final: bool = True        # some row ends its token here: run the tail (lm_head / coda) and sample
     save_carry: bool = False  # store the loop state of every row (per-loop decode series)
+    adaptive: bool = False    # while_loop that ends when every real row exited (skip rows stop)
 
 
-def fused(num_loops: int) -> StepKind:  # all loops of the step in one submission
-    return StepKind(num_loops)
+def fused(num_loops: int, adaptive: bool = False) -> StepKind:  # all loops in one submission
+    return StepKind(num_loops, adaptive=adaptive)
 
 
 def per_loop(first: bool, final: bool) -> StepKind:
     """One loop of a per-loop decode series; the loop state stays on device between them."""
     return StepKind(1, first, final, save_carry=True)
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class DeviceState:
-    kv: kv_cache.KVPool    # the paged pool
-    carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
 
 
 @jax.tree_util.register_dataclass
@@ -74,15 +69,27 @@ def _put(buffer, slots, values):
     return buffer.at[slots].set(values)
 
 
-def _write_mask(batch, depth):
-    """[N] bool: tokens whose row still runs loop `depth`."""
-    return depth < batch.row_loops[batch.row_of_token]
-
-
 def _finish(logits, batch, num_top_logprobs, exit_loops):
     tokens, logprobs, top_ids, top_lp = sample(logits.astype(jnp.float32), batch.sampling,
                                                num_top_logprobs=num_top_logprobs)
     return StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
+
+
+def _depth_loop(kind: StepKind, batch, body, carry, done):
+    """Loops loop_begin.. of `body(depth, carry)`: a static trip count, or (adaptive) a
+    while_loop that also ends once every real row is `done(carry)` [R]."""
+    if not kind.adaptive:
+        return jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), carry)
+    go = lambda c: (c[0] < kind.num_loops) & ~jnp.all(done(c[1]) | ~batch.row_is_real)  # noqa: E731
+    return jax.lax.while_loop(go, lambda c: (c[0] + 1, body(batch.loop_begin + c[0], c[1])),
+                              (jnp.int32(0), carry))[1]
+
+
+def _fill_skipped(kv, layout, layer_ids, batch, exit_loop):
+    """"Last exited" fill for the tokens of skip rows that stopped at exit_loop [R] (0-based)."""
+    slots = jnp.where(batch.exit_skip[batch.row_of_token], batch.slot_mapping, layout.drop_slot)
+    return kv_cache.fill_last_exited(kv, layout, layer_ids, slots, exit_loop[batch.row_of_token],
+                                     max(layout.num_planes))
 
 
 def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
@@ -97,37 +104,40 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
     else:
         x = state.carry["x"][batch.carry_slot]  # decode: N = R, token n is row n
         ex = jax.tree.map(lambda a: a[batch.carry_slot], state.carry["exit"])
+    stopped = lambda ex: ex.exited & batch.exit_skip  # noqa: E731  (skip rows stop at the exit)
 
     def body(depth, carry):
         x, kv, ex = carry
-        live = _write_mask(batch, depth)
+        row_live = (depth < batch.row_loops) & ~stopped(ex)
+        live = row_live[batch.row_of_token]
         h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth)
         x = jnp.where(live[:, None], h, x)
         last = x[batch.last_token_index]
         new = ouro.exit_update(ex, ouro.gate_logits(params, last), last, depth, batch.row_loops,
                                batch.exit_threshold)
-        row_live = depth < batch.row_loops  # rows past their loops keep their selection
         return x, kv, jax.tree.map(lambda a, b: jnp.where(row_live.reshape(-1, *[1] * (a.ndim - 1)),
                                                           a, b), new, ex)
 
-    x, kv, ex = jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c),
-                                  (x, state.kv, ex))
+    x, kv, ex = _depth_loop(kind, batch, body, (x, state.kv, ex), lambda c: stopped(c[2]))
     carry = state.carry
     if kind.save_carry:
         carry = {"x": _put(carry["x"], batch.carry_slot, x),
                  "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
     if not kind.final:
         return DeviceState(kv, carry), None
+    if kind.adaptive:
+        kv = _fill_skipped(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
     logits = ouro.lm_head(params, ex.hidden)
     return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
 
 def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
                 num_top_logprobs: int):
+    from loopjax import exits
     from loopjax.models import huginn
     attn = kv_cache.PagedAttention(layout, batch, backend)
     cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_base)
-    dtype = params["embed"].dtype
+    dtype, last = params["embed"].dtype, batch.last_token_index
     if kind.first:
         e, kv = huginn.prelude(params, cfg, huginn.embed(params, cfg, batch.token_ids), cos, sin,
                                attn, state.kv)
@@ -136,37 +146,44 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
                       jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
     else:
         e, s, kv = state.carry["e"][batch.carry_slot], state.carry["s"][batch.carry_slot], state.kv
+    # Adaptive: criteria state; `sel` the selected (exit loop's) state; `ran` its loop count.
+    xs = exits.init(batch.exit, s, cfg.vocab_size) if kind.adaptive else None
+    ran = jnp.zeros(batch.row_loops.shape, jnp.int32)
 
     def body(depth, carry):
-        s, kv = carry
-        live = _write_mask(batch, depth)
+        s, kv, xs, sel, ran = carry
+        exited = xs.exited if kind.adaptive else jnp.zeros_like(batch.exit_skip)
+        row_live = (depth < batch.row_loops) & ~(exited & batch.exit_skip)
+        live = row_live[batch.row_of_token]
         s_new, kv = huginn.core_loop(params, cfg, s, e, cos, sin, attn.with_write_mask(live), kv,
                                      depth)
-        return jnp.where(live[:, None], s_new, s), kv
+        s = jnp.where(live[:, None], s_new, s)
+        if kind.adaptive:  # the logit criteria need the coda (with its KV writes) on checked loops
+            logits, kv = jax.lax.cond(
+                exits.needs_logits(batch.exit, xs, depth, active=row_live),
+                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv),
+                lambda kv: (jnp.zeros((s.shape[0], cfg.vocab_size), dtype), kv), kv)
+            xs, _ = exits.update(xs, batch.exit, logits[last], s, depth,
+                                 row_of_token=batch.row_of_token, active=row_live)
+        selecting = row_live & ~exited  # rows follow s up to their exit loop, then keep it
+        sel = jnp.where(selecting[batch.row_of_token][:, None], s, sel)
+        return s, kv, xs, sel, jnp.where(selecting, depth + 1, ran)
 
-    s, kv = jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), (s, kv))
+    s, kv, xs, sel, ran = _depth_loop(kind, batch, body, (s, kv, xs, s, ran),
+                                      lambda c: c[2].exited & batch.exit_skip)
     carry = state.carry
     if kind.save_carry:
         carry = {"e": _put(carry["e"], batch.carry_slot, e), "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
         return DeviceState(kv, carry), None
-    # NOTE: the coda runs over every token (its KV is needed), lm_head included; only the
-    # rows' last tokens are sampled.
-    logits, kv = huginn.coda(params, cfg, s, cos, sin, attn, kv)
-    loops = jnp.minimum(batch.row_loops, batch.loop_end)
-    return DeviceState(kv, carry), _finish(logits[batch.last_token_index], batch,
-                                           num_top_logprobs, loops)
-
-
-def _carry_init(cfg, max_rows: int, dtype) -> dict:
-    """Per-loop decode state of `max_rows` carry slots (+1: the padding rows' slot)."""
-    max_rows, h = max_rows + 1, cfg.hidden_size
-    if cfg.family == "huginn":
-        return {"e": jnp.zeros((max_rows, h), dtype), "s": jnp.zeros((max_rows, h), dtype)}
-    from loopjax.models import ouro
-    # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).
-    return {"x": jnp.zeros((max_rows, h), dtype), "exit": jax.tree.map(
-        lambda a: jnp.array(a, copy=True), ouro.exit_init(max_rows, h, cfg.total_ut_steps, dtype))}
+    if kind.adaptive:
+        core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
+        kv = _fill_skipped(kv, layout, core, batch, ran - 1)
+    # NOTE: the coda of the selected state runs over every token (its KV is the one later
+    # tokens read), lm_head included; only the rows' last tokens are sampled.
+    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv)
+    loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
+    return DeviceState(kv, carry), _finish(logits[last], batch, num_top_logprobs, loops)
 
 
 @dataclass
@@ -186,18 +203,18 @@ class Runner:
                  backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
                  decode_page_widths: tuple[int, ...] = ()):
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
-        self.decode_rows, self.prefill_buckets = tuple(sorted(decode_rows)), tuple(sorted(prefill_buckets))
-        self.max_pages, self.max_loops = max_pages, max_loops
-        # Decode page-table widths (context buckets): attention work scales with the width.
-        self.decode_widths = tuple(sorted({w for w in decode_page_widths if w < max_pages} | {max_pages}))
-        self.num_top_logprobs, self.strict = num_top_logprobs, strict
+        self.max_loops, self.num_top_logprobs, self.strict = max_loops, num_top_logprobs, strict
+        self.max_rows = max(decode_rows)  # carry slots 0..max_rows-1; max_rows = padding rows'
+        self.buckets = Buckets(tuple(sorted(decode_rows)), tuple(sorted(prefill_buckets)),
+                               tuple(sorted({w for w in decode_page_widths if w < max_pages}
+                                            | {max_pages})), layout.page_size, layout.drop_slot,
+                               self.max_rows, model.cfg.hidden_size if model.cfg.family == "huginn"
+                               else None)
         self.compilations, self.submissions, self.warm = 0, 0, False
         self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
         dtype = jax.tree.leaves(self.params)[0].dtype
-        self.max_rows = max(self.decode_rows)  # carry slots 0..max_rows-1; max_rows = padding
-        self.state = DeviceState(kv_cache.allocate(layout), _carry_init(self.cfg, self.max_rows, dtype))
+        self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, dtype)
         step = huginn_step if self.cfg.family == "huginn" else ouro_step
-        self._hidden = self.cfg.hidden_size if self.cfg.family == "huginn" else None
 
         def traced(params, state, batch, kind):
             self.compilations += 1  # runs only when jax traces (a compile-cache miss)
@@ -210,39 +227,13 @@ class Runner:
 
         self._step = jax.jit(traced, static_argnums=3, donate_argnums=1)
 
-    # ------------------------------------------------------------------ buckets
-    def decode_bucket(self, num_rows: int) -> int:
-        fits = [r for r in self.decode_rows if r >= num_rows]
-        if not fits:
-            raise ValueError(f"{num_rows} decode rows exceed the largest bucket {self.decode_rows[-1]}")
-        return fits[0]
-
-    def prefill_bucket(self, num_rows: int, num_tokens: int) -> tuple[int, int]:
-        fits = [(r, n) for r, n in self.prefill_buckets if r >= num_rows and n >= num_tokens]
-        if not fits:
-            raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
-        return fits[0]
-
-    # ------------------------------------------------------------------ running
     def make_batch(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
-                   num_rows: int = 0, num_tokens: int = 0, page_width: int = 1):
-        """Device StepBatch of `rows` in the smallest compiled bucket holding them (and at
-        least (num_rows, num_tokens), and for decode a page-table width >= page_width)."""
+                   adaptive: bool = False, **bucket):
+        """Device StepBatch of `rows` in the smallest compiled bucket (batch.Buckets.build)."""
         if not 1 <= loop_end <= self.max_loops or not 0 <= loop_begin < loop_end:
             raise ValueError(f"loops [{loop_begin}, {loop_end}) outside 0..{self.max_loops}")
-        num_rows, num_tokens = max(num_rows, len(rows)), max(num_tokens, sum(len(r.token_ids) for r in rows))
-        width, size = self.max_pages, self.layout.page_size
-        if decode:  # the narrowest compiled page-table width that holds every row's context
-            num_rows = num_tokens = self.decode_bucket(max(num_rows, num_tokens))
-            needed = max([-(-(r.start_pos + 1) // size) for r in rows] + [page_width])
-            width = next(w for w in self.decode_widths if w >= needed)
-        else:
-            num_rows, num_tokens = self.prefill_bucket(num_rows, num_tokens)
-        batch = build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens, max_pages=width,
-                                 page_size=size, drop_slot=self.layout.drop_slot, loop_begin=loop_begin,
-                                 loop_end=loop_end, pad_carry_slot=self.max_rows,
-                                 hidden_size=self._hidden)
-        return jax.device_put(batch)
+        return jax.device_put(self.buckets.build(rows, decode=decode, loop_begin=loop_begin,
+                                                 loop_end=loop_end, adaptive=adaptive, **bucket))
 
     def submit(self, batch, kind: StepKind):
         """One asynchronous submission; returns the device StepOut (None unless kind.final)."""
@@ -259,10 +250,12 @@ class Runner:
         num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
         # A fused step runs the smallest compiled loop count that covers it (rows stop at theirs).
         count = next(c for c in self.loop_counts if c >= num_loops) if not series else 1
-        kind = per_loop(loop_begin == 0, any(r.emits for r in rows)) if series else fused(count)
+        adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
+        kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
+                else fused(count, adaptive))
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
-                                num_tokens=num_tokens)
+                                num_tokens=num_tokens, adaptive=adaptive)
         out = self.submit(batch, kind)
         if out is None:
             return None
@@ -271,28 +264,28 @@ class Runner:
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
 
-    def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False) -> int:
+    def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False,
+               adaptive: bool = False) -> int:
         """Compile (by running all-padding batches) every decode and prefill bucket for each
         fused loop count (default: max_loops); with series, the one-loop decode variants
-        instead of the fused decode ones. Returns the compile count."""
+        instead of the fused decode ones; with adaptive, the adaptive fused variants too.
+        Returns the compile count."""
         outs = []
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
-        if series:
-            kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)]
-        else:
-            kinds = [fused(n) for n in loop_counts]
-        for r in self.decode_rows:
-            for width in self.decode_widths:
+        fused_kinds = [fused(n, a) for n in loop_counts for a in {False, adaptive}]
+        kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
+        for r in self.buckets.decode_rows:
+            for width in self.buckets.page_widths:
                 for kind in kinds:
                     begin = 0 if kind.first else self.max_loops - 1
-                    b = self.make_batch([], decode=True, loop_begin=begin,
-                                        loop_end=begin + kind.num_loops, num_rows=r, page_width=width)
+                    b = self.make_batch([], decode=True, loop_begin=begin, loop_end=begin + kind.num_loops,
+                                        num_rows=r, page_width=width, adaptive=kind.adaptive)
                     outs.append(self.submit(b, kind))
-        for r, n in self.prefill_buckets:
-            for count in loop_counts:
-                b = self.make_batch([], decode=False, loop_begin=0, loop_end=count, num_rows=r,
-                                    num_tokens=n)
-                outs.append(self.submit(b, fused(count)))
+        for r, n in self.buckets.prefill:
+            for kind in fused_kinds:
+                b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
+                                    num_tokens=n, adaptive=kind.adaptive)
+                outs.append(self.submit(b, kind))
         jax.block_until_ready((outs, self.state))
         self.warm = True
         return self.compilations

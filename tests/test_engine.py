@@ -156,7 +156,7 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     recompute must keep every token equal to the golden and leak no page."""
     engine = Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": 8, "max_context_len": 48,
                                                 "decode_context_buckets": (16,)}))
-    assert engine.runner.decode_widths == (2, 6)  # decode steps also run a narrower page table
+    assert engine.runner.buckets.page_widths == (2, 6)  # decode steps also run a narrower page table
     ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
     for k, prompt in zip(PROMPTS, ids):
         engine.add_request(prompt, greedy(24), k)

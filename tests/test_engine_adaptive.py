@@ -1,0 +1,97 @@
+"""Adaptive exits decided on device inside one submission (a while_loop over depth that ends
+when every row exited): Huginn's adaptive goldens (every stored run: tokens and loops per
+call, "last exited" planes via the fill, the compress-s8 ring), Ouro's Q-exit in skip mode
+against the host-driven reference, and batch-composition independence of mixed exits."""
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import loopjax
+from loopjax.engine import Engine, EngineConfig
+from loopjax.sampling_params import SamplingParams
+
+HUGINN = "tests/data/huginn/huginn_shape_242"
+OURO = "tests/data/ouro"
+# Engines compile only the shapes these tests use (warmup off, no strict guard).
+CFG = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
+           prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, warmup=False,
+           verbose=False)
+RUNS = [("kl", 5e-4, "latest_m4"), ("kl", None, "latest_m4"), ("entropy-diff", None, "latest_m4"),
+        ("latent-diff", None, "latest_m4"), ("argmax-stability", None, "latest_m4"),
+        ("cosine", None, "latest_m4"), ("minp-kl", None, "latest_m4"),
+        ("kl", 5e-4, "latest_m4_compress_s8"), (None, None, "full")]
+
+
+def key(criterion, threshold, rule):
+    thr = "auto" if threshold is None else str(threshold).replace(".", "p")
+    return f"adaptive_{(criterion or 'none').replace('-', '_')}_{thr}_{rule}"
+
+
+def finish(engine):
+    finals = {}
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    return finals
+
+
+@pytest.fixture(scope="module")
+def huginn_engines():
+    model = loopjax.load(HUGINN)
+    return {"per_loop": Engine(model, EngineConfig(**CFG, max_loops=16)),
+            "shared": Engine(model, EngineConfig(**CFG, max_loops=16, kv_layout="shared",
+                                                 shared_kv_slots=8))}
+
+
+def test_huginn_adaptive_goldens(huginn_engines):
+    gold = load_file(f"{HUGINN}/adaptive.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    ids = {}
+    for criterion, threshold, rule in RUNS:  # all runs at once: rows exit at different loops
+        engine = huginn_engines["shared" if rule.endswith("s8") else "per_loop"]
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
+                                exit_criterion=criterion, exit_threshold=threshold,
+                                exit_mode="skip")
+        k = key(criterion, threshold, rule)
+        ids[k] = (engine, engine.add_request(prompt, params, k,
+                                             initial_state=gold[f"{k}_init_states"][0]))
+    finals = {**finish(huginn_engines["per_loop"]), **finish(huginn_engines["shared"])}
+    for k, (_, rid) in ids.items():
+        assert finals[rid].token_ids == gold[f"{k}_tokens"][0].tolist(), k
+        assert finals[rid].exit_loops == gold[f"{k}_steps_per_token"].tolist(), k
+    stats = huginn_engines["per_loop"].stats()
+    assert stats["mean_loops_per_token"] < 16 and stats["pages_free"] == stats["pages_total"]
+
+
+def test_huginn_exit_trace_replays_loops(huginn_engines):
+    """exit_trace = the kl run's loops reproduces its tokens (same exits, no criterion)."""
+    gold = load_file(f"{HUGINN}/adaptive.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    k = key("kl", 5e-4, "latest_m4")
+    trace = tuple(gold[f"{k}_steps_per_token"].tolist())
+    engine = huginn_engines["per_loop"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
+                            exit_trace=trace)
+    rid = engine.add_request(prompt, params, initial_state=gold[f"{k}_init_states"][0])
+    out = finish(engine)[rid]
+    assert out.token_ids == gold[f"{k}_tokens"][0].tolist() and out.exit_loops == list(trace)
+
+
+def test_ouro_skip_mode_equals_reference():
+    from loopjax.adaptive_reference import ouro_generate
+    model = loopjax.load(OURO)
+    engine = Engine(model, EngineConfig(**CFG))
+    ref = np.load(f"{OURO}/reference_fp32.npz")
+    prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
+    for mode in ("skip", "select"):
+        params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=0.5,
+                                exit_mode=mode)
+        for k, prompt in prompts.items():
+            engine.add_request(prompt, params, f"{mode}-{k}")
+        finals = finish(engine)
+        for k, prompt in prompts.items():
+            expected = ouro_generate(model.params, model.cfg, prompt, 8, threshold=0.5, mode=mode)
+            out = finals[f"{mode}-{k}"]
+            assert out.token_ids == expected.tokens.tolist(), (mode, k)
+            assert out.exit_loops == expected.loops.tolist(), (mode, k)
+    assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
