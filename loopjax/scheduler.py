@@ -15,6 +15,10 @@ Vocabulary:
 - The prefill share: a decode submission of L loops allows L x max_prefill_batches_before_decode
   prefill steps before the next decode (just max_prefill_batches_before_decode with
   `prefill_share_per_loop=False`), so prompt work keeps the share it had without fusion.
+- Prefix cache (`enable_prefix_caching`, loopjax/prefix_cache.py): an admitted request first
+  takes the cached pages of its prefix and starts with `num_computed_tokens` = their length,
+  so its first chunk (and the runner's positions and slots) starts after them; every update
+  publishes the full pages a step finished computing.
 """
 
 from __future__ import annotations
@@ -124,7 +128,8 @@ class Scheduler:
         The rule: decode runs when some row is decoding and the prefill share granted by the
         last decode step is used up, or when no prefill work can be placed; otherwise one
         prefill step packs chunks FCFS (partially prefilled requests first, then the queue).
-        Admission needs free pages for the whole chunk; when a decode row (or a partially
+        Admission shares the request's cached prefix pages and needs free pages for the rest
+        of the chunk, which starts after them; when a decode row (or a partially
         prefilled request) needs pages the pool lacks, the most recently arrived running
         requests are preempted by recompute.
         """
