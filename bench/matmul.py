@@ -16,7 +16,8 @@ Time per product = median over rounds of (wall time of `calls` asynchronous call
 Decode step: 4 loops x 24 layers in a `lax.fori_loop` over loops, the 24 layers unrolled
 over per-layer buffers (docs/design.md), Ouro's sandwich norms and SiLU, no attention (the q
 columns stand in for its output). Variants: XLA products; kernel products; kernel products
-with the SiLU*up epilogue fused. % of roofline = weight bytes x loops / time / copy rate.
+with the SiLU*up epilogue fused; Mosaic GPU kernel products.
+% of roofline = weight bytes x loops / time / copy rate.
 wcopies = weight-shaped slices/copies inside loop bodies of the compiled HLO (must be 0 on
 the GPU; --smoke's interpret mode slices weight tiles, which can match a tiny weight).
 Every case runs in its own try/except: a failure prints an error row and the run goes on.
@@ -258,21 +259,15 @@ def _ouro_layers(cfg, key, dtype):
     return out
 
 
-def _silu_f32_mul(y):
-    from loopjax.models import ouro
-
-    return ouro._silu_mul(*jnp.split(y, 2, axis=-1))
-
-
 def decode_step_fn(cfg, num_loops: int, variant: str, interpret: bool):
     """jit((layers, x [M, H]) -> x): num_loops x every layer, products per `variant`."""
     eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
     mm = {"xla": layers.linear, "mgpu": functools.partial(sm.streaming_matmul_mgpu, interpret=interpret)
           }.get(variant, functools.partial(sm.streaming_matmul, interpret=interpret))
     if variant == "pallas+silu":
-        mm_act = functools.partial(sm.streaming_matmul_silu_f32_mul, interpret=interpret)
+        mm_act = functools.partial(sm.streaming_matmul_silu_mul, interpret=interpret)
     else:
-        mm_act = lambda x, w: _silu_f32_mul(mm(x, w))  # noqa: E731
+        mm_act = lambda x, w: layers.silu_mul(*jnp.split(mm(x, w), 2, axis=-1))  # noqa: E731
 
     def step(lps, x):
         def one_loop(_, x):

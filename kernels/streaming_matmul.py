@@ -18,9 +18,10 @@ out for the weight stream, not for the FLOPs:
 
 Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
     streaming_matmul_add(x, w, residual [M, N])      = linear(x, w) + residual
-    streaming_matmul_silu_mul(x, w_gate_up [K, 2F])     = layers.silu_mul(gate, up)   (Huginn)
-    streaming_matmul_silu_f32_mul(x, w_gate_up [K, 2F]) = ouro._silu_mul(gate, up)    (Ouro)
-with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md).
+    streaming_matmul_silu_mul(x, w_gate_up [K, 2F])  = layers.silu_mul(gate, up)
+with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md); SiLU in
+fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_mul.py).
+`interpret=None` (the default) runs the interpreter unless the backend is a GPU.
 
 Each has a `ref_` twin (pure XLA) sharing `check_matmul_inputs`. Block sizes come from
 `TUNED` (data: (K, N, block_m) -> Config, measured by `python -m loopjax.bench.matmul
@@ -40,7 +41,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from loopjax import layers
 
-from ._common import is_pow2, next_pow2
+from ._common import is_pow2, next_pow2, resolve_interpret
 from .silu_mul import _silu
 
 __all__ = [
@@ -54,12 +55,10 @@ __all__ = [
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
-    "ref_streaming_matmul_silu_f32_mul",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_add",
     "streaming_matmul_mgpu",
-    "streaming_matmul_silu_f32_mul",
     "streaming_matmul_silu_mul",
 ]
 
@@ -176,14 +175,6 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up):
     return layers.silu_mul(gate, up)
 
 
-def ref_streaming_matmul_silu_f32_mul(x, w_gate_up):
-    from loopjax.models import ouro  # NOTE: the model's own function is the reference
-
-    check_matmul_inputs(x, w_gate_up, gate_up=True)
-    gate, up = jnp.split(layers.linear(x, w_gate_up), 2, axis=-1)
-    return ouro._silu_mul(gate, up)
-
-
 # ------------------------------------------------------------------------------ the kernel
 
 
@@ -216,7 +207,7 @@ def _kernel(
     *refs,  # r_ref [M, N] if epilogue == "add"; then o_ref [M, N] dtype or [S, M, N] f32
     block_m: int,
     cfg: Config,
-    epilogue: str,  # "none" | "add" | "silu" | "silu_f32"
+    epilogue: str,  # "none" | "add" | "silu"
     interpret: bool,
 ):
     r_ref = refs[0] if epilogue == "add" else None
@@ -226,7 +217,7 @@ def _kernel(
     bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
     j, s = pl.program_id(0), pl.program_id(1)
     c0 = pl.multiple_of(j * bn, bn)
-    col_offsets = (c0, c0 + n) if epilogue.startswith("silu") else (c0,)  # gate, up
+    col_offsets = (c0, c0 + n) if epilogue == "silu" else (c0,)  # gate, up
     x_rows_masked, cols_masked = m < block_m, n % bn != 0
 
     num_full = k // bk  # unmasked K tiles; the K tail (k % bk) is one masked tile
@@ -264,22 +255,23 @@ def _kernel(
     out = accs[0].astype(dtype)
     if epilogue == "add":
         out = out + _load(r_ref, 0, block_m, c0, bn, out_mask, False)
-    elif epilogue.startswith("silu"):
+    elif epilogue == "silu":
         up = accs[1].astype(dtype)
-        act = _silu(out, jnp.float32 if epilogue == "silu_f32" else dtype, interpret).astype(dtype)
+        act = _silu(out, jnp.float32, interpret).astype(dtype)
         out = (act.astype(jnp.float32) * up.astype(jnp.float32)).astype(dtype)
     plgpu.store(o_ref.at[window], out, mask=out_mask)
 
 
-def _call(x, w, residual, epilogue: str, interpret: bool, overrides: dict):
-    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue.startswith("silu"))
+def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict):
+    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue == "silu")
+    interpret = resolve_interpret(interpret)
     cfg = pick_config(m, k, n_w, x.dtype, **overrides)
     _check_config(cfg, k)
     block_m = block_rows(m)
     fused = cfg.split_k == 1
-    cfg = _fit_stages(cfg, block_m, 2 if fused and epilogue.startswith("silu") else 1,
+    cfg = _fit_stages(cfg, block_m, 2 if fused and epilogue == "silu" else 1,
                       x.dtype.itemsize)
-    n_out = n_w // 2 if (fused and epilogue.startswith("silu")) else n_w
+    n_out = n_w // 2 if (fused and epilogue == "silu") else n_w
     kernel_epilogue = epilogue if fused else "none"
     if fused:
         out_shape = jax.ShapeDtypeStruct((m, n_out), x.dtype)
@@ -304,10 +296,6 @@ def _call(x, w, residual, epilogue: str, interpret: bool, overrides: dict):
         return y + residual
     if epilogue == "silu":
         return layers.silu_mul(*jnp.split(y, 2, axis=-1))
-    if epilogue == "silu_f32":
-        from loopjax.models import ouro
-
-        return ouro._silu_mul(*jnp.split(y, 2, axis=-1))
     return y
 
 
@@ -325,7 +313,7 @@ def streaming_matmul(
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear)."""
     return _call(x, w, None, "none", interpret,
@@ -342,7 +330,7 @@ def streaming_matmul_add(
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     """linear(x, w) + residual -> [M, N] (the product rounded before the add, as XLA does)."""
     return _call(x, w, residual, "add", interpret,
@@ -358,26 +346,10 @@ def streaming_matmul_silu_mul(
     split_k: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
-    """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F] (Huginn's roundings)."""
+    """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F]."""
     return _call(x, w_gate_up, None, "silu", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
-
-
-def streaming_matmul_silu_f32_mul(
-    x,  # [M, K]
-    w_gate_up,  # [K, 2F], columns [gate | up]
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    interpret: bool = False,
-):
-    """ouro._silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F] (Ouro's roundings)."""
-    return _call(x, w_gate_up, None, "silu_f32", interpret,
                  _overrides(block_n, block_k, split_k, num_warps, num_stages))
 
 
@@ -414,11 +386,12 @@ def streaming_matmul_mgpu(
     block_k: int | None = None,
     split_k: int | None = None,
     num_stages: int | None = None,
-    interpret: bool = False,
+    interpret: bool | None = None,
 ):
     """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear),
-    on Mosaic GPU (interpret=True: its CPU interpreter)."""
+    on Mosaic GPU (interpret: its CPU interpreter)."""
     m, k, n = check_matmul_inputs(x, w)
+    interpret = resolve_interpret(interpret)
     if x.dtype == jnp.float32:
         raise ValueError("streaming_matmul_mgpu takes bfloat16/float16 (wgmma would round fp32 to tf32)")
     cfg = mgpu_config(m, k, n)._replace(**{key: v for key, v in dict(

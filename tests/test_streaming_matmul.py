@@ -4,6 +4,8 @@ table, and the kernel lowered for CUDA on this CPU host (so Triton lowering erro
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,7 +62,8 @@ CASES = [
 @pytest.mark.parametrize("m, k, n, block_n, block_k, split_k, dtype", CASES)
 def test_matches_ref(m, k, n, block_n, block_k, split_k, dtype):
     x, w, _ = _inputs(m, k, n, dtype)
-    out = sm.streaming_matmul(x, w, block_n=block_n, block_k=block_k, split_k=split_k, interpret=True)
+    # NOTE: interpret=None (default): the interpreter on this CPU host
+    out = sm.streaming_matmul(x, w, block_n=block_n, block_k=block_k, split_k=split_k)
     ref = sm.ref_streaming_matmul(x, w)
     _assert_close(out, ref, dtype)
     # and both are the exact product up to fp32 accumulation and one final rounding
@@ -79,20 +82,16 @@ def test_epilogues(split_k):
     floor = 2.0**-8  # one bf16 step of the O(1) product, carried through the epilogue
     out = sm.streaming_matmul_add(x, w, r, **kw)
     _assert_close(out, sm.ref_streaming_matmul_add(x, w, r), BF16, ulps=1, floor=floor)
-    out = sm.streaming_matmul_silu_f32_mul(x, w, **kw)
-    assert out.shape == (m, n // 2)
-    _assert_close(out, sm.ref_streaming_matmul_silu_f32_mul(x, w), BF16, ulps=2, floor=floor)
     out = sm.streaming_matmul_silu_mul(x, w, **kw)
+    assert out.shape == (m, n // 2)
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
 def test_epilogue_refs_are_the_model_math():
     from loopjax import layers
-    from loopjax.models import ouro
 
     x, w, r = _inputs(2, 32, 8, BF16)
     gate, up = jnp.split(layers.linear(x, w), 2, axis=-1)
-    np.testing.assert_array_equal(sm.ref_streaming_matmul_silu_f32_mul(x, w), ouro._silu_mul(gate, up))
     np.testing.assert_array_equal(sm.ref_streaming_matmul_silu_mul(x, w), layers.silu_mul(gate, up))
     np.testing.assert_array_equal(sm.ref_streaming_matmul_add(x, w, r), layers.linear(x, w) + r)
 
@@ -114,7 +113,7 @@ def test_bad_inputs_raise():
     _bad(sm.streaming_matmul_add, "residual must be", x, w, r[:, :8])
     _bad(sm.ref_streaming_matmul_add, "residual must be", x, w, r.astype(F32))
     _bad(sm.streaming_matmul_silu_mul, r"\[K, 2F\]", x, w[:, :15])
-    _bad(sm.ref_streaming_matmul_silu_f32_mul, r"\[K, 2F\]", x, w[:, :15])
+    _bad(sm.ref_streaming_matmul_silu_mul, r"\[K, 2F\]", x, w[:, :15])
     _bad(sm.streaming_matmul, "power of two", x, w, block_n=24)
     _bad(sm.streaming_matmul, "power of two", x, w, block_k=8)
     _bad(sm.streaming_matmul, "split_k must be in 1..2", x, w, block_k=16, split_k=3)
@@ -173,7 +172,9 @@ H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 
 
 
 def _lower_cuda(fn, *shapes):
+    """fn(*args, interpret=False) lowered for CUDA on this host (no GPU needed)."""
     args = [jax.ShapeDtypeStruct(s, BF16) for s in shapes]
+    fn = functools.partial(fn, interpret=False)
     with use_abstract_mesh(H200):
         return jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
 
@@ -189,10 +190,10 @@ def test_lowers_for_cuda(m, k, n):
 @pytest.mark.parametrize("split_k", [1, 3])
 def test_epilogues_lower_for_cuda(split_k):
     m, k, f = 4, 5280, 17920
-    for fn in (sm.streaming_matmul_silu_mul, sm.streaming_matmul_silu_f32_mul):
-        text = _lower_cuda(lambda x, w, fn=fn: fn(x, w, split_k=split_k), (m, k), (k, 2 * f))
-        assert text.count("__gpu$xla.gpu.triton") == 1
-    text = _lower_cuda(lambda x, w, r: sm.streaming_matmul_add(x, w, r, split_k=split_k),
+    text = _lower_cuda(functools.partial(sm.streaming_matmul_silu_mul, split_k=split_k),
+                       (m, k), (k, 2 * f))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    text = _lower_cuda(functools.partial(sm.streaming_matmul_add, split_k=split_k),
                        (m, k), (k, 5280), (m, 5280))
     assert text.count("__gpu$xla.gpu.triton") == 1
 
