@@ -59,6 +59,7 @@ __all__ = [
     "streaming_matmul",
     "streaming_matmul_add",
     "streaming_matmul_mgpu",
+    "streaming_linear",
     "streaming_matmul_silu_mul",
 ]
 
@@ -351,6 +352,14 @@ def streaming_matmul_silu_mul(
     """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F]."""
     return _call(x, w_gate_up, None, "silu", interpret,
                  _overrides(block_n, block_k, split_k, num_warps, num_stages))
+
+
+def streaming_linear(x, w):  # x [M, K]; w [K, N]
+    """Drop-in `layers.linear` (e.g. for `layers.Ops`): the kernel at 1..128 rows, XLA above
+    (prefill, where the weights are no longer the cost). Default block sizes."""
+    if x.ndim == 2 and x.shape[0] > MAX_ROWS:
+        return layers.linear(x, w)
+    return streaming_matmul(x, w)
 
 
 # ------------------------------------------------------------------ Mosaic GPU variant (Hopper)

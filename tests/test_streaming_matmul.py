@@ -87,6 +87,19 @@ def test_epilogues(split_k):
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
+def test_streaming_linear_dispatches_on_rows():
+    """The drop-in linear: the kernel up to 128 rows, plain XLA above."""
+    from loopjax import layers
+
+    def has_kernel(m):
+        x, w, _ = _inputs(m, 32, 16, F32)
+        return "pallas_call" in str(jax.make_jaxpr(sm.streaming_linear)(x, w))
+
+    assert has_kernel(3) and has_kernel(128) and not has_kernel(129)
+    x, w, _ = _inputs(129, 32, 16, F32)
+    np.testing.assert_array_equal(sm.streaming_linear(x, w), layers.linear(x, w))
+
+
 def test_epilogue_refs_are_the_model_math():
     from loopjax import layers
 
