@@ -23,7 +23,7 @@ from loopjax.sampling import SamplingBatch
 from loopjax.sampling_params import SamplingParams
 
 # Huginn initial-state modes per token (`StepBatch.init_mode`).
-INIT_ZERO, INIT_SEEDED, INIT_EXPLICIT = 0, 1, 2
+INIT_ZERO, INIT_SEEDED, INIT_EXPLICIT, INIT_WARM = 0, 1, 2, 3  # WARM: the row's carried state
 
 
 @jax.tree_util.register_dataclass
@@ -44,7 +44,7 @@ class StepBatch:
     exit_threshold: jax.Array    # [R] f32  Ouro Q-exit threshold (config default if unset)
     exit_skip: jax.Array         # [R] bool  adaptive "skip": the row stops at its exit loop
     exit: ExitParams | None      # [R] Huginn exit criteria (adaptive steps only)
-    init_mode: jax.Array | None  # [N] i32  Huginn s0: INIT_ZERO / INIT_SEEDED / INIT_EXPLICIT
+    init_mode: jax.Array | None  # [N] i32  Huginn s0: INIT_ZERO / SEEDED / EXPLICIT / WARM
     init_seed: jax.Array | None  # [N] u32  Huginn s0 seed (INIT_SEEDED)
     init_state: jax.Array | None  # [N, H] Huginn explicit s0 (INIT_EXPLICIT), else zeros
 
@@ -60,7 +60,7 @@ class RowInput:
     loops: int                    # loops this row runs
     params: SamplingParams
     token_index: int = 0          # generated tokens so far (the sampled token's index)
-    carry_slot: int = 0           # slot of the per-loop decode state (per-loop decode only)
+    carry_slot: int | None = None  # slot of the request's device state (per-loop / warm start)
     exit_threshold: float = 1.0
     exit_skip: bool = False       # stop at the exit loop (adaptive skip mode / exit trace)
     exit_spec: ExitSpec | None = None  # Huginn exit criterion of this row's token
@@ -116,7 +116,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         last[i] = n + count - 1
         real[i] = row.emits
         row_loops[i] = row.loops
-        carry_slot[i] = row.carry_slot
+        carry_slot[i] = pad_carry_slot if row.carry_slot is None else row.carry_slot
         threshold[i] = row.exit_threshold
         skip[i] = row.exit_skip
         if huginn:

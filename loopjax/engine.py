@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loopjax import kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO, RowInput
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_STOP, Request
 from loopjax.runner import Runner, StepResult
@@ -82,6 +82,7 @@ class _Extra:
     init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
     skip: bool = False                      # adaptive "skip": stop at the exit (or trace)
     exit_spec: ExitSpec | None = None       # Huginn exit criterion
+    warm: bool = False                      # Huginn warm start (keeps a carry slot throughout)
     carry_slot: int | None = None
     text: str | None = None
     logprobs: list[float] = field(default_factory=list)
@@ -137,9 +138,13 @@ class Engine:
 
     # ------------------------------------------------------------------ requests
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
-                    request_id: str | None = None, *, initial_state=None) -> str:
+                    request_id: str | None = None, *, initial_state=None,
+                    warm_start: bool = False) -> str:
         """Queue a request; returns its id. initial_state (Huginn): None (the engine default),
-        'zero', 'seeded', or explicit s0 per position [>= prompt + max_tokens - 1, H]."""
+        'zero', 'seeded', or explicit s0 per position [>= prompt + max_tokens - 1, H].
+        warm_start (Huginn): each generated token's s0 is ln_f of the previous token's final
+        state (the reference's `generate_minimal(continuous_compute=True)`); the prompt's
+        s0 follow initial_state."""
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -153,7 +158,10 @@ class Engine:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
-        extra = self._initial_state(initial_state, len(prompt) + params.max_tokens - 1)
+        if warm_start and self.model.cfg.family != "huginn":
+            raise ValueError("warm_start applies to Huginn models only")
+        extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
+        extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
         if params.exit_criterion is not None:
             extra.exit_spec = ExitSpec(params.exit_criterion, "auto" if params.exit_threshold is None
@@ -163,7 +171,7 @@ class Engine:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
-        adaptive = extra.skip or extra.exit_spec is not None
+        adaptive = extra.skip or extra.exit_spec is not None or extra.warm
         request = Request(request_id, prompt, params, max_loops=params.loops,
                           cache_salt=None if adaptive else self._cache_salt(extra))
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
@@ -203,7 +211,7 @@ class Engine:
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
              per_loop: bool, decode: bool) -> RowInput:
         extra = self._extra[request.request_id]
-        if per_loop and extra.carry_slot is None:
+        if (per_loop or extra.warm) and extra.carry_slot is None:
             extra.carry_slot = self._free_carry.pop()
         params = request.sampling_params
         threshold = params.exit_threshold
@@ -221,9 +229,10 @@ class Engine:
         return RowInput(request.token_ids(start, end), start, request.page_ids, emits, loops, params,
                         token_index=index, exit_skip=extra.skip and exits_here,
                         exit_spec=extra.exit_spec,
-                        carry_slot=extra.carry_slot if extra.carry_slot is not None else 0,
+                        carry_slot=extra.carry_slot,
                         exit_threshold=2.0 if threshold is None else threshold,
-                        init_mode=extra.init_mode, init_seed=self.config.huginn_seed,
+                        init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
+                        init_seed=self.config.huginn_seed,
                         init_states=states)
 
     def _update(self, plan, result: StepResult | None) -> list[RequestOutput]:
@@ -247,7 +256,7 @@ class Engine:
             self.num_generated += 1
             self.loops_generated += loops[i]
             self._check_stop_strings(request)
-            if request.is_finished or request.num_loops_done == 0:
+            if request.is_finished or (request.num_loops_done == 0 and not extra.warm):
                 self._release_carry(request)  # between tokens the loop state is not needed
             outputs.append(self._output(request, request.output_token_ids[-1:]))
         return outputs

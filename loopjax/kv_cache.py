@@ -166,10 +166,11 @@ class DeviceState:
 
 def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
     """The pool plus `max_rows` carry slots (+1: the padding rows' slot) of per-loop state:
-    Huginn (e, s), Ouro (x, exit state)."""
+    Huginn (e, s, warm), Ouro (x, exit state)."""
     rows, h = max_rows + 1, cfg.hidden_size
     if cfg.family == "huginn":
-        carry = {"e": jnp.zeros((rows, h), dtype), "s": jnp.zeros((rows, h), dtype)}
+        carry = {"e": jnp.zeros((rows, h), dtype), "s": jnp.zeros((rows, h), dtype),
+                 "warm": jnp.zeros((rows, h), dtype)}  # warm start: ln_f of the last final state
     else:
         from loopjax.models import ouro
         # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).

@@ -24,9 +24,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, Buckets, RowInput
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput
 from loopjax.kv_cache import DeviceState
-from loopjax.layers import rope_angles
+from loopjax.layers import rms_norm, rope_angles
 from loopjax.sampling import sample
 
 
@@ -144,6 +144,8 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         seeded = huginn.initial_state(cfg, batch.init_seed, batch.positions, dtype)
         s = jnp.where((batch.init_mode == INIT_EXPLICIT)[:, None], batch.init_state.astype(dtype),
                       jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
+        warm = state.carry["warm"][batch.carry_slot[batch.row_of_token]]
+        s = jnp.where((batch.init_mode == INIT_WARM)[:, None], warm, s)
     else:
         e, s, kv = state.carry["e"][batch.carry_slot], state.carry["s"][batch.carry_slot], state.kv
     # Adaptive: criteria state; `sel` the selected (exit loop's) state; `ran` its loop count.
@@ -173,7 +175,8 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
                                       lambda c: c[2].exited & batch.exit_skip)
     carry = state.carry
     if kind.save_carry:
-        carry = {"e": _put(carry["e"], batch.carry_slot, e), "s": _put(carry["s"], batch.carry_slot, s)}
+        carry = {**carry, "e": _put(carry["e"], batch.carry_slot, e),
+                 "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
         return DeviceState(kv, carry), None
     if kind.adaptive:
@@ -182,6 +185,9 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     # NOTE: the coda of the selected state runs over every token (its KV is the one later
     # tokens read), lm_head included; only the rows' last tokens are sampled.
     logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv)
+    # Warm start: the next token of a row starts from ln_f of this token's selected state.
+    warm = rms_norm(sel[last], params["ln_f"], cfg.norm_eps)
+    carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
     loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
     return DeviceState(kv, carry), _finish(logits[last], batch, num_top_logprobs, loops)
 

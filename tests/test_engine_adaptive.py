@@ -95,3 +95,19 @@ def test_ouro_skip_mode_equals_reference():
             assert out.token_ids == expected.tokens.tolist(), (mode, k)
             assert out.exit_loops == expected.loops.tolist(), (mode, k)
     assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
+
+
+def test_huginn_warm_start_golden(huginn_engines):
+    """Continuous compute: each decoded token starts from ln_f of the previous token's final
+    state (generate.safetensors gen_cc_*, 8 loops, the prompt's s0 given)."""
+    gen = load_file(f"{HUGINN}/generate.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    engine = huginn_engines["per_loop"]
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=8)
+    cold = engine.add_request(prompt, params, initial_state=gen["gen_init_states"][0])
+    warm = engine.add_request(prompt, params, initial_state=gen["gen_cc_prefill_init_state"][0],
+                              warm_start=True)
+    finals = finish(engine)
+    assert finals[warm].token_ids == gen["gen_cc_tokens"][0].tolist()
+    assert finals[cold].token_ids == gen["gen_tokens"][0].tolist()
+    assert len(engine._free_carry) == engine.runner.max_rows  # the warm row's slot came back
