@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
+    parser.add_argument("--exit-threshold", type=float, default=None,
+                        help="also time the adaptive step (skip mode): Ouro's Q-exit threshold, "
+                             "or the Huginn criterion's threshold")
+    parser.add_argument("--exit-criterion", default="kl", help="Huginn exit criterion (adaptive)")
     parser.add_argument("--per-loop-rows", default="1,32",
                         help="rows for which the per-loop baseline is timed too (first context only)")
     parser.add_argument("--iters", type=int, default=10)
@@ -113,6 +117,8 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
         batch = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
         times = _time(lambda batch=batch: [runner.submit(batch, fused(loops))], args.iters)
         records.append(_record(base, "fused", times, 1))
+        if args.exit_threshold is not None:  # random weights exit arbitrarily: report the loops
+            records.append(_adaptive(runner, row_inputs, base, args, loops, cfg.family))
         if rows in per_loop_rows:
             kinds = [per_loop(first=t == 0, final=t == loops - 1) for t in range(loops)]
             batches = [runner.make_batch(row_inputs, decode=True, loop_begin=t, loop_end=t + 1)
@@ -120,7 +126,8 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
             steps = list(zip(batches, kinds))
             step = lambda steps=steps: [jax.block_until_ready(runner.submit(b, k)) for b, k in steps]
             records.append(_record(base, "per_loop", _time(step, args.iters), loops))
-        _print(records[-2:] if records[-1]["variant"] == "per_loop" else records[-1:])
+        _print([r for r in records if r["rows"] == rows and r["context"] == context
+                and r["backend"] == backend and r["preset"] == args.current_preset])
 
 
 def _time(fn, iters: int) -> list[float]:
@@ -131,6 +138,23 @@ def _time(fn, iters: int) -> list[float]:
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
     return times
+
+
+def _adaptive(runner, row_inputs, base, args, loops: int, family: str) -> dict:
+    """The adaptive (skip) step: a while_loop that ends when every row exited."""
+    import dataclasses
+
+    from loopjax.exits import ExitSpec
+    from loopjax.runner import fused
+    rows = [dataclasses.replace(r, exit_skip=True, exit_threshold=args.exit_threshold,
+                                exit_spec=ExitSpec(args.exit_criterion, args.exit_threshold)
+                                if family == "huginn" else None) for r in row_inputs]
+    batch = runner.make_batch(rows, decode=True, loop_begin=0, loop_end=loops, adaptive=True)
+    outs = []
+    times = _time(lambda: outs.append(runner.submit(batch, fused(loops, True))) or outs[-1:], args.iters)
+    record = _record(base, "adaptive", times, 1)
+    record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:base["rows"]]))
+    return record
 
 
 def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:
@@ -146,6 +170,7 @@ def _print(records: list[dict]) -> None:
         print(f"{r['preset']:>12} {r['backend']:>6} {r['variant']:>8} rows {r['rows']:>4} "
               f"ctx {r['context']:>5} loops {r['loops']:>2}: {r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
+              + (f"  mean loops {r['mean_loops']:.2f}" if "mean_loops" in r else "")
               + ("  (kv pages wrapped)" if r["kv_pages_wrapped"] else ""), flush=True)
 
 
