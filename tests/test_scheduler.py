@@ -378,22 +378,27 @@ def test_config_validation():
 @pytest.mark.parametrize("seed", range(40))
 def test_random_configs_tiny_pool_equals_big_pool(seed):
     """Any config knob mix: a pool of one longest sequence (+ a few pages) gives the tokens of
-    an unconstrained pool, never stalls and gets every page back."""
+    an unconstrained pool, never stalls and gets every page back (the prefix cache on or off;
+    half the prompts start with a common prefix)."""
     rng = random.Random(seed)
     page_size, ctx = rng.choice([1, 2, 4]), rng.randint(4, 24)
     knobs = dict(page_size=page_size, max_num_rows=rng.choice([1, 3, 8]), max_context_len=ctx,
                  max_prefill_tokens=rng.choice([1, 3, 8, 32]), max_prefill_rows=rng.choice([1, 4]),
                  max_prefill_batches_before_decode=rng.choice([1, 2]),
-                 prefill_share_per_loop=rng.random() < 0.5, fused_decode=rng.random() < 0.5)
+                 prefill_share_per_loop=rng.random() < 0.5, fused_decode=rng.random() < 0.5,
+                 enable_prefix_caching=rng.random() < 0.5)
     adaptive = rng.random() < 0.5
 
     def workload():
         wl = random.Random(seed)
+        common = [wl.randrange(V) for _ in range(ctx)]
         arrivals = {}
         for i in range(15):
-            r = req(f"r{i}", [wl.randrange(V) for _ in range(wl.randint(1, ctx - 1))],
-                    max_tokens=wl.randint(1, 12), stop=(wl.randrange(V),),
-                    adaptive=adaptive and wl.random() < 0.5, max_loops=wl.choice([None, 1, 2, 4]))
+            n = wl.randint(1, ctx - 1)
+            prompt = common[:n] if wl.random() < 0.5 else [wl.randrange(V) for _ in range(n)]
+            r = req(f"r{i}", prompt, max_tokens=wl.randint(1, 12), stop=(wl.randrange(V),),
+                    adaptive=adaptive and wl.random() < 0.5, max_loops=wl.choice([None, 1, 2, 4]),
+                    cache_salt=wl.choice([None, ()]))
             arrivals.setdefault(wl.randint(0, 30), []).append(r)
         return arrivals
 
