@@ -90,7 +90,7 @@ class BlockManager:
         deep end of a cached prefix is evicted first); returns how many reached ref count 0."""
         freed = self.release(reversed(request.page_ids))
         request.page_ids = []
-        request.num_cached_pages = 0
+        request.num_offered_pages = 0
         return freed
 
     def release(self, pages: Iterable[int]) -> int:
@@ -148,7 +148,7 @@ class BlockManager:
                 self.prefix_cache.unpark(page)
             self._ref_counts[page] += 1
         request.page_ids.extend(hits)
-        request.num_cached_pages = len(hits)
+        request.num_offered_pages = len(hits)
         request.num_cached_tokens = len(hits) * self.page_size
         if self.prefix_cache is not None:
             self.prefix_cache.record_admission(request, len(hits))
@@ -159,14 +159,14 @@ class BlockManager:
         returns how many were published (a duplicate of a cached prefix stays private)."""
         cache = self.prefix_cache
         num_pages = request.num_computed_tokens // self.page_size
-        if cache is None or num_pages <= request.num_cached_pages:
+        if cache is None or num_pages <= request.num_offered_pages:
             return 0
         keys = cache.keys(request, num_pages)
         published = 0
         if keys:  # [] for a request that never shares
-            for i in range(request.num_cached_pages, num_pages):
+            for i in range(request.num_offered_pages, num_pages):
                 published += cache.publish(request.page_ids[i], keys[i])
-        request.num_cached_pages = num_pages
+        request.num_offered_pages = num_pages
         return published
 
     # ---- helpers for the runner and the tests

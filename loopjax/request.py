@@ -57,7 +57,7 @@ class Request:
     num_loops_done: int = 0       # per-loop decode: loops already run for the pending token
     page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
     page_keys: list[bytes] = field(default_factory=list)  # prefix-cache key of each full page so far
-    num_cached_pages: int = 0     # leading page_ids already offered to the prefix cache (hit or
+    num_offered_pages: int = 0    # leading page_ids already offered to the prefix cache (hit or
     #                               published, or a duplicate of a cached page); 0 after free
     num_cached_tokens: int = 0    # tokens the last admission took from the prefix cache
     finish_reason: str | None = None
