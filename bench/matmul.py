@@ -35,6 +35,7 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from loopjax import layers
 from loopjax.config import preset
@@ -60,10 +61,11 @@ def log(*parts):
     print(*parts, flush=True)
 
 
-def _median_time(fn, args, *, rounds: int, calls: int) -> float:
+def _median_time(fn, args, *, rounds: int, calls: int, warm: bool = True) -> float:
     """Seconds per call: median over rounds of (calls asynchronous calls, one sync)."""
     jax.block_until_ready(fn(*args))  # compile
-    jax.block_until_ready(fn(*args))  # warm
+    if warm:
+        jax.block_until_ready(fn(*args))
     times = []
     for _ in range(rounds):
         start = time.perf_counter()
@@ -83,6 +85,12 @@ def measure_copy_rate(num_bytes: int, rounds: int) -> float:
 
 
 def _random(key, shape, dtype, scale=1.0):
+    """Normal(0, scale^2) values. NOTE: small arrays come from numpy (seeded by the key):
+    jax.random would compile once per shape, which dominates a --smoke run."""
+    if math.prod(shape) <= 1 << 22:
+        seed = int(jax.random.randint(key, (), 0, 2**31 - 1))
+        values = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32)
+        return jnp.asarray(values * scale).astype(dtype)
     return (jax.random.normal(key, shape, jnp.float32) * scale).astype(dtype)
 
 
@@ -108,7 +116,7 @@ def time_products(fn, xs, ws, *, rounds: int, calls: int):
         return [fn(x, w) for x, w in zip(xs, ws, strict=True)]
 
     step = jax.jit(run)
-    t = _median_time(step, (xs, ws), rounds=rounds, calls=calls)
+    t = _median_time(step, (xs, ws), rounds=rounds, calls=calls, warm=rounds > 1)
     return t / len(xs), step(xs, ws)[0]
 
 
@@ -297,14 +305,15 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
     for m in rows:
         x = _random(jax.random.fold_in(key, 99), (m, cfg.hidden_size), dtype)
         ref = None
-        for variant in ("xla", "pallas", "pallas+silu", "mgpu"):
+        # NOTE: --smoke leaves out mgpu here (its CPU interpreter is slow); products cover it.
+        for variant in ("xla", "pallas", "pallas+silu") + (() if smoke else ("mgpu",)):
             if time.perf_counter() > deadline:
                 log(f"{variant:<14} {m:>4} skipped (time budget)")
                 continue
             try:
                 fn = decode_step_fn(cfg, num_loops, variant, smoke).lower(lps, x).compile()
                 copies = len(weight_copies_in_loops(fn.as_text(), shapes))
-                t = _median_time(fn, (lps, x), rounds=rounds, calls=1 if smoke else 3)
+                t = _median_time(fn, (lps, x), rounds=rounds, calls=1 if smoke else 3, warm=not smoke)
                 out = fn(lps, x)
                 ref = out if variant == "xla" else ref
                 err = "" if ref is None or variant == "xla" else f"{_rel_err(out, ref):.1e}"

@@ -220,7 +220,7 @@ def test_bench_smoke(capsys):
     assert "ERROR" not in out and "BAD" not in out and "skipped" not in out
     product_rows = [line for line in out.splitlines() if line.startswith("smoke.")]
     assert len(product_rows) == 6 and sum(" ok" in line for line in product_rows) == 6
-    for variant in ("xla", "pallas", "pallas+silu", "mgpu"):
+    for variant in ("xla", "pallas", "pallas+silu"):
         assert any(line.split()[:2] == [variant, "3"] for line in out.splitlines()), variant
 
 
