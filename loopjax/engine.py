@@ -172,6 +172,9 @@ class Engine:
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
         adaptive = extra.skip or extra.exit_spec is not None or extra.warm
+        if adaptive and not self.config.fused_decode:
+            raise ValueError("adaptive exits and warm start run on device in fused steps; this "
+                             "engine has fused_decode=False")
         request = Request(request_id, prompt, params, max_loops=params.loops,
                           cache_salt=None if adaptive else self._cache_salt(extra))
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing

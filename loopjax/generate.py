@@ -6,7 +6,9 @@ state per token), `finish_reason` and metrics (ttft, tpot, submissions per outpu
 
 Huginn `initial_state` per prompt: None (the engine default: position-keyed random s0),
 'zero', 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (the goldens'
-`gen_init_states`).
+`gen_init_states`); `warm_start=True` starts each generated token from ln_f of the previous
+token's final state. Adaptive exits: the SamplingParams exit fields (exit_mode, exit_threshold,
+exit_criterion, exit_trace) run on device.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class LLM:
         self.engine = Engine(self.model, EngineConfig(**engine_options))
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 *, initial_state=None, **kwargs: Any) -> list[GenerateOutput]:
+                 *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt, in order. kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
         single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
@@ -51,7 +53,7 @@ class LLM:
         order = []
         try:
             for prompt, p, s in zip(ids, params, states):
-                order.append(self.engine.add_request(prompt, p, initial_state=s))
+                order.append(self.engine.add_request(prompt, p, initial_state=s, warm_start=warm_start))
         except ValueError:
             for rid in order:  # all or nothing: nothing of this call stays queued
                 self.engine.abort(rid)
@@ -114,7 +116,7 @@ def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
 
 
 def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
-             initial_state=None, engine_options: dict | None = None,
+             initial_state=None, warm_start: bool = False, engine_options: dict | None = None,
              **sampling_kwargs: Any) -> list[GenerateOutput]:
     """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
     a checkpoint folder or a preset name). The engine is kept for later calls with the same
@@ -136,5 +138,6 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if llm is None or llm.model is not model:
         _CACHE.clear()  # keep one engine: its KV pool holds device memory
         llm = _CACHE[key] = LLM(model, **options)
-    return llm.generate(prompt_list, initial_state=initial_state, max_tokens=max_new_tokens,
+    return llm.generate(prompt_list, initial_state=initial_state, warm_start=warm_start,
+                        max_tokens=max_new_tokens,
                         temperature=temperature, **sampling_kwargs)

@@ -149,6 +149,8 @@ def test_per_loop_decode_equals_fused(ouro_model, ouro_ref):
         assert finals[k].metrics["decode_submissions_per_token"] == 4.0
     run_sat(engine, ouro_model)
     assert engine.stats()["compilations"] == compiled
+    with pytest.raises(ValueError, match="fused_decode"):  # adaptive exits run fused on device
+        engine.add_request(ids[0], greedy(4, exit_mode="skip"))
 
 
 def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
