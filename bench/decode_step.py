@@ -37,6 +37,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", default="1,8,32,128", help="comma-separated decode rows")
     parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
     parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
     parser.add_argument("--exit-threshold", type=float, default=None,
@@ -88,6 +89,7 @@ def bench_model(model, args, backend: str, records: list) -> None:
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
     from loopjax import kv_cache
     from loopjax.batch import greedy_row
+    from loopjax.engine import matmul_ops
     from loopjax.runner import Runner, fused, per_loop
 
     cfg = model.cfg
@@ -102,13 +104,15 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
     layout = kv_cache.make_layout(cfg, args.layout, page_size=args.page_size, dtype=model.dtype,
                                   num_pages=num_pages, max_loops=loops)
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
-                    max_pages=pages_per_row, max_loops=loops, backend=backend)
+                    max_pages=pages_per_row, max_loops=loops, backend=backend,
+                    ops=matmul_ops(args.current_matmul))
     for rows in rows_list:
         row_inputs = []
         for r in range(rows):
             pages = [(r * pages_per_row + j) % num_pages for j in range(pages_per_row)]
             row_inputs.append(greedy_row([1], context - 1, pages, loops=loops, carry_slot=r))
-        base = dict(preset=args.current_preset, backend=backend, layout=args.layout, rows=rows,
+        base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
+                    layout=args.layout, rows=rows,
                     context=context, loops=loops, kv_pages_wrapped=rows * pages_per_row > num_pages,
                     pool_pages=num_pages, page_size=args.page_size,
                     weight_bytes=weight_bytes(model, loops),
@@ -127,7 +131,8 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
             step = lambda steps=steps: [jax.block_until_ready(runner.submit(b, k)) for b, k in steps]
             records.append(_record(base, "per_loop", _time(step, args.iters), loops))
         _print([r for r in records if r["rows"] == rows and r["context"] == context
-                and r["backend"] == backend and r["preset"] == args.current_preset])
+                and r["backend"] == backend and r["preset"] == args.current_preset
+                and r["matmul"] == args.current_matmul])
 
 
 def _time(fn, iters: int) -> list[float]:
@@ -167,7 +172,7 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
 
 def _print(records: list[dict]) -> None:
     for r in records:
-        print(f"{r['preset']:>12} {r['backend']:>6} {r['variant']:>8} rows {r['rows']:>4} "
+        print(f"{r['preset']:>12} {r['backend']:>6} {r['matmul']:>9} {r['variant']:>8} rows {r['rows']:>4} "
               f"ctx {r['context']:>5} loops {r['loops']:>2}: {r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
               + (f"  mean loops {r['mean_loops']:.2f}" if "mean_loops" in r else "")
@@ -189,7 +194,9 @@ def run(args: argparse.Namespace) -> int:
         model = load(preset, dtype)
         args.current_preset = preset
         for backend in args.backend.split(","):
-            bench_model(model, args, backend, records)
+            for matmul in args.matmul.split(","):
+                args.current_matmul = matmul
+                bench_model(model, args, backend, records)
         del model
         gc.collect()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)

@@ -47,6 +47,7 @@ class EngineConfig:
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
     attention_backend: str = "xla"        # 'xla' (ref_paged_attention) | 'pallas'
+    matmul: str = "xla"                   # 'xla' | 'streaming' (Pallas weight-streaming, <= 128 rows)
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
     prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
@@ -126,7 +127,8 @@ class Engine:
                              backend=config.attention_backend, num_top_logprobs=config.max_logprobs,
                              strict=config.strict_compile,
                              decode_page_widths=tuple(-(-c // config.page_size)
-                                                      for c in config.decode_context_buckets))
+                                                      for c in config.decode_context_buckets),
+                             ops=matmul_ops(config.matmul))
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                series=not config.fused_decode, adaptive=config.adaptive_exit)
@@ -338,6 +340,17 @@ class Engine:
                 "generated_tokens": self.num_generated,
                 "mean_loops_per_token": self.loops_generated / max(1, self.num_generated),
                 **{k: v for k, v in s.items() if k.startswith("prefix_cache")}}
+
+
+def matmul_ops(name: str):
+    """layers.Ops of a matmul choice: XLA's dot, or the weight-streaming Pallas kernel."""
+    from loopjax.layers import XLA_OPS, Ops
+    if name == "xla":
+        return XLA_OPS
+    if name == "streaming":
+        from loopjax.kernels.streaming_matmul import streaming_linear
+        return Ops(linear=streaming_linear)
+    raise ValueError(f"unknown matmul {name!r}; choose 'xla' or 'streaming'")
 
 
 def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:

@@ -26,7 +26,7 @@ import numpy as np
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput
 from loopjax.kv_cache import DeviceState
-from loopjax.layers import rms_norm, rope_angles
+from loopjax.layers import XLA_OPS, Ops, rms_norm, rope_angles
 from loopjax.sampling import sample
 
 
@@ -93,7 +93,7 @@ def _fill_skipped(kv, layout, layer_ids, batch, exit_loop):
 
 
 def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
-              num_top_logprobs: int):
+              num_top_logprobs: int, ops):
     from loopjax.models import ouro
     r = batch.page_table.shape[0]
     attn = kv_cache.PagedAttention(layout, batch, backend)
@@ -110,7 +110,7 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         x, kv, ex = carry
         row_live = (depth < batch.row_loops) & ~stopped(ex)
         live = row_live[batch.row_of_token]
-        h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth)
+        h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth, ops)
         x = jnp.where(live[:, None], h, x)
         last = x[batch.last_token_index]
         new = ouro.exit_update(ex, ouro.gate_logits(params, last), last, depth, batch.row_loops,
@@ -127,12 +127,12 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         return DeviceState(kv, carry), None
     if kind.adaptive:
         kv = _fill_skipped(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
-    logits = ouro.lm_head(params, ex.hidden)
+    logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
     return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
 
 def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
-                num_top_logprobs: int):
+                num_top_logprobs: int, ops):
     from loopjax import exits
     from loopjax.models import huginn
     attn = kv_cache.PagedAttention(layout, batch, backend)
@@ -140,7 +140,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     dtype, last = params["embed"].dtype, batch.last_token_index
     if kind.first:
         e, kv = huginn.prelude(params, cfg, huginn.embed(params, cfg, batch.token_ids), cos, sin,
-                               attn, state.kv)
+                               attn, state.kv, ops)
         seeded = huginn.initial_state(cfg, batch.init_seed, batch.positions, dtype)
         s = jnp.where((batch.init_mode == INIT_EXPLICIT)[:, None], batch.init_state.astype(dtype),
                       jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
@@ -158,12 +158,12 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         row_live = (depth < batch.row_loops) & ~(exited & batch.exit_skip)
         live = row_live[batch.row_of_token]
         s_new, kv = huginn.core_loop(params, cfg, s, e, cos, sin, attn.with_write_mask(live), kv,
-                                     depth)
+                                     depth, ops)
         s = jnp.where(live[:, None], s_new, s)
         if kind.adaptive:  # the logit criteria need the coda (with its KV writes) on checked loops
             logits, kv = jax.lax.cond(
                 exits.needs_logits(batch.exit, xs, depth, active=row_live),
-                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv),
+                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv, ops),
                 lambda kv: (jnp.zeros((s.shape[0], cfg.vocab_size), dtype), kv), kv)
             xs, _ = exits.update(xs, batch.exit, logits[last], s, depth,
                                  row_of_token=batch.row_of_token, active=row_live)
@@ -184,7 +184,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         kv = _fill_skipped(kv, layout, core, batch, ran - 1)
     # NOTE: the coda of the selected state runs over every token (its KV is the one later
     # tokens read), lm_head included; only the rows' last tokens are sampled.
-    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv)
+    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv, ops)
     # Warm start: the next token of a row starts from ln_f of this token's selected state.
     warm = rms_norm(sel[last], params["ln_f"], cfg.norm_eps)
     carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
@@ -207,7 +207,7 @@ class Runner:
     def __init__(self, model, layout: kv_cache.KVLayout, *, decode_rows: tuple[int, ...],
                  prefill_buckets: tuple[tuple[int, int], ...], max_pages: int, max_loops: int,
                  backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
-                 decode_page_widths: tuple[int, ...] = ()):
+                 decode_page_widths: tuple[int, ...] = (), ops: Ops = XLA_OPS):
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
         self.max_loops, self.num_top_logprobs, self.strict = max_loops, num_top_logprobs, strict
         self.max_rows = max(decode_rows)  # carry slots 0..max_rows-1; max_rows = padding rows'
@@ -229,7 +229,7 @@ class Runner:
                                          f"{batch.page_table.shape[0]}, tokens "
                                          f"{batch.token_ids.shape[0]}, {kind}")
             return step(params, state, batch, cfg=self.cfg, layout=layout, backend=backend,
-                        kind=kind, num_top_logprobs=num_top_logprobs)
+                        kind=kind, num_top_logprobs=num_top_logprobs, ops=ops)
 
         self._step = jax.jit(traced, static_argnums=3, donate_argnums=1)
 

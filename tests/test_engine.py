@@ -378,3 +378,16 @@ def test_prefix_cache_hits_keep_tokens(ouro_model, ouro_ref):
     assert shared.token_ids == ouro.greedy_nocache(ouro_model.params, ouro_model.cfg, other, 6).tolist()
     stats = engine.stats()
     assert stats["pages_free"] == stats["pages_total"]  # parked cached pages count as free
+
+
+def test_streaming_matmul_ops_keep_golden_tokens(ouro_model, ouro_ref):
+    """EngineConfig.matmul='streaming' swaps the Pallas weight-streaming kernel into every
+    dense product of the step (layers.Ops; interpret mode on CPU): same greedy tokens."""
+    engine = Engine(ouro_model, EngineConfig(page_size=8, max_num_rows=1, decode_row_buckets=(1,),
+                                             max_prefill_tokens=16, prefill_token_buckets=(16,),
+                                             max_prefill_rows=1, max_context_len=32,
+                                             matmul="streaming", warmup=False, verbose=False))
+    out = run_all(engine, {0: [(ouro_ref["p0_input_ids"].tolist(), greedy(3), "s")]})["s"]
+    assert out.token_ids == ouro_ref["p0_greedy_tokens"][:3].tolist()
+    with pytest.raises(ValueError, match="unknown matmul"):
+        Engine(ouro_model, EngineConfig(**SMALL, matmul="cublas"))
