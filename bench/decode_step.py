@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
     parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
     parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming")
+    parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
     parser.add_argument("--exit-threshold", type=float, default=None,
@@ -119,7 +120,8 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
                     kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context))
         base["roofline_us"] = (base["weight_bytes"] + base["kv_bytes"]) / args.bandwidth * 1e6
         batch = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
-        times = _time(lambda batch=batch: [runner.submit(batch, fused(loops))], args.iters)
+        kind = fused(loops, unroll=args.unroll)
+        times = _time(lambda batch=batch, kind=kind: [runner.submit(batch, kind)], args.iters)
         records.append(_record(base, "fused", times, 1))
         if args.exit_threshold is not None:  # random weights exit arbitrarily: report the loops
             records.append(_adaptive(runner, row_inputs, base, args, loops, cfg.family))

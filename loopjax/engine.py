@@ -48,6 +48,7 @@ class EngineConfig:
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
     attention_backend: str = "xla"        # 'xla' (ref_paged_attention) | 'pallas'
     matmul: str = "xla"                   # 'xla' | 'streaming' (Pallas weight-streaming, <= 128 rows)
+    loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
     prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
@@ -128,7 +129,7 @@ class Engine:
                              strict=config.strict_compile,
                              decode_page_widths=tuple(-(-c // config.page_size)
                                                       for c in config.decode_context_buckets),
-                             ops=matmul_ops(config.matmul))
+                             ops=matmul_ops(config.matmul), unroll=config.loop_unroll)
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                series=not config.fused_decode, adaptive=config.adaptive_exit)

@@ -30,23 +30,23 @@ from loopjax.layers import XLA_OPS, Ops, rms_norm, rope_angles
 from loopjax.sampling import sample
 
 
-class CompileAfterWarmup(RuntimeError):
-    """A step compiled after warm-up (a bucket or static flag that warmup missed)."""
+class CompileAfterWarmup(RuntimeError):  # a step compiled after warm-up (strict runners)
+    pass
 
 
 @dataclass(frozen=True)
 class StepKind:
     """Static part of a step (hashable: part of the jit cache key)."""
-
     num_loops: int            # loops run: a static trip count, so no host sync per loop
     first: bool = True        # the submission starts at loop 0 (embed / prelude)
     final: bool = True        # some row ends its token here: run the tail (lm_head / coda) and sample
     save_carry: bool = False  # store the loop state of every row (per-loop decode series)
     adaptive: bool = False    # while_loop that ends when every real row exited (skip rows stop)
+    unroll: int = 1           # fixed-depth loops unrolled per fori_loop iteration (True: all)
 
 
-def fused(num_loops: int, adaptive: bool = False) -> StepKind:  # all loops in one submission
-    return StepKind(num_loops, adaptive=adaptive)
+def fused(num_loops: int, adaptive: bool = False, unroll: int = 1) -> StepKind:  # one submission
+    return StepKind(num_loops, adaptive=adaptive, unroll=unroll)
 
 
 def per_loop(first: bool, final: bool) -> StepKind:
@@ -56,7 +56,7 @@ def per_loop(first: bool, final: bool) -> StepKind:
 
 @jax.tree_util.register_dataclass
 @dataclass
-class StepOut:
+class StepOut:  # device outputs of a step
     tokens: jax.Array       # [R] i32 sampled token per row (garbage for non-emitting rows)
     exit_loops: jax.Array   # [R] i32 loops of the selected state (1-based)
     logprobs: jax.Array     # [R] f32 log-prob of the sampled token
@@ -64,8 +64,7 @@ class StepOut:
     top_logprobs: jax.Array  # [R, k] f32
 
 
-def _put(buffer, slots, values):
-    """buffer[slots] = values (padding rows all write the spare last slot)."""
+def _put(buffer, slots, values):  # buffer[slots] = values (padding rows: the spare last slot)
     return buffer.at[slots].set(values)
 
 
@@ -79,7 +78,8 @@ def _depth_loop(kind: StepKind, batch, body, carry, done):
     """Loops loop_begin.. of `body(depth, carry)`: a static trip count, or (adaptive) a
     while_loop that also ends once every real row is `done(carry)` [R]."""
     if not kind.adaptive:
-        return jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), carry)
+        return jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), carry,
+                                 unroll=kind.unroll)
     go = lambda c: (c[0] < kind.num_loops) & ~jnp.all(done(c[1]) | ~batch.row_is_real)  # noqa: E731
     return jax.lax.while_loop(go, lambda c: (c[0] + 1, body(batch.loop_begin + c[0], c[1])),
                               (jnp.int32(0), carry))[1]
@@ -207,9 +207,10 @@ class Runner:
     def __init__(self, model, layout: kv_cache.KVLayout, *, decode_rows: tuple[int, ...],
                  prefill_buckets: tuple[tuple[int, int], ...], max_pages: int, max_loops: int,
                  backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
-                 decode_page_widths: tuple[int, ...] = (), ops: Ops = XLA_OPS):
+                 decode_page_widths: tuple[int, ...] = (), ops: Ops = XLA_OPS, unroll: int = 1):
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
         self.max_loops, self.num_top_logprobs, self.strict = max_loops, num_top_logprobs, strict
+        self.unroll = unroll
         self.max_rows = max(decode_rows)  # carry slots 0..max_rows-1; max_rows = padding rows'
         self.buckets = Buckets(tuple(sorted(decode_rows)), tuple(sorted(prefill_buckets)),
                                tuple(sorted({w for w in decode_page_widths if w < max_pages}
@@ -258,7 +259,7 @@ class Runner:
         count = next(c for c in self.loop_counts if c >= num_loops) if not series else 1
         adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
         kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
-                else fused(count, adaptive))
+                else fused(count, adaptive, self.unroll))
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens, adaptive=adaptive)
@@ -278,7 +279,7 @@ class Runner:
         Returns the compile count."""
         outs = []
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
-        fused_kinds = [fused(n, a) for n in loop_counts for a in {False, adaptive}]
+        fused_kinds = [fused(n, a, self.unroll) for n in loop_counts for a in {False, adaptive}]
         kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
         for r in self.buckets.decode_rows:
             for width in self.buckets.page_widths:
