@@ -8,6 +8,9 @@ token or finished. The host reads back only the sampled tokens and exit loops of
 Contracts: `add_request` raises a one-line ValueError for bad input and queues nothing then;
 every request's pages return to the pool when it finishes, is aborted or preempted
 (scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`.
+Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
+planned as fixed-depth rows: the device decides their exits inside the same submission.
+Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `_Extra`.
 """
 
 from __future__ import annotations

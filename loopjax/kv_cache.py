@@ -7,7 +7,8 @@ A token's flat slot is `page * page_size + offset`; slot `num_pages * page_size`
 `mode="drop"`, so a padded row never touches a real page.
 
 Planes per cache layer ("packed depth planes": no plane is allocated that no loop writes):
-- Ouro, `per_loop`: every layer has `total_ut_steps` planes, plane = loop index.
+- Ouro, `per_loop`: every layer has `max_loops` (default `total_ut_steps`) planes, plane =
+  loop index.
 - Huginn prelude/coda layers: 1 plane. Core layers: `max_loops` planes (`per_loop`) or a
   ring of `K // num_core_layers` planes (`shared`, the reference's compress-sK: core layer
   j of loop i uses ring slot (4i + j) mod K, i.e. plane i mod (K // 4) of layer j).
@@ -15,7 +16,12 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
-`ref_paged_attention` (backend 'xla') or the Pallas kernel (backend 'pallas').
+`ref_paged_attention` (backend 'xla') or the Pallas kernels (backend 'pallas': the decode
+kernel for one-token-per-row steps, prefill_attention for packed prompts).
+"Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
+exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
+kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
+(per-loop decode state, Huginn warm-start states) that every step donates and returns.
 """
 
 from __future__ import annotations
