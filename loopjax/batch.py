@@ -50,6 +50,17 @@ class StepBatch:
 
 
 @dataclass
+class StepResult:
+    """Host copy of a step's outputs for the real rows (one read per submission)."""
+
+    tokens: np.ndarray       # [R] int32
+    exit_loops: np.ndarray   # [R] int32
+    logprobs: np.ndarray     # [R] f32
+    top_ids: np.ndarray      # [R, k]
+    top_logprobs: np.ndarray  # [R, k]
+
+
+@dataclass
 class RowInput:
     """One row of a step, as host data."""
 

@@ -221,6 +221,14 @@ def fill_last_exited(pool: KVPool, layout: KVLayout, layer_ids, slots, exit_dept
     return pool
 
 
+def fill_rows(pool: KVPool, layout: KVLayout, layer_ids, batch, exit_loop):
+    """`fill_last_exited` for the tokens of a step's skip rows (batch.exit_skip [R]), which
+    stopped at exit_loop [R] (0-based)."""
+    slots = jnp.where(batch.exit_skip[batch.row_of_token], batch.slot_mapping, layout.drop_slot)
+    return fill_last_exited(pool, layout, layer_ids, slots, exit_loop[batch.row_of_token],
+                            max(layout.num_planes))
+
+
 class PagedAttention:
     """`attn(kv, layer_id, depth, q, k, v) -> (kv, out)` over the paged pool of one step.
 

@@ -11,20 +11,21 @@ submissions (a per-loop series): the loop state between submissions stays on dev
 
 Rows past their own loop count (`row_loops`) freeze their state and write no KV (fixed-depth
 requests never read those planes; `kv_cache.fill_last_exited` is for adaptive exits).
-Padding rows write only to the drop slot. Compilation is bounded: `warmup()` runs every
-bucket once; each trace bumps `compilations`; with `strict=True` a later trace raises.
+Padding rows write only to the drop slot. Compilation is bounded: `warmup()` compiles every
+bucket ahead of time; each trace bumps `compilations`; with `strict=True` a later one raises.
 """
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from loopjax import kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput, StepResult
 from loopjax.kv_cache import DeviceState
 from loopjax.layers import XLA_OPS, Ops, rms_norm, rope_angles
 from loopjax.sampling import sample
@@ -85,13 +86,6 @@ def _depth_loop(kind: StepKind, batch, body, carry, done):
                               (jnp.int32(0), carry))[1]
 
 
-def _fill_skipped(kv, layout, layer_ids, batch, exit_loop):
-    """"Last exited" fill for the tokens of skip rows that stopped at exit_loop [R] (0-based)."""
-    slots = jnp.where(batch.exit_skip[batch.row_of_token], batch.slot_mapping, layout.drop_slot)
-    return kv_cache.fill_last_exited(kv, layout, layer_ids, slots, exit_loop[batch.row_of_token],
-                                     max(layout.num_planes))
-
-
 def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
               num_top_logprobs: int, ops):
     from loopjax.models import ouro
@@ -126,7 +120,7 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
     if not kind.final:
         return DeviceState(kv, carry), None
     if kind.adaptive:
-        kv = _fill_skipped(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
+        kv = kv_cache.fill_rows(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
     logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
     return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
@@ -181,7 +175,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         return DeviceState(kv, carry), None
     if kind.adaptive:
         core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
-        kv = _fill_skipped(kv, layout, core, batch, ran - 1)
+        kv = kv_cache.fill_rows(kv, layout, core, batch, ran - 1)
     # NOTE: the coda of the selected state runs over every token (its KV is the one later
     # tokens read), lm_head included; only the rows' last tokens are sampled.
     logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv, ops)
@@ -190,15 +184,6 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
     loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
     return DeviceState(kv, carry), _finish(logits[last], batch, num_top_logprobs, loops)
-
-
-@dataclass
-class StepResult:  # host copy of a step's outputs for the real rows (one read per submission)
-    tokens: np.ndarray       # [R] int32
-    exit_loops: np.ndarray   # [R] int32
-    logprobs: np.ndarray     # [R] f32
-    top_ids: np.ndarray      # [R, k]
-    top_logprobs: np.ndarray  # [R, k]
 
 
 class Runner:
@@ -218,6 +203,7 @@ class Runner:
                                self.max_rows, model.cfg.hidden_size if model.cfg.family == "huginn"
                                else None)
         self.compilations, self.submissions, self.warm = 0, 0, False
+        self._compiled: dict = {}  # (kind, batch shapes) -> ahead-of-time executable
         self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
         dtype = jax.tree.leaves(self.params)[0].dtype
         self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, dtype)
@@ -242,10 +228,20 @@ class Runner:
         return jax.device_put(self.buckets.build(rows, decode=decode, loop_begin=loop_begin,
                                                  loop_end=loop_end, adaptive=adaptive, **bucket))
 
+    def _key(self, batch, kind: StepKind):
+        return kind, tuple((a.shape, a.dtype) for a in jax.tree.leaves(batch)), jax.tree.structure(batch)
+
+    def _lower(self, batch, kind: StepKind):  # traces (counted; strict runners raise when warm)
+        return self._key(batch, kind), self._step.lower(self.params, self.state, batch, kind)
+
     def submit(self, batch, kind: StepKind):
-        """One asynchronous submission; returns the device StepOut (None unless kind.final)."""
+        """One asynchronous submission; returns the device StepOut (None unless kind.final).
+        Runs the ahead-of-time executable of the batch's shapes (compiled now if missing)."""
+        key = self._key(batch, kind)
+        if key not in self._compiled:
+            self._compiled[key] = self._lower(batch, kind)[1].compile()
         self.submissions += 1
-        self.state, out = self._step(self.params, self.state, batch, kind)
+        self.state, out = self._compiled[key](self.params, self.state, batch)
         return out
 
     def run(self, rows: list[RowInput], *, decode: bool, loop_begin: int = 0,
@@ -273,11 +269,11 @@ class Runner:
 
     def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False,
                adaptive: bool = False) -> int:
-        """Compile (by running all-padding batches) every decode and prefill bucket for each
-        fused loop count (default: max_loops); with series, the one-loop decode variants
-        instead of the fused decode ones; with adaptive, the adaptive fused variants too.
-        Returns the compile count."""
-        outs = []
+        """Compile ahead of time every decode and prefill bucket for each fused loop count
+        (default: max_loops); with series, the one-loop decode variants instead of the fused
+        decode ones; with adaptive, the adaptive fused variants too. Traces run in turn, the
+        XLA compiles in parallel threads. Returns the compile count."""
+        todo = []
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
         fused_kinds = [fused(n, a, self.unroll) for n in loop_counts for a in {False, adaptive}]
         kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
@@ -287,13 +283,15 @@ class Runner:
                     begin = 0 if kind.first else self.max_loops - 1
                     b = self.make_batch([], decode=True, loop_begin=begin, loop_end=begin + kind.num_loops,
                                         num_rows=r, page_width=width, adaptive=kind.adaptive)
-                    outs.append(self.submit(b, kind))
+                    todo.append(self._lower(b, kind))
         for r, n in self.buckets.prefill:
             for kind in fused_kinds:
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
-                outs.append(self.submit(b, kind))
-        jax.block_until_ready((outs, self.state))
+                todo.append(self._lower(b, kind))
+        with ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+            for key, compiled in zip([k for k, _ in todo], pool.map(lambda t: t[1].compile(), todo)):
+                self._compiled[key] = compiled
         self.warm = True
         return self.compilations
 
