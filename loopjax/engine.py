@@ -62,6 +62,7 @@ class EngineConfig:
     huginn_seed: int = 0                  # seed of the position-keyed s0
     strict_compile: bool = False          # raise if anything compiles after warm-up
     warmup: bool = True                   # compile every bucket at start-up
+    compile_threads: int | None = None    # parallel XLA compiles at warm-up (None: CPU count)
     verbose: bool = True                  # print the pool at start-up
 
 
@@ -135,7 +136,8 @@ class Engine:
                              ops=matmul_ops(config.matmul), unroll=config.loop_unroll)
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
-                               series=not config.fused_decode, adaptive=config.adaptive_exit)
+                               series=not config.fused_decode, adaptive=config.adaptive_exit,
+                               threads=config.compile_threads)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._aborted: list[RequestOutput] = []

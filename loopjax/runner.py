@@ -268,7 +268,7 @@ class Runner:
                           host.top_ids[:k], host.top_logprobs[:k])
 
     def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False,
-               adaptive: bool = False) -> int:
+               adaptive: bool = False, threads: int | None = None) -> int:
         """Compile ahead of time every decode and prefill bucket for each fused loop count
         (default: max_loops); with series, the one-loop decode variants instead of the fused
         decode ones; with adaptive, the adaptive fused variants too. Traces run in turn, the
@@ -289,7 +289,7 @@ class Runner:
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
                 todo.append(self._lower(b, kind))
-        with ThreadPoolExecutor(max(1, min(len(todo), os.cpu_count() or 1))) as pool:
+        with ThreadPoolExecutor(max(1, min(len(todo), threads or os.cpu_count() or 1))) as pool:
             for key, compiled in zip([k for k, _ in todo], pool.map(lambda t: t[1].compile(), todo)):
                 self._compiled[key] = compiled
         self.warm = True
