@@ -89,9 +89,8 @@ def bench_model(model, args, backend: str, records: list) -> None:
 
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
     from loopjax import kv_cache
-    from loopjax.batch import greedy_row
     from loopjax.engine import matmul_ops
-    from loopjax.runner import Runner, fused, per_loop
+    from loopjax.runner import Runner
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops
@@ -107,11 +106,12 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=pages_per_row, max_loops=loops, backend=backend,
                     ops=matmul_ops(args.current_matmul))
+    cases = {rows: _cases(runner, _rows(rows, pages_per_row, num_pages, context, loops), args, loops,
+                          cfg.family, rows in per_loop_rows) for rows in rows_list}
+    # Every shape compiles ahead, XLA compiles in parallel threads (the slow part on the GPU).
+    runner.precompile([step for by_name in cases.values() for steps in by_name.values()
+                       for step in steps])
     for rows in rows_list:
-        row_inputs = []
-        for r in range(rows):
-            pages = [(r * pages_per_row + j) % num_pages for j in range(pages_per_row)]
-            row_inputs.append(greedy_row([1], context - 1, pages, loops=loops, carry_slot=r))
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     layout=args.layout, rows=rows,
                     context=context, loops=loops, kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -119,49 +119,55 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
                     weight_bytes=weight_bytes(model, loops),
                     kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context))
         base["roofline_us"] = (base["weight_bytes"] + base["kv_bytes"]) / args.bandwidth * 1e6
-        batch = runner.make_batch(row_inputs, decode=True, loop_begin=0, loop_end=loops)
-        kind = fused(loops, unroll=args.unroll)
-        times = _time(lambda batch=batch, kind=kind: [runner.submit(batch, kind)], args.iters)
-        records.append(_record(base, "fused", times, 1))
-        if args.exit_threshold is not None:  # random weights exit arbitrarily: report the loops
-            records.append(_adaptive(runner, row_inputs, base, args, loops, cfg.family))
-        if rows in per_loop_rows:
-            kinds = [per_loop(first=t == 0, final=t == loops - 1) for t in range(loops)]
-            batches = [runner.make_batch(row_inputs, decode=True, loop_begin=t, loop_end=t + 1)
-                       for t in range(loops)]
-            steps = list(zip(batches, kinds))
-            step = lambda steps=steps: [jax.block_until_ready(runner.submit(b, k)) for b, k in steps]
-            records.append(_record(base, "per_loop", _time(step, args.iters), loops))
-        _print([r for r in records if r["rows"] == rows and r["context"] == context
-                and r["backend"] == backend and r["preset"] == args.current_preset
-                and r["matmul"] == args.current_matmul])
+        for name, steps in cases[rows].items():
+            outs = []
+            # fused / adaptive: one asynchronous submission; per_loop: wait after every loop
+            # (the host round trip per loop of an unfused engine).
+            run = lambda steps=steps, outs=outs: [outs.append(runner.submit(b, k)) or  # noqa: E731
+                                                  jax.block_until_ready(outs[-1]) for b, k in steps]
+            record = _record(base, name, _time(run, args.iters), len(steps))
+            if name == "adaptive":  # random weights exit arbitrarily: report the loops
+                record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:rows]))
+            records.append(record)
+        _print(records[-len(cases[rows]):])
+
+
+def _rows(rows: int, pages_per_row: int, num_pages: int, context: int, loops: int):
+    """One decode token per row at position context - 1; rows wrap around a small pool."""
+    from loopjax.batch import greedy_row
+    return [greedy_row([1], context - 1, [(r * pages_per_row + j) % num_pages
+                                          for j in range(pages_per_row)], loops=loops, carry_slot=r)
+            for r in range(rows)]
+
+
+def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool) -> dict:
+    """name -> the (batch, kind) submissions of one token."""
+    import dataclasses
+
+    from loopjax.exits import ExitSpec
+    from loopjax.runner import fused, per_loop
+    batch = lambda rows, **kw: runner.make_batch(rows, decode=True, **kw)  # noqa: E731
+    cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), fused(loops, unroll=args.unroll))]}
+    if args.exit_threshold is not None:  # the adaptive (skip) step: ends when every row exited
+        spec = ExitSpec(args.exit_criterion, args.exit_threshold) if family == "huginn" else None
+        rows = [dataclasses.replace(r, exit_skip=True, exit_threshold=args.exit_threshold,
+                                    exit_spec=spec) for r in row_inputs]
+        cases["adaptive"] = [(batch(rows, loop_begin=0, loop_end=loops, adaptive=True),
+                              fused(loops, True))]
+    if per_loop_too:
+        cases["per_loop"] = [(batch(row_inputs, loop_begin=t, loop_end=t + 1),
+                              per_loop(first=t == 0, final=t == loops - 1)) for t in range(loops)]
+    return cases
 
 
 def _time(fn, iters: int) -> list[float]:
-    jax.block_until_ready(fn())  # warm-up: compiles
+    jax.block_until_ready(fn())  # warm-up
     times = []
     for _ in range(iters):
         start = time.perf_counter()
         jax.block_until_ready(fn())
         times.append(time.perf_counter() - start)
     return times
-
-
-def _adaptive(runner, row_inputs, base, args, loops: int, family: str) -> dict:
-    """The adaptive (skip) step: a while_loop that ends when every row exited."""
-    import dataclasses
-
-    from loopjax.exits import ExitSpec
-    from loopjax.runner import fused
-    rows = [dataclasses.replace(r, exit_skip=True, exit_threshold=args.exit_threshold,
-                                exit_spec=ExitSpec(args.exit_criterion, args.exit_threshold)
-                                if family == "huginn" else None) for r in row_inputs]
-    batch = runner.make_batch(rows, decode=True, loop_begin=0, loop_end=loops, adaptive=True)
-    outs = []
-    times = _time(lambda: outs.append(runner.submit(batch, fused(loops, True))) or outs[-1:], args.iters)
-    record = _record(base, "adaptive", times, 1)
-    record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:base["rows"]]))
-    return record
 
 
 def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:

@@ -231,12 +231,12 @@ class Runner:
     def _key(self, batch, kind: StepKind):
         return kind, tuple((a.shape, a.dtype) for a in jax.tree.leaves(batch)), jax.tree.structure(batch)
 
-    def _lower(self, batch, kind: StepKind):  # traces (counted; strict runners raise when warm)
+    def _lower(self, batch, kind: StepKind):  # traces: counted; strict runners raise when warm
         return self._key(batch, kind), self._step.lower(self.params, self.state, batch, kind)
 
     def submit(self, batch, kind: StepKind):
-        """One asynchronous submission; returns the device StepOut (None unless kind.final).
-        Runs the ahead-of-time executable of the batch's shapes (compiled now if missing)."""
+        """One asynchronous run of the shapes' executable (compiled now if missing); returns
+        the device StepOut (None unless kind.final)."""
         key = self._key(batch, kind)
         if key not in self._compiled:
             self._compiled[key] = self._lower(batch, kind)[1].compile()
@@ -267,13 +267,10 @@ class Runner:
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
 
-    def warmup(self, *, loop_counts: tuple[int, ...] = (), series: bool = False,
-               adaptive: bool = False, threads: int | None = None) -> int:
-        """Compile ahead of time every decode and prefill bucket for each fused loop count
-        (default: max_loops); with series, the one-loop decode variants instead of the fused
-        decode ones; with adaptive, the adaptive fused variants too. Traces run in turn, the
-        XLA compiles in parallel threads. Returns the compile count."""
-        todo = []
+    def warmup(self, *, loop_counts=(), series=False, adaptive=False, threads=None) -> int:
+        """Precompile every decode and prefill bucket for each fused loop count (and max_loops);
+        series: the one-loop decode kinds instead of the fused ones; adaptive: those too."""
+        todo = []  # (batch, kind)
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
         fused_kinds = [fused(n, a, self.unroll) for n in loop_counts for a in {False, adaptive}]
         kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
@@ -283,15 +280,20 @@ class Runner:
                     begin = 0 if kind.first else self.max_loops - 1
                     b = self.make_batch([], decode=True, loop_begin=begin, loop_end=begin + kind.num_loops,
                                         num_rows=r, page_width=width, adaptive=kind.adaptive)
-                    todo.append(self._lower(b, kind))
+                    todo.append((b, kind))
         for r, n in self.buckets.prefill:
             for kind in fused_kinds:
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
-                todo.append(self._lower(b, kind))
-        with ThreadPoolExecutor(max(1, min(len(todo), threads or os.cpu_count() or 1))) as pool:
-            for key, compiled in zip([k for k, _ in todo], pool.map(lambda t: t[1].compile(), todo)):
-                self._compiled[key] = compiled
+                todo.append((b, kind))
+        self.precompile(todo, threads)
         self.warm = True
         return self.compilations
+
+    def precompile(self, steps, threads: int | None = None) -> None:
+        """Ahead-of-time executables for (batch, kind) pairs: traces in turn, XLA compiles in
+        parallel threads (`threads`, default the CPU count)."""
+        todo = dict(self._lower(b, k) for b, k in steps if self._key(b, k) not in self._compiled)
+        with ThreadPoolExecutor(max(1, min(len(todo), threads or os.cpu_count() or 1))) as pool:
+            self._compiled.update(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
 
