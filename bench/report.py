@@ -3,6 +3,13 @@
 `summarize(records, duration_s, ...)` returns every field of the report (REPORT_FIELDS);
 percentiles are over requests (TTFT) and over requests with >= 2 tokens (TPOT), linear
 interpolation; a statistic with no samples is null, never a crash.
+
+Engine counters in a report cover the timed run only: they are the difference of the
+engine's stats after and before it (the untimed warm-up request is outside), so
+`prefix_cache` hit rates are those of the workload's own requests and
+`compilations_during_run` must be 0 on a warm engine. `compare_prefix_cache(off, on)` puts
+two reports of one workload side by side with their on/off ratios (`--compare-prefix-cache`).
+matplotlib is optional: without it the plot writers return None.
 """
 
 from __future__ import annotations
@@ -14,8 +21,15 @@ import os
 REPORT_FIELDS = (
     "workload", "model", "target", "spec", "num_requests", "duration_s", "prompt_tokens",
     "output_tokens", "tokens_per_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
-    "submissions_per_output_token", "mean_loops_per_token", "engine_stats", "requests",
+    "submissions_per_output_token", "mean_loops_per_token", "prefix_cache", "load_s", "warmup_s",
+    "compilations_after_warmup", "compilations_during_run", "truncated", "engine_stats", "requests",
 )
+PREFIX_CACHE_FIELDS = (
+    "enabled", "hit_rate", "page_hit_rate", "hit_tokens", "queried_tokens", "hit_pages", "queried_pages",
+    "evictions", "cached_pages", "parked_pages",
+)
+COMPARE_FIELDS = ("compare", "off", "on", "ratio", "matching_outputs")
+RATIO_FIELDS = ("tokens_per_s", "ttft_p50_s", "tpot_p50_s", "prefix_cache_hit_rate")
 
 
 def percentile(values, q: float) -> float | None:
@@ -28,14 +42,48 @@ def percentile(values, q: float) -> float | None:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def prefix_cache_summary(before: dict, after: dict, enabled: bool | None) -> dict:
+    """Prefix-cache counts of a run from the engine stats around it (PREFIX_CACHE_FIELDS).
+    Hit rates: hit / queried over the run's admissions (0.0 with the cache off; None when
+    nothing was queried with the cache on or unknown); `cached_pages`/`parked_pages`: after it."""
+    def delta(key):
+        if key not in after:
+            return None
+        return int(after[key] - before.get(key, 0))
+
+    def rate(hit, queried):
+        if hit is not None and queried:
+            return hit / queried
+        return 0.0 if enabled is False else None
+
+    hit_tokens, queried_tokens = delta("prefix_cache_hit_tokens"), delta("prefix_cache_queried_tokens")
+    hit_pages, queried_pages = delta("prefix_cache_hit_pages"), delta("prefix_cache_queried_pages")
+    now = {k: None if after.get(k) is None else int(after[k])
+           for k in ("prefix_cache_pages", "prefix_cache_parked_pages")}
+    return {"enabled": enabled, "hit_rate": rate(hit_tokens, queried_tokens),
+            "page_hit_rate": rate(hit_pages, queried_pages), "hit_tokens": hit_tokens,
+            "queried_tokens": queried_tokens, "hit_pages": hit_pages, "queried_pages": queried_pages,
+            "evictions": delta("prefix_cache_evictions"), "cached_pages": now["prefix_cache_pages"],
+            "parked_pages": now["prefix_cache_parked_pages"]}
+
+
 def summarize(records, duration_s: float, *, workload: str, model: str, target: str, spec: dict,
-              engine_stats: dict | None = None, mean_loops_per_token: float | None = None) -> dict:
-    """The report dict. `mean_loops_per_token` defaults to the mean of the records' exit loops."""
+              engine_stats: dict | None = None, mean_loops_per_token: float | None = None,
+              stats_before: dict | None = None, prefix_caching: bool | None = None,
+              startup: dict | None = None, truncated: bool = False) -> dict:
+    """The report dict. `mean_loops_per_token` defaults to the mean of the records' exit loops.
+    `engine_stats` / `stats_before`: the engine's stats after / before the timed run;
+    `prefix_caching`: whether the engine had the cache on (None: unknown); `startup`: load_s,
+    warmup_s, compilations_after_warmup (in-process); `truncated`: --max-seconds cut the run."""
     output_tokens = sum(len(r.token_ids) for r in records)
     subs = sum(r.submissions for r in records)
     loops = [x for r in records for x in r.exit_loops]
     if mean_loops_per_token is None and loops:
         mean_loops_per_token = sum(loops) / len(loops)
+    after, before, startup = engine_stats or {}, stats_before or {}, startup or {}
+    compiled = None
+    if "compilations" in after and "compilations" in before:
+        compiled = int(after["compilations"] - before["compilations"])
     report = {
         "workload": workload,
         "model": model,
@@ -51,7 +99,13 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
         "tpot_p50_s": percentile([r.tpot for r in records], 50),
         "submissions_per_output_token": subs / output_tokens if subs and output_tokens else None,
         "mean_loops_per_token": mean_loops_per_token,
-        "engine_stats": engine_stats or {},
+        "prefix_cache": prefix_cache_summary(before, after, prefix_caching),
+        "load_s": startup.get("load_s"),  # model load (in-process; None over HTTP)
+        "warmup_s": startup.get("warmup_s"),  # Engine construction: pool + compiling every bucket
+        "compilations_after_warmup": startup.get("compilations_after_warmup"),
+        "compilations_during_run": compiled,  # compiles in the timed run: must be 0
+        "truncated": bool(truncated),  # the --max-seconds budget cut the run (finished requests only)
+        "engine_stats": after,
         "requests": [{"session": r.session, "turn": r.turn, "prompt_len": r.prompt_len,
                       "output_len": len(r.token_ids), "start_s": r.start, "ttft_s": r.ttft,
                       "tpot_s": r.tpot, "end_s": r.end, "submissions": r.submissions}
@@ -67,13 +121,86 @@ def format_summary(report: dict) -> str:
     def num(x, fmt):
         return "n/a" if x is None else format(x, fmt)
 
-    return (f"{report['workload']} on {report['model']} ({report['target']}): "
+    text = (f"{report['workload']} on {report['model']} ({report['target']}): "
             f"{report['num_requests']} requests, {report['output_tokens']} tokens in "
             f"{report['duration_s']:.2f} s = {num(report['tokens_per_s'], '.1f')} tok/s | "
             f"TTFT p50 {ms(report['ttft_p50_s'])} p90 {ms(report['ttft_p90_s'])} | "
             f"TPOT p50 {ms(report['tpot_p50_s'])} | "
             f"submissions/token {num(report['submissions_per_output_token'], '.2f')} | "
             f"loops/token {num(report['mean_loops_per_token'], '.2f')}")
+    pc = report.get("prefix_cache") or {}
+    if pc.get("enabled") or pc.get("queried_tokens"):
+        text += (f" | prefix cache hit {pct(pc['hit_rate'])} of tokens, {pct(pc['page_hit_rate'])} of "
+                 f"pages, {num(pc['evictions'], 'd')} evictions")
+    elif pc.get("enabled") is False:
+        text += " | prefix cache off"
+    if report.get("warmup_s") is not None:
+        text += (f" | warm-up {report['warmup_s']:.1f} s, {num(report['compilations_after_warmup'], 'd')} "
+                 f"compilations")
+    if report.get("compilations_during_run") is not None:
+        text += f" | {report['compilations_during_run']} compilations in the run"
+    if report.get("truncated"):
+        text += " | TRUNCATED by --max-seconds"
+    return text
+
+
+def pct(x) -> str:
+    return "n/a" if x is None else f"{100 * x:.1f}%"
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def compare_prefix_cache(off: dict, on: dict, off_outputs=None, on_outputs=None) -> dict:
+    """Two reports of one workload, cache off and on: both, the on/off ratios (RATIO_FIELDS;
+    the hit rate's is None while the cache-off rate is 0) and `matching_outputs`, the fraction
+    of requests whose output tokens agree (lists of token lists in the same order; None
+    when not given). An arm that did not run (--max-seconds) is None, and so are the ratios."""
+    if off is None or on is None:
+        return {"compare": "prefix_cache", "off": off, "on": on, "ratio": dict.fromkeys(RATIO_FIELDS),
+                "matching_outputs": None}
+    ratio = {k: _ratio(on[k], off[k]) for k in RATIO_FIELDS[:3]}
+    ratio["prefix_cache_hit_rate"] = _ratio(on["prefix_cache"]["hit_rate"], off["prefix_cache"]["hit_rate"])
+    matching = None
+    if off_outputs is not None and on_outputs is not None and len(off_outputs) == len(on_outputs):
+        matching = sum(a == b for a, b in zip(off_outputs, on_outputs)) / max(1, len(off_outputs))
+    return {"compare": "prefix_cache", "off": off, "on": on, "ratio": ratio, "matching_outputs": matching}
+
+
+def format_compare(result: dict) -> str:
+    """A table of the cache-off and cache-on runs and their ratio."""
+    off, on, ratio = result["off"], result["on"], result["ratio"]
+    if off is None or on is None:
+        ran = "on" if off is None else "off"
+        return f"prefix cache off vs on: only the cache-{ran} run had time (--max-seconds)"
+
+    def ms(x):
+        return "n/a" if x is None else f"{x * 1e3:.1f} ms"
+
+    def times(x):
+        return "-" if x is None else f"{x:.2f}x"
+
+    def count(x):
+        return "n/a" if x is None else str(x)
+
+    rows = [("tokens/s", *(("n/a" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}")
+                           for r in (off, on)), times(ratio["tokens_per_s"])),
+            ("TTFT p50", ms(off["ttft_p50_s"]), ms(on["ttft_p50_s"]), times(ratio["ttft_p50_s"])),
+            ("TPOT p50", ms(off["tpot_p50_s"]), ms(on["tpot_p50_s"]), times(ratio["tpot_p50_s"])),
+            ("hit rate (tokens)", pct(off["prefix_cache"]["hit_rate"]), pct(on["prefix_cache"]["hit_rate"]),
+             times(ratio["prefix_cache_hit_rate"])),
+            ("hit rate (pages)", pct(off["prefix_cache"]["page_hit_rate"]),
+             pct(on["prefix_cache"]["page_hit_rate"]), "-"),
+            ("evictions", *(count(r["prefix_cache"]["evictions"]) for r in (off, on)), "-"),
+            ("compilations in run", *(count(r["compilations_during_run"]) for r in (off, on)), "-")]
+    head = (f"prefix cache off vs on: {on['workload']} on {on['model']} ({on['target']}), "
+            f"{on['num_requests']} requests; matching outputs {pct(result['matching_outputs'])}")
+    if off["truncated"] or on["truncated"]:
+        head += " (TRUNCATED by --max-seconds)"
+    lines = [head, f"{'':<20}{'off':>14}{'on':>14}{'on/off':>10}"]
+    lines += [f"{name:<20}{a:>14}{b:>14}{r:>10}" for name, a, b, r in rows]
+    return "\n".join(lines)
 
 
 def write_json(report: dict, path: str):
@@ -82,12 +209,32 @@ def write_json(report: dict, path: str):
         json.dump(report, f, indent=1)
 
 
-def write_plot(report: dict, path: str):
-    """Three panels: TTFT CDF, TPOT CDF, output tokens finished over time."""
-    import matplotlib
-
+def _pyplot():
+    """matplotlib's pyplot (Agg), or None when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, plt, path: str) -> str:
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_plot(report: dict, path: str) -> str | None:
+    """Three panels: TTFT CDF, TPOT CDF, output tokens finished over time. Returns the path
+    (None without matplotlib)."""
+    plt = _pyplot()
+    if plt is None:
+        return None
 
     reqs = report["requests"]
     t0 = min((r["start_s"] for r in reqs), default=0.0)
@@ -107,18 +254,14 @@ def write_plot(report: dict, path: str):
     axes[2].set(title="output tokens (finished requests)", xlabel="s", ylabel="tokens")
     axes[2].grid(alpha=0.3)
     fig.suptitle(format_summary(report), fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return _save(fig, plt, path)
 
 
-def write_sweep_plot(reports: list[dict], path: str):
+def write_sweep_plot(reports: list[dict], path: str) -> str | None:
     """A burst sweep: tokens/s, TTFT p50/p90 and TPOT p50 against the concurrency C."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
+    if plt is None:
+        return None
 
     cs = [r["spec"]["concurrency"] for r in reports]
 
@@ -141,7 +284,23 @@ def write_sweep_plot(reports: list[dict], path: str):
         ax.set_xlabel("concurrent requests C")
         ax.grid(alpha=0.3)
     fig.suptitle(f"burst sweep on {reports[0]['model']} ({reports[0]['target']})", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    return _save(fig, plt, path)
+
+
+def write_compare_plot(result: dict, path: str) -> str | None:
+    """Cache off vs on: tokens/s, TTFT p50, TPOT p50 and hit rate as bar pairs."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    off, on = result["off"], result["on"]
+    panels = (("throughput (tokens/s)", "tokens_per_s", 1.0), ("TTFT p50 (ms)", "ttft_p50_s", 1e3),
+              ("TPOT p50 (ms)", "tpot_p50_s", 1e3), ("hit rate (% of tokens)", None, 100.0))
+    fig, axes = plt.subplots(1, 4, figsize=(16, 4))
+    for ax, (title, key, scale) in zip(axes, panels):
+        values = [(r[key] if key else r["prefix_cache"]["hit_rate"]) for r in (off, on)]
+        ax.bar(["off", "on"], [0.0 if v is None else v * scale for v in values], color=["0.6", "C0"])
+        ax.set(title=title, xlabel="prefix cache")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(f"prefix cache off vs on: {on['workload']} on {on['model']} ({on['target']}), "
+                 f"{on['num_requests']} requests", fontsize=9)
+    return _save(fig, plt, path)

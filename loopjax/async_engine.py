@@ -118,6 +118,8 @@ class AsyncEngine:
         self._loop = asyncio.get_running_loop()
         self._stats = dict(self.engine.stats())
         self.metrics.set_engine_stats(self._stats)
+        if self.prefix_caching is not None:
+            self.metrics.prefix_cache_enabled.set(int(self.prefix_caching))
         self._thread = threading.Thread(target=self._run, name="loopjax-engine", daemon=True)
         self._thread.start()
 
@@ -164,6 +166,14 @@ class AsyncEngine:
 
     def stats(self) -> dict:
         return dict(self._stats)
+
+    @property
+    def prefix_caching(self) -> bool | None:
+        """Whether the engine shares KV pages of common prefixes (its scheduler's config,
+        immutable); None when the engine does not say."""
+        config = getattr(getattr(self.engine, "scheduler", None), "config", None)
+        value = getattr(config, "enable_prefix_caching", None)
+        return None if value is None else bool(value)
 
     def shutdown(self, timeout_s: float = 30.0):
         """Stop the engine thread (after its current step) and fail the open streams."""
@@ -366,14 +376,21 @@ def engine_config_kwargs(args) -> dict:
     return kwargs
 
 
-def build_engine(args):
-    """(model, Engine) from `args.model` (path or preset), `args.dtype` and the engine options."""
+def build_engine(args, timings: dict | None = None):
+    """(model, Engine) from `args.model` (path or preset), `args.dtype` and the engine options.
+    `timings` (if given) gets `load_s` (the model) and `warmup_s` (Engine construction: the
+    KV pool and the compilation of every bucket), perf_counter seconds."""
     from loopjax.engine import Engine, EngineConfig
     from loopjax.model import load
 
+    start = time.perf_counter()
     model = load(args.model, dtype=args.dtype) if args.dtype else load(args.model)
+    loaded = time.perf_counter()
     try:
         config = EngineConfig(**engine_config_kwargs(args))
     except TypeError as e:  # an unknown field name
         raise ValueError(f"engine options: {e}") from None
-    return model, Engine(model, config)
+    engine = Engine(model, config)
+    if timings is not None:
+        timings.update(load_s=loaded - start, warmup_s=time.perf_counter() - loaded)
+    return model, engine

@@ -45,7 +45,8 @@ class _Metric:
 
 
 class Counter(_Metric):
-    """Monotonic count; `inc` refuses negative steps."""
+    """Monotonic count; `inc` refuses negative steps. `set_total` mirrors a count kept
+    elsewhere (the engine's); a lower total is a counter reset, as Prometheus reads it."""
 
     kind = "counter"
 
@@ -57,6 +58,9 @@ class Counter(_Metric):
         if amount < 0:
             raise ValueError(f"counter {self.name} cannot decrease (inc by {amount})")
         self.value += amount
+
+    def set_total(self, value: float):
+        self.value = float(value)
 
     def render(self) -> list[str]:
         return self.header() + [f"{self.name} {_fmt(self.value)}"]
@@ -135,19 +139,47 @@ class Registry:
 class ServingMetrics:
     """The server's metrics: engine gauges from `stats()`, request counters, TTFT/TPOT."""
 
-    # engine.stats() key -> (metric name, help). Other numeric keys become loopjax_engine_<key>.
-    ENGINE_GAUGES = {
-        "queue_len": ("loopjax_queue_len", "Requests waiting in the engine queue"),
-        "running_rows": ("loopjax_running_rows", "Requests in the running batch"),
-        "pages_used": ("loopjax_pages_used", "KV pages in use"),
-        "pages_free": ("loopjax_pages_free", "KV pages free"),
-        "compilations": ("loopjax_compilations", "XLA compilations since start"),
-        "mean_loops_per_token": ("loopjax_mean_loops_per_token", "Mean loops run per generated token"),
+    # engine.stats() key -> (metric name, kind, help). Gauges take the snapshot's value, counters
+    # mirror the engine's cumulative counts. Other numeric keys become gauges loopjax_engine_<key>.
+    ENGINE_METRICS = {
+        "queue_len": ("loopjax_queue_len", "gauge", "Requests waiting in the engine queue"),
+        "running_rows": ("loopjax_running_rows", "gauge", "Requests in the running batch"),
+        "pages_used": ("loopjax_pages_used", "gauge", "KV pages in use"),
+        "pages_free": ("loopjax_pages_free", "gauge", "KV pages free (cached pages no request holds count)"),
+        "compilations": ("loopjax_compilations", "gauge", "XLA compilations since start"),
+        "mean_loops_per_token": ("loopjax_mean_loops_per_token", "gauge",
+                                 "Mean loops run per generated token"),
+        # Prefix cache (engine.stats()'s prefix_cache_* keys; all zero with the cache off). Hit
+        # rates: hits over the context every admitted request queried, since start.
+        "prefix_cache_hit_rate": ("loopjax_prefix_cache_hit_rate", "gauge",
+                                  "Prefix cache hit rate: cached tokens / context tokens of admitted "
+                                  "requests"),
+        "prefix_cache_page_hit_rate": ("loopjax_prefix_cache_page_hit_rate", "gauge",
+                                       "Prefix cache hit rate: cached pages / full context pages of admitted "
+                                       "requests"),
+        "prefix_cache_pages": ("loopjax_prefix_cache_pages", "gauge",
+                               "KV pages holding a cached prefix (held or parked)"),
+        "prefix_cache_parked_pages": ("loopjax_prefix_cache_parked_pages", "gauge",
+                                      "Cached pages no request holds (reused, oldest first, when the pool "
+                                      "needs room)"),
+        "prefix_cache_evictions": ("loopjax_prefix_cache_evictions_total", "counter",
+                                   "Cached pages evicted to make room"),
+        "prefix_cache_queried_tokens": ("loopjax_prefix_cache_queried_tokens_total", "counter",
+                                        "Context tokens of admitted requests looked up in the prefix cache"),
+        "prefix_cache_hit_tokens": ("loopjax_prefix_cache_hit_tokens_total", "counter",
+                                    "Context tokens served from the prefix cache"),
+        "prefix_cache_queried_pages": ("loopjax_prefix_cache_queried_pages_total", "counter",
+                                       "Full context pages of admitted requests looked up"),
+        "prefix_cache_hit_pages": ("loopjax_prefix_cache_hit_pages_total", "counter",
+                                   "Full context pages served from the prefix cache"),
     }
 
     def __init__(self):
         r = self.registry = Registry()
-        self.gauges = {key: r.gauge(name, text) for key, (name, text) in self.ENGINE_GAUGES.items()}
+        self.gauges = {key: (r.counter if kind == "counter" else r.gauge)(name, text)
+                       for key, (name, kind, text) in self.ENGINE_METRICS.items()}
+        self.prefix_cache_enabled = r.gauge("loopjax_prefix_cache_enabled",
+                                            "1 when the engine shares KV pages of common prefixes")
         self.waiting = r.gauge("loopjax_waiting_requests",
                                "Accepted requests that have not yet received a first token")
         self.requests = r.counter("loopjax_requests_total", "Requests accepted")
@@ -164,14 +196,35 @@ class ServingMetrics:
         for key, value in stats.items():
             if isinstance(value, bool) or not isinstance(value, int | float):
                 continue
-            gauge = self.gauges.get(key)
-            if gauge is None:
+            metric = self.gauges.get(key)
+            if metric is None:
                 name = "loopjax_engine_" + re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
-                gauge = self.gauges[key] = self.registry.gauge(name, f"engine stats()[{key!r}]")
-            gauge.set(value)
+                metric = self.gauges[key] = self.registry.gauge(name, f"engine stats()[{key!r}]")
+            if isinstance(metric, Counter):
+                metric.set_total(value)
+            else:
+                metric.set(value)
 
     def render(self) -> str:
         return self.registry.render()
+
+
+def engine_stats_from_samples(samples: dict[str, float]) -> dict[str, float]:
+    """The inverse of the exposition for a client (bench --url): engine stats under their
+    `stats()` keys (prefix_cache_evictions, generated_tokens, ...), every other unlabelled
+    loopjax_ sample under its name without the prefix (requests_finished_total, ...)."""
+    keys = {name: key for key, (name, _, _) in ServingMetrics.ENGINE_METRICS.items()}
+    out = {}
+    for name, value in samples.items():
+        if "{" in name or not name.startswith("loopjax_"):
+            continue
+        if name in keys:
+            out[keys[name]] = value
+        elif name.startswith("loopjax_engine_"):
+            out[name[len("loopjax_engine_"):]] = value
+        else:
+            out[name[len("loopjax_"):]] = value
+    return out
 
 
 def parse(text: str) -> dict[str, float]:

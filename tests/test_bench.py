@@ -1,16 +1,21 @@
-"""`loopjax bench`: workloads send what they promise, the report has every field, and the
-CLI runs end to end on the tiny preset in-process and over HTTP against a live server."""
+"""`loopjax bench`: workloads send what they promise, the report has every field, the
+--max-seconds guard cuts and skips runs, and the CLI runs end to end on the tiny preset
+in-process (a burst sweep without FastAPI/uvicorn/httpx importable, as on the GPU image; the
+sessions workload with --compare-prefix-cache). The run over HTTP against a live server is in
+test_server.py (it shares that module's server)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import os
+import sys
+import time
 
 import pytest
-from test_server import LiveServer  # tests/ is on sys.path under pytest's default import mode
 
-from loopjax.bench.report import REPORT_FIELDS, percentile, summarize
+from loopjax.bench import report as rep
+from loopjax.bench.cli import run_specs
 from loopjax.bench.workloads import Record, WorkloadSpec, run_workload
 from loopjax.cli import main
 
@@ -66,22 +71,87 @@ def test_sessions_append_answer_and_new_message():
     assert spec.max_context == 6 + 3 * 2 + 2 * 4
 
 
-def test_summary_fields_and_percentiles():
-    assert percentile([3, 1, 2], 50) == 2 and percentile([1, 2], 90) == pytest.approx(1.9)
-    assert percentile([], 50) is None
+def test_summary_fields_and_percentiles(monkeypatch, tmp_path):
+    assert rep.percentile([3, 1, 2], 50) == 2 and rep.percentile([1, 2], 90) == pytest.approx(1.9)
+    assert rep.percentile([], 50) is None
     spec = WorkloadSpec("burst", prompt_len=5, output_len=3, concurrency=4)
     records = asyncio.run(run_workload(spec, EchoBackend(), vocab_size=30))
-    report = summarize(records, 2.0, workload="burst", model="m", target="in-process", spec={})
-    assert tuple(report) == REPORT_FIELDS
+    report = rep.summarize(records, 2.0, workload="burst", model="m", target="in-process", spec={})
+    assert tuple(report) == rep.REPORT_FIELDS
     assert report["output_tokens"] == 12 and report["tokens_per_s"] == 6.0
     assert report["ttft_p50_s"] == pytest.approx(0.5) and report["tpot_p50_s"] == pytest.approx(0.1)
     assert report["submissions_per_output_token"] == 1.0 and report["mean_loops_per_token"] == 4.0
+    assert report["compilations_during_run"] is None and report["warmup_s"] is None
+    assert report["truncated"] is False and report["prefix_cache"]["hit_rate"] is None  # nothing known
+    # Engine counters are the run's: after minus before; hit rates over the run's admissions.
+    before = {"compilations": 5, "prefix_cache_queried_tokens": 100, "prefix_cache_hit_tokens": 10,
+              "prefix_cache_queried_pages": 6, "prefix_cache_hit_pages": 1, "prefix_cache_evictions": 2}
+    after = {"compilations": 5, "prefix_cache_queried_tokens": 300, "prefix_cache_hit_tokens": 110,
+             "prefix_cache_queried_pages": 16, "prefix_cache_hit_pages": 5, "prefix_cache_evictions": 7,
+             "prefix_cache_pages": 12, "prefix_cache_parked_pages": 4}
+    report = rep.summarize(records, 2.0, workload="burst", model="m", target="in-process", spec={},
+                       engine_stats=after, stats_before=before, prefix_caching=True, truncated=True,
+                       startup={"load_s": 1.0, "warmup_s": 2.5, "compilations_after_warmup": 5})
+    assert report["prefix_cache"] == {
+        "enabled": True, "hit_rate": 0.5, "page_hit_rate": 0.4, "hit_tokens": 100, "queried_tokens": 200,
+        "hit_pages": 4, "queried_pages": 10, "evictions": 5, "cached_pages": 12, "parked_pages": 4}
+    assert tuple(report["prefix_cache"]) == rep.PREFIX_CACHE_FIELDS
+    assert (report["load_s"], report["warmup_s"], report["compilations_after_warmup"]) == (1.0, 2.5, 5)
+    assert report["compilations_during_run"] == 0 and report["truncated"] is True
+    off = rep.prefix_cache_summary({}, {"prefix_cache_queried_tokens": 0}, False)
+    assert off["hit_rate"] == off["page_hit_rate"] == 0.0 and off["enabled"] is False
+    line = rep.format_summary(report)
+    assert "prefix cache hit 50.0% of tokens, 40.0% of pages, 5 evictions" in line
+    assert "warm-up 2.5 s, 5 compilations | 0 compilations in the run | TRUNCATED" in line
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # no matplotlib: no plot, no crash
+    assert rep.write_plot(report, str(tmp_path / "p.png")) is None and not os.listdir(tmp_path)
     with pytest.raises(ValueError, match="workload"):
         WorkloadSpec("storm")
 
 
-def _check_report(report, workload, num_requests):
-    assert tuple(report) == REPORT_FIELDS
+class SlowBackend(EchoBackend):
+    """EchoBackend that takes `slow_s` for prompts longer than `fast_len` tokens."""
+
+    def __init__(self, fast_len, slow_s):
+        super().__init__()
+        self.fast_len, self.slow_s = fast_len, slow_s
+
+    async def generate(self, prompt_ids, max_tokens):
+        await asyncio.sleep(0.001 if len(prompt_ids) <= self.fast_len else self.slow_s)
+        return await super().generate(prompt_ids, max_tokens)
+
+
+def test_budget_cuts_and_skips_runs(capsys):
+    """--max-seconds: a run that overruns its share is cut with its finished requests; a run
+    with no time left is skipped; the time a fast run leaves goes to the next one."""
+    async def stats():  # no generated_tokens: nothing to wait for
+        return {"compilations": 2}
+
+    sessions = WorkloadSpec("sessions", prompt_len=4, output_len=2, num_sessions=3, num_turns=2, user_len=2)
+    fast = WorkloadSpec("burst", prompt_len=3, output_len=2, concurrency=2)
+
+    async def go(deadline_in):
+        backend = SlowBackend(fast_len=4, slow_s=30.0)  # turn 0 is fast, turn 1 never finishes in time
+        start = time.perf_counter()
+        runs = await run_specs([("fast", fast), ("sessions", sessions)], backend, 50, stats,
+                               deadline=start + deadline_in, warmup_request=False, progress=False)
+        return runs, time.perf_counter() - start
+
+    runs, took = asyncio.run(go(1.0))
+    assert [r.label for r in runs] == ["fast", "sessions"] and took < 5
+    assert not runs[0].truncated and len(runs[0].records) == 2
+    cut = runs[1]
+    assert cut.truncated and 0.5 < cut.duration_s < 2.0  # most of the budget: "fast" left it its time
+    assert sorted((r.session, r.turn) for r in cut.records) == [(0, 0), (1, 0), (2, 0)]
+    assert cut.stats_before == cut.stats_after == {"compilations": 2}
+    assert "sessions cut after" in capsys.readouterr().err
+    runs, _ = asyncio.run(go(-1.0))  # nothing left: both skipped
+    assert runs == [] and capsys.readouterr().err.count("skipped") == 2
+
+
+def check_report(report, workload, num_requests, in_process=True):
+    """Every field of a real run's report (tiny preset, O = 4, a warm engine)."""
+    assert tuple(report) == rep.REPORT_FIELDS
     assert report["workload"] == workload and report["num_requests"] == num_requests
     assert report["output_tokens"] == 4 * num_requests  # greedy + ignore_eos: exactly O each
     for key in ("tokens_per_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "submissions_per_output_token",
@@ -89,6 +159,17 @@ def _check_report(report, workload, num_requests):
         assert isinstance(report[key], float) and report[key] > 0, key
     assert report["ttft_p50_s"] <= report["ttft_p90_s"]
     assert report["engine_stats"]["pages_free"] > 0
+    assert report["compilations_during_run"] == 0 and report["truncated"] is False
+    pc = report["prefix_cache"]
+    assert tuple(pc) == rep.PREFIX_CACHE_FIELDS and isinstance(pc["enabled"], bool)
+    assert all(isinstance(pc[k], int) and pc[k] >= 0 for k in rep.PREFIX_CACHE_FIELDS[3:]), pc
+    assert isinstance(pc["hit_rate"], float) and isinstance(pc["page_hit_rate"], float)
+    if in_process:
+        assert report["load_s"] > 0 and report["warmup_s"] > 0
+        assert report["compilations_after_warmup"] == report["engine_stats"]["compilations"] > 0
+    else:
+        assert report["load_s"] is None and report["warmup_s"] is None
+        assert report["compilations_after_warmup"] is None
 
 
 def _load(path):
@@ -100,32 +181,53 @@ def _load(path):
         return json.load(f)
 
 
-def test_bench_in_process_burst_sweep(tmp_path, capsys):
+def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch):
+    # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
+    for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ImportError
     out = str(tmp_path / "burst.json")
     assert main(["bench", "ouro-tiny", "--workload", "burst", *TINY, "-C", "1", "3", *ENGINE_FLAGS,
-                 "--out", out]) == 0
+                 "--max-seconds", "600", "--out", out]) == 0
     sweep = _load(out)["sweep"]
     assert [r["spec"]["concurrency"] for r in sweep] == [1, 3]
     for report, c in zip(sweep, (1, 3)):
-        _check_report(report, "burst", c)
+        check_report(report, "burst", c)
         assert report["target"] == "in-process"
-    assert capsys.readouterr().out.count("tok/s") == 2
+        assert report["prefix_cache"]["enabled"] is False and report["prefix_cache"]["hit_rate"] == 0.0
+    assert sweep[0]["warmup_s"] == sweep[1]["warmup_s"]  # one engine, one warm-up
+    printed = capsys.readouterr().out
+    assert printed.count("tok/s") == 2 and printed.count("0 compilations in the run") == 2
+    first = sweep[0]
+    assert f"warm-up {first['warmup_s']:.1f} s, {first['compilations_after_warmup']} compilations" in printed
 
 
-def test_bench_over_http_sessions(tmp_path):
-    from loopjax.engine import Engine, EngineConfig
-    from loopjax.model import load
-    from loopjax.server import create_app
-
-    model = load("ouro-tiny")
-    config = EngineConfig(max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
-                          prefill_token_buckets=(32,), max_prefill_rows=4, verbose=False)
-    app = create_app(Engine(model, config), "tiny", model=model)
-    with LiveServer(app) as live:
-        out = str(tmp_path / "sessions.json")
-        assert main(["bench", "tiny", "--workload", "sessions", *TINY, "--url", live.url, "--out", out]) == 0
-        report = _load(out)
-        _check_report(report, "sessions", 4)
-        assert report["target"] == live.url and report["engine_stats"]["requests_finished_total"] >= 4
-        # A name the server does not serve is one clear error line, not a traceback.
-        assert main(["bench", "nope", *TINY, "--url", live.url, "--out", out]) == 1
+def test_bench_compare_prefix_cache(tmp_path, capsys):
+    """Sessions with the cache off then on, one engine: same prompts and greedy outputs, the
+    second turns hit the first turns' full page (16 of 27 tokens), ratios of both runs."""
+    out = str(tmp_path / "compare.json")
+    assert main(["bench", "ouro-tiny", "--workload", "sessions", *TINY, "-P", "20", *ENGINE_FLAGS,
+                 "--compare-prefix-cache", "--out", out]) == 0
+    result = _load(out)
+    assert tuple(result) == rep.COMPARE_FIELDS and result["compare"] == "prefix_cache"
+    off, on = result["off"], result["on"]
+    for report in (off, on):
+        check_report(report, "sessions", 4)
+        assert report["prompt_tokens"] == 94  # 2 x (20 + 27): the same prompts in both runs
+    assert off["prefix_cache"]["enabled"] is False and off["prefix_cache"]["hit_tokens"] == 0
+    assert on["prefix_cache"]["enabled"] is True
+    assert (on["prefix_cache"]["hit_tokens"], on["prefix_cache"]["queried_tokens"]) == (32, 94)
+    assert on["prefix_cache"]["page_hit_rate"] == 0.5 and on["prefix_cache"]["evictions"] == 0
+    assert off["warmup_s"] == on["warmup_s"]  # one engine: its scheduler switched between the arms
+    assert result["matching_outputs"] == 1.0  # fp32 greedy: the cache changes no token
+    ratio = result["ratio"]
+    assert tuple(ratio) == rep.RATIO_FIELDS and ratio["prefix_cache_hit_rate"] is None  # off hits nothing
+    assert ratio["tokens_per_s"] == pytest.approx(on["tokens_per_s"] / off["tokens_per_s"])
+    assert ratio["ttft_p50_s"] == pytest.approx(on["ttft_p50_s"] / off["ttft_p50_s"])
+    assert ratio["tpot_p50_s"] == pytest.approx(on["tpot_p50_s"] / off["tpot_p50_s"])
+    printed = capsys.readouterr().out
+    assert "prefix cache off vs on" in printed and "hit rate (tokens)" in printed and "34.0%" in printed
+    # The comparison runs the sessions workload in-process only: one clear line, exit code 1.
+    assert main(["bench", "ouro-tiny", *TINY, "--compare-prefix-cache", "--out", out]) == 1
+    assert main(["bench", "x", "--workload", "sessions", *TINY, "--compare-prefix-cache", "--url",
+                 "http://127.0.0.1:9", "--out", out]) == 1
+    assert "in-process only" in capsys.readouterr().err
