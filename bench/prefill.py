@@ -1,0 +1,344 @@
+"""Device benchmark of packed prefill against the FLOP roofline: `python -m loopjax.bench.prefill`.
+
+    python -m loopjax.bench.prefill --preset ouro-1.4b,huginn-0125 --backend xla,pallas \\
+        --out prefill.json
+    python -m loopjax.bench.prefill --smoke              # tiny presets on CPU
+
+Throughput: for each (preset, attention backend, shape R x T: R prompts of T tokens packed
+into one step from position 0), a `Runner` (the engine's device half) compiled for exactly
+that prefill bucket (R rows, R*T tokens; page tables T tokens wide), timed with `Runner.run`
+(the jitted step plus its one host read of the sampled tokens, as every engine step does):
+median of --iters after a warm-up call that compiles. `compiles_during` counts compilations
+during the timed calls (must be 0).
+
+Start-up (--startup-backends): `Engine(model, config)` with the strict compile guard on, timed
+from construction to the end of its warm-up (pool allocation + compiling every bucket), with
+its compile count; then --steady-requests requests run through `engine.step()` (prefill, then
+decode): the compile counter must not move (the guard would raise `CompileAfterWarmup`).
+--startup-config default = `EngineConfig()` (every default bucket: the serving start-up);
+small = one decode and one prefill bucket.
+
+Shapes: --shapes for Ouro, --huginn-shapes for Huginn ('none': no throughput cases).
+XLA's prefill attention scores every key of every row of the step (ref_paged_attention), so
+its memory grows as tokens x rows x T: a case that runs out of memory is reported as failed.
+
+FLOPs of a step (dense products + causal attention, nothing counted twice; P = weights of
+the 2-D matrices of a part, L = loops, Hq x D = query heads x head dim):
+  Ouro:   2·P_layers·L per token + 2·H·V per row (lm_head of the row's last token only)
+  Huginn: 2·(P_prelude + P_coda + (P_core + P_adapter)·L) + 2·H·V per token (the coda and
+          its tied lm_head run over every token: runner.huginn_step)
+  attention, per row of T tokens from position 0: 4·Hq·D·T(T+1)/2 per attention pass,
+          passes = layers·L (Ouro) or prelude + coda + core·L (Huginn)
+`pct_peak` = FLOPs / step time / --peak-tflops (790 TFLOP/s, the H200's dense bf16 the lead
+uses). Stops starting cases once --max-seconds is spent (estimating from the longest so far).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+SMOKE = dict(preset="ouro-tiny,huginn-tiny", shapes="1x32,2x16", huginn_shapes="2x16", iters=2,
+             page_size=8, startup_config="small", steady_requests=2, steady_prompt_len=20,
+             max_seconds=120.0)
+
+RECORD_FIELDS = ("preset", "backend", "rows", "prompt_len", "tokens", "bucket", "loops",
+                 "gflop_per_token", "step_gflop", "median_ms", "min_ms", "max_ms", "tokens_per_s",
+                 "tflops", "pct_peak", "compiles_during", "case_s")
+ENGINE_FIELDS = ("preset", "backend", "config", "warmup_s", "compilations", "prefill_buckets",
+                 "decode_rows", "steady_state_compiles", "steady_state_steps", "steady_state_ok")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--preset", default="ouro-1.4b,huginn-0125", help="comma-separated presets")
+    parser.add_argument("--shapes", default="1x2048,8x256,4x512,32x512",
+                        help="packed prefill shapes ROWSxTOKENS (Ouro and others; 'none')")
+    parser.add_argument("--huginn-shapes", default="1x2048,8x256,4x512",
+                        help="shapes for Huginn presets (32 loops: fewer tokens per step)")
+    parser.add_argument("--backend", default="xla,pallas", help="comma-separated: xla, pallas")
+    parser.add_argument("--iters", type=int, default=5)
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak, TFLOP/s")
+    parser.add_argument("--dtype", default=None, help="default: bf16 (fp32 for tiny presets)")
+    parser.add_argument("--startup-config", default="default", choices=("default", "small"),
+                        help="EngineConfig whose start-up is timed: the defaults (every default "
+                             "bucket) or a small one")
+    parser.add_argument("--startup-backends", default="xla",
+                        help="backends whose engine start-up is timed (comma-separated; 'none')")
+    parser.add_argument("--steady-requests", type=int, default=4,
+                        help="requests of the steady-state run (4 output tokens each)")
+    parser.add_argument("--steady-prompt-len", type=int, default=200)
+    parser.add_argument("--max-seconds", type=float, default=150.0,
+                        help="start no new case once this much time is spent (or would be)")
+    parser.add_argument("--smoke", action="store_true", help="tiny presets, small sizes (CPU)")
+    parser.add_argument("--out", default=None, help="write the records as JSON here")
+
+
+def parse_shapes(text: str) -> list[tuple[int, int]]:
+    shapes = []
+    for item in str(text).split(","):
+        if item.strip() and item.strip() != "none":
+            rows, tokens = item.lower().split("x")
+            shapes.append((int(rows), int(tokens)))
+    return shapes
+
+
+def _names(text: str) -> list[str]:  # '' or 'none': no names
+    return [t.strip() for t in str(text).split(",") if t.strip() and t.strip() != "none"]
+
+
+def _matrix_params(tree) -> int:
+    return sum(x.size for x in jax.tree.leaves(tree) if x.ndim == 2)
+
+
+def step_flops(model, rows: int, prompt_len: int, loops: int) -> float:
+    """FLOPs of one prefill step of `rows` prompts of `prompt_len` tokens (module docstring)."""
+    cfg, p = model.cfg, model.params
+    tokens = rows * prompt_len
+    head = 2 * cfg.hidden_size * cfg.vocab_size
+    if cfg.family == "ouro":
+        dense = 2 * _matrix_params(p["layers"]) * loops * tokens + head * rows
+        passes, heads_dim = cfg.num_layers * loops, cfg.num_heads * cfg.head_dim
+    else:
+        per_token = 2 * (_matrix_params(p["prelude"]) + _matrix_params(p["coda"])
+                         + (_matrix_params(p["core"]) + _matrix_params(p["adapter"])) * loops)
+        dense = (per_token + head) * tokens
+        passes = cfg.num_prelude_layers + cfg.num_coda_layers + cfg.num_core_layers * loops
+        heads_dim = cfg.hidden_size  # num_heads x head_dim
+    attention = rows * 4 * heads_dim * prompt_len * (prompt_len + 1) / 2 * passes
+    return float(dense + attention)
+
+
+class Budget:
+    def __init__(self, seconds: float):
+        self.seconds, self.start = seconds, time.perf_counter()
+        self.longest: dict[str, float] = {}
+        self.skipped: list[str] = []
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def allows(self, what: str, kind: str, factor: float = 1.0) -> bool:
+        if self.elapsed() + factor * self.longest.get(kind, 0.0) <= self.seconds:
+            return True
+        self.skipped.append(what)
+        return False
+
+    def spent(self, kind: str, seconds: float) -> None:
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
+
+
+def bench_shape(model, preset: str, rows: int, prompt_len: int, backend: str, args,
+                budget: Budget, records: list) -> None:
+    """One packed prefill shape through a Runner compiled for exactly that bucket."""
+    from loopjax import kv_cache
+    from loopjax.batch import greedy_row
+    from loopjax.runner import Runner
+
+    tokens = rows * prompt_len
+    what = f"{preset} {backend} {rows}x{prompt_len}"
+    # Estimate: the longest case so far of this preset, scaled by tokens.
+    if not budget.allows(what, f"case-{preset}", factor=tokens / 2048):
+        return
+    cfg, loops = model.cfg, model.cfg.default_loops
+    pages_per_row = -(-prompt_len // args.page_size)
+    base = dict(preset=preset, backend=backend, rows=rows, prompt_len=prompt_len, tokens=tokens,
+                loops=loops)
+    start = time.perf_counter()
+    runner = None
+    try:
+        layout = kv_cache.make_layout(cfg, "per_loop", page_size=args.page_size, dtype=model.dtype,
+                                      num_pages=rows * pages_per_row, max_loops=loops)
+        runner = Runner(model, layout, decode_rows=(rows,), prefill_buckets=((rows, tokens),),
+                        max_pages=pages_per_row, max_loops=loops, backend=backend)
+        rng = np.random.default_rng(0)
+        row_inputs = [greedy_row(rng.integers(3, cfg.vocab_size, prompt_len).tolist(), 0,
+                                 list(range(r * pages_per_row, (r + 1) * pages_per_row)), loops=loops)
+                      for r in range(rows)]
+        run = lambda: runner.run(row_inputs, decode=False)  # noqa: E731  (one host read each)
+        run()  # compiles
+        compiled = runner.compilations
+        times = []
+        for _ in range(args.iters):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        flops = step_flops(model, rows, prompt_len, loops)
+        median = statistics.median(times)
+        rec = {**base, "bucket": [rows, tokens],
+               "gflop_per_token": flops / tokens / 1e9, "step_gflop": flops / 1e9,
+               "median_ms": median * 1e3, "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3,
+               "tokens_per_s": tokens / median, "tflops": flops / median / 1e12,
+               "pct_peak": 100.0 * flops / median / (args.peak_tflops * 1e12),
+               "compiles_during": runner.compilations - compiled}
+    except Exception as e:  # noqa: BLE001  (one failed case, e.g. out of memory, must not end the run)
+        rec = {**base, "error": f"{type(e).__name__}: {str(e)[:300]}", "median_ms": math.nan}
+    took = time.perf_counter() - start
+    budget.spent(f"case-{preset}", took * 2048 / tokens)
+    budget.spent("compile", took)
+    rec["case_s"] = took
+    records.append(rec)
+    _print([rec])
+    runner = None
+    gc.collect()
+
+
+def startup_config(name: str, backend: str):
+    """The EngineConfig whose start-up is timed: 'default' (every default bucket) or 'small'."""
+    from loopjax.engine import EngineConfig
+    common = dict(attention_backend=backend, strict_compile=True, verbose=False)
+    if name == "default":
+        return EngineConfig(**common)
+    if name == "small":
+        return EngineConfig(max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=64,
+                            prefill_token_buckets=(64,), max_prefill_rows=4, max_context_len=128,
+                            **common)
+    raise ValueError(f"unknown start-up config {name!r}; choose 'default' or 'small'")
+
+
+def bench_startup(model, preset: str, backend: str, args, budget: Budget, engines: list) -> None:
+    """Engine(model, config) start-up (pool + warm-up of every bucket), its compile count, and
+    a steady-state run through engine.step() that must compile nothing."""
+    from loopjax.engine import Engine
+    config = startup_config(args.startup_config, backend)
+    num_buckets = len(config.decode_row_buckets) + len(config.prefill_token_buckets)
+    what = f"{preset} {backend} engine start-up ({args.startup_config})"
+    if not budget.allows(what, "compile", factor=num_buckets):
+        return
+    info = {"preset": preset, "backend": backend, "config": args.startup_config}
+    start = time.perf_counter()
+    try:
+        engine = Engine(model, config)
+        info.update(warmup_s=time.perf_counter() - start, compilations=engine.runner.compilations,
+                    prefill_buckets=[list(b) for b in engine.runner.buckets.prefill],
+                    decode_rows=list(engine.runner.buckets.decode_rows))
+        info.update(_steady_state(engine, args.steady_requests, args.steady_prompt_len))
+        del engine
+    except Exception as e:  # noqa: BLE001
+        info.update(error=f"{type(e).__name__}: {str(e)[:300]}", steady_state_ok=False)
+    engines.append(info)
+    print(f"{preset:>12} {backend:>6}: engine start-up ({args.startup_config}) "
+          + (f"{info['warmup_s']:.1f} s, {info['compilations']} compilations; steady state "
+             f"{info['steady_state_steps']} steps, {info['steady_state_compiles']} compilations"
+             if "warmup_s" in info and "steady_state_steps" in info else "")
+          + (f" FAILED {info['error']}" if "error" in info else ""), flush=True)
+    gc.collect()
+
+
+def _steady_state(engine, num_requests: int, prompt_len: int) -> dict:
+    """Requests through engine.step() (prefill, then decode): the compile counter must not
+    move after warm-up (the strict guard raises CompileAfterWarmup if it would)."""
+    from loopjax.sampling_params import SamplingParams
+    before, steps = engine.runner.compilations, 0
+    out = {}
+    try:
+        for r in range(num_requests):
+            engine.add_request([3 + (r + i) % 50 for i in range(prompt_len)],
+                               SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, seed=r))
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+    except Exception as e:  # noqa: BLE001
+        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    compiles = engine.runner.compilations - before
+    return {**out, "steady_state_compiles": compiles, "steady_state_steps": steps,
+            "steady_state_ok": compiles == 0 and "error" not in out}
+
+
+def _print(records: list[dict]) -> None:
+    for r in records:
+        head = f"{r['preset']:>12} {r['backend']:>6} {r['rows']:>3} x {r['prompt_len']:>5}"
+        if "error" in r:
+            print(f"{head}: FAILED {r['error']}", flush=True)
+            continue
+        print(f"{head}: {r['median_ms']:9.2f} ms {r['tokens_per_s']:>10.0f} tok/s "
+              f"{r['gflop_per_token']:7.2f} GFLOP/tok {r['tflops']:7.1f} TFLOP/s "
+              f"{r['pct_peak']:5.1f}% of peak  (bucket {r['bucket']}, compiles {r['compiles_during']})",
+              flush=True)
+
+
+def _table(records: list[dict], engines: list[dict]) -> None:
+    print("\n| preset | backend | rows × tokens | ms / step | tok/s | GFLOP / tok | TFLOP/s | % of peak |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in records:
+        if "error" in r:
+            print(f"| {r['preset']} | {r['backend']} | {r['rows']} × {r['prompt_len']} | failed "
+                  "|  |  |  |  |")
+            continue
+        print(f"| {r['preset']} | {r['backend']} | {r['rows']} × {r['prompt_len']} | {r['median_ms']:,.2f} "
+              f"| {r['tokens_per_s']:,.0f} | {r['gflop_per_token']:.2f} | {r['tflops']:.1f} "
+              f"| {r['pct_peak']:.1f}% |")
+    print("\n| preset | backend | config | start-up s | compilations | steady-state compilations |")
+    print("|---|---|---|---|---|---|")
+    for e in engines:
+        if "warmup_s" not in e:
+            print(f"| {e['preset']} | {e['backend']} | {e.get('config', 'bench')} | failed |  |  |")
+            continue
+        print(f"| {e['preset']} | {e['backend']} | {e.get('config', 'bench')} | {e['warmup_s']:.1f} "
+              f"| {e['compilations']} | {e.get('steady_state_compiles', '-')} |")
+
+
+def run(args: argparse.Namespace) -> int:
+    from loopjax.model import load
+
+    if args.smoke:
+        for key, value in SMOKE.items():
+            if getattr(args, key) == _DEFAULTS[key]:
+                setattr(args, key, value)
+    device = jax.devices()[0].device_kind
+    print(f"loopjax prefill benchmark on {device}", flush=True)
+    records: list[dict] = []
+    engines: list[dict] = []
+    budget = Budget(args.max_seconds)
+    for preset in _names(args.preset):
+        if not budget.allows(f"{preset} (load)", "engine"):
+            continue
+        dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
+        try:
+            model = load(preset, dtype)
+        except Exception as e:  # noqa: BLE001
+            engines.append({"preset": preset, "backend": "", "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            continue
+        shapes = parse_shapes(args.huginn_shapes if model.cfg.family == "huginn" else args.shapes)
+        for backend in _names(args.backend):
+            for rows, prompt_len in shapes:
+                bench_shape(model, preset, rows, prompt_len, backend, args, budget, records)
+        for backend in _names(args.startup_backends):
+            bench_startup(model, preset, backend, args, budget, engines)
+        model = None
+        gc.collect()
+    total = budget.elapsed()
+    print(f"done in {total:.1f} s" + (f"; skipped for time: {', '.join(budget.skipped)}"
+                                      if budget.skipped else ""), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
+                       "seconds": total, "skipped": budget.skipped, "engines": engines,
+                       "records": records}, f, indent=1)
+    _table(records, engines)
+    bad = any("error" in r for r in records + engines) or not (records or engines)
+    bad = bad or any(r.get("compiles_during") for r in records)
+    bad = bad or any(not e.get("steady_state_ok", False) for e in engines)
+    return 1 if bad else 0
+
+
+_PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.prefill", description=__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+add_arguments(_PARSER)
+_DEFAULTS = vars(_PARSER.parse_args([]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(_PARSER.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

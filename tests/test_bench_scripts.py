@@ -1,0 +1,85 @@
+"""The device benchmarks bench/adaptive.py and bench/prefill.py run end to end with --smoke on
+CPU (tiny presets, in-process) and their JSON has every field; the prefill FLOP formula."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from loopjax import config
+from loopjax.bench import adaptive, prefill
+
+
+def _load(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def test_adaptive_smoke(tmp_path):
+    out = tmp_path / "adaptive.json"
+    assert adaptive.main(["--smoke", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["records"] and data["skipped"] == [] and data["device"]
+    for r in data["records"]:
+        assert not set(adaptive.RECORD_FIELDS) - set(r), r
+        assert r["median_us"] > 0 and r["tokens_per_s"] > 0 and "error" not in r
+    for preset, depth, exits in (("huginn-tiny", 8, (4, 8)), ("ouro-tiny", 4, (2, 4))):
+        recs = {r["variant"]: r for r in data["records"] if r["preset"] == preset}
+        assert {r["exit_mode"] for r in recs.values()} == {"fixed", "skip", "select"}
+        fixed = recs["fixed"]
+        assert fixed["mean_loops"] == depth and fixed["saved_us"] == 0.0
+        assert fixed["fixed_us_per_loop"] == pytest.approx(fixed["median_us"] / depth)
+        for e in exits:  # trace exits run exactly the traced loops
+            trace = recs[f"trace{e}"]
+            assert trace["mean_loops"] == e and trace["exit_mode"] == "skip"
+            assert (trace["us_saved_per_loop_skipped"] is None) == (e == depth)
+            assert trace["saved_us"] == pytest.approx(fixed["median_us"] - trace["median_us"])
+        for r in recs.values():
+            if r["exit_mode"] == "select":  # every loop runs; the rule picks one
+                assert r["mean_loops"] == depth and 1 <= r["selected_loops"] <= depth
+            assert 1 <= r["mean_loops"] <= depth
+        assert recs[f"depth{exits[0]}"]["mean_loops"] == exits[0]  # fixed-depth baseline
+    huginn = {r["variant"]: r for r in data["records"] if r["preset"] == "huginn-tiny"}
+    assert huginn["steps4"]["mean_loops"] == 4 and "skip-kl" in huginn and "select-latent-diff" in huginn
+    assert "skip-q0.5" in {r["variant"] for r in data["records"] if r["preset"] == "ouro-tiny"}
+
+
+def test_prefill_smoke(tmp_path):
+    out = tmp_path / "prefill.json"
+    # XLA attention only (the Pallas backend is the same runner with another string; its
+    # interpret-mode compile would double this test's time on CPU).
+    assert prefill.main(["--smoke", "--shapes", "2x16", "--backend", "xla", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["peak_tflops"] == 790.0 and data["skipped"] == []
+    records = data["records"]
+    assert {(r["preset"], r["backend"]) for r in records} == {
+        (p, "xla") for p in ("ouro-tiny", "huginn-tiny")}
+    for r in records:
+        assert not set(prefill.RECORD_FIELDS) - set(r), r
+        assert r["compiles_during"] == 0 and r["tokens_per_s"] > 0 and r["pct_peak"] > 0
+        assert r["bucket"] == [2, 32] and r["tokens"] == 32
+    assert {e["preset"] for e in data["engines"]} == {"ouro-tiny", "huginn-tiny"}
+    for e in data["engines"]:
+        assert not set(prefill.ENGINE_FIELDS) - set(e), e
+        assert e["warmup_s"] > 0 and e["compilations"] == 2  # one decode + one prefill bucket
+        assert e["steady_state_ok"] and e["steady_state_compiles"] == 0 and e["steady_state_steps"] > 1
+
+
+def test_prefill_flops_formula():
+    from loopjax.models import huginn, ouro
+    cfg = config.preset("ouro-1.4b")
+    model = SimpleNamespace(cfg=cfg, params=ouro.param_specs(cfg, "bfloat16"))
+    h, f, v = 2048, 5632, 49152
+    layer = h * (16 + 2 * 16) * 128 + 16 * 128 * h + h * 2 * f + f * h
+    dense = 2 * 24 * layer * 4 * 2048 + 2 * h * v  # lm_head on the row's last token
+    attention = 4 * 16 * 128 * 2048 * 2049 / 2 * 24 * 4
+    assert prefill.step_flops(model, 1, 2048, 4) == pytest.approx(dense + attention, rel=1e-12)
+    assert 10.5e9 < (dense + attention) / 2048 < 11.4e9  # the issue's ~11.4 counts every weight
+    cfg = config.preset("huginn-0125")
+    model = SimpleNamespace(cfg=cfg, params=huginn.param_specs(cfg, "bfloat16"))
+    per_token = prefill.step_flops(model, 8, 256, 32) / (8 * 256)
+    assert 100e9 < per_token < 120e9
+    assert prefill.parse_shapes("1x2048, 32X512") == [(1, 2048), (32, 512)]
+    assert prefill.parse_shapes("none") == []
