@@ -14,10 +14,15 @@ for spec in "$@"; do
   case $name in
     kernels) cmd="python3 -m loopjax.bench.kernels --out $OUT/kernels.json" ;;
     matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
-    decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla,pallas --out $OUT/decode_ouro.json" ;;
-    decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512,2048 --backend xla --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
-    burst_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst --concurrency 32 --prompt-len 512 --output-len 128 --out $OUT/burst_ouro.json" ;;
-    *) cmd="$name" ;;
+    decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla --matmul xla,streaming --per-loop-rows 1,32 --out $OUT/decode_ouro.json" ;;
+    decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512 --backend xla --matmul xla,streaming --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
+    burst_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 128 --max-num-rows 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst_ouro.json" ;;
+    burst_huginn) cmd="python3 -m loopjax.bench.cli huginn-0125 --workload burst -P 512 -O 128 -C 8 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst_huginn.json" ;;
+    sessions_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload sessions -N 64 -T 6 -P 512 -O 128 -U 64 --compare-prefix-cache --max-context-len 2048 --kv-memory-bytes 85899345920 --max-seconds $((limit - 20)) --no-progress --out $OUT/sessions_ouro.json" ;;
+    sessions_huginn) cmd="python3 -m loopjax.bench.cli huginn-0125 --workload sessions -N 32 -T 4 -P 256 -O 32 -U 32 --compare-prefix-cache --max-context-len 512 --kv-memory-bytes 51539607552 --decode-row-buckets 8 16 32 --prefill-token-buckets 128 256 512 --max-seconds $((limit - 20)) --no-progress --out $OUT/sessions_huginn.json" ;;
+    adaptive) cmd="python3 -m loopjax.bench.adaptive --max-seconds $((limit - 20)) --out $OUT/adaptive.json" ;;
+    prefill) cmd="python3 -m loopjax.bench.prefill --max-seconds $((limit - 20)) --out $OUT/prefill.json" ;;
+    *) echo "unknown benchmark $name"; continue ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"
   start=$(date +%s)
