@@ -28,8 +28,9 @@ Reported per case: mean loops per token run (skip / fixed: the step's exit loops
 the depth, with the rule's pick in `selected_loops`), step time (µs),
 tokens/s, and against `fixed`: µs saved and µs saved per loop skipped
 (= (fixed - this) / (depth - mean loops)). `fixed_us_per_loop` = fixed / depth for scale.
-Stops starting cases once --max-seconds is spent (estimating each case from the longest one
-so far of its kind: compiling or not).
+Every step shape of a preset compiles ahead (`Runner.precompile`: XLA compiles in parallel
+threads; `presets[].precompile_s` in the JSON). Stops starting cases once --max-seconds is
+spent (estimating each case from the longest one so far).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def baseline_depths(family: str, depth: int, args) -> list[int]:
     return sorted({e for e in exits if 1 <= e < depth})
 
 
-def bench_preset(model, preset: str, args, budget: Budget, records: list) -> None:
+def bench_preset(model, preset: str, args, budget: Budget, records: list) -> dict:
     from loopjax import kv_cache
     from loopjax.batch import greedy_row
     from loopjax.runner import Runner, fused
@@ -158,35 +159,49 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list) -> Non
                                   num_pages=num_pages, max_loops=depth)
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=pages_per_row, max_loops=depth, backend=args.backend)
-    compiled: set = set()
+    plans = {}  # rows -> [(variant, mode, rule, batch, kind)]
     for rows in rows_list:
         base_rows = [greedy_row([1], context - 1, [(r * pages_per_row + j) % num_pages
                                                    for j in range(pages_per_row)],
                                 loops=depth, carry_slot=r) for r in range(rows)]
-        base = dict(preset=preset, backend=args.backend, rows=rows, context=context, depth=depth,
-                    kv_pages_wrapped=rows * pages_per_row > num_pages)
         todo = cases(cfg.family, depth, args)
         if rows in _ints(args.baseline_rows):
             todo += [(f"depth{e}", "fixed", f"depth {e}", dict(loops=e), e)
                      for e in baseline_depths(cfg.family, depth, args)]
-        fixed_us = None
+        plans[rows] = []
         for variant, mode, rule, change, count in todo:
             row_inputs = [dataclasses.replace(r, **change) for r in base_rows]
             adaptive = count is None
-            kind = fused(depth, True) if adaptive else fused(count)
-            key = (rows, kind)
-            compiles = key not in compiled
-            what = f"{preset} rows {rows} {variant}"
-            if not budget.allows(what, compiles):
+            batch = runner.make_batch(row_inputs, decode=True, loop_begin=0,
+                                      loop_end=max(r.loops for r in row_inputs), adaptive=adaptive)
+            plans[rows].append((variant, mode, rule, batch, fused(depth, True) if adaptive else fused(count)))
+    # Every (rows, kind) compiles ahead, the XLA compiles in parallel threads (Runner.precompile).
+    compiled: set = set()
+    start = time.perf_counter()
+    try:
+        steps = {(rows, kind): (batch, kind) for rows, plan in plans.items() for *_, batch, kind in plan}
+        runner.precompile(list(steps.values()))
+        compiled = set(steps)
+    except Exception as e:  # noqa: BLE001  (older runners: compile on first use)
+        print(f"precompile failed ({type(e).__name__}: {str(e)[:200]}); compiling per case", flush=True)
+    info = {"preset": preset, "precompile_s": time.perf_counter() - start,
+            "compilations": runner.compilations, "pool_pages": num_pages}
+    print(f"{preset}: {info['compilations']} step shapes compiled in {info['precompile_s']:.1f} s",
+          flush=True)
+    for rows in rows_list:
+        base = dict(preset=preset, backend=args.backend, rows=rows, context=context, depth=depth,
+                    kv_pages_wrapped=rows * pages_per_row > num_pages)
+        fixed_us = None
+        for variant, mode, rule, batch, kind in plans[rows]:
+            compiles = (rows, kind) not in compiled
+            if not budget.allows(f"{preset} rows {rows} {variant}", compiles):
                 continue
             start = time.perf_counter()
             try:
-                batch = runner.make_batch(row_inputs, decode=True, loop_begin=0,
-                                          loop_end=max(r.loops for r in row_inputs), adaptive=adaptive)
                 outs: list = []
                 times = _time(lambda b=batch, k=kind, o=outs: o.append(runner.submit(b, k)) or o[-1],
                               args.iters)
-                compiled.add(key)
+                compiled.add((rows, kind))
                 loops = np.asarray(jax.device_get(outs[-1].exit_loops))[:rows]
                 median = statistics.median(times) * 1e6
                 selected = float(np.mean(loops))  # select mode: every loop ran
@@ -207,8 +222,10 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list) -> Non
             records.append(rec)
             _print([rec])
         gc.collect()
+    info["compilations_after"] = runner.compilations
     runner = None
     gc.collect()
+    return info
 
 
 def _compare(rec: dict, fixed_us: float | None, depth: int) -> None:
@@ -272,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
     device = jax.devices()[0].device_kind
     print(f"loopjax adaptive-exit benchmark on {device}", flush=True)
     records: list[dict] = []
+    presets: list[dict] = []  # per preset: precompile time and compile counts
     budget = Budget(args.max_seconds)
     for preset in _names(args.preset):
         if not budget.allows(f"{preset} (load)", True):
@@ -279,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
         try:
             model = load(preset, dtype)
-            bench_preset(model, preset, args, budget, records)
+            presets.append(bench_preset(model, preset, args, budget, records))
         except Exception as e:  # noqa: BLE001
             records.append({"preset": preset, "variant": "load", "exit_mode": "", "exit_rule": "",
                             "rows": 0, "error": f"{type(e).__name__}: {str(e)[:300]}",
@@ -292,8 +310,8 @@ def run(args: argparse.Namespace) -> int:
                                       if budget.skipped else ""), flush=True)
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": device, "args": {k: v for k, v in vars(args).items()},
-                       "seconds": total, "skipped": budget.skipped, "records": records}, f, indent=1)
+            json.dump({"device": device, "args": vars(args), "seconds": total,
+                       "skipped": budget.skipped, "presets": presets, "records": records}, f, indent=1)
     _table(records)
     return 1 if any("error" in r for r in records) or not records else 0
 

@@ -8,7 +8,9 @@ Throughput: for each (preset, attention backend, shape R x T: R prompts of T tok
 into one step from position 0), a `Runner` (the engine's device half) compiled for exactly
 that prefill bucket (R rows, R*T tokens; page tables T tokens wide), timed with `Runner.run`
 (the jitted step plus its one host read of the sampled tokens, as every engine step does):
-median of --iters after a warm-up call that compiles. `compiles_during` counts compilations
+median of --iters after a warm-up call. Every case of a preset compiles ahead, the runners
+in parallel threads (`Runner.precompile`; `presets[].precompile_s` in the JSON), each case's
+KV pool allocated up front and freed after its timing. `compiles_during` counts compilations
 during the timed calls (must be 0).
 
 Start-up (--startup-backends): `Engine(model, config)` with the strict compile guard on, timed
@@ -42,6 +44,8 @@ import math
 import statistics
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import jax
 import numpy as np
@@ -136,59 +140,112 @@ class Budget:
         self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
 
 
-def bench_shape(model, preset: str, rows: int, prompt_len: int, backend: str, args,
-                budget: Budget, records: list) -> None:
-    """One packed prefill shape through a Runner compiled for exactly that bucket."""
+@dataclass
+class ShapeCase:
+    preset: str
+    backend: str
+    rows: int
+    prompt_len: int
+    runner: object = None
+    row_inputs: list = field(default_factory=list)
+    error: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.prompt_len
+
+
+def prepare_shape(model, preset: str, rows: int, prompt_len: int, backend: str, args) -> ShapeCase:
+    """A Runner (own KV pool) compiled for exactly this prefill bucket, and its rows."""
     from loopjax import kv_cache
     from loopjax.batch import greedy_row
     from loopjax.runner import Runner
 
-    tokens = rows * prompt_len
-    what = f"{preset} {backend} {rows}x{prompt_len}"
-    # Estimate: the longest case so far of this preset, scaled by tokens.
-    if not budget.allows(what, f"case-{preset}", factor=tokens / 2048):
-        return
+    case = ShapeCase(preset, backend, rows, prompt_len)
     cfg, loops = model.cfg, model.cfg.default_loops
     pages_per_row = -(-prompt_len // args.page_size)
-    base = dict(preset=preset, backend=backend, rows=rows, prompt_len=prompt_len, tokens=tokens,
-                loops=loops)
-    start = time.perf_counter()
-    runner = None
     try:
         layout = kv_cache.make_layout(cfg, "per_loop", page_size=args.page_size, dtype=model.dtype,
                                       num_pages=rows * pages_per_row, max_loops=loops)
-        runner = Runner(model, layout, decode_rows=(rows,), prefill_buckets=((rows, tokens),),
-                        max_pages=pages_per_row, max_loops=loops, backend=backend)
+        case.runner = Runner(model, layout, decode_rows=(rows,), prefill_buckets=((rows, case.tokens),),
+                             max_pages=pages_per_row, max_loops=loops, backend=backend)
         rng = np.random.default_rng(0)
-        row_inputs = [greedy_row(rng.integers(3, cfg.vocab_size, prompt_len).tolist(), 0,
-                                 list(range(r * pages_per_row, (r + 1) * pages_per_row)), loops=loops)
-                      for r in range(rows)]
-        run = lambda: runner.run(row_inputs, decode=False)  # noqa: E731  (one host read each)
-        run()  # compiles
+        case.row_inputs = [greedy_row(rng.integers(3, cfg.vocab_size, prompt_len).tolist(), 0,
+                                      list(range(r * pages_per_row, (r + 1) * pages_per_row)),
+                                      loops=loops) for r in range(rows)]
+    except Exception as e:  # noqa: BLE001  (e.g. out of memory for the pool)
+        case.error = f"{type(e).__name__}: {str(e)[:300]}"
+    return case
+
+
+def precompile(cases: list[ShapeCase], loops: int) -> None:
+    """Compile every case's prefill step ahead, the runners in parallel threads (each traces,
+    then XLA compiles). A case that fails here compiles on its first run instead."""
+    import dataclasses as dc
+
+    from loopjax.runner import fused
+
+    def one(case: ShapeCase) -> None:
+        runner = case.runner
+        kind = fused(loops)
+        if getattr(runner, "unroll", 1) != 1:
+            kind = dc.replace(kind, unroll=runner.unroll)
+        batch = runner.make_batch(case.row_inputs, decode=False, loop_begin=0, loop_end=loops)
+        runner.precompile([(batch, kind)])
+
+    live = [c for c in cases if c.error is None and hasattr(c.runner, "precompile")]
+    with ThreadPoolExecutor(max(1, len(live))) as pool:
+        for case, error in zip(live, pool.map(lambda c: _try(one, c), live)):
+            if error:
+                print(f"{case.preset} {case.backend} {case.rows}x{case.prompt_len}: precompile "
+                      f"failed ({error}); compiling on first run", flush=True)
+
+
+def _try(fn, *a) -> str | None:
+    try:
+        fn(*a)
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {str(e)[:200]}"
+    return None
+
+
+def time_shape(model, case: ShapeCase, args, budget: Budget, records: list) -> None:
+    """Times one prepared case: runner.run (the step plus its one host read)."""
+    what = f"{case.preset} {case.backend} {case.rows}x{case.prompt_len}"
+    loops = model.cfg.default_loops
+    base = dict(preset=case.preset, backend=case.backend, rows=case.rows, prompt_len=case.prompt_len,
+                tokens=case.tokens, loops=loops)
+    # Estimate: the longest case so far of this preset, scaled by tokens.
+    if not budget.allows(what, f"case-{case.preset}", factor=case.tokens / 2048):
+        return
+    start = time.perf_counter()
+    runner = case.runner
+    try:
+        if case.error:
+            raise RuntimeError(case.error)
+        run = lambda: runner.run(case.row_inputs, decode=False)  # noqa: E731  (one host read each)
+        run()  # warm-up (compiles here if the precompile missed)
         compiled = runner.compilations
         times = []
         for _ in range(args.iters):
             t0 = time.perf_counter()
             run()
             times.append(time.perf_counter() - t0)
-        flops = step_flops(model, rows, prompt_len, loops)
+        flops = step_flops(model, case.rows, case.prompt_len, loops)
         median = statistics.median(times)
-        rec = {**base, "bucket": [rows, tokens],
-               "gflop_per_token": flops / tokens / 1e9, "step_gflop": flops / 1e9,
+        rec = {**base, "bucket": [case.rows, case.tokens],
+               "gflop_per_token": flops / case.tokens / 1e9, "step_gflop": flops / 1e9,
                "median_ms": median * 1e3, "min_ms": min(times) * 1e3, "max_ms": max(times) * 1e3,
-               "tokens_per_s": tokens / median, "tflops": flops / median / 1e12,
+               "tokens_per_s": case.tokens / median, "tflops": flops / median / 1e12,
                "pct_peak": 100.0 * flops / median / (args.peak_tflops * 1e12),
                "compiles_during": runner.compilations - compiled}
     except Exception as e:  # noqa: BLE001  (one failed case, e.g. out of memory, must not end the run)
         rec = {**base, "error": f"{type(e).__name__}: {str(e)[:300]}", "median_ms": math.nan}
     took = time.perf_counter() - start
-    budget.spent(f"case-{preset}", took * 2048 / tokens)
-    budget.spent("compile", took)
+    budget.spent(f"case-{case.preset}", took * 2048 / case.tokens)
     rec["case_s"] = took
     records.append(rec)
     _print([rec])
-    runner = None
-    gc.collect()
 
 
 def startup_config(name: str, backend: str):
@@ -297,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"loopjax prefill benchmark on {device}", flush=True)
     records: list[dict] = []
     engines: list[dict] = []
+    presets: list[dict] = []  # per preset: the ahead-of-time compile of its cases
     budget = Budget(args.max_seconds)
     for preset in _names(args.preset):
         if not budget.allows(f"{preset} (load)", "engine"):
@@ -308,9 +366,21 @@ def run(args: argparse.Namespace) -> int:
             engines.append({"preset": preset, "backend": "", "error": f"{type(e).__name__}: {str(e)[:300]}"})
             continue
         shapes = parse_shapes(args.huginn_shapes if model.cfg.family == "huginn" else args.shapes)
-        for backend in _names(args.backend):
-            for rows, prompt_len in shapes:
-                bench_shape(model, preset, rows, prompt_len, backend, args, budget, records)
+        start = time.perf_counter()
+        cases = [prepare_shape(model, preset, rows, prompt_len, backend, args)
+                 for backend in _names(args.backend) for rows, prompt_len in shapes]
+        before = sum(c.runner.compilations for c in cases if c.runner is not None)
+        precompile(cases, model.cfg.default_loops)
+        compile_s = time.perf_counter() - start
+        budget.spent("compile", compile_s / max(1, len(cases)))
+        compiles = sum(c.runner.compilations for c in cases if c.runner is not None) - before
+        presets.append({"preset": preset, "precompile_s": compile_s, "compilations": compiles,
+                        "cases": len(cases)})
+        print(f"{preset}: {compiles} prefill steps compiled in {compile_s:.1f} s", flush=True)
+        for i, case in enumerate(cases):
+            time_shape(model, case, args, budget, records)
+            cases[i] = None  # frees its KV pool
+            gc.collect()
         for backend in _names(args.startup_backends):
             bench_startup(model, preset, backend, args, budget, engines)
         model = None
@@ -321,7 +391,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
-                       "seconds": total, "skipped": budget.skipped, "engines": engines,
+                       "seconds": total, "skipped": budget.skipped, "presets": presets, "engines": engines,
                        "records": records}, f, indent=1)
     _table(records, engines)
     bad = any("error" in r for r in records + engines) or not (records or engines)
