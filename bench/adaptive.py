@@ -95,20 +95,20 @@ class Budget:
 
     def __init__(self, seconds: float):
         self.seconds, self.start = seconds, time.perf_counter()
-        self.longest = {True: 0.0, False: 0.0}  # compiling / not compiling
+        self.longest: dict = {}  # kind (compiling or not, 'preset' set-up) -> longest seconds
         self.skipped: list[str] = []
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
 
-    def allows(self, what: str, compiles: bool) -> bool:
-        if self.elapsed() + self.longest[compiles] <= self.seconds:
+    def allows(self, what: str, kind, factor: float = 1.0) -> bool:
+        if self.elapsed() + factor * self.longest.get(kind, 0.0) <= self.seconds:
             return True
         self.skipped.append(what)
         return False
 
-    def spent(self, seconds: float, compiles: bool) -> None:
-        self.longest[compiles] = max(self.longest[compiles], seconds)
+    def spent(self, seconds: float, kind) -> None:
+        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
 
 
 def cases(family: str, depth: int, args) -> list[tuple]:
@@ -142,7 +142,10 @@ def baseline_depths(family: str, depth: int, args) -> list[int]:
     return sorted({e for e in exits if 1 <= e < depth})
 
 
-def bench_preset(model, preset: str, args, budget: Budget, records: list) -> dict:
+def bench_preset(model, preset: str, args, budget: Budget, records: list, save=lambda: None,
+                 setup_start: float | None = None) -> dict:
+    """Every case of one preset; `save()` after each record; the set-up time (from
+    `setup_start`: load + pool + compiles) feeds the budget's estimate for the next preset."""
     from loopjax import kv_cache
     from loopjax.batch import greedy_row
     from loopjax.runner import Runner, fused
@@ -188,6 +191,9 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list) -> dic
             "compilations": runner.compilations, "pool_pages": num_pages}
     print(f"{preset}: {info['compilations']} step shapes compiled in {info['precompile_s']:.1f} s",
           flush=True)
+    if setup_start is not None:
+        info["setup_s"] = time.perf_counter() - setup_start
+        budget.spent(info["setup_s"], "preset")
     for rows in rows_list:
         base = dict(preset=preset, backend=args.backend, rows=rows, context=context, depth=depth,
                     kv_pages_wrapped=rows * pages_per_row > num_pages)
@@ -221,6 +227,7 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list) -> dic
             rec.update(compiled=compiles, case_s=took)
             records.append(rec)
             _print([rec])
+            save()
         gc.collect()
     info["compilations_after"] = runner.compilations
     runner = None
@@ -291,29 +298,41 @@ def run(args: argparse.Namespace) -> int:
     records: list[dict] = []
     presets: list[dict] = []  # per preset: precompile time and compile counts
     budget = Budget(args.max_seconds)
-    for preset in _names(args.preset):
-        if not budget.allows(f"{preset} (load)", True):
-            continue
-        dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
-        try:
-            model = load(preset, dtype)
-            presets.append(bench_preset(model, preset, args, budget, records))
-        except Exception as e:  # noqa: BLE001
-            records.append({"preset": preset, "variant": "load", "exit_mode": "", "exit_rule": "",
-                            "rows": 0, "error": f"{type(e).__name__}: {str(e)[:300]}",
-                            "median_us": math.nan})
-            _print(records[-1:])
-        model = None
-        gc.collect()
+    state = {"interrupted": False}
+
+    def save() -> None:  # after every case: a run cut short still leaves its JSON
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": device, "args": vars(args), "seconds": budget.elapsed(),
+                           "skipped": budget.skipped, "interrupted": state["interrupted"],
+                           "presets": presets, "records": records}, f, indent=1)
+
+    try:
+        for preset in _names(args.preset):
+            # A later preset starts only if 1.5x the previous one's set-up still fits.
+            if not budget.allows(f"{preset} (load)", "preset", factor=1.5):
+                continue
+            setup_start = time.perf_counter()
+            dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
+            try:
+                model = load(preset, dtype)
+                presets.append(bench_preset(model, preset, args, budget, records, save, setup_start))
+            except Exception as e:  # noqa: BLE001
+                records.append({"preset": preset, "variant": "load", "exit_mode": "", "exit_rule": "",
+                                "rows": 0, "error": f"{type(e).__name__}: {str(e)[:300]}",
+                                "median_us": math.nan})
+                _print(records[-1:])
+            model = None
+            gc.collect()
+    except KeyboardInterrupt:  # gpu_run.sh's timeout sends SIGINT: keep what was measured
+        state["interrupted"] = True
+        print("interrupted: writing what was measured", flush=True)
     total = budget.elapsed()
     print(f"done in {total:.1f} s" + (f"; skipped for time: {', '.join(budget.skipped)}"
                                       if budget.skipped else ""), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": device, "args": vars(args), "seconds": total,
-                       "skipped": budget.skipped, "presets": presets, "records": records}, f, indent=1)
+    save()
     _table(records)
-    return 1 if any("error" in r for r in records) or not records else 0
+    return 1 if any("error" in r for r in records) or not records or state["interrupted"] else 0
 
 
 _PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.adaptive", description=__doc__,

@@ -356,47 +356,63 @@ def run(args: argparse.Namespace) -> int:
     engines: list[dict] = []
     presets: list[dict] = []  # per preset: the ahead-of-time compile of its cases
     budget = Budget(args.max_seconds)
-    for preset in _names(args.preset):
-        if not budget.allows(f"{preset} (load)", "engine"):
-            continue
-        dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
-        try:
-            model = load(preset, dtype)
-        except Exception as e:  # noqa: BLE001
-            engines.append({"preset": preset, "backend": "", "error": f"{type(e).__name__}: {str(e)[:300]}"})
-            continue
-        shapes = parse_shapes(args.huginn_shapes if model.cfg.family == "huginn" else args.shapes)
-        start = time.perf_counter()
-        cases = [prepare_shape(model, preset, rows, prompt_len, backend, args)
-                 for backend in _names(args.backend) for rows, prompt_len in shapes]
-        before = sum(c.runner.compilations for c in cases if c.runner is not None)
-        precompile(cases, model.cfg.default_loops)
-        compile_s = time.perf_counter() - start
-        budget.spent("compile", compile_s / max(1, len(cases)))
-        compiles = sum(c.runner.compilations for c in cases if c.runner is not None) - before
-        presets.append({"preset": preset, "precompile_s": compile_s, "compilations": compiles,
-                        "cases": len(cases)})
-        print(f"{preset}: {compiles} prefill steps compiled in {compile_s:.1f} s", flush=True)
-        for i, case in enumerate(cases):
-            time_shape(model, case, args, budget, records)
-            cases[i] = None  # frees its KV pool
+    state = {"interrupted": False}
+
+    def save() -> None:  # after every case: a run cut short still leaves its JSON
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump({"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
+                           "seconds": budget.elapsed(), "skipped": budget.skipped,
+                           "interrupted": state["interrupted"], "presets": presets,
+                           "engines": engines, "records": records}, f, indent=1)
+
+    try:
+        for preset in _names(args.preset):
+            # A later preset starts only if 1.5x the previous one's set-up still fits.
+            if not budget.allows(f"{preset} (load)", "preset", factor=1.5):
+                continue
+            start = time.perf_counter()
+            dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
+            try:
+                model = load(preset, dtype)
+            except Exception as e:  # noqa: BLE001
+                engines.append({"preset": preset, "backend": "",
+                                "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                continue
+            shapes = parse_shapes(args.huginn_shapes if model.cfg.family == "huginn" else args.shapes)
+            cases = [prepare_shape(model, preset, rows, prompt_len, backend, args)
+                     for backend in _names(args.backend) for rows, prompt_len in shapes]
+            before = sum(c.runner.compilations for c in cases if c.runner is not None)
+            compile_start = time.perf_counter()
+            precompile(cases, model.cfg.default_loops)
+            compile_s = time.perf_counter() - compile_start
+            budget.spent("compile", compile_s / max(1, len(cases)))
+            budget.spent("preset", time.perf_counter() - start)
+            compiles = sum(c.runner.compilations for c in cases if c.runner is not None) - before
+            presets.append({"preset": preset, "setup_s": time.perf_counter() - start,
+                            "precompile_s": compile_s, "compilations": compiles, "cases": len(cases)})
+            print(f"{preset}: {compiles} prefill steps compiled in {compile_s:.1f} s", flush=True)
+            for i, case in enumerate(cases):
+                time_shape(model, case, args, budget, records)
+                cases[i] = None  # frees its KV pool
+                gc.collect()
+                save()
+            for backend in _names(args.startup_backends):
+                bench_startup(model, preset, backend, args, budget, engines)
+                save()
+            model = None
             gc.collect()
-        for backend in _names(args.startup_backends):
-            bench_startup(model, preset, backend, args, budget, engines)
-        model = None
-        gc.collect()
+    except KeyboardInterrupt:  # gpu_run.sh's timeout sends SIGINT: keep what was measured
+        state["interrupted"] = True
+        print("interrupted: writing what was measured", flush=True)
     total = budget.elapsed()
     print(f"done in {total:.1f} s" + (f"; skipped for time: {', '.join(budget.skipped)}"
                                       if budget.skipped else ""), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
-                       "seconds": total, "skipped": budget.skipped, "presets": presets, "engines": engines,
-                       "records": records}, f, indent=1)
+    save()
     _table(records, engines)
     bad = any("error" in r for r in records + engines) or not (records or engines)
     bad = bad or any(r.get("compiles_during") for r in records)
-    bad = bad or any(not e.get("steady_state_ok", False) for e in engines)
+    bad = bad or any(not e.get("steady_state_ok", False) for e in engines) or state["interrupted"]
     return 1 if bad else 0
 
 
