@@ -368,8 +368,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         for preset in _names(args.preset):
-            # A later preset starts only if 1.5x the previous one's set-up still fits.
-            if not budget.allows(f"{preset} (load)", "preset", factor=1.5):
+            # A later preset starts only if the previous one's set-up time still fits.
+            if not budget.allows(f"{preset} (load)", "preset"):
                 continue
             start = time.perf_counter()
             dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
