@@ -16,9 +16,11 @@ Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import uuid
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
 from loopjax import kv_cache
@@ -49,8 +51,8 @@ class EngineConfig:
     shared_kv_slots: int = 8              # K of the shared ring (Huginn)
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
-    attention_backend: str = "xla"        # 'xla' (ref_paged_attention) | 'pallas'
-    matmul: str = "xla"                   # 'xla' | 'streaming' (Pallas weight-streaming, <= 128 rows)
+    attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas'
+    matmul: str = "auto"                  # 'auto' (measured) | 'xla' | 'streaming' (Pallas, <= 128 rows)
     loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
@@ -102,9 +104,9 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
-        if config.attention_backend not in ("xla", "pallas"):
+        if config.attention_backend not in ("auto", "xla", "pallas"):
             raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
-                             "choose 'xla' or 'pallas'")
+                             "choose 'auto', 'xla' or 'pallas'")
         num_pages, budget = config.num_pages, config.kv_memory_bytes
         if num_pages is None and budget is None:  # every row at full context, at most 16 GiB
             num_pages = -(-config.max_num_rows * max_context // config.page_size)
@@ -349,14 +351,33 @@ class Engine:
 
 
 def matmul_ops(name: str):
-    """layers.Ops of a matmul choice: XLA's dot, or the weight-streaming Pallas kernel."""
+    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel, or 'auto':
+    the kernel only for decode steps of fewer than 8 rows on a GPU, where it won on the H200
+    (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at
+    8+ rows XLA was as fast or faster), XLA otherwise."""
     from loopjax.layers import XLA_OPS, Ops
+    if name == "auto":
+        if jax.default_backend() != "gpu":
+            return XLA_OPS
+        from loopjax.kernels.streaming_matmul import streaming_linear
+        return Ops(linear=_rows_below(8, streaming_linear))
     if name == "xla":
         return XLA_OPS
     if name == "streaming":
         from loopjax.kernels.streaming_matmul import streaming_linear
         return Ops(linear=streaming_linear)
-    raise ValueError(f"unknown matmul {name!r}; choose 'xla' or 'streaming'")
+    raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
+
+
+@functools.cache
+def _rows_below(max_rows: int, kernel):
+    """linear(x, w) that uses `kernel` when x has fewer than max_rows rows (a static shape),
+    else XLA's dot. Cached so equal choices give one (hashable) function."""
+    from loopjax.layers import linear
+
+    def pick(x, w):
+        return kernel(x, w) if x.shape[0] < max_rows else linear(x, w)
+    return pick
 
 
 def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:

@@ -264,12 +264,16 @@ class PagedAttention:
 
 def _attention_fn(backend: str, decode: bool):
     """'xla': ref_paged_attention. 'pallas': the Pallas decode kernel for decode steps; for
-    prefill the kernels' prefill_attention when present, else the XLA twin."""
+    prefill the kernels' prefill_attention. 'auto' picks per phase what won on the H200
+    (bench/RESULTS.md, run 1): XLA for decode (the Pallas decode kernel lost at every size
+    measured), the Pallas flash kernel for prefill on a GPU (1.7-11x faster), XLA on CPU."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
+    if backend == "auto":
+        backend = "pallas" if not decode and jax.default_backend() == "gpu" else "xla"
     if backend == "xla":
         return pa.ref_paged_attention
     if backend == "pallas":
         if decode:
             return pa.paged_attention
         return getattr(pa, "prefill_attention", pa.ref_paged_attention)
-    raise ValueError(f"unknown attention backend {backend!r}; choose 'xla' or 'pallas'")
+    raise ValueError(f"unknown attention backend {backend!r}; choose 'auto', 'xla' or 'pallas'")
