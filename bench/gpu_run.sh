@@ -20,8 +20,10 @@ for spec in "$@"; do
     burst_huginn) cmd="python3 -m loopjax.bench.cli huginn-0125 --workload burst -P 512 -O 128 -C 8 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst_huginn.json" ;;
     sessions_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload sessions -N 64 -T 6 -P 512 -O 128 -U 64 --compare-prefix-cache --max-context-len 2048 --kv-memory-bytes 85899345920 --max-seconds $((limit - 20)) --no-progress --out $OUT/sessions_ouro.json" ;;
     sessions_huginn) cmd="python3 -m loopjax.bench.cli huginn-0125 --workload sessions -N 32 -T 4 -P 256 -O 32 -U 32 --compare-prefix-cache --max-context-len 512 --kv-memory-bytes 51539607552 --decode-row-buckets 8 16 32 --prefill-token-buckets 128 256 512 --max-seconds $((limit - 20)) --no-progress --out $OUT/sessions_huginn.json" ;;
-    adaptive) cmd="python3 -m loopjax.bench.adaptive --max-seconds $((limit - 20)) --out $OUT/adaptive.json" ;;
-    prefill) cmd="python3 -m loopjax.bench.prefill --max-seconds $((limit - 20)) --out $OUT/prefill.json" ;;
+    adaptive_huginn) cmd="python3 -m loopjax.bench.adaptive --preset huginn-0125 --max-seconds $((limit - 20)) --out $OUT/adaptive_huginn.json" ;;
+    adaptive_ouro) cmd="python3 -m loopjax.bench.adaptive --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/adaptive_ouro.json" ;;
+    prefill_ouro) cmd="python3 -m loopjax.bench.prefill --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/prefill_ouro.json" ;;
+    burst32_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"
