@@ -197,10 +197,13 @@ def rope_interleaved_qk(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    round_each_op: bool = False,
+    round_each_op: bool | None = None,
     interpret: bool | None = None,
 ):
-    """round_each_op=True: see _interleaved (bench/kernels.py checks which the GPU matches)."""
+    """round_each_op=True: see _interleaved. None: rounded on the GPU (bitwise with XLA on
+    the H200, bench/results/run5), unrounded in interpret mode (bitwise with XLA on CPU)."""
+    if round_each_op is None:
+        round_each_op = not resolve_interpret(interpret)
     h = qk_bias.shape[1] if qk_bias.ndim == 3 else -1
     _, d = check_rope_inputs(qkv, cos, sin, h, h, qk_bias)
     if qk_bias.dtype != qkv.dtype:
