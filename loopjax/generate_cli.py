@@ -27,6 +27,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: the checkpoint's)")
     parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"))
     parser.add_argument("--attention-backend", default="auto", choices=("auto", "xla", "pallas"))
+    parser.add_argument("--min-p", type=float, default=0.0)
+    exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
+    exits.add_argument("--exit-mode", choices=("select", "skip"), default="select",
+                       help="select: run every loop, pick by the rule; skip: stop at the exit")
+    exits.add_argument("--exit-threshold", type=float, default=None,
+                       help="Ouro Q-exit threshold, or the Huginn criterion's threshold")
+    exits.add_argument("--exit-criterion", default=None,
+                       help="Huginn: kl, entropy-diff, latent-diff, argmax-stability, cosine, minp-kl")
+    exits.add_argument("--exit-min-loops", type=int, default=1)
+    exits.add_argument("--exit-check-every", type=int, default=1)
+    exits.add_argument("--exit-trace", default=None,
+                       help="comma-separated loops per generated token to replay, e.g. 4,2,3")
+    exits.add_argument("--warm-start", action="store_true",
+                       help="Huginn: start each token from ln_f of the previous token's state")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -44,23 +58,35 @@ def _run(args) -> int:
     from loopjax.model import load
 
     if args.prompt_ids is not None:
-        try:
-            prompt = [int(t) for t in args.prompt_ids.split(",") if t.strip()]
-        except ValueError:
-            raise ValueError(f"--prompt-ids must be comma-separated integers, "
-                             f"got {args.prompt_ids!r}") from None
+        prompt = _int_list("--prompt-ids", args.prompt_ids)
     else:
         prompt = args.prompt
     model = load(args.model, args.dtype)
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
     options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops)
     options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
+    exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
+                     "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
+                     "exit_check_every": args.exit_check_every,
+                     "exit_trace": _int_list("--exit-trace", args.exit_trace)}
+    if args.warm_start:
+        exit_settings["warm_start"] = True
     out = generate(model, [prompt], max_new_tokens=args.max_tokens, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, seed=args.seed, loops=args.loops,
-                   ignore_eos=args.ignore_eos, engine_options=options)[0]
+                   top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                   loops=args.loops, ignore_eos=args.ignore_eos, engine_options=options,
+                   **exit_settings)[0]
     if args.json:
         print(json.dumps({"token_ids": out.token_ids, "text": out.text, "exit_loops": out.exit_loops,
                           "finish_reason": out.finish_reason, "metrics": out.metrics}))
     else:
         print(out.text if out.text is not None else " ".join(map(str, out.token_ids)))
     return 0
+
+
+def _int_list(flag: str, text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"{flag} must be comma-separated integers, got {text!r}") from None

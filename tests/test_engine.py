@@ -298,6 +298,23 @@ def test_generate_cli(capsys):
     assert len(err) == 2 and all(line.startswith("loopjax generate: error:") for line in err)
 
 
+def test_generate_cli_exit_flags(capsys):
+    """Exit settings reach the engine from the CLI: a replayed trace sets each decoded
+    token's loops (Ouro's first token comes from the prompt, which runs every loop)."""
+    import argparse
+    import json
+
+    from loopjax import generate_cli
+    parser = argparse.ArgumentParser()
+    generate_cli.add_arguments(parser)
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220", "--max-tokens", "4",
+                                               "--exit-trace", "1,2,3,1", "--json"])) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["exit_loops"] == [4, 2, 3, 1]
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1", "--exit-trace", "1,x"])) == 2
+    assert "--exit-trace must be comma-separated integers" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("share", [True, False])
 def test_prefill_share_first_token_step_and_chunked_prefill(ouro_engine, ouro_model, share):
     """A (5 tokens) decodes; B (40 tokens = chunks of 32 + 8) arrives before step 2.
