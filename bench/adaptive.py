@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import json
 import math
 import statistics
 import sys
@@ -46,6 +45,20 @@ import time
 
 import jax
 import numpy as np
+
+from loopjax.bench.common import (
+    Budget,
+    decode_pool,
+    decode_rows,
+    default_dtype,
+    error_text,
+    ints,
+    make_cli,
+    names,
+    run_interruptible,
+    time_calls,
+    write_json,
+)
 
 SMOKE = dict(preset="huginn-tiny,ouro-tiny", rows="2", context=32, iters=2, kv_gb=0.01, page_size=8,
              huginn_exits="4,8", ouro_exits="2,4", baseline_rows="2", max_seconds=120.0)
@@ -82,63 +95,34 @@ RECORD_FIELDS = ("preset", "backend", "rows", "context", "depth", "variant", "ex
                  "kv_pages_wrapped", "compiled", "case_s")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in str(text).split(",") if t.strip()]
-
-
-def _names(text: str) -> list[str]:
-    return [t.strip() for t in str(text).split(",") if t.strip()]
-
-
-class Budget:
-    """Wall-clock budget: a case starts only if the longest case of its kind so far fits."""
-
-    def __init__(self, seconds: float):
-        self.seconds, self.start = seconds, time.perf_counter()
-        self.longest: dict = {}  # kind (compiling or not, 'preset' set-up) -> longest seconds
-        self.skipped: list[str] = []
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def allows(self, what: str, kind, factor: float = 1.0) -> bool:
-        if self.elapsed() + factor * self.longest.get(kind, 0.0) <= self.seconds:
-            return True
-        self.skipped.append(what)
-        return False
-
-    def spent(self, seconds: float, kind) -> None:
-        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
-
-
 def cases(family: str, depth: int, args) -> list[tuple]:
     """(variant, exit_mode, exit_rule, row_change, fixed_count or None) of one rows setting,
     in the order run: the fixed step first (the others are compared with it)."""
     from loopjax.exits import ExitSpec
     out = [("fixed", "fixed", f"depth {depth}", {}, depth)]
     if family == "huginn":
-        exits = sorted({e for e in _ints(args.huginn_exits) if 1 <= e <= depth})
+        exits = sorted({e for e in ints(args.huginn_exits) if 1 <= e <= depth})
         for e in exits:
             out.append((f"trace{e}", "skip", f"trace {e}", dict(loops=e, exit_skip=True), None))
         for e in exits:
             out.append((f"steps{e}", "skip", f"steps {e}",
                         dict(exit_skip=True, exit_spec=ExitSpec("steps", e)), None))
-        for c in _names(args.skip_criteria):
+        for c in names(args.skip_criteria):
             out.append((f"skip-{c}", "skip", f"{c} auto", dict(exit_skip=True, exit_spec=ExitSpec(c)), None))
-        for c in _names(args.select_criteria):
+        for c in names(args.select_criteria):
             out.append((f"select-{c}", "select", f"{c} auto",
                         dict(exit_skip=False, exit_spec=ExitSpec(c)), None))
     else:
         q = args.ouro_threshold
         out.append((f"skip-q{q}", "skip", f"q {q}", dict(exit_skip=True, exit_threshold=q), None))
         out.append((f"select-q{q}", "select", f"q {q}", dict(exit_threshold=q), depth))
-        for e in sorted({e for e in _ints(args.ouro_exits) if 1 <= e <= depth}):
+        for e in sorted({e for e in ints(args.ouro_exits) if 1 <= e <= depth}):
             out.append((f"trace{e}", "skip", f"trace {e}", dict(loops=e, exit_skip=True), None))
     return out
 
 
 def baseline_depths(family: str, depth: int, args) -> list[int]:
-    exits = _ints(args.huginn_exits if family == "huginn" else args.ouro_exits)
+    exits = ints(args.huginn_exits if family == "huginn" else args.ouro_exits)
     return sorted({e for e in exits if 1 <= e < depth})
 
 
@@ -146,29 +130,20 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
                  setup_start: float | None = None) -> dict:
     """Every case of one preset; `save()` after each record; the set-up time (from
     `setup_start`: load + pool + compiles) feeds the budget's estimate for the next preset."""
-    from loopjax import kv_cache
-    from loopjax.batch import greedy_row
     from loopjax.runner import Runner, fused
 
     cfg, context = model.cfg, args.context
     depth = cfg.default_loops
-    rows_list = _ints(args.rows)
-    pages_per_row = -(-context // args.page_size)
-    probe = kv_cache.make_layout(cfg, "per_loop", page_size=args.page_size, dtype=model.dtype,
-                                 num_pages=1, max_loops=depth)
-    cap = int(args.kv_gb * 1e9) // (probe.bytes_per_token * args.page_size)
-    num_pages = max(pages_per_row, min(max(rows_list) * pages_per_row, cap))
-    layout = kv_cache.make_layout(cfg, "per_loop", page_size=args.page_size, dtype=model.dtype,
-                                  num_pages=num_pages, max_loops=depth)
+    rows_list = ints(args.rows)
+    layout, pages_per_row, num_pages = decode_pool(model, "per_loop", args.page_size, depth,
+                                                   max(rows_list), context, args.kv_gb)
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=pages_per_row, max_loops=depth, backend=args.backend)
     plans = {}  # rows -> [(variant, mode, rule, batch, kind)]
     for rows in rows_list:
-        base_rows = [greedy_row([1], context - 1, [(r * pages_per_row + j) % num_pages
-                                                   for j in range(pages_per_row)],
-                                loops=depth, carry_slot=r) for r in range(rows)]
+        base_rows = decode_rows(rows, pages_per_row, num_pages, context, depth)
         todo = cases(cfg.family, depth, args)
-        if rows in _ints(args.baseline_rows):
+        if rows in ints(args.baseline_rows):
             todo += [(f"depth{e}", "fixed", f"depth {e}", dict(loops=e), e)
                      for e in baseline_depths(cfg.family, depth, args)]
         plans[rows] = []
@@ -186,14 +161,14 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
         runner.precompile(list(steps.values()))
         compiled = set(steps)
     except Exception as e:  # noqa: BLE001  (older runners: compile on first use)
-        print(f"precompile failed ({type(e).__name__}: {str(e)[:200]}); compiling per case", flush=True)
+        print(f"precompile failed ({error_text(e, 200)}); compiling per case", flush=True)
     info = {"preset": preset, "precompile_s": time.perf_counter() - start,
             "compilations": runner.compilations, "pool_pages": num_pages}
     print(f"{preset}: {info['compilations']} step shapes compiled in {info['precompile_s']:.1f} s",
           flush=True)
     if setup_start is not None:
         info["setup_s"] = time.perf_counter() - setup_start
-        budget.spent(info["setup_s"], "preset")
+        budget.spent("preset", info["setup_s"])
     for rows in rows_list:
         base = dict(preset=preset, backend=args.backend, rows=rows, context=context, depth=depth,
                     kv_pages_wrapped=rows * pages_per_row > num_pages)
@@ -205,8 +180,8 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
             start = time.perf_counter()
             try:
                 outs: list = []
-                times = _time(lambda b=batch, k=kind, o=outs: o.append(runner.submit(b, k)) or o[-1],
-                              args.iters)
+                times = time_calls(lambda b=batch, k=kind, o=outs: o.append(runner.submit(b, k)) or o[-1],
+                                   args.iters)
                 compiled.add((rows, kind))
                 loops = np.asarray(jax.device_get(outs[-1].exit_loops))[:rows]
                 median = statistics.median(times) * 1e6
@@ -218,9 +193,9 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
                        "tokens_per_s": rows / (median * 1e-6)}
             except Exception as e:  # noqa: BLE001  (one failed case must not end the run)
                 rec = {**base, "variant": variant, "exit_mode": mode, "exit_rule": rule,
-                       "error": f"{type(e).__name__}: {str(e)[:300]}", "median_us": math.nan}
+                       "error": error_text(e), "median_us": math.nan}
             took = time.perf_counter() - start
-            budget.spent(took, compiles)
+            budget.spent(compiles, took)
             if variant == "fixed" and "error" not in rec:
                 fixed_us = rec["median_us"]
             _compare(rec, fixed_us, depth)
@@ -243,16 +218,6 @@ def _compare(rec: dict, fixed_us: float | None, depth: int) -> None:
     rec["saved_us"] = fixed_us - rec["median_us"] if ok else None
     skipped = depth - rec["mean_loops"] if ok else 0.0
     rec["us_saved_per_loop_skipped"] = rec["saved_us"] / skipped if ok and skipped > 0.05 else None
-
-
-def _time(fn, iters: int) -> list[float]:
-    jax.block_until_ready(fn())  # warm-up: compiles
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def _fmt(value, spec: str, width: int) -> str:
@@ -289,10 +254,6 @@ def _table(records: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from loopjax.model import load
 
-    if args.smoke:
-        for key, value in SMOKE.items():
-            if getattr(args, key) == _DEFAULTS[key]:
-                setattr(args, key, value)
     device = jax.devices()[0].device_kind
     print(f"loopjax adaptive-exit benchmark on {device}", flush=True)
     records: list[dict] = []
@@ -301,48 +262,34 @@ def run(args: argparse.Namespace) -> int:
     state = {"interrupted": False}
 
     def save() -> None:  # after every case: a run cut short still leaves its JSON
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"device": device, "args": vars(args), "seconds": budget.elapsed(),
-                           "skipped": budget.skipped, "interrupted": state["interrupted"],
-                           "presets": presets, "records": records}, f, indent=1)
+        write_json(args.out, {"device": device, "args": vars(args), "seconds": budget.elapsed(),
+                              "skipped": budget.skipped, "interrupted": state["interrupted"],
+                              "presets": presets, "records": records})
 
-    try:
-        for preset in _names(args.preset):
+    def bench_presets() -> None:
+        for preset in names(args.preset):
             # A later preset starts only if the previous one's set-up time still fits.
             if not budget.allows(f"{preset} (load)", "preset"):
                 continue
             setup_start = time.perf_counter()
-            dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
             try:
-                model = load(preset, dtype)
+                model = load(preset, default_dtype(preset, args.dtype))
                 presets.append(bench_preset(model, preset, args, budget, records, save, setup_start))
             except Exception as e:  # noqa: BLE001
                 records.append({"preset": preset, "variant": "load", "exit_mode": "", "exit_rule": "",
-                                "rows": 0, "error": f"{type(e).__name__}: {str(e)[:300]}",
-                                "median_us": math.nan})
+                                "rows": 0, "error": error_text(e), "median_us": math.nan})
                 _print(records[-1:])
             model = None
             gc.collect()
-    except KeyboardInterrupt:  # gpu_run.sh's timeout sends SIGINT: keep what was measured
-        state["interrupted"] = True
-        print("interrupted: writing what was measured", flush=True)
-    total = budget.elapsed()
-    print(f"done in {total:.1f} s" + (f"; skipped for time: {', '.join(budget.skipped)}"
-                                      if budget.skipped else ""), flush=True)
+
+    run_interruptible(bench_presets, state)
+    budget.report_done()
     save()
     _table(records)
     return 1 if any("error" in r for r in records) or not records or state["interrupted"] else 0
 
 
-_PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.adaptive", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-add_arguments(_PARSER)
-_DEFAULTS = vars(_PARSER.parse_args([]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(_PARSER.parse_args(argv))
+_PARSER, main = make_cli("python -m loopjax.bench.adaptive", __doc__, add_arguments, run, SMOKE)
 
 
 if __name__ == "__main__":

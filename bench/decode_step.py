@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import statistics
 import sys
@@ -27,6 +26,16 @@ import time
 
 import jax
 import numpy as np
+
+from loopjax.bench.common import (
+    decode_pool,
+    decode_rows,
+    default_dtype,
+    ints,
+    make_cli,
+    time_calls,
+    write_json,
+)
 
 SMOKE = dict(preset="ouro-tiny,huginn-tiny", rows="1,2", context="32", iters=3, per_loop_rows="2",
              kv_gb=0.01, page_size=8)
@@ -56,10 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", default=None, help="write the records as JSON here")
 
 
-def _ints(text: str) -> list[int]:
-    return [int(t) for t in str(text).split(",") if t.strip()]
-
-
 def weight_bytes(model, loops: int) -> int:
     """Bytes of weights one decode step reads: the looped stack x loops, the rest once
     (embedding: one row per token, negligible; the lm_head once)."""
@@ -82,31 +87,25 @@ def kv_read_bytes(cfg, layout, loops: int, rows: int, context: int) -> int:
 
 
 def bench_model(model, args, backend: str, records: list) -> None:
-    for i, context in enumerate(_ints(args.context)):
+    for i, context in enumerate(ints(args.context)):
         _bench_context(model, args, backend, context, i == 0, records)
         gc.collect()  # free this context's pool before the next one is allocated
 
 
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
-    from loopjax import kv_cache
     from loopjax.engine import matmul_ops
     from loopjax.runner import Runner
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops
-    rows_list = _ints(args.rows)
-    per_loop_rows = set(_ints(args.per_loop_rows)) if first else set()
-    pages_per_row = -(-context // args.page_size)
-    probe = kv_cache.make_layout(cfg, args.layout, page_size=args.page_size, dtype=model.dtype,
-                                 num_pages=1, max_loops=loops)
-    cap = int(args.kv_gb * 1e9) // (probe.bytes_per_token * args.page_size)
-    num_pages = max(pages_per_row, min(max(rows_list) * pages_per_row, cap))
-    layout = kv_cache.make_layout(cfg, args.layout, page_size=args.page_size, dtype=model.dtype,
-                                  num_pages=num_pages, max_loops=loops)
+    rows_list = ints(args.rows)
+    per_loop_rows = set(ints(args.per_loop_rows)) if first else set()
+    layout, pages_per_row, num_pages = decode_pool(model, args.layout, args.page_size, loops,
+                                                   max(rows_list), context, args.kv_gb)
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=pages_per_row, max_loops=loops, backend=backend,
                     ops=matmul_ops(args.current_matmul))
-    cases = {rows: _cases(runner, _rows(rows, pages_per_row, num_pages, context, loops), args, loops,
+    cases = {rows: _cases(runner, decode_rows(rows, pages_per_row, num_pages, context, loops), args, loops,
                           cfg.family, rows in per_loop_rows) for rows in rows_list}
     # Every shape compiles ahead, XLA compiles in parallel threads (the slow part on the GPU).
     runner.precompile([step for by_name in cases.values() for steps in by_name.values()
@@ -125,19 +124,11 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
             # (the host round trip per loop of an unfused engine).
             run = lambda steps=steps, outs=outs: [outs.append(runner.submit(b, k)) or  # noqa: E731
                                                   jax.block_until_ready(outs[-1]) for b, k in steps]
-            record = _record(base, name, _time(run, args.iters), len(steps))
+            record = _record(base, name, time_calls(run, args.iters), len(steps))
             if name == "adaptive":  # random weights exit arbitrarily: report the loops
                 record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:rows]))
             records.append(record)
         _print(records[-len(cases[rows]):])
-
-
-def _rows(rows: int, pages_per_row: int, num_pages: int, context: int, loops: int):
-    """One decode token per row at position context - 1; rows wrap around a small pool."""
-    from loopjax.batch import greedy_row
-    return [greedy_row([1], context - 1, [(r * pages_per_row + j) % num_pages
-                                          for j in range(pages_per_row)], loops=loops, carry_slot=r)
-            for r in range(rows)]
 
 
 def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool) -> dict:
@@ -160,16 +151,6 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
     return cases
 
 
-def _time(fn, iters: int) -> list[float]:
-    jax.block_until_ready(fn())  # warm-up
-    times = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return times
-
-
 def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:
     median = statistics.median(times) * 1e6
     return {**base, "variant": variant, "submissions_per_token": submissions,
@@ -190,16 +171,11 @@ def _print(records: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from loopjax.model import load
 
-    if args.smoke:
-        for key, value in SMOKE.items():
-            if getattr(args, key) == _DEFAULTS[key]:
-                setattr(args, key, value)
     print(f"loopjax decode-step benchmark on {jax.devices()[0].device_kind}", flush=True)
     records: list[dict] = []
     start = time.perf_counter()
     for preset in args.preset.split(","):
-        dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
-        model = load(preset, dtype)
+        model = load(preset, default_dtype(preset, args.dtype))
         args.current_preset = preset
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
@@ -208,21 +184,12 @@ def run(args: argparse.Namespace) -> int:
         del model
         gc.collect()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"device": jax.devices()[0].device_kind, "records": records}, f, indent=1)
+    write_json(args.out, {"device": jax.devices()[0].device_kind, "records": records})
     bad = [r for r in records if not math.isfinite(r["median_us"])]
     return 1 if bad else 0
 
 
-_PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.decode_step", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-add_arguments(_PARSER)
-_DEFAULTS = vars(_PARSER.parse_args([]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(_PARSER.parse_args(argv))
+_PARSER, main = make_cli("python -m loopjax.bench.decode_step", __doc__, add_arguments, run, SMOKE)
 
 
 if __name__ == "__main__":

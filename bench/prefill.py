@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import math
 import statistics
 import sys
@@ -49,6 +48,16 @@ from dataclasses import dataclass, field
 
 import jax
 import numpy as np
+
+from loopjax.bench.common import (
+    Budget,
+    default_dtype,
+    error_text,
+    make_cli,
+    names,
+    run_interruptible,
+    write_json,
+)
 
 SMOKE = dict(preset="ouro-tiny,huginn-tiny", shapes="1x32,2x16", huginn_shapes="2x16", iters=2,
              page_size=8, startup_config="small", steady_requests=2, steady_prompt_len=20,
@@ -95,10 +104,6 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def _names(text: str) -> list[str]:  # '' or 'none': no names
-    return [t.strip() for t in str(text).split(",") if t.strip() and t.strip() != "none"]
-
-
 def _matrix_params(tree) -> int:
     return sum(x.size for x in jax.tree.leaves(tree) if x.ndim == 2)
 
@@ -119,25 +124,6 @@ def step_flops(model, rows: int, prompt_len: int, loops: int) -> float:
         heads_dim = cfg.hidden_size  # num_heads x head_dim
     attention = rows * 4 * heads_dim * prompt_len * (prompt_len + 1) / 2 * passes
     return float(dense + attention)
-
-
-class Budget:
-    def __init__(self, seconds: float):
-        self.seconds, self.start = seconds, time.perf_counter()
-        self.longest: dict[str, float] = {}
-        self.skipped: list[str] = []
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.start
-
-    def allows(self, what: str, kind: str, factor: float = 1.0) -> bool:
-        if self.elapsed() + factor * self.longest.get(kind, 0.0) <= self.seconds:
-            return True
-        self.skipped.append(what)
-        return False
-
-    def spent(self, kind: str, seconds: float) -> None:
-        self.longest[kind] = max(self.longest.get(kind, 0.0), seconds)
 
 
 @dataclass
@@ -174,7 +160,7 @@ def prepare_shape(model, preset: str, rows: int, prompt_len: int, backend: str, 
                                       list(range(r * pages_per_row, (r + 1) * pages_per_row)),
                                       loops=loops) for r in range(rows)]
     except Exception as e:  # noqa: BLE001  (e.g. out of memory for the pool)
-        case.error = f"{type(e).__name__}: {str(e)[:300]}"
+        case.error = error_text(e)
     return case
 
 
@@ -205,7 +191,7 @@ def _try(fn, *a) -> str | None:
     try:
         fn(*a)
     except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {str(e)[:200]}"
+        return error_text(e, 200)
     return None
 
 
@@ -240,7 +226,7 @@ def time_shape(model, case: ShapeCase, args, budget: Budget, records: list) -> N
                "pct_peak": 100.0 * flops / median / (args.peak_tflops * 1e12),
                "compiles_during": runner.compilations - compiled}
     except Exception as e:  # noqa: BLE001  (one failed case, e.g. out of memory, must not end the run)
-        rec = {**base, "error": f"{type(e).__name__}: {str(e)[:300]}", "median_ms": math.nan}
+        rec = {**base, "error": error_text(e), "median_ms": math.nan}
     took = time.perf_counter() - start
     budget.spent(f"case-{case.preset}", took * 2048 / case.tokens)
     rec["case_s"] = took
@@ -280,7 +266,7 @@ def bench_startup(model, preset: str, backend: str, args, budget: Budget, engine
         info.update(_steady_state(engine, args.steady_requests, args.steady_prompt_len))
         del engine
     except Exception as e:  # noqa: BLE001
-        info.update(error=f"{type(e).__name__}: {str(e)[:300]}", steady_state_ok=False)
+        info.update(error=error_text(e), steady_state_ok=False)
     engines.append(info)
     print(f"{preset:>12} {backend:>6}: engine start-up ({args.startup_config}) "
           + (f"{info['warmup_s']:.1f} s, {info['compilations']} compilations; steady state "
@@ -304,7 +290,7 @@ def _steady_state(engine, num_requests: int, prompt_len: int) -> dict:
             engine.step()
             steps += 1
     except Exception as e:  # noqa: BLE001
-        out["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        out["error"] = error_text(e)
     compiles = engine.runner.compilations - before
     return {**out, "steady_state_compiles": compiles, "steady_state_steps": steps,
             "steady_state_ok": compiles == 0 and "error" not in out}
@@ -346,10 +332,6 @@ def _table(records: list[dict], engines: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from loopjax.model import load
 
-    if args.smoke:
-        for key, value in SMOKE.items():
-            if getattr(args, key) == _DEFAULTS[key]:
-                setattr(args, key, value)
     device = jax.devices()[0].device_kind
     print(f"loopjax prefill benchmark on {device}", flush=True)
     records: list[dict] = []
@@ -359,29 +341,26 @@ def run(args: argparse.Namespace) -> int:
     state = {"interrupted": False}
 
     def save() -> None:  # after every case: a run cut short still leaves its JSON
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
-                           "seconds": budget.elapsed(), "skipped": budget.skipped,
-                           "interrupted": state["interrupted"], "presets": presets,
-                           "engines": engines, "records": records}, f, indent=1)
+        write_json(args.out, {"device": device, "args": vars(args), "peak_tflops": args.peak_tflops,
+                              "seconds": budget.elapsed(), "skipped": budget.skipped,
+                              "interrupted": state["interrupted"], "presets": presets,
+                              "engines": engines, "records": records})
 
-    try:
-        for preset in _names(args.preset):
+    def bench_presets() -> None:
+        for preset in names(args.preset, none=True):
             # A later preset starts only if the previous one's set-up time still fits.
             if not budget.allows(f"{preset} (load)", "preset"):
                 continue
             start = time.perf_counter()
-            dtype = args.dtype or ("float32" if preset.endswith("-tiny") else "bfloat16")
             try:
-                model = load(preset, dtype)
+                model = load(preset, default_dtype(preset, args.dtype))
             except Exception as e:  # noqa: BLE001
                 engines.append({"preset": preset, "backend": "",
-                                "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                                "error": error_text(e)})
                 continue
             shapes = parse_shapes(args.huginn_shapes if model.cfg.family == "huginn" else args.shapes)
             cases = [prepare_shape(model, preset, rows, prompt_len, backend, args)
-                     for backend in _names(args.backend) for rows, prompt_len in shapes]
+                     for backend in names(args.backend, none=True) for rows, prompt_len in shapes]
             before = sum(c.runner.compilations for c in cases if c.runner is not None)
             compile_start = time.perf_counter()
             precompile(cases, model.cfg.default_loops)
@@ -397,17 +376,14 @@ def run(args: argparse.Namespace) -> int:
                 cases[i] = None  # frees its KV pool
                 gc.collect()
                 save()
-            for backend in _names(args.startup_backends):
+            for backend in names(args.startup_backends, none=True):
                 bench_startup(model, preset, backend, args, budget, engines)
                 save()
             model = None
             gc.collect()
-    except KeyboardInterrupt:  # gpu_run.sh's timeout sends SIGINT: keep what was measured
-        state["interrupted"] = True
-        print("interrupted: writing what was measured", flush=True)
-    total = budget.elapsed()
-    print(f"done in {total:.1f} s" + (f"; skipped for time: {', '.join(budget.skipped)}"
-                                      if budget.skipped else ""), flush=True)
+
+    run_interruptible(bench_presets, state)
+    budget.report_done()
     save()
     _table(records, engines)
     bad = any("error" in r for r in records + engines) or not (records or engines)
@@ -416,14 +392,7 @@ def run(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-_PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.prefill", description=__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-add_arguments(_PARSER)
-_DEFAULTS = vars(_PARSER.parse_args([]))
-
-
-def main(argv: list[str] | None = None) -> int:
-    return run(_PARSER.parse_args(argv))
+_PARSER, main = make_cli("python -m loopjax.bench.prefill", __doc__, add_arguments, run, SMOKE)
 
 
 if __name__ == "__main__":
