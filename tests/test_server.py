@@ -189,6 +189,13 @@ def test_per_request_loop_settings(client):
     assert shallow.choices[0].exit_loops == [2, 2, 2]
     with pytest.raises(openai.BadRequestError, match="loops"):
         client.completions.create(**kw, extra_body={"loops": 0})
+    # Exit settings per request: Ouro Q-exit in skip mode (exits early, at most 4 loops) and an
+    # exit trace replayed over the decoded tokens (the first token comes from the prompt).
+    skip = client.completions.create(**kw, extra_body={"exit_mode": "skip", "exit_threshold": 0.1,
+                                                       "ignore_eos": True})
+    assert all(1 <= n <= 4 for n in skip.choices[0].exit_loops)
+    traced = client.completions.create(**kw, extra_body={"exit_trace": [1, 2, 3], "ignore_eos": True})
+    assert traced.choices[0].exit_loops[1:] == [2, 3]
 
 
 def test_sixteen_concurrent_requests(client, server):
