@@ -17,6 +17,9 @@ SUBCOMMANDS = {
     "bench": ("loopjax.bench.cli", "run the burst or sessions workload and report TTFT/TPOT/throughput"),
 }
 
+# The extra that brings a subcommand's optional imports.
+EXTRAS = {"serve": "serve"}
+
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
@@ -31,7 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         module_name, help_text = SUBCOMMANDS[name]
         p = sub.add_parser(name, help=help_text, description=help_text)
         if name in names and argv and argv[0] == name:
-            modules[name] = importlib.import_module(module_name)
+            try:
+                modules[name] = importlib.import_module(module_name)
+            except ModuleNotFoundError as e:  # an optional extra (fastapi for serve) is missing
+                extra = EXTRAS.get(name)
+                hint = f"; install it with: pip install 'loopjax[{extra}]'" if extra else ""
+                print(f"loopjax {name}: error: missing module {e.name!r}{hint}", file=sys.stderr)
+                return 2
             modules[name].add_arguments(p)
     args = parser.parse_args(argv)
     return modules[args.command].run(args)

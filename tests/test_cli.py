@@ -1,0 +1,28 @@
+"""The `loopjax` entry point: subcommands import only their own module, and a missing
+optional extra is one clear line with exit code 2, not a traceback."""
+
+import importlib
+
+from loopjax import cli
+
+
+def test_missing_extra_is_one_line(monkeypatch, capsys):
+    real_import = importlib.import_module
+
+    def fake_import(name, *args):
+        if name == "loopjax.server":
+            raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(cli.importlib, "import_module", fake_import)
+    assert cli.main(["serve", "ouro-tiny"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["loopjax serve: error: missing module 'fastapi'; "
+                   "install it with: pip install 'loopjax[serve]'"]
+
+
+def test_convert_error_goes_through_the_entry_point(tmp_path, capsys):
+    assert cli.main(["convert", str(tmp_path / "missing"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("loopjax convert: error:")
+    assert not (tmp_path / "out").exists()
