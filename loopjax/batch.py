@@ -47,6 +47,8 @@ class StepBatch:
     init_mode: jax.Array | None  # [N] i32  Huginn s0: INIT_ZERO / SEEDED / EXPLICIT / WARM
     init_seed: jax.Array | None  # [N] u32  Huginn s0 seed (INIT_SEEDED)
     init_state: jax.Array | None  # [N, H] Huginn explicit s0 (INIT_EXPLICIT), else zeros
+    exit_step: jax.Array         # [R] i32  Ouro fixed exit loop (0-based; -1: none)
+    exit_weighted: jax.Array     # [R] bool  Ouro weighted exit (read by weighted kinds only)
 
 
 @dataclass
@@ -75,6 +77,8 @@ class RowInput:
     exit_threshold: float = 1.0
     exit_skip: bool = False       # stop at the exit loop (adaptive skip mode / exit trace)
     exit_spec: ExitSpec | None = None  # Huginn exit criterion of this row's token
+    exit_step: int = -1           # Ouro: select loop k's state (-1: the threshold rule)
+    exit_weighted: bool = False   # Ouro: logits = sum_i p_i * logits_i (weighted step kinds)
     init_mode: int = INIT_SEEDED  # Huginn only
     init_seed: int = 0
     init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
@@ -104,6 +108,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     carry_slot = np.full(num_rows, pad_carry_slot, np.int32)
     threshold = np.ones(num_rows, np.float32)
     skip = np.zeros(num_rows, bool)
+    exit_step = np.full(num_rows, -1, np.int32)
+    weighted = np.zeros(num_rows, bool)
     huginn = hidden_size is not None
     init_mode = np.zeros(num_tokens, np.int32) if huginn else None
     init_seed = np.zeros(num_tokens, np.uint32) if huginn else None
@@ -130,6 +136,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         carry_slot[i] = pad_carry_slot if row.carry_slot is None else row.carry_slot
         threshold[i] = row.exit_threshold
         skip[i] = row.exit_skip
+        exit_step[i] = row.exit_step
+        weighted[i] = row.exit_weighted
         if huginn:
             init_mode[n:n + count] = row.init_mode
             init_seed[n:n + count] = row.init_seed % 2**32
@@ -143,7 +151,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
                                          [r.token_index for r in rows])
     return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
                      row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling,
-                     threshold, skip, exit_params, init_mode, init_seed, init_state)
+                     threshold, skip, exit_params, init_mode, init_seed, init_state, exit_step,
+                     weighted)
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,

@@ -60,6 +60,7 @@ class EngineConfig:
     enable_prefix_caching: bool = False   # share KV pages of common prefixes (Huginn: s0 by seed)
     max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
     adaptive_exit: bool = False           # also compile the adaptive (while_loop) steps at start-up
+    enable_weighted_exit: bool = False    # Ouro: compile the weighted-exit steps (exit_weighted)
     huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'
     huginn_seed: int = 0                  # seed of the position-keyed s0
     strict_compile: bool = False          # raise if anything compiles after warm-up
@@ -139,6 +140,7 @@ class Engine:
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                series=not config.fused_decode, adaptive=config.adaptive_exit,
+                               weighted=config.enable_weighted_exit,
                                threads=config.compile_threads)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
@@ -164,6 +166,7 @@ class Engine:
                              f"{self.config.max_logprobs}")
         if params.exit_criterion is not None and self.model.cfg.family != "huginn":
             raise ValueError("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
+        self._check_ouro_exit(params)
         if params.stop and self.model.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
@@ -239,9 +242,15 @@ class Engine:
         trace = params.exit_trace
         if trace is not None and exits_here:  # replay: token k runs trace[k] loops
             loops = min(loops, trace[min(index, len(trace) - 1)])
+        exit_step = -1 if params.exit_step is None else params.exit_step
+        if params.exit_step is not None or params.exit_weighted:
+            threshold = 2.0  # the fixed loop or the weighted sum, never the Q-exit
+            if extra.skip and exits_here and params.exit_step is not None:
+                loops = min(loops, params.exit_step + 1)  # skip: run loops 0..k only
         return RowInput(request.token_ids(start, end), start, request.page_ids, emits, loops, params,
                         token_index=index, exit_skip=extra.skip and exits_here,
-                        exit_spec=extra.exit_spec,
+                        exit_spec=extra.exit_spec, exit_step=exit_step,
+                        exit_weighted=params.exit_weighted,
                         carry_slot=extra.carry_slot,
                         exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
@@ -275,6 +284,21 @@ class Engine:
         return outputs
 
     # ------------------------------------------------------------------ helpers
+    def _check_ouro_exit(self, params: SamplingParams) -> None:
+        """exit_step / exit_weighted: Ouro only, within the depth; weighted needs its steps."""
+        if params.exit_step is None and not params.exit_weighted:
+            return
+        name = "exit_step" if params.exit_step is not None else "exit_weighted"
+        if self.model.cfg.family != "ouro":
+            raise ValueError(f"{name} applies to Ouro models only")
+        depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
+        if params.exit_step is not None and params.exit_step >= depth:
+            raise ValueError(f"exit_step={params.exit_step} must be below the depth {depth}")
+        if params.exit_weighted and not self.config.enable_weighted_exit:
+            raise ValueError("exit_weighted needs an engine with enable_weighted_exit=True")
+        if params.exit_weighted and not self.config.fused_decode:
+            raise ValueError("exit_weighted runs in fused steps; this engine has fused_decode=False")
+
     def _check_stop_strings(self, request: Request) -> None:
         """Detokenize (only requests with stop strings, or finished) and apply stop strings."""
         if self.model.tokenizer is None or not (request.sampling_params.stop or request.is_finished):

@@ -44,10 +44,12 @@ class StepKind:
     save_carry: bool = False  # store the loop state of every row (per-loop decode series)
     adaptive: bool = False    # while_loop that ends when every real row exited (skip rows stop)
     unroll: int = 1           # fixed-depth loops unrolled per fori_loop iteration (True: all)
+    weighted: bool = False    # Ouro: also accumulate sum_i p_i * lm_head(h_i) (weighted-exit rows)
 
 
-def fused(num_loops: int, adaptive: bool = False, unroll: int = 1) -> StepKind:  # one submission
-    return StepKind(num_loops, adaptive=adaptive, unroll=unroll)
+def fused(num_loops: int, adaptive: bool = False, unroll: int = 1,
+          weighted: bool = False) -> StepKind:  # one submission
+    return StepKind(num_loops, adaptive=adaptive, unroll=unroll, weighted=weighted)
 
 
 def per_loop(first: bool, final: bool) -> StepKind:
@@ -104,20 +106,31 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         x = state.carry["x"][batch.carry_slot]  # decode: N = R, token n is row n
         ex = jax.tree.map(lambda a: a[batch.carry_slot], state.carry["exit"])
     stopped = lambda ex: ex.exited & batch.exit_skip  # noqa: E731  (skip rows stop at the exit)
+    # A fixed exit loop k (exit_step) selects loop k as if it were the row's last loop.
+    select_loops = jnp.where(batch.exit_step >= 0, jnp.minimum(batch.exit_step + 1, batch.row_loops),
+                             batch.row_loops)
+    # Weighted kinds: Σ_i p_i·lm_head(h_i) of the rows' last tokens, in the model dtype and in
+    # loop order exactly as ouro.weighted_logits (rows run every loop; others ignore it).
+    acc = jnp.zeros((r, cfg.vocab_size), x.dtype) if kind.weighted else None
 
     def body(depth, carry):
-        x, kv, ex = carry
+        x, kv, ex, acc = carry
         row_live = (depth < batch.row_loops) & ~stopped(ex)
         live = row_live[batch.row_of_token]
         h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth, ops)
         x = jnp.where(live[:, None], h, x)
         last = x[batch.last_token_index]
-        new = ouro.exit_update(ex, ouro.gate_logits(params, last), last, depth, batch.row_loops,
-                               batch.exit_threshold)
+        gate = ouro.gate_logits(params, last)
+        if kind.weighted:
+            p, _ = ouro._exit_mass(ouro._sigmoid(gate), ex.remaining, depth == batch.row_loops - 1)
+            logits = ops.linear(last, params["lm_head"])
+            term = logits * p.astype(logits.dtype)[:, None]
+            acc = jnp.where(row_live[:, None], jnp.where(depth == 0, term, acc + term), acc)
+        new = ouro.exit_update(ex, gate, last, depth, select_loops, batch.exit_threshold)
         return x, kv, jax.tree.map(lambda a, b: jnp.where(row_live.reshape(-1, *[1] * (a.ndim - 1)),
-                                                          a, b), new, ex)
+                                                          a, b), new, ex), acc
 
-    x, kv, ex = _depth_loop(kind, batch, body, (x, state.kv, ex), lambda c: stopped(c[2]))
+    x, kv, ex, acc = _depth_loop(kind, batch, body, (x, state.kv, ex, acc), lambda c: stopped(c[2]))
     carry = state.carry
     if kind.save_carry:
         carry = {"x": _put(carry["x"], batch.carry_slot, x),
@@ -127,6 +140,8 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
     if kind.adaptive:
         kv = kv_cache.fill_rows(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
     logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
+    if kind.weighted:
+        logits = jnp.where(batch.exit_weighted[:, None], acc, logits)
     return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
 
@@ -259,8 +274,9 @@ class Runner:
         # A fused step runs the smallest compiled loop count that covers it (rows stop at theirs).
         count = next(c for c in self.loop_counts if c >= num_loops) if not series else 1
         adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
+        weighted = not series and any(r.exit_weighted for r in rows)
         kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
-                else fused(count, adaptive, self.unroll))
+                else fused(count, adaptive, self.unroll, weighted))
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens, adaptive=adaptive)
@@ -272,12 +288,15 @@ class Runner:
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
 
-    def warmup(self, *, loop_counts=(), series=False, adaptive=False, threads=None) -> int:
+    def warmup(self, *, loop_counts=(), series=False, adaptive=False, weighted=False,
+               threads=None) -> int:
         """Precompile every decode and prefill bucket for each fused loop count (and max_loops);
-        series: the one-loop decode kinds instead of the fused ones; adaptive: those too."""
+        series: the one-loop decode kinds instead of the fused ones; adaptive, weighted (Ouro's
+        weighted exit): those kinds too."""
         todo = []  # (batch, kind)
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
-        fused_kinds = [fused(n, a, self.unroll) for n in loop_counts for a in {False, adaptive}]
+        fused_kinds = [fused(n, a, self.unroll, w) for n in loop_counts for a in {False, adaptive}
+                       for w in {False, weighted}]
         kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
         for r in self.buckets.decode_rows:
             for width in self.buckets.page_widths:

@@ -13,7 +13,9 @@ Conventions:
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
   Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
-  generated token, the number of loops to run (>= 1), to replay a recorded run.
+  generated token, the number of loops to run (>= 1), to replay a recorded run;
+  `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
+  sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class SamplingParams:
     exit_min_loops: int = 1  # no exit before this many loops
     exit_check_every: int = 1  # evaluate the exit rule every this many loops
     exit_trace: tuple[int, ...] | None = None  # loops to run per generated token (replay)
+    exit_step: int | None = None  # Ouro: the logits of loop k (0-based, the reference's exit_at_step)
+    exit_weighted: bool = False  # Ouro: sum_i p_i * logits_i (the reference's use_weighted_exit)
 
     def __post_init__(self):
         _check_int("max_tokens", self.max_tokens, 1)
@@ -125,6 +129,18 @@ class SamplingParams:
             if self.exit_criterion is not None:
                 _fail("exit_trace and exit_criterion exclude each other: a trace replays fixed exits")
             object.__setattr__(self, "exit_trace", trace)
+        if self.exit_step is not None:
+            _check_int("exit_step", self.exit_step, 0, None if self.loops is None else self.loops - 1)
+        if not isinstance(self.exit_weighted, bool):
+            _fail(f"exit_weighted must be true or false, got {self.exit_weighted!r}")
+        fixed = [n for n, on in (("exit_step", self.exit_step is not None),
+                                 ("exit_weighted", self.exit_weighted)) if on]
+        others = [n for n, on in (("exit_criterion", self.exit_criterion is not None),
+                                  ("exit_trace", self.exit_trace is not None)) if on]
+        if len(fixed) > 1 or (fixed and others):
+            _fail(f"{' and '.join(fixed + others)} exclude each other: give one exit rule")
+        if self.exit_weighted and self.exit_mode == "skip":
+            _fail("exit_weighted needs every loop's logits: use exit_mode='select'")
 
     @property
     def is_greedy(self) -> bool:
@@ -185,7 +201,7 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
-    "exit_check_every", "exit_trace",
+    "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
 })
 # Fields mapped by hand below.
 _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs"})
