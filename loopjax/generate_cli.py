@@ -39,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     exits.add_argument("--exit-check-every", type=int, default=1)
     exits.add_argument("--exit-trace", default=None,
                        help="comma-separated loops per generated token to replay, e.g. 4,2,3")
+    exits.add_argument("--exit-step", type=int, default=None,
+                       help="Ouro: take the logits of this loop (0-based, the reference's exit_at_step)")
+    exits.add_argument("--exit-weighted", action="store_true",
+                       help="Ouro: the exit-probability-weighted sum of every loop's logits")
     exits.add_argument("--warm-start", action="store_true",
                        help="Huginn: start each token from ln_f of the previous token's state")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
@@ -64,11 +68,13 @@ def _run(args) -> int:
     model = load(args.model, args.dtype)
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
     options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops)
-    options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
+    options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend,
+                   enable_weighted_exit=args.exit_weighted)
     exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
                      "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
                      "exit_check_every": args.exit_check_every,
-                     "exit_trace": _int_list("--exit-trace", args.exit_trace)}
+                     "exit_trace": _int_list("--exit-trace", args.exit_trace),
+                     "exit_step": args.exit_step, "exit_weighted": args.exit_weighted}
     if args.warm_start:
         exit_settings["warm_start"] = True
     out = generate(model, [prompt], max_new_tokens=args.max_tokens, temperature=args.temperature,

@@ -311,6 +311,9 @@ def test_generate_cli_exit_flags(capsys):
                                                "--exit-trace", "1,2,3,1", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["exit_loops"] == [4, 2, 3, 1]
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220", "--max-tokens", "3",
+                                               "--exit-step", "1", "--json"])) == 0
+    assert json.loads(capsys.readouterr().out)["exit_loops"] == [2, 2, 2]
     assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1", "--exit-trace", "1,x"])) == 2
     assert "--exit-trace must be comma-separated integers" in capsys.readouterr().err
 
