@@ -93,8 +93,7 @@ def bench_model(model, args, backend: str, records: list) -> None:
 
 
 def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
-    from loopjax.engine import matmul_ops
-    from loopjax.runner import Runner
+    from loopjax.runner import Runner, matmul_ops
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops

@@ -16,18 +16,16 @@ Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives i
 from __future__ import annotations
 
 import dataclasses
-import functools
 import uuid
 from dataclasses import dataclass, field
 
-import jax
 import numpy as np
 
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_STOP, Request
-from loopjax.runner import Runner, StepResult
+from loopjax.runner import Runner, StepResult, matmul_ops
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
@@ -372,36 +370,6 @@ class Engine:
                 "generated_tokens": self.num_generated,
                 "mean_loops_per_token": self.loops_generated / max(1, self.num_generated),
                 **{k: v for k, v in s.items() if k.startswith("prefix_cache")}}
-
-
-def matmul_ops(name: str):
-    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel, or 'auto':
-    the kernel only for decode steps of fewer than 8 rows on a GPU, where it won on the H200
-    (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at
-    8+ rows XLA was as fast or faster), XLA otherwise."""
-    from loopjax.layers import XLA_OPS, Ops
-    if name == "auto":
-        if jax.default_backend() != "gpu":
-            return XLA_OPS
-        from loopjax.kernels.streaming_matmul import streaming_linear
-        return Ops(linear=_rows_below(8, streaming_linear))
-    if name == "xla":
-        return XLA_OPS
-    if name == "streaming":
-        from loopjax.kernels.streaming_matmul import streaming_linear
-        return Ops(linear=streaming_linear)
-    raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
-
-
-@functools.cache
-def _rows_below(max_rows: int, kernel):
-    """linear(x, w) that uses `kernel` when x has fewer than max_rows rows (a static shape),
-    else XLA's dot. Cached so equal choices give one (hashable) function."""
-    from loopjax.layers import linear
-
-    def pick(x, w):
-        return kernel(x, w) if x.shape[0] < max_rows else linear(x, w)
-    return pick
 
 
 def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:

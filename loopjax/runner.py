@@ -17,6 +17,7 @@ bucket ahead of time; each trace bumps `compilations`; with `strict=True` a late
 
 from __future__ import annotations
 
+import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -321,3 +322,32 @@ class Runner:
         with ThreadPoolExecutor(max(1, min(len(todo), threads or os.cpu_count() or 1))) as pool:
             self._compiled.update(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
 
+
+def matmul_ops(name: str):
+    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel, or 'auto':
+    the kernel only for decode steps of fewer than 8 rows on a GPU, where it won on the H200
+    (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at
+    8+ rows XLA was as fast or faster), XLA otherwise."""
+    from loopjax.layers import XLA_OPS, Ops
+    if name == "auto":
+        if jax.default_backend() != "gpu":
+            return XLA_OPS
+        from loopjax.kernels.streaming_matmul import streaming_linear
+        return Ops(linear=_rows_below(8, streaming_linear))
+    if name == "xla":
+        return XLA_OPS
+    if name == "streaming":
+        from loopjax.kernels.streaming_matmul import streaming_linear
+        return Ops(linear=streaming_linear)
+    raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
+
+
+@functools.cache
+def _rows_below(max_rows: int, kernel):
+    """linear(x, w) that uses `kernel` when x has fewer than max_rows rows (a static shape),
+    else XLA's dot. Cached so equal choices give one (hashable) function."""
+    from loopjax.layers import linear
+
+    def pick(x, w):
+        return kernel(x, w) if x.shape[0] < max_rows else linear(x, w)
+    return pick
