@@ -42,8 +42,10 @@ from loopjax.config import preset
 
 try:
     from loopjax.kernels import streaming_matmul as sm
+    from loopjax.kernels import streaming_matmul_mgpu as smg
 except ImportError:  # NOTE: run from a checkout with PYTHONPATH=. (kernels/ not installed)
     from kernels import streaming_matmul as sm
+    from kernels import streaming_matmul_mgpu as smg
 
 SHAPES = {  # name -> [(product, K, N)]
     "ouro": [("ouro.wqkv", 2048, 6144), ("ouro.wo", 2048, 2048), ("ouro.w_gate_up", 2048, 11264),
@@ -150,9 +152,9 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
         except Exception as e:  # noqa: BLE001 - one failing config prints a row
             rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", error=_short(e), cfg=cfg))
     if not configs:  # NOTE: the Mosaic GPU variant, with its own default tiles
-        cfg = sm.mgpu_config(m, k, n)
+        cfg = smg.mgpu_config(m, k, n)
         try:
-            fn = functools.partial(sm.streaming_matmul_mgpu, interpret=smoke)
+            fn = functools.partial(smg.streaming_matmul_mgpu, interpret=smoke)
             t, out = time_products(fn, xs, ws, rounds=rounds, calls=calls)
             rows.append(dict(name=name, k=k, n=n, m=m, impl="mgpu", us=t * 1e6,
                              pct=100 * moved / t / copy_rate, err=_rel_err(out, ref), cfg=cfg,
@@ -270,7 +272,7 @@ def _ouro_layers(cfg, key, dtype):
 def decode_step_fn(cfg, num_loops: int, variant: str, interpret: bool):
     """jit((layers, x [M, H]) -> x): num_loops x every layer, products per `variant`."""
     eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
-    mm = {"xla": layers.linear, "mgpu": functools.partial(sm.streaming_matmul_mgpu, interpret=interpret)
+    mm = {"xla": layers.linear, "mgpu": functools.partial(smg.streaming_matmul_mgpu, interpret=interpret)
           }.get(variant, functools.partial(sm.streaming_matmul, interpret=interpret))
     if variant == "pallas+silu":
         mm_act = functools.partial(sm.streaming_matmul_silu_mul, interpret=interpret)

@@ -36,7 +36,6 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
-from jax.experimental.pallas import mosaic_gpu as plmgpu
 from jax.experimental.pallas import triton as plgpu
 
 from loopjax import layers
@@ -51,14 +50,12 @@ __all__ = [
     "check_matmul_inputs",
     "default_config",
     "default_split",
-    "mgpu_config",
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_add",
-    "streaming_matmul_mgpu",
     "streaming_linear",
     "streaming_matmul_silu_mul",
 ]
@@ -360,82 +357,3 @@ def streaming_linear(x, w):  # x [M, K]; w [K, N]
     if x.ndim == 2 and x.shape[0] > MAX_ROWS:
         return layers.linear(x, w)
     return streaming_matmul(x, w)
-
-
-# ------------------------------------------------------------------ Mosaic GPU variant (Hopper)
-# The same product on the maintained Hopper backend: per program, an `emit_pipeline` of TMA
-# copies (num_stages tiles in flight) feeding wgmma with an fp32 accumulator. wgmma rows come
-# in 64s, so the row block is 64 (128 past 64 rows): TMA zero-fills the rows past M, and the
-# [block_m, N] result is sliced to M rows. No masks: K must divide into block_k * split_k
-# tiles and N into block_n columns (`mgpu_config` picks sizes that do for the real shapes).
-
-
-def mgpu_config(m: int, k: int, n: int) -> Config:
-    """64 (else 32) wide tiles that divide K and N; the largest split of the K tiles that
-    divides them, gives <= ~2 programs per SM and keeps the partials <= half the weight."""
-    block_k = 64 if k % 64 == 0 else 32
-    block_n = 64 if n % 64 == 0 else 32
-    tiles, bm = k // block_k, (64 if m <= 64 else 128)
-    cap = max(1, min(16, round(2 * NUM_SMS / (n // block_n)), k // (4 * bm)))
-    split_k = max(d for d in range(1, cap + 1) if tiles % d == 0)
-    return Config(block_n, block_k, split_k, 4, 4)
-
-
-def _mgpu_transforms(cols: int, dtype):
-    swizzle = plmgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-            plmgpu.SwizzleTransform(swizzle))
-
-
-def streaming_matmul_mgpu(
-    x,  # [M, K] bf16/fp16, M in 1..128
-    w,  # [K, N], x's dtype
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_stages: int | None = None,
-    interpret: bool | None = None,
-):
-    """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear),
-    on Mosaic GPU (interpret: its CPU interpreter)."""
-    m, k, n = check_matmul_inputs(x, w)
-    interpret = resolve_interpret(interpret)
-    if x.dtype == jnp.float32:
-        raise ValueError("streaming_matmul_mgpu takes bfloat16/float16 (wgmma would round fp32 to tf32)")
-    cfg = mgpu_config(m, k, n)._replace(**{key: v for key, v in dict(
-        block_n=block_n, block_k=block_k, split_k=split_k, num_stages=num_stages).items() if v is not None})
-    bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
-    if k % (bk * splits) or n % bn or not (is_pow2(bn) and is_pow2(bk) and min(bn, bk) >= 16):
-        raise ValueError(f"Mosaic GPU tiles must divide the product: K={k} into block_k={bk} x "
-                         f"split_k={splits}, N={n} into block_n={bn} (powers of two >= 16)")
-    bm, steps, dtype = (64 if m <= 64 else 128), k // (bk * splits), x.dtype
-    transforms = _mgpu_transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
-
-    def body(x_gmem, w_gmem, o_gmem):  # x [M, K]; w [K, N]; o [block_m, N] or [S, block_m, N] f32
-        j, s = jax.lax.axis_index("n"), jax.lax.axis_index("s")
-
-        def step(_, x_smem, w_smem, acc):  # x_smem [block_m, bk]; w_smem [bk, bn]
-            plmgpu.wgmma(acc, x_smem, w_smem)
-            plmgpu.wgmma_wait(0)
-            return acc
-
-        def scope(acc_ref):  # [block_m, bn] f32
-            k_slice = pl.ds(s * steps * bk, steps * bk)
-            plmgpu.emit_pipeline(
-                step, grid=(steps,), max_concurrent_steps=cfg.num_stages, init_carry=acc_ref,
-                in_specs=[plmgpu.BlockSpec((bm, bk), lambda t: (0, t), transforms=transforms),
-                          plmgpu.BlockSpec((bk, bn), lambda t: (t, 0), transforms=transforms)],
-            )(x_gmem.at[:, k_slice], w_gmem.at[k_slice, pl.ds(j * bn, bn)])
-            if splits == 1:
-                o_gmem[:, pl.ds(j * bn, bn)] = acc_ref[...].astype(o_gmem.dtype)
-            else:
-                o_gmem[s, :, pl.ds(j * bn, bn)] = acc_ref[...]
-
-        pl.run_scoped(scope, plmgpu.ACC((bm, bn), jnp.float32))
-
-    out_type = (jax.ShapeDtypeStruct((bm, n), dtype) if splits == 1
-                else jax.ShapeDtypeStruct((splits, bm, n), jnp.float32))
-    out = plmgpu.kernel(body, out_type=out_type, grid=(n // bn, splits), grid_names=("n", "s"),
-                    interpret=plmgpu.InterpretGPUParams() if interpret else None)(x, w)
-    return (out if splits == 1 else jnp.sum(out, axis=0).astype(dtype))[:m]

@@ -14,6 +14,7 @@ from jax._src.mesh import AbstractDevice, AbstractMesh
 from jax.sharding import use_abstract_mesh
 
 from loopjax.kernels import streaming_matmul as sm
+from loopjax.kernels import streaming_matmul_mgpu as smg
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 REAL_SHAPES = [  # (K, N) of every decode product of Ouro-1.4B and Huginn-0125
@@ -162,20 +163,20 @@ def test_mgpu_matches_ref(m, k, n, block_n, block_k, split_k):
     """Mosaic GPU variant in its CPU interpreter: rows past M (TMA zero-fill), 128-row block,
     K split, tiles of different widths."""
     x, w, _ = _inputs(m, k, n, BF16)
-    out = sm.streaming_matmul_mgpu(x, w, block_n=block_n, block_k=block_k, split_k=split_k,
+    out = smg.streaming_matmul_mgpu(x, w, block_n=block_n, block_k=block_k, split_k=split_k,
                                    interpret=True)
     _assert_close(out, sm.ref_streaming_matmul(x, w), BF16)
 
 
 def test_mgpu_bad_inputs_and_configs():
     x, w, _ = _inputs(3, 96, 64, BF16)
-    _bad(sm.streaming_matmul_mgpu, "bfloat16/float16", x.astype(F32), w.astype(F32))
-    _bad(sm.streaming_matmul_mgpu, "must divide", x, w, block_k=64)  # 96 = 1.5 tiles
-    _bad(sm.streaming_matmul_mgpu, "must divide", x, w[:, :48], block_n=32)
-    _bad(sm.streaming_matmul_mgpu, "disagree on K", x, w[:64])
+    _bad(smg.streaming_matmul_mgpu, "bfloat16/float16", x.astype(F32), w.astype(F32))
+    _bad(smg.streaming_matmul_mgpu, "must divide", x, w, block_k=64)  # 96 = 1.5 tiles
+    _bad(smg.streaming_matmul_mgpu, "must divide", x, w[:, :48], block_n=32)
+    _bad(smg.streaming_matmul_mgpu, "disagree on K", x, w[:64])
     for k, n in REAL_SHAPES:
         for m in (1, 32, 128):
-            cfg = sm.mgpu_config(m, k, n)
+            cfg = smg.mgpu_config(m, k, n)
             assert k % (cfg.block_k * cfg.split_k) == 0 and n % cfg.block_n == 0, (k, n, cfg)
 
 
@@ -226,5 +227,5 @@ def test_bench_smoke(capsys):
 
 @pytest.mark.parametrize("m, k, n", [(1, 2048, 2048), (128, 5280, 15840), (32, 17920, 5280)])
 def test_mgpu_lowers_for_cuda(m, k, n):
-    text = _lower_cuda(sm.streaming_matmul_mgpu, (m, k), (k, n))
+    text = _lower_cuda(smg.streaming_matmul_mgpu, (m, k), (k, n))
     assert text.count("mosaic_gpu") >= 1
