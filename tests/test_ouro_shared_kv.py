@@ -5,9 +5,10 @@ their last loop's), differ from 'per_loop', and a decode-heavy load fits a pool 
 
 from __future__ import annotations
 
+import functools
 import json
-from collections import defaultdict
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -27,52 +28,71 @@ NUM_NEW = 24
 
 
 class _RuleAttention:
-    """Dense attention backend keeping K/V by the 'shared' rule: `prompt[(loop, layer)]` for the
-    prompt tokens, `decoded[layer]` the last-loop K/V of each decoded token so far."""
+    """Dense attention by the 'shared' rule. Prefill (`prompt` None): causal over the prompt,
+    storing every (loop, layer) K/V in `kept`. Decode: the prompt's loop-l K/V [L, layers, T],
+    the last-loop K/V of the decoded tokens so far [layers, NUM_NEW] (the first
+    `num_decoded` real), then the token's own; `kept[layer]` ends as its last loop's K/V."""
 
-    def __init__(self):
-        self.prompt: dict = {}
-        self.decoded = defaultdict(list)
-        self.current: dict = {}  # this decoded token's K/V at the latest loop, per layer
-        self.prefill = True
+    def __init__(self, prompt=None, decoded=None, num_decoded=None):
+        self.prompt, self.decoded, self.num_decoded = prompt, decoded, num_decoded
+        self.kept: dict = {}
 
     def __call__(self, kv, layer_id, depth, q, k, v):
-        if self.prefill:
-            self.prompt[(depth, layer_id)] = (k, v)
+        if self.prompt is None:
+            self.kept[(depth, layer_id)] = (k, v)
             n = q.shape[0]
             return kv, causal_attention(q, k, v, jnp.tril(jnp.ones((n, n), bool)))
-        self.current[layer_id] = (k, v)
-        pk, pv = self.prompt[(depth, layer_id)]
-        keys = jnp.concatenate([pk, *(a for a, _ in self.decoded[layer_id]), k])
-        values = jnp.concatenate([pv, *(b for _, b in self.decoded[layer_id]), v])
-        return kv, causal_attention(q, keys, values, jnp.ones((1, keys.shape[0]), bool))
-
-    def end_token(self):
-        for layer_id, kv in self.current.items():
-            self.decoded[layer_id].append(kv)
+        self.kept[layer_id] = (k, v)
+        (pk, pv), (dk, dv) = self.prompt, self.decoded
+        keys = jnp.concatenate([pk[depth, layer_id], dk[layer_id], k])
+        values = jnp.concatenate([pv[depth, layer_id], dv[layer_id], v])
+        mask = jnp.concatenate([jnp.ones(pk.shape[2], bool),
+                                jnp.arange(dk.shape[1]) < self.num_decoded, jnp.ones(1, bool)])
+        return kv, causal_attention(q, keys, values, mask[None])
 
 
-def rule_greedy(model, prompt, num_new: int) -> list[int]:
-    """Greedy tokens of the 'shared' rule, by the model's own loop functions over dense K/V."""
-    params, cfg = model.params, model.cfg
+@functools.partial(jax.jit, static_argnums=(1, 2, 3))
+def _rule_token(params, cfg, num_loops, exit_step, ids, positions, prompt, decoded, num_decoded):
+    """One token of the rule running `num_loops` loops: (greedy next token, the K/V it keeps);
+    the logits of loop `exit_step`, or (None) of the threshold rule's loop."""
+    attn = _RuleAttention(prompt, decoded, num_decoded)
+    x = ouro.embed(params, ids)
+    cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
+    hidden, gates = [], []
+    for depth in range(num_loops):
+        x, _ = ouro.loop(params, cfg, x, cos, sin, attn, None, depth)
+        hidden.append(x[-1:])
+        gates.append(ouro.gate_logits(params, x[-1:]))
     threshold = cfg.early_exit_threshold if cfg.early_exit_threshold is not None else 2.0
-    attn, tokens = _RuleAttention(), []
-    ids, positions = jnp.asarray(prompt, jnp.int32), jnp.arange(len(prompt))
-    for _ in range(num_new):
-        x = ouro.embed(params, ids)
-        cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
-        hidden, gates = [], []
-        for depth in range(cfg.total_ut_steps):
-            x, _ = ouro.loop(params, cfg, x, cos, sin, attn, None, depth)
-            hidden.append(x[-1:])
-            gates.append(ouro.gate_logits(params, x[-1:]))
-        exit_loop = ouro.threshold_exit(ouro.exit_cdf(ouro.exit_pdf(jnp.stack(gates))), threshold)
-        logits = ouro.lm_head(params, ouro.select_loop(jnp.stack(hidden), exit_loop))
-        tokens.append(int(jnp.argmax(logits[0])))
-        if not attn.prefill:
-            attn.end_token()
-        attn.prefill = False
-        ids, positions = jnp.asarray(tokens[-1:], jnp.int32), positions[-1:] + 1
+    exit_loop = ouro.threshold_exit(ouro.exit_cdf(ouro.exit_pdf(jnp.stack(gates))), threshold)
+    if exit_step is not None:
+        exit_loop = jnp.full_like(exit_loop, exit_step)
+    logits = ouro.lm_head(params, ouro.select_loop(jnp.stack(hidden), exit_loop))
+    return jnp.argmax(logits[0]), attn.kept
+
+
+def rule_greedy(model, prompt, num_new: int, skip_at: int | None = None) -> list[int]:
+    """Greedy tokens of the 'shared' rule, by the model's own loop functions over dense K/V.
+    skip_at=k: exit_step k in skip mode (decoded tokens run loops 0..k and keep loop k's K/V;
+    prompt tokens still run every loop)."""
+    params, cfg = model.params, model.cfg
+    n, depth = len(prompt), cfg.total_ut_steps
+    decode_loops = depth if skip_at is None else skip_at + 1
+    token, kept = _rule_token(params, cfg, depth, skip_at, jnp.asarray(prompt, jnp.int32),
+                              jnp.arange(n), None, None, None)
+    loops, layers = range(cfg.total_ut_steps), range(cfg.num_layers)
+    prompt_kv = tuple(jnp.stack([jnp.stack([kept[(d, i)][j] for i in layers]) for d in loops])
+                      for j in (0, 1))  # [L, layers, T, Hkv, D]
+    shape = (cfg.num_layers, num_new, cfg.num_kv_heads, cfg.head_dim)
+    decoded = (jnp.zeros(shape, model.dtype), jnp.zeros(shape, model.dtype))
+    tokens = [int(token)]
+    for t in range(num_new - 1):
+        token, kept = _rule_token(params, cfg, decode_loops, skip_at,
+                                  jnp.asarray([tokens[-1]], jnp.int32),
+                                  jnp.asarray([n + t]), prompt_kv, decoded, t)
+        decoded = tuple(d.at[:, t].set(jnp.stack([kept[i][j][0] for i in layers]))
+                        for j, d in enumerate(decoded))
+        tokens.append(int(token))
     return tokens
 
 
@@ -107,8 +127,8 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def engines(model):
-    return {layout: Engine(model, EngineConfig(**SMALL, kv_layout=layout))
-            for layout in ("per_loop", "shared")}
+    return {"per_loop": Engine(model, EngineConfig(**SMALL)),
+            "shared": Engine(model, EngineConfig(**SMALL, kv_layout="shared", adaptive_exit=True))}
 
 
 def test_shared_equals_the_rule_and_differs_from_per_loop(model, engines, prompts):
@@ -124,6 +144,18 @@ def test_shared_equals_the_rule_and_differs_from_per_loop(model, engines, prompt
     stats = engines["shared"].stats()
     assert stats["pages_free"] == stats["pages_total"] and stats["preemptions"] == 0
     assert stats["kv_bytes_per_token"] == 4 * stats["kv_bytes_per_decoded_token"]
+
+
+def test_skip_exit_keeps_the_loop_a_decoded_token_stopped_at(model, engines, prompts):
+    ids, _ = prompts
+    params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True,
+                            exit_mode="skip", exit_step=1)
+    finals = run_all(engines["shared"], {k: (p, params) for k, p in ids.items()})
+    for k, prompt in ids.items():
+        assert finals[k].token_ids == rule_greedy(model, prompt, NUM_NEW, skip_at=1), k
+        assert finals[k].exit_loops == [2] * NUM_NEW
+    stats = engines["shared"].stats()
+    assert stats["pages_free"] == stats["pages_total"]
 
 
 def test_decode_pages_fit_where_per_loop_preempts(model):
