@@ -158,6 +158,22 @@ def test_skip_exit_keeps_the_loop_a_decoded_token_stopped_at(model, engines, pro
     assert stats["pages_free"] == stats["pages_total"]
 
 
+def test_prefix_hits_are_prompt_pages_only(model, engines, prompts):
+    """A second turn resends turn 1's prompt and reply: with the prefix cache it reuses only
+    pages computed by prefill, so its tokens equal a cache-off run (the reply's tokens are
+    recomputed as prompt tokens either way)."""
+    ids, _ = prompts
+    cached = Engine(model, EngineConfig(**SMALL, kv_layout="shared", enable_prefix_caching=True))
+    first = run_all(cached, {"t1": (ids["p2"], greedy(12))})["t1"]
+    turn2 = ids["p2"] + first.token_ids + [5, 6, 7]
+    second = run_all(cached, {"t2": (turn2, greedy(12))})["t2"]
+    stats = cached.stats()
+    assert stats["prefix_cache_hit_pages"] == len(ids["p2"]) // SMALL["page_size"] == 2
+    assert second.token_ids == run_all(engines["shared"], {"t2": (turn2, greedy(12))})["t2"].token_ids
+    assert second.token_ids == rule_greedy(model, turn2, 12)
+    assert stats["pages_free"] == stats["pages_total"]
+
+
 def test_decode_pages_fit_where_per_loop_preempts(model):
     # 12 pages of 8 tokens; 4 requests of 8 prompt + 40 decoded tokens: per_loop needs 6 pages
     # each (24 > 12), shared 1 full page + 5 decode pages each (4 + 20 / 4 = 9 pages).
