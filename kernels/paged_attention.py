@@ -9,9 +9,11 @@ A token's flat slot is `page * S + offset`; slot `P * S` means "do not write".
                     row_of_token [N] i32, positions [N] i32) -> out [N,Hq,D]
 
 Token n attends the keys of row `row_of_token[n]` at positions 0..positions[n] of plane
-`plane` (its own K/V already written by `write_kv`). Key position j of row r lives at slot
-`page_table[r, j // S] * S + j % S`. GQA is repeat-interleave: q head h reads kv head
-h // (Hq // Hkv). Scores are scaled by D^-0.5, softmax in fp32.
+`plane` (its own K/V already written by `write_kv`); `ref_paged_attention` also takes a
+per-entry plane table `plane [R, M]` i32 (key j of row r is read from plane
+`plane[r, j // S]`: Ouro's 'shared' layout), the Pallas kernels refuse one. Key position j
+of row r lives at slot `page_table[r, j // S] * S + j % S`. GQA is repeat-interleave: q head
+h reads kv head h // (Hq // Hkv). Scores are scaled by D^-0.5, softmax in fp32.
 
 Contract on values (not checkable on traced inputs): 0 <= positions[n] < M * S,
 0 <= row_of_token[n] < R, every page_table entry in [0, P) (unused entries: any valid page,
@@ -39,6 +41,7 @@ __all__ = [
     "check_write_inputs",
     "paged_attention",
     "ref_paged_attention",
+    "require_scalar_plane",
     "write_kv",
 ]
 
@@ -76,15 +79,25 @@ def check_paged_inputs(q, k_cache, v_cache, plane, page_table, row_of_token, pos
         raise ValueError(f"head_dim of q ({d}) != head_dim of the pool ({dk})")
     if hq % hkv:
         raise ValueError(f"num q heads {hq} is not a multiple of num kv heads {hkv}")
-    if jnp.ndim(plane) != 0 or not _is_int32(plane) and not isinstance(plane, int):
-        raise ValueError(f"plane must be an int32 scalar, got {jnp.asarray(plane).dtype}{jnp.shape(plane)}")
     if page_table.ndim != 2 or page_table.dtype != jnp.int32:
         raise ValueError(f"page_table must be int32 [R, max_pages], got {page_table.dtype}{page_table.shape}")
     for name, a in (("row_of_token", row_of_token), ("positions", positions)):
         if a.shape != (n,) or a.dtype != jnp.int32:
             raise ValueError(f"{name} must be int32 [{n}] (one per token), got {a.dtype}{a.shape}")
     r, m = page_table.shape
+    scalar = jnp.ndim(plane) == 0 and (isinstance(plane, int) or _is_int32(plane))
+    if not scalar and (jnp.shape(plane) != (r, m) or not _is_int32(plane)):
+        raise ValueError(f"plane must be an int32 scalar or an int32 [{r}, {m}] table (one per "
+                         f"page_table entry), got {jnp.asarray(plane).dtype}{jnp.shape(plane)}")
     return n, hq, d, planes, hkv, p, s, r, m
+
+
+def require_scalar_plane(plane, kernel: str) -> None:
+    """The Pallas kernels read one plane per call; a per-page plane table (Ouro's 'shared'
+    KV layout) is read by ref_paged_attention only."""
+    if jnp.ndim(plane) != 0:
+        raise ValueError(f"the Pallas {kernel} kernel reads one plane per call; a per-page plane "
+                         "table (Ouro kv layout 'shared') needs attention backend 'xla' or 'auto'")
 
 
 def _softmax_av(scores, mask, v_g, out_spec, dtype):
@@ -112,8 +125,9 @@ def ref_paged_attention(q, k_cache, v_cache, plane, page_table, row_of_token, po
     per_row_cost = 2 * r * m * s * hkv * d + n * hq * r * m * s
     if per_token_cost <= per_row_cost:
         pages = page_table[row_of_token]  # [N, M]
-        k = k_cache[plane, :, pages]  # [N, M, Hkv, S, D]
-        v = v_cache[plane, :, pages]
+        planes = plane[row_of_token] if plane.ndim else plane  # [N, M] or scalar
+        k = k_cache[planes, :, pages]  # [N, M, Hkv, S, D]
+        v = v_cache[planes, :, pages]
         sc = jnp.einsum("nkgd,nmksd->nkgms", qg, k, preferred_element_type=jnp.float32)
         sc = (sc.astype(q.dtype) * scale).astype(jnp.float32).reshape(n, hkv, g, m * s)
         mask = (key_pos.reshape(-1)[None, :] <= positions[:, None])[:, None, None, :]  # [N,1,1,MS]
@@ -267,6 +281,7 @@ def paged_attention(
     n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
+    require_scalar_plane(plane, "decode")
     g = hq // hkv
     interpret = resolve_interpret(interpret)
     if not (is_pow2(g) and is_pow2(s)):

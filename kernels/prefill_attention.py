@@ -26,7 +26,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ._common import compiler_params, is_pow2, load_tile, load_vec, pow2_chunks, resolve_interpret, store_tile
-from .paged_attention import check_paged_inputs, ref_paged_attention
+from .paged_attention import check_paged_inputs, ref_paged_attention, require_scalar_plane
 
 __all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention"]
 
@@ -135,6 +135,7 @@ def prefill_attention(
     n, hq, d, _, hkv, _, s, r, m = check_paged_inputs(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
+    require_scalar_plane(plane, "prefill")
     if not (is_pow2(s) and is_pow2(block_q) and is_pow2(block_k) and block_k >= s):
         raise ValueError(f"page_size {s}, block_q {block_q}, block_k {block_k}: powers of two, block_k >= S")
     if min(block_q, block_k) < 16 or min(sz for _, sz in pow2_chunks(d)) < 16:

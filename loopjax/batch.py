@@ -19,6 +19,7 @@ import numpy as np
 
 from loopjax import exits
 from loopjax.exits import ExitParams, ExitSpec
+from loopjax.kv_cache import WRITE_EVERY_PLANE, WRITE_LOOP_PLANE
 from loopjax.sampling import SamplingBatch
 from loopjax.sampling_params import SamplingParams
 
@@ -49,6 +50,8 @@ class StepBatch:
     init_state: jax.Array | None  # [N, H] Huginn explicit s0 (INIT_EXPLICIT), else zeros
     exit_step: jax.Array         # [R] i32  Ouro fixed exit loop (0-based; -1: none)
     exit_weighted: jax.Array     # [R] bool  Ouro weighted exit (read by weighted kinds only)
+    page_plane: jax.Array        # [R, M] i32  Ouro 'shared': plane of a decode page, -1 full page
+    write_plane: jax.Array       # [N] i32  Ouro 'shared': plane(s) a token writes (kv_cache.WRITE_*)
 
 
 @dataclass
@@ -82,6 +85,8 @@ class RowInput:
     init_mode: int = INIT_SEEDED  # Huginn only
     init_seed: int = 0
     init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
+    page_planes: list[int] | None = None  # Ouro 'shared': per page, its plane (-1 full page)
+    decoded: bool = False         # the tokens are decoded tokens (a decode step's)
 
 
 def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
@@ -110,6 +115,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     skip = np.zeros(num_rows, bool)
     exit_step = np.full(num_rows, -1, np.int32)
     weighted = np.zeros(num_rows, bool)
+    page_plane = np.full((num_rows, max_pages), -1, np.int32)
+    write_plane = np.full(num_tokens, WRITE_LOOP_PLANE, np.int32)
     huginn = hidden_size is not None
     init_mode = np.zeros(num_tokens, np.int32) if huginn else None
     init_seed = np.zeros(num_tokens, np.uint32) if huginn else None
@@ -138,6 +145,11 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         skip[i] = row.exit_skip
         exit_step[i] = row.exit_step
         weighted[i] = row.exit_weighted
+        if row.page_planes is not None:
+            page_plane[i, :num_pages] = row.page_planes[:num_pages]
+        if row.decoded:  # a full page: every plane; a decode page: its own plane
+            planes = page_plane[i, pos // page_size]
+            write_plane[n:n + count] = np.where(planes >= 0, planes, WRITE_EVERY_PLANE)
         if huginn:
             init_mode[n:n + count] = row.init_mode
             init_seed[n:n + count] = row.init_seed % 2**32
@@ -152,7 +164,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
                      row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling,
                      threshold, skip, exit_params, init_mode, init_seed, init_state, exit_step,
-                     weighted)
+                     weighted, page_plane, write_plane)
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,

@@ -17,6 +17,17 @@ Contract:
   comes from the free list, and only when that is empty from the LRU (evicting its key).
   Freeing a page at ref count 0 is a bug and asserts.
 
+Decode pages (Ouro's 'shared' KV layout, `decode_page_planes` = L > 0): a decoded token keeps
+one plane per layer, so the page a DECODING request takes is one plane slot of a physical page
+(page id `num_pages + physical * L + plane`; `locate` maps ids to (physical page, plane), -1
+for a full page). A physical page is split into L decode pages when one is needed and no split
+page has a free slot, and returns to the free list when its last slot is freed. Pages taken
+while prefilling (prompt tokens, recomputed tokens after preemption) are full pages, also when
+decoded tokens later fill their tail. Accounting is O(1): `num_free_pages` (whole physical
+pages) and `num_free_decode_slots`; `can_fit` checks the real cost of each kind. Decode pages
+are never shared or published, and nothing is published while a request decodes (a full
+page's decoded tail keeps only the last loop, so it is not a prompt page).
+
 Prefix cache (`prefix_cache.py`, `enable_prefix_cache=True`): `match(request)` finds the
 cached prefix pages of a waiting request, `admit(request, hits, num_tokens)` shares them (one
 more reference each) and allocates the rest, `publish(request)` offers the pages the request
@@ -30,15 +41,22 @@ from collections import Counter
 from collections.abc import Iterable
 
 from loopjax.prefix_cache import PrefixCache
-from loopjax.request import Request
+from loopjax.request import Request, RequestPhase
 
 
 class BlockManager:
-    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = False):
-        if num_pages < 1 or page_size < 1:
-            raise ValueError(f"need num_pages >= 1 and page_size >= 1, got {num_pages}, {page_size}")
+    def __init__(self, num_pages: int, page_size: int, enable_prefix_cache: bool = False,
+                 decode_page_planes: int = 0):
+        if num_pages < 1 or page_size < 1 or decode_page_planes < 0:
+            raise ValueError(f"need num_pages >= 1, page_size >= 1 and decode_page_planes >= 0, "
+                             f"got {num_pages}, {page_size}, {decode_page_planes}")
         self.num_pages = num_pages
         self.page_size = page_size
+        self.decode_page_planes = decode_page_planes
+        # Split physical pages: free plane slots (only pages with one), held slot counts (all).
+        self._split_free: dict[int, list[int]] = {}
+        self._split_held: dict[int, int] = {}
+        self._num_free_slots = 0
         # A stack: the last freed page is reused first. Reversed so a fresh pool hands out 0, 1, 2...
         self._free_pages: list[int] = list(range(num_pages - 1, -1, -1))
         self._ref_counts: list[int] = [0] * num_pages
@@ -52,8 +70,13 @@ class BlockManager:
         return len(self._free_pages) + parked
 
     @property
+    def num_free_decode_slots(self) -> int:
+        """Free decode pages inside split physical pages (not counting whole free pages)."""
+        return self._num_free_slots
+
+    @property
     def num_used_pages(self) -> int:
-        """Pages held by requests (ref count >= 1)."""
+        """Physical pages held by requests (ref count >= 1) or split into decode pages."""
         return self.num_pages - self.num_free_pages
 
     @property
@@ -71,19 +94,47 @@ class BlockManager:
     def can_allocate(self, num_pages: int) -> bool:
         return num_pages <= self.num_free_pages
 
-    def can_fit(self, request: Request, num_tokens: int) -> bool:
-        return self.can_allocate(self.num_new_pages(request, num_tokens))
+    def takes_decode_pages(self, request: Request) -> bool:
+        """New pages of this request are decode pages (a decoding request, 'shared' layout)."""
+        return self.decode_page_planes > 0 and request.phase is RequestPhase.DECODING
+
+    def can_fit(self, request: Request, num_tokens: int, reclaim: Iterable[Request] = ()) -> bool:
+        """Room to grow the request to num_tokens positions, after `reclaim` released every
+        page (exact: the scheduler preempts them until this holds without them)."""
+        needed = self.num_new_pages(request, num_tokens)
+        pages, slots = self.num_free_pages, self._num_free_slots
+        if reclaim:
+            more_pages, more_slots = self._reclaimable(reclaim)
+            pages, slots = pages + more_pages, slots + more_slots
+        if not self.takes_decode_pages(request):
+            return needed <= pages
+        return needed <= slots + self.decode_page_planes * pages
 
     # ---- allocation
     def allocate(self, request: Request, num_tokens: int) -> list[int]:
         """Grow the request's pages to cover num_tokens positions; returns the new pages."""
-        needed = self.num_new_pages(request, num_tokens)
-        if needed > self.num_free_pages:
-            raise RuntimeError(f"request {request.request_id}: needs {needed} pages, "
-                               f"{self.num_free_pages} free (check can_allocate first)")
-        new = [self._take_page() for _ in range(needed)]
+        if not self.can_fit(request, num_tokens):
+            raise RuntimeError(f"request {request.request_id}: needs "
+                               f"{self.num_new_pages(request, num_tokens)} pages, "
+                               f"{self.num_free_pages} free (check can_fit first)")
+        take = self._take_decode_page if self.takes_decode_pages(request) else self._take_page
+        new = [take() for _ in range(self.num_new_pages(request, num_tokens))]
         request.page_ids.extend(new)
         return new
+
+    def locate(self, page_ids: Iterable[int]) -> tuple[list[int], list[int]]:
+        """(physical pages, planes) of page ids: plane -1 for a full page, else the plane slot
+        of a decode page in its physical page."""
+        pages, planes = [], []
+        for page in page_ids:
+            if page < self.num_pages:
+                pages.append(page)
+                planes.append(-1)
+            else:
+                physical, plane = divmod(page - self.num_pages, self.decode_page_planes)
+                pages.append(physical)
+                planes.append(plane)
+        return pages, planes
 
     def free(self, request: Request) -> int:
         """Drop the request's reference to each of its pages, the last page first (so the
@@ -101,10 +152,27 @@ class BlockManager:
         return freed
 
     def num_reclaimable(self, requests: Iterable[Request]) -> int:
-        """Pages that would become free if `requests` released all their pages (a shared page
-        only if every holder is among them)."""
+        """Physical pages that would become free if `requests` released all their pages (a
+        shared page only if every holder is among them; a split page if all its decode pages)."""
+        return self._reclaimable(requests)[0]
+
+    def _reclaimable(self, requests: Iterable[Request]) -> tuple[int, int]:
+        """(whole physical pages, free decode slots) that `requests` releasing every page adds."""
         held = Counter(page for request in requests for page in request.page_ids)
-        return sum(1 for page, n in held.items() if n == self._ref_counts[page])
+        pages = slots = 0
+        split = Counter()
+        for page, n in held.items():
+            if page >= self.num_pages:
+                split[(page - self.num_pages) // self.decode_page_planes] += n
+            elif n == self._ref_counts[page]:
+                pages += 1
+        for physical, n in split.items():
+            if n == self._split_held[physical]:  # whole again: its free slots leave the count
+                pages += 1
+                slots -= len(self._split_free.get(physical, ()))
+            else:
+                slots += n
+        return pages, slots
 
     def _take_page(self) -> int:
         if self._free_pages:
@@ -115,7 +183,40 @@ class BlockManager:
         self._ref_counts[page] = 1
         return page
 
+    def _take_decode_page(self) -> int:
+        if not self._split_free:  # split a whole page; it stays referenced while split
+            physical = self._take_page()
+            self._split_free[physical] = list(range(self.decode_page_planes - 1, -1, -1))
+            self._split_held[physical] = 0
+            self._num_free_slots += self.decode_page_planes
+        physical = next(reversed(self._split_free))  # the most recently split or freed into
+        free = self._split_free[physical]
+        plane = free.pop()
+        if not free:
+            del self._split_free[physical]
+        self._split_held[physical] += 1
+        self._num_free_slots -= 1
+        return self.num_pages + physical * self.decode_page_planes + plane
+
+    def _release_decode_page(self, page: int) -> int:
+        physical, plane = divmod(page - self.num_pages, self.decode_page_planes)
+        assert physical in self._split_held, f"decode page {page} is not in a split page"
+        free = self._split_free.setdefault(physical, [])
+        assert plane not in free, f"double free of decode page {page}"
+        free.append(plane)
+        self._num_free_slots += 1
+        self._split_held[physical] -= 1
+        if self._split_held[physical]:
+            return 0
+        del self._split_free[physical], self._split_held[physical]
+        self._num_free_slots -= self.decode_page_planes
+        self._ref_counts[physical] = 0
+        self._free_pages.append(physical)  # NOTE: never parked: it holds no published key
+        return 1
+
     def _release_page(self, page: int) -> int:
+        if page >= self.num_pages and self.decode_page_planes:
+            return self._release_decode_page(page)
         assert 0 <= page < self.num_pages, f"page {page} is outside the pool"
         assert self._ref_counts[page] > 0, f"double free of page {page}"
         self._ref_counts[page] -= 1
@@ -159,8 +260,8 @@ class BlockManager:
         returns how many were published (a duplicate of a cached prefix stays private)."""
         cache = self.prefix_cache
         num_pages = request.num_computed_tokens // self.page_size
-        if cache is None or num_pages <= request.num_offered_pages:
-            return 0
+        if cache is None or num_pages <= request.num_offered_pages or self.takes_decode_pages(request):
+            return 0  # NOTE: with decode pages, only pages computed by prefill are published
         keys = cache.keys(request, num_pages)
         published = 0
         if keys:  # [] for a request that never shares
@@ -171,6 +272,10 @@ class BlockManager:
 
     # ---- helpers for the runner and the tests
     def ref_count(self, page: int) -> int:
+        if page >= self.num_pages:  # a decode page: held by one request or free
+            physical, plane = divmod(page - self.num_pages, self.decode_page_planes)
+            held = physical in self._split_held and plane not in self._split_free.get(physical, ())
+            return int(held)
         return self._ref_counts[page]
 
     def is_published(self, page: int) -> bool:
@@ -178,15 +283,31 @@ class BlockManager:
         return self.prefix_cache is not None and self.prefix_cache.key_of(page) is not None
 
     def slot(self, request: Request, position: int) -> int:
-        """Flat KV slot of a position of the request (its page must be allocated)."""
-        return request.page_ids[position // self.page_size] * self.page_size + position % self.page_size
+        """Flat KV slot of a position of the request in its physical page (its page must be
+        allocated; `locate` gives a decode page's plane)."""
+        (page,), _ = self.locate([request.page_ids[position // self.page_size]])
+        return page * self.page_size + position % self.page_size
 
     def check(self, requests: Iterable[Request]) -> None:
         """Assert the pool is consistent with the live requests' page lists (tests, debugging)."""
         counts = [0] * self.num_pages
+        slots = Counter()
         for request in requests:
             for page in request.page_ids:
-                counts[page] += 1
+                if page < self.num_pages:
+                    counts[page] += 1
+                else:
+                    slots[page] += 1
+        assert all(n == 1 for n in slots.values()), "a decode page is held twice"
+        for physical, held in self._split_held.items():
+            counts[physical] += 1  # held by its split
+            free = self._split_free.get(physical, [])
+            mine = {(p - self.num_pages) % self.decode_page_planes for p in slots
+                    if (p - self.num_pages) // self.decode_page_planes == physical}
+            assert held == len(mine) and not mine & set(free) and \
+                len(mine) + len(free) == self.decode_page_planes, f"split page {physical} is inconsistent"
+        assert len(slots) == sum(self._split_held.values()), "a decode page lies outside the split pages"
+        assert self._num_free_slots == sum(map(len, self._split_free.values())), "free slot count is off"
         assert counts == self._ref_counts, "page ref counts differ from the requests' page lists"
         free = set(self._free_pages)
         assert len(free) == len(self._free_pages), "a page is on the free list twice"

@@ -45,7 +45,7 @@ class EngineConfig:
     max_prefill_rows: int = 4             # prompts packed into one prefill step
     max_context_len: int | None = None    # prompt + output; None: min(model context, 4096)
     decode_context_buckets: tuple[int, ...] = ()  # decode contexts compiled besides the max
-    kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (Huginn compress-sK ring)
+    kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (docs/semantics.md, Cache layouts)
     shared_kv_slots: int = 8              # K of the shared ring (Huginn)
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
@@ -114,6 +114,7 @@ class Engine:
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size,
                                       dtype=model.dtype, num_pages=num_pages, kv_memory_bytes=budget,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots)
+        kv_cache.check_attention_backend(layout, config.attention_backend)
         if config.verbose:
             print(layout.describe(), flush=True)
         self.layout = layout
@@ -125,7 +126,8 @@ class Engine:
             max_prefill_batches_before_decode=config.max_prefill_batches_before_decode,
             prefill_share_per_loop=config.prefill_share_per_loop,
             num_loops=min(cfg.default_loops, self.max_loops), max_loops=self.max_loops,
-            fused_decode=config.fused_decode, enable_prefix_caching=config.enable_prefix_caching))
+            fused_decode=config.fused_decode, enable_prefix_caching=config.enable_prefix_caching,
+            decode_page_planes=layout.decode_page_planes))
         sc = self.scheduler.config
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
@@ -245,7 +247,9 @@ class Engine:
             threshold = 2.0  # the fixed loop or the weighted sum, never the Q-exit
             if extra.skip and exits_here and params.exit_step is not None:
                 loops = min(loops, params.exit_step + 1)  # skip: run loops 0..k only
-        return RowInput(request.token_ids(start, end), start, request.page_ids, emits, loops, params,
+        pages, planes = self.scheduler.block_manager.locate(request.page_ids)
+        assert decode or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
+        return RowInput(request.token_ids(start, end), start, pages, emits, loops, params,
                         token_index=index, exit_skip=extra.skip and exits_here,
                         exit_spec=extra.exit_spec, exit_step=exit_step,
                         exit_weighted=params.exit_weighted,
@@ -253,7 +257,7 @@ class Engine:
                         exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
                         init_seed=self.config.huginn_seed,
-                        init_states=states)
+                        init_states=states, page_planes=planes, decoded=decode)
 
     def _update(self, plan, result: StepResult | None) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
@@ -364,6 +368,7 @@ class Engine:
                 "pages_used": s["num_used_pages"], "pages_free": s["num_free_pages"],
                 "pages_total": self.layout.num_pages, "kv_capacity_tokens": self.layout.capacity_tokens,
                 "kv_bytes_per_token": self.layout.bytes_per_token,
+                "kv_bytes_per_decoded_token": self.layout.bytes_per_decoded_token,
                 "compilations": self.runner.compilations, "submissions": self.runner.submissions,
                 "steps": s["num_steps"], "prefill_steps": s["num_prefill_steps"],
                 "decode_steps": s["num_decode_steps"], "preemptions": s["num_preemptions"],

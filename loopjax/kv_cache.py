@@ -12,7 +12,16 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 - Huginn prelude/coda layers: 1 plane. Core layers: `max_loops` planes (`per_loop`) or a
   ring of `K // num_core_layers` planes (`shared`, the reference's compress-sK: core layer
   j of loop i uses ring slot (4i + j) mod K, i.e. plane i mod (K // 4) of layer j).
-- Ouro `shared` (decoded tokens keep only their last loop) is not implemented: refused.
+- Ouro `shared` (prompt tokens keep every loop, decoded tokens only their last): a full page
+  has `max_loops` planes as in `per_loop`; a decode page (`KVLayout.decode_page_planes` > 0)
+  is ONE plane of a physical page, so a physical page hosts `max_loops` decode pages
+  (`block_manager.py` hands them out). Per step (`StepBatch.page_plane`, `write_plane`):
+  a prompt token writes the loop's plane; a decoded token in a full page (the prompt's last
+  page) writes every plane at each loop (after its step every plane holds its last loop's
+  K/V, and at loop l plane l holds loop l's); a decoded token in a decode page writes its
+  page's plane at each loop (the last write is its last loop's). A decode step reads each
+  page entry at its own plane (decode pages) or the loop's plane (full pages), through
+  `ref_paged_attention`'s plane table; prefill rows hold only full pages (the engine asserts).
 
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
@@ -38,6 +47,9 @@ import numpy as np
 from loopjax.kernels.paged_attention import write_kv
 
 LAYOUTS = ("per_loop", "shared")
+# StepBatch.write_plane codes besides a plane index (Ouro 'shared' only):
+WRITE_LOOP_PLANE = -2   # a prompt token: the loop's plane
+WRITE_EVERY_PLANE = -1  # a decoded token in a full page: every plane
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class KVLayout:
     num_pages: int
     page_size: int
     dtype: Any
+    decode_page_planes: int = 0      # Ouro 'shared': decode pages per physical page (0: none)
 
     @property
     def num_layers(self) -> int:
@@ -65,9 +78,14 @@ class KVLayout:
 
     @property
     def bytes_per_token(self) -> int:
-        """K + V bytes one token occupies across every plane of every layer."""
+        """K + V bytes one (prompt) token occupies across every plane of every layer."""
         itemsize = np.dtype(self.dtype).itemsize
         return 2 * sum(self.num_planes) * self.num_kv_heads * self.head_dim * itemsize
+
+    @property
+    def bytes_per_decoded_token(self) -> int:
+        """K + V bytes of a decoded token in a decode page: one plane per layer (Ouro shared)."""
+        return self.bytes_per_token // max(1, self.decode_page_planes)
 
     @property
     def capacity_tokens(self) -> int:
@@ -88,10 +106,15 @@ class KVLayout:
 
     def describe(self) -> str:
         gib = self.total_bytes / 2**30
-        return (f"loopjax KV pool: {self.family} layout={self.kind}, {self.num_pages} pages x "
+        text = (f"loopjax KV pool: {self.family} layout={self.kind}, {self.num_pages} pages x "
                 f"{self.page_size} tokens = {self.capacity_tokens} tokens of capacity, "
                 f"{self.bytes_per_token} bytes/token ({sum(self.num_planes)} planes over "
                 f"{self.num_layers} layers), {gib:.3f} GiB")
+        if self.decode_page_planes:
+            text += (f"; decoded tokens: {self.bytes_per_decoded_token} bytes/token (1 plane per "
+                     f"layer, {self.decode_page_planes} decode pages per page, "
+                     f"{self.capacity_tokens * self.decode_page_planes} decoded tokens of capacity)")
+        return text
 
 
 def plane_counts(cfg, kind: str, max_loops: int | None = None,
@@ -102,9 +125,7 @@ def plane_counts(cfg, kind: str, max_loops: int | None = None,
     Huginn compress-sK (a multiple of the core layer count)."""
     if kind not in LAYOUTS:
         raise ValueError(f"unknown kv layout {kind!r}; choose one of {', '.join(LAYOUTS)}")
-    if cfg.family == "ouro":
-        if kind == "shared":
-            raise ValueError("kv layout 'shared' is not implemented for Ouro yet; use 'per_loop'")
+    if cfg.family == "ouro":  # 'shared' has the same planes: its decode pages use one each
         return (max_loops or cfg.total_ut_steps,) * cfg.num_layers, (False,) * cfg.num_layers
     pre, core, coda = cfg.num_prelude_layers, cfg.num_core_layers, cfg.num_coda_layers
     if kind == "per_loop":
@@ -127,8 +148,9 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     planes, ring = plane_counts(cfg, kind, max_loops, shared_slots)
+    decode_planes = planes[0] if cfg.family == "ouro" and kind == "shared" else 0
     layout = KVLayout(cfg.family, kind, planes, ring, cfg.num_kv_heads, cfg.head_dim,
-                      num_pages or 1, page_size, jnp.dtype(dtype))
+                      num_pages or 1, page_size, jnp.dtype(dtype), decode_planes)
     if num_pages is None:
         if not kv_memory_bytes:
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
@@ -187,7 +209,7 @@ def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
 
 def write_plane(cache, plane, slots, new):
     """cache [planes, Hkv, P, S, D]; new [N, Hkv, D] stored at (plane, slots[N]); slots past
-    the end are dropped."""
+    the end are dropped. plane [P', 1] with slots [P', N] stores new in P' planes at once."""
     planes, hkv, pages, size, d = cache.shape
     flat = cache.reshape(planes, hkv, pages * size, d)
     flat = flat.at[plane, :, slots].set(new.astype(cache.dtype), mode="drop")
@@ -223,7 +245,11 @@ def fill_last_exited(pool: KVPool, layout: KVLayout, layer_ids, slots, exit_dept
 
 def fill_rows(pool: KVPool, layout: KVLayout, layer_ids, batch, exit_loop):
     """`fill_last_exited` for the tokens of a step's skip rows (batch.exit_skip [R]), which
-    stopped at exit_loop [R] (0-based)."""
+    stopped at exit_loop [R] (0-based). Ouro 'shared' needs none: a decoded token's last write
+    is its exit loop's K/V (every plane of a full page, or its decode page's plane), and
+    prompt tokens never stop early."""
+    if layout.decode_page_planes:
+        return pool
     slots = jnp.where(batch.exit_skip[batch.row_of_token], batch.slot_mapping, layout.drop_slot)
     return fill_last_exited(pool, layout, layer_ids, slots, exit_loop[batch.row_of_token],
                             max(layout.num_planes))
@@ -252,14 +278,41 @@ class PagedAttention:
         slots = self.batch.slot_mapping
         if self.write_mask is not None:
             slots = jnp.where(self.write_mask, slots, self.layout.drop_slot)
-        k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots,
-                                    k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype))
-        kv = kv.replace_layer(layer_id, k_layer, v_layer)
+        k, v = k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype)
         decode = q.shape[0] == self.batch.page_table.shape[0]  # static: one token per row
+        read_plane = plane
+        if self.layout.decode_page_planes:
+            k_layer, v_layer = write_shared(kv.k[layer_id], kv.v[layer_id], plane, slots,
+                                            self.batch.write_plane, self.layout.drop_slot, k, v)
+            if decode:  # NOTE: prefill rows hold only full pages: the loop's plane is right
+                table = self.batch.page_plane
+                read_plane = jnp.where(table >= 0, table, plane).astype(jnp.int32)
+        else:
+            k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v)
+        kv = kv.replace_layer(layer_id, k_layer, v_layer)
         attend = _attention_fn(self.backend, decode)
-        out = attend(q, k_layer, v_layer, plane, self.batch.page_table, self.batch.row_of_token,
-                     self.batch.positions)
+        out = attend(q, k_layer, v_layer, read_plane, self.batch.page_table,
+                     self.batch.row_of_token, self.batch.positions)
         return kv, out.astype(q.dtype)
+
+
+def write_shared(k_cache, v_cache, plane, slots, token_planes, drop_slot: int, k, v):
+    """Ouro 'shared' writes: token n goes to every plane p with token_planes[n] == p, or
+    == WRITE_EVERY_PLANE, or == WRITE_LOOP_PLANE and p == plane (the loop's); one scatter of
+    [planes, N] targets per cache, the others dropped."""
+    planes = jnp.arange(k_cache.shape[0], dtype=jnp.int32)[:, None]  # [planes, 1]
+    tp = token_planes[None, :]
+    hit = (tp == planes) | (tp == WRITE_EVERY_PLANE) | ((tp == WRITE_LOOP_PLANE) & (planes == plane))
+    targets = jnp.where(hit, slots[None, :], drop_slot)  # [planes, N]
+    return write_plane(k_cache, planes, targets, k), write_plane(v_cache, planes, targets, v)
+
+
+def check_attention_backend(layout: KVLayout, backend: str) -> None:
+    """A one-line error for a layout the chosen attention backend cannot read."""
+    if layout.decode_page_planes and backend == "pallas":
+        raise ValueError("Ouro kv layout 'shared' reads decode pages through a per-page plane "
+                         "table, which the Pallas decode kernel does not take; use "
+                         "attention_backend 'auto' or 'xla'")
 
 
 def _attention_fn(backend: str, decode: bool):

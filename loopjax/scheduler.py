@@ -41,7 +41,8 @@ class Scheduler:
         self.config = config
         self.clock = clock
         self.block_manager = BlockManager(config.num_pages, config.page_size,
-                                          enable_prefix_cache=config.enable_prefix_caching)
+                                          enable_prefix_cache=config.enable_prefix_caching,
+                                          decode_page_planes=config.decode_page_planes)
         self.requests: dict[str, Request] = {}  # unfinished requests by id
         self.waiting: deque[Request] = deque()  # preempted first (by arrival), then new ones
         self.running: list[Request] = []        # admitted (PREFILLING / DECODING), by arrival
@@ -242,13 +243,12 @@ class Scheduler:
         """Pages for num_tokens positions of an admitted request, preempting newer running
         requests (most recent first) if that is enough; False (nothing preempted) otherwise."""
         bm = self.block_manager
-        needed = bm.num_new_pages(request, num_tokens)
-        if not bm.can_allocate(needed):
+        if not bm.can_fit(request, num_tokens):
             newer = [r for r in self.running
                      if r.arrival_order > request.arrival_order and r not in protected]
-            if bm.num_free_pages + bm.num_reclaimable(newer) < needed:
+            if not bm.can_fit(request, num_tokens, reclaim=newer):
                 return False  # NOTE: pages shared with older requests would not come back
-            while not bm.can_allocate(needed):
+            while not bm.can_fit(request, num_tokens):
                 self._preempt(newer.pop(), preempted)
         bm.allocate(request, num_tokens)
         return True

@@ -44,6 +44,7 @@ class SchedulerConfig:
     max_loops: int | None = None          # largest depth a request may ask for; None = num_loops
     fused_decode: bool = True             # fixed-depth rows run all loops in one submission
     enable_prefix_caching: bool = False   # share full KV pages of common prefixes (prefix_cache.py)
+    decode_page_planes: int = 0           # Ouro 'shared' KV: decode pages per page (block_manager.py)
 
     def __post_init__(self):
         for name in ("page_size", "num_pages", "max_num_rows", "max_prefill_tokens",

@@ -213,8 +213,6 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
 def test_pool_too_small_is_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match="too small"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": None, "kv_memory_bytes": 100}))
-    with pytest.raises(ValueError, match="not implemented for Ouro"):
-        Engine(ouro_model, EngineConfig(**{**SMALL, "kv_layout": "shared"}))
 
 
 # ------------------------------------------------------------------------------ Huginn

@@ -98,3 +98,55 @@ def test_paged_backend_matches_dense_causal():
 def jax_tree_asarray(tree):
     import jax
     return jax.tree.map(jnp.asarray, tree)
+
+
+def test_ouro_shared_layout_sizes_and_description():
+    cfg = config.preset("ouro-1.4b")
+    shared = kv_cache.make_layout(cfg, "shared", page_size=16, dtype=jnp.bfloat16, num_pages=10)
+    assert shared.num_planes == (4,) * 24 and shared.decode_page_planes == 4
+    assert shared.bytes_per_token == 768 * 1024 and shared.bytes_per_decoded_token == 192 * 1024
+    text = shared.describe()
+    assert "786432 bytes/token" in text and "decoded tokens: 196608 bytes/token" in text
+    assert "160 tokens of capacity" in text and "640 decoded tokens of capacity" in text
+    per_loop = kv_cache.make_layout(cfg, "per_loop", page_size=16, dtype=jnp.bfloat16, num_pages=10)
+    assert per_loop.decode_page_planes == 0 and "decoded tokens" not in per_loop.describe()
+    with pytest.raises(ValueError, match="Pallas decode kernel"):
+        kv_cache.check_attention_backend(shared, "pallas")
+    kv_cache.check_attention_backend(shared, "auto")
+
+
+def test_ouro_shared_writes_and_reads_by_page_kind():
+    """Decode step at loop 2: row 0's token sits in a decode page (plane 1 of page 2) after a
+    full prompt page and an earlier decoded token; row 1's token is in the tail of a full page.
+    Row 0 writes plane 1 only, row 1 every plane; each reads full pages at plane 2 and the
+    decode page at plane 1 == dense attention over exactly those keys."""
+    from loopjax.batch import RowInput
+    cfg = config.preset("ouro-tiny")
+    layout = kv_cache.make_layout(cfg, "shared", page_size=4, dtype=jnp.float32, num_pages=4)
+    rng = np.random.default_rng(2)
+    shape = kv_cache.allocate(layout).k[0].shape  # [4 planes, Hkv, 4 pages, 4, D]
+    pool = kv_cache.KVPool(*((jnp.asarray(rng.normal(size=shape), jnp.float32),) for _ in range(2)))
+    params = SamplingParams(temperature=0.0, seed=0)
+    rows = [RowInput([1], 5, [0, 2], True, 4, params, page_planes=[-1, 1], decoded=True),
+            RowInput([1], 2, [1], True, 4, params, page_planes=[-1], decoded=True)]
+    batch = jax_tree_asarray(build_step_batch(
+        rows, num_rows=2, num_tokens=2, max_pages=2, page_size=4, drop_slot=layout.drop_slot,
+        loop_begin=0, loop_end=4, pad_carry_slot=2))
+    q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 16)), jnp.float32) for _ in range(3))
+    new, out = kv_cache.PagedAttention(layout, batch)(
+        kv_cache.KVPool(pool.k[:1], pool.v[:1]), 0, 2, q, k, v)
+    before, after = np.asarray(pool.k[0]), np.asarray(new.k[0])
+    expected = before.copy()
+    expected[1, :, 2, 1] = k[0]          # row 0: its decode page's plane only
+    expected[:, :, 1, 2] = k[1]          # row 1: every plane of its full page
+    np.testing.assert_array_equal(after, expected)
+    vb = np.asarray(pool.v[0])
+    def entries(cache, plane, page, num):  # [num, Hkv, D]: the first num slots of a page
+        return cache[plane, :, page, :num].transpose(1, 0, 2)
+    keys0 = np.concatenate([entries(before, 2, 0, 4), entries(before, 1, 2, 1), k[:1]])
+    vals0 = np.concatenate([entries(vb, 2, 0, 4), entries(vb, 1, 2, 1), v[:1]])
+    keys1 = np.concatenate([entries(before, 2, 1, 2), k[1:]])
+    vals1 = np.concatenate([entries(vb, 2, 1, 2), v[1:]])
+    for i, (ks, vs) in enumerate(((keys0, vals0), (keys1, vals1))):
+        dense = causal_attention(q[i:i + 1], jnp.asarray(ks), jnp.asarray(vs), jnp.ones((1, len(ks)), bool))
+        np.testing.assert_allclose(np.asarray(out[i:i + 1]), np.asarray(dense), atol=1e-5)

@@ -401,3 +401,34 @@ def test_engine_golden_greedy_tokens_with_pallas_attention(family):
         engine = Engine(loopjax.load(path), EngineConfig(attention_backend="pallas", **ENGINE_SMALL))
         rid = engine.add_request(prompt, greedy(max_tokens=8), initial_state=gen["gen_init_states"][0])
         assert _finish(engine)[rid].token_ids == gen["gen_tokens"][0].tolist()
+
+
+@pytest.mark.parametrize("rows, tokens", [(3, 3), (2, 24)])  # per-token and per-row gathers
+def test_ref_paged_attention_per_page_plane_table(rows, tokens):
+    """A plane table [R, M] reads each page entry at its own plane: equal to reading a pool in
+    which every entry's plane was copied into one plane. The Pallas kernels refuse a table."""
+    from loopjax.kernels.paged_attention import paged_attention, ref_paged_attention
+    from loopjax.kernels.prefill_attention import prefill_attention
+    rs = np.random.default_rng(3)
+    k_cache, v_cache = (jnp.asarray(rs.normal(size=(4, 2, 6, 4, 16)), jnp.float32) for _ in range(2))
+    page_table = jnp.asarray([[0, 2, 4], [1, 3, 5], [5, 0, 1]][:rows], jnp.int32)
+    table = jnp.asarray(rs.integers(0, 4, size=(rows, 3)), jnp.int32)
+    row_of_token = jnp.asarray(np.arange(tokens) % rows, jnp.int32)
+    positions = jnp.asarray(rs.integers(0, 12, size=tokens), jnp.int32)
+    q = jnp.asarray(rs.normal(size=(tokens, 4, 16)), jnp.float32)
+    out = ref_paged_attention(q, k_cache, v_cache, table, page_table, row_of_token, positions)
+    # The same reads from one plane of a pool holding, per row, its entries' planes.
+    for r in range(rows):
+        kr, vr = np.array(k_cache[:1]), np.array(v_cache[:1])
+        for j in range(3):
+            kr[0, :, int(page_table[r, j])] = k_cache[int(table[r, j]), :, int(page_table[r, j])]
+            vr[0, :, int(page_table[r, j])] = v_cache[int(table[r, j]), :, int(page_table[r, j])]
+        mine = np.asarray(row_of_token) == r
+        want = ref_paged_attention(q[mine], jnp.asarray(kr), jnp.asarray(vr), jnp.int32(0),
+                                   page_table, row_of_token[mine], positions[mine])
+        np.testing.assert_allclose(np.asarray(out[mine]), np.asarray(want), atol=1e-5)
+    for kernel in (paged_attention, prefill_attention):
+        with pytest.raises(ValueError, match="per-page plane"):
+            kernel(q, k_cache, v_cache, table, page_table, row_of_token, positions, interpret=True)
+    with pytest.raises(ValueError, match="plane must be"):
+        ref_paged_attention(q, k_cache, v_cache, table[:, :2], page_table, row_of_token, positions)
