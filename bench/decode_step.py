@@ -3,14 +3,14 @@
     python -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 \\
         --context 512,2048 --out decode.json
     python -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512,2048
-    python -m loopjax.bench.decode_step --rows 32 --context 576 --page-width 1024 --backend xla,pallas
+    python -m loopjax.bench.decode_step --rows 32 --context 576 --page-width 576,1024 --backend xla,pallas
     python -m loopjax.bench.decode_step --smoke          # tiny presets on CPU
 
 For each (preset, backend, context, rows): random bf16 weights of the preset, a KV pool whose
 page tables cover `context` positions per row (rows wrap around the pool when it is smaller
 than rows x context: `kv_pages_wrapped`), one decode token per row at position context - 1.
-`--page-width W` widens every page table to W tokens (entries past the row's own pages are
-0, as the engine pads them): an engine compiled only at its max context
+`--page-width W1,W2` times each context inside page tables W tokens wide (entries past the
+row's own pages are 0, as the engine pads them): an engine compiled only at its max context
 (`decode_context_buckets=()`) runs every decode step at that width whatever the rows'
 contexts; the XLA path gathers the whole width, the Pallas kernel stops at each row's length.
 Times (median of --iters after one warm-up call, block_until_ready each) the FUSED step (all
@@ -52,8 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", default="1,8,32,128", help="comma-separated decode rows")
     parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
     parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
-    parser.add_argument("--page-width", type=int, default=None,
-                        help="page-table width in tokens, >= every context (default: the context)")
+    parser.add_argument("--page-width", default="",
+                        help="comma-separated page-table widths in tokens, each >= every context "
+                             "(default: the context)")
     parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
@@ -96,11 +97,13 @@ def kv_read_bytes(cfg, layout, loops: int, rows: int, context: int) -> int:
 
 def bench_model(model, args, backend: str, records: list) -> None:
     for i, context in enumerate(ints(args.context)):
-        _bench_context(model, args, backend, context, i == 0, records)
-        gc.collect()  # free this context's pool before the next one is allocated
+        for j, width in enumerate(ints(args.page_width) or [context]):
+            _bench_context(model, args, backend, context, width, i == j == 0, records)
+            gc.collect()  # free this pool before the next one is allocated
 
 
-def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
+def _bench_context(model, args, backend: str, context: int, width: int, first: bool,
+                   records: list) -> None:
     from loopjax.runner import Runner, matmul_ops
 
     cfg = model.cfg
@@ -109,7 +112,7 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
     per_loop_rows = set(ints(args.per_loop_rows)) if first else set()
     layout, pages_per_row, num_pages = decode_pool(model, args.layout, args.page_size, loops,
                                                    max(rows_list), context, args.kv_gb)
-    table_pages = -(-(args.page_width or context) // args.page_size)  # the runner's only width
+    table_pages = -(-width // args.page_size)  # the runner's only page-table width
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=table_pages, max_loops=loops, backend=backend,
                     ops=matmul_ops(args.current_matmul))
@@ -182,9 +185,9 @@ def _print(records: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from loopjax.model import load
 
-    if args.page_width is not None and args.page_width < max(ints(args.context)):
-        print(f"decode_step: --page-width {args.page_width} is below the context {max(ints(args.context))}; "
-              "the page table must hold every context", file=sys.stderr)
+    if ints(args.page_width) and min(ints(args.page_width)) < max(ints(args.context)):
+        print(f"decode_step: --page-width {min(ints(args.page_width))} is below the context "
+              f"{max(ints(args.context))}; the page table must hold every context", file=sys.stderr)
         return 2
     print(f"loopjax decode-step benchmark on {jax.devices()[0].device_kind}", flush=True)
     records: list[dict] = []
