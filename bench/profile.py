@@ -45,6 +45,9 @@ from loopjax.bench.report import percentile
 from loopjax.bench.workloads import WorkloadSpec, burst_prompts
 
 STEP_PREFIX = "loopjax_step_"
+# Rows xprof derives from the kernels (they repeat their time): never counted as kernels.
+DERIVED_ROWS = ("XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Framework Ops", "Framework Name Scope",
+                "TensorFlow Ops", "TensorFlow Name Scope", "Source code", "Launch Stats")
 STAGES = ("schedule", "make_batch", "submit", "wait", "read", "update", "other", "host", "step")
 
 
@@ -172,7 +175,7 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
     """Kernel time of a Chrome/perfetto trace (times in µs); None when it has no device events.
 
     Kernels: complete ("X") events on the "Stream ..." threads of "/device:..." processes
-    other than CPUs (every thread of such a process when none is named "Stream")."""
+    other than CPUs (when no thread is named "Stream": every thread but the DERIVED_ROWS)."""
     processes, threads = {}, {}
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "process_name":
@@ -181,13 +184,15 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
             threads[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", ""))
     devices = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
     streams = {key for key, name in threads.items() if key[0] in devices and name.startswith("Stream")}
+    derived = {key for key, name in threads.items() if key[0] in devices and name in DERIVED_ROWS}
     kernels, steps = [], []
     for e in events:
         if e.get("ph") != "X" or "dur" not in e:
             continue
         start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
         if e["pid"] in devices:
-            if (e["pid"], e.get("tid")) in streams or not streams:
+            key = (e["pid"], e.get("tid"))
+            if key in streams or not (streams or key in derived):
                 kernels.append((start, end, str(e.get("name", "?"))))
         else:
             m = re.fullmatch(re.escape(STEP_PREFIX) + r"(\d+)", str(e.get("name", "")))

@@ -58,8 +58,8 @@ def test_device_summary_busy_gaps_top_kernels_and_steps():
 
 
 def test_device_summary_without_stream_rows_uses_every_device_row_and_none_on_cpu():
-    events = synthetic_trace(stream_name="gpu compute")  # no "Stream" row: all rows of the device
-    s = profile.device_summary(events)
+    events = synthetic_trace(stream_name="gpu compute")  # no "Stream" row: all but derived rows
+    s = profile.device_summary(events + [_x(GPU, DERIVED, "fusion", 10, 180)])
     assert s["num_kernels"] == 5 and s["busy_us"] == 105 and s["device_streams"] == []
     cpu_only = [e for e in synthetic_trace() if e["pid"] == HOST]
     assert profile.device_summary(cpu_only) is None
