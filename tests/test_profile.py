@@ -10,7 +10,7 @@ import pytest
 
 from loopjax.bench import profile
 
-GPU, HOST, STREAM, DERIVED = 2, 1, 10, 11
+GPU, HOST, STREAM, COPY, DERIVED = 2, 1, 10, 12, 11
 
 
 def _x(pid, tid, name, ts, dur):
@@ -23,17 +23,20 @@ def _meta(pid, name, tid=None):
     return {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": name}}
 
 
-def synthetic_trace(stream_name="Stream #7(Compute)"):
+def synthetic_trace(stream_name="Stream #14(Compute)"):
     """Kernels (µs) [10,30) A, [25,40) B, [60,70) A, [120,180) C, [185,190) copy; the union is
     [10,40) [60,70) [120,180) [185,190): busy 105 of a 180 span, gaps 20, 50, 5. Host steps
-    [0,100) and [100,200). A derived "XLA Ops" row repeats the module over the whole span."""
+    [0,100) and [100,200). A derived "XLA Ops" row repeats the module over the whole span; the
+    host's own copy event is not device time. Names as in a jax 0.11.2 trace on the H200."""
     return [
-        _meta(HOST, "/host:CPU"), _meta(GPU, "/device:GPU:0"), _meta(HOST, "python", 5),
-        _meta(GPU, stream_name, STREAM), _meta(GPU, "XLA Ops", DERIVED),
+        _meta(HOST, "/host:CPU"), _meta(GPU, "/device:GPU:0"), _meta(HOST, "python3", 5),
+        _meta(HOST, "pjrt_async_work_runner/-502", 6),
+        _meta(GPU, stream_name, STREAM), _meta(GPU, "Stream #19(MemcpyD2H)", COPY),
+        _meta(GPU, "XLA Ops", DERIVED),
         _x(HOST, 5, "loopjax_step_0", 0, 100), _x(HOST, 5, "loopjax_step_1", 100, 100),
-        _x(HOST, 5, "loopjax_step_10_not_a_step", 0, 5),
+        _x(HOST, 5, "loopjax_step_10_not_a_step", 0, 5), _x(HOST, 6, "MemcpyD2H", 182, 9),
         _x(GPU, STREAM, "A", 10, 20), _x(GPU, STREAM, "B", 25, 15), _x(GPU, STREAM, "A", 60, 10),
-        _x(GPU, STREAM, "C", 120, 60), _x(GPU, STREAM, "MemcpyD2H", 185, 5),
+        _x(GPU, STREAM, "C", 120, 60), _x(GPU, COPY, "MemcpyD2H", 185, 5),
         {"ph": "i", "pid": GPU, "tid": STREAM, "name": "marker", "ts": 50},
     ]
 
@@ -41,7 +44,7 @@ def synthetic_trace(stream_name="Stream #7(Compute)"):
 def test_device_summary_busy_gaps_top_kernels_and_steps():
     events = synthetic_trace() + [_x(GPU, DERIVED, "fusion", 10, 180)]
     s = profile.device_summary(events, gap_us=10.0)
-    assert s["num_kernels"] == 5 and s["device_streams"] == ["Stream #7(Compute)"]
+    assert s["num_kernels"] == 5 and s["device_streams"] == ["Stream #14(Compute)", "Stream #19(MemcpyD2H)"]
     assert s["span_us"] == 180 and s["busy_us"] == 105
     assert s["busy_pct"] == pytest.approx(100 * 105 / 180)
     g = s["gaps"]
@@ -58,9 +61,9 @@ def test_device_summary_busy_gaps_top_kernels_and_steps():
 
 
 def test_device_summary_without_stream_rows_uses_every_device_row_and_none_on_cpu():
-    events = synthetic_trace(stream_name="gpu compute")  # no "Stream" row: all but derived rows
-    s = profile.device_summary(events + [_x(GPU, DERIVED, "fusion", 10, 180)])
-    assert s["num_kernels"] == 5 and s["busy_us"] == 105 and s["device_streams"] == []
+    events = [e for e in synthetic_trace(stream_name="gpu compute") if e.get("tid") != COPY]
+    s = profile.device_summary(events + [_x(GPU, DERIVED, "fusion", 10, 180)])  # no "Stream" row
+    assert s["num_kernels"] == 4 and s["busy_us"] == 100 and s["device_streams"] == []
     cpu_only = [e for e in synthetic_trace() if e["pid"] == HOST]
     assert profile.device_summary(cpu_only) is None
 
