@@ -204,11 +204,8 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
     gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
     span = merged[-1][1] - merged[0][0]
     busy = sum(e - s for s, e in merged)
-    by_name = defaultdict(lambda: [0, 0.0])
-    for s, e, name in kernels:
-        by_name[name][0] += 1
-        by_name[name][1] += e - s
-    ranked = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:top]
+    ranked = _ranked(kernels, lambda name: name, top)
+    groups = _ranked(kernels, kernel_group, top)
     per_step = []
     for index, lo, hi in sorted(steps):
         inside = [(max(s, lo), min(e, hi)) for s, e in merged if e > lo and s < hi]
@@ -222,8 +219,24 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
             "gaps": {"count": len(gaps), "total_us": sum(gaps), "largest_us": sorted(gaps, reverse=True)[:5],
                      "threshold_us": gap_us, "over_threshold_count": sum(g > gap_us for g in gaps),
                      "over_threshold_total_us": sum(g for g in gaps if g > gap_us)},
-            "top_kernels": [{"name": n, "count": c, "total_us": t, "mean_us": t / c} for n, (c, t) in ranked],
+            "top_kernels": ranked, "top_kernel_groups": groups,
             "steps": per_step}
+
+
+def kernel_group(name: str) -> str:
+    """A kernel name without its numeric suffixes: `loop_add_fusion_12` -> `loop_add_fusion`
+    (XLA numbers each fusion; the group shows e.g. all transposes or elementwise loops)."""
+    return re.sub(r"([._]\d+)+$", "", name)
+
+
+def _ranked(kernels, key, top: int) -> list[dict]:
+    """The `top` names (after `key`) by total time: name, count, total and mean µs."""
+    totals = defaultdict(lambda: [0, 0.0])
+    for start, end, name in kernels:
+        totals[key(name)][0] += 1
+        totals[key(name)][1] += end - start
+    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
+    return [{"name": n, "count": c, "total_us": t, "mean_us": t / c} for n, (c, t) in ranked]
 
 
 def format_device_summary(s: dict, kinds: dict | None = None) -> str:
@@ -236,6 +249,9 @@ def format_device_summary(s: dict, kinds: dict | None = None) -> str:
              f"{'total ms':>9}{'count':>7}{'mean µs':>10}  kernel"]
     lines += [f"{k['total_us'] / 1e3:>9.2f}{k['count']:>7}{k['mean_us']:>10.1f}  {k['name'][:90]}"
               for k in s["top_kernels"]]
+    lines.append("kernel groups (numeric suffixes dropped):")
+    lines += [f"{k['total_us'] / 1e3:>9.2f}{k['count']:>7}{k['mean_us']:>10.1f}  {k['name'][:90]}"
+              for k in s["top_kernel_groups"][:8]]
     if s["steps"]:
         lines.append(f"{'step':>5} {'kind':<8}{'wall ms':>9}{'busy ms':>9}{'busy%':>7}"
                      f"{'idle before µs':>16}{'idle after µs':>15}")

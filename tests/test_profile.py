@@ -115,3 +115,12 @@ def test_profile_tiny_burst_on_cpu(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "no GPU stream events" in text and "host stages per step" in text
     assert not (out / "trace").exists()  # the raw trace is kept only with --keep-trace
+
+
+def test_kernel_groups_drop_numeric_suffixes():
+    assert [profile.kernel_group(n) for n in ("loop_add_fusion_12", "gemm_fusion_dot.3", "fusion_2.1",
+                                               "input_reduce_fusion", "sm90_xmma_gemm_bf16")] == [
+        "loop_add_fusion", "gemm_fusion_dot", "fusion", "input_reduce_fusion", "sm90_xmma_gemm_bf16"]
+    events = synthetic_trace() + [_x(GPU, STREAM, "A_7", 200, 30)]
+    groups = profile.device_summary(events)["top_kernel_groups"]
+    assert (groups[0]["name"], groups[0]["count"], groups[0]["total_us"]) == ("A", 3, 60)
