@@ -1,20 +1,19 @@
 """Where an engine step's time goes: `python -m loopjax.bench.profile MODEL [-P -O -C] [engine options]`.
 
     python -m loopjax.bench.profile ouro-1.4b -P 512 -O 64 -C 32 --max-context-len 1024 --out prof
-    python -m loopjax.bench.profile ouro-tiny -P 16 -O 8 -C 4     # CPU: host table only
 
-The engine is built as `loopjax bench` builds it (preset with seeded random weights, every
-EngineConfig flag) and driven directly by `engine.step()` (no engine thread): one untimed
-warm-up request, then the burst (C random prompts of P tokens, O greedy tokens each: the
-prompts of `loopjax bench --workload burst`).
+The engine is built as `loopjax bench` builds it (presets have seeded random weights; every
+EngineConfig flag) and driven by `engine.step()` (no engine thread): one untimed warm-up
+request, then the burst of `loopjax bench --workload burst` (C random prompts of P tokens,
+O greedy tokens each).
 
 Host timers (`StageTimer`) wrap, on the instances and from the outside, engine.step,
 scheduler.schedule / update and runner.run / make_batch / submit. After a submission that
-returns outputs the wrapper waits for them (`jax.block_until_ready`, "wait"): the runner reads
-them right after anyway, so the wait moves out of "read" without changing the pipeline
-(`--no-split-wait` leaves it in "read"). Derived stages: read = run - make_batch - submit -
-wait (the device_get copy); other = step - schedule - run - update (rows, outputs); host =
-step - wait. The table gives count, mean and p50 (ms) per step kind.
+returns outputs the wrapper waits for them ("wait", `jax.block_until_ready`): the runner reads
+them right after anyway, so this splits the wait from the copy without changing the pipeline
+(a runner that overlaps steps needs `--no-split-wait`: the wait then stays in "read").
+Derived: read = run - make_batch - submit - wait (device_get); other = step - schedule - run -
+update (rows, outputs); host = step - wait. Count, mean and p50 (ms) per step kind.
 
 Device trace: the same burst again; once every request decodes (or the rows are full),
 `--trace-steps` engine steps run under `jax.profiler.trace` (perfetto JSON), each inside a
@@ -23,8 +22,8 @@ parsed with the standard library (`device_summary`): kernels are the events on t
 streams ("Stream #N" threads of a "/device:" process; derived rows such as "XLA Ops" are
 skipped); busy = union of kernel intervals; a gap = idle time between kernels; per step the
 busy time inside the step's host interval and the idle time before its first and after its
-last kernel. The summary goes to OUT/profile.json; the raw trace stays only with --keep-trace
-(OUT/trace). On CPU the trace has no device streams: one line says so.
+last kernel. The summary goes to OUT/profile.json, the raw trace only with --keep-trace
+(OUT/trace). On CPU the trace has no device streams: one line says so, the host table stays.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ import argparse
 import contextlib
 import glob
 import gzip
+import itertools
 import json
 import os
 import re
@@ -120,9 +120,10 @@ def derive(record: dict) -> dict:
 
 
 def host_table(records: list[dict]) -> dict:
-    """{kind: {"steps", "mean_rows", stage: {"mean_ms", "p50_ms"}}} over the step records."""
+    """{kind: {"steps", "mean_rows", stage: {"mean_ms", "p50_ms"}}} over the step records
+    (idle steps, which plan nothing, are left out)."""
     by_kind = defaultdict(list)
-    for record in records:
+    for record in (r for r in records if r["kind"] != "idle"):
         by_kind[record["kind"]].append(derive(record))
     table = {}
     for kind, rows in sorted(by_kind.items()):
@@ -282,30 +283,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_engine_arguments(parser)
 
 
-def _add_burst(engine, prompts, output_len: int) -> list[str]:
+def _add_burst(engine, prompts, output_len: int) -> None:
     from loopjax.sampling_params import SamplingParams
-    params = SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True)
-    return [engine.add_request(p, params) for p in prompts]
+    for prompt in prompts:
+        engine.add_request(prompt, SamplingParams(max_tokens=output_len, temperature=0.0, ignore_eos=True))
 
 
-def _drain(engine, max_steps: int | None = None) -> int:
-    """Step until idle (aborting what is left after max_steps); returns the steps taken."""
-    steps = 0
-    while engine.has_unfinished():
-        if max_steps is not None and steps >= max_steps:
+def _drain(engine, max_steps: int | None = None) -> None:
+    """Step until idle, aborting what is left after max_steps."""
+    for steps in itertools.count():
+        if not engine.has_unfinished():
+            return
+        if steps == max_steps:
             for request_id in list(engine.scheduler.requests):
                 engine.abort(request_id)
-            max_steps = None
         engine.step()
-        steps += 1
-    return steps
 
 
 def _steady(engine, timer: StageTimer) -> bool:
     """The last step decoded and nothing is left to prefill (or the rows are full)."""
-    s = engine.scheduler.stats()
-    full = s["num_running"] >= engine.scheduler.config.max_num_rows
-    return timer.records[-1]["kind"] == "decode" and (full or s["num_waiting"] + s["num_prefilling"] == 0)
+    s, rows = engine.scheduler.stats(), engine.scheduler.config.max_num_rows
+    return timer.records[-1]["kind"] == "decode" and (s["num_running"] >= rows or
+                                                      s["num_waiting"] + s["num_prefilling"] == 0)
 
 
 def trace_steps(engine, timer: StageTimer, prompts, args, trace_dir: str) -> dict:
@@ -339,6 +338,9 @@ def run(args) -> int:
         spec = WorkloadSpec("burst", prompt_len=args.prompt_len, output_len=args.output_len,
                             concurrency=args.concurrency, seed=args.seed)
         model, engine = build_engine(args, timings)
+        if spec.max_context > engine.scheduler.config.max_seq_len:
+            raise ValueError(f"the burst needs {spec.max_context} tokens of context, the engine serves "
+                             f"{engine.scheduler.config.max_seq_len} (see --max-context-len)")
         prompts = burst_prompts(spec, model.cfg.vocab_size)
         _add_burst(engine, [prompts[0][:8]], 2)  # warm-up request, untimed
         _drain(engine)
@@ -369,9 +371,14 @@ def run(args) -> int:
         with contextlib.ExitStack() as stack:
             trace_dir = (os.path.join(args.out, "trace") if args.keep_trace
                          else stack.enter_context(tempfile.TemporaryDirectory()))
-            kinds = trace_steps(engine, timer, prompts, args, trace_dir)
-            summary["trace"] = device_summary(load_trace_events(trace_dir), gap_us=args.gap_us)
-        if summary["trace"] is None:
+            try:
+                kinds = trace_steps(engine, timer, prompts, args, trace_dir)
+                summary["trace"] = device_summary(load_trace_events(trace_dir), gap_us=args.gap_us)
+            except KeyboardInterrupt:
+                summary["interrupted"], kinds = True, None
+        if kinds is None:
+            print("device trace: interrupted by the time limit")
+        elif summary["trace"] is None:
             print("device trace: no GPU stream events (a CPU run): device table skipped")
         else:
             for st in summary["trace"]["steps"]:

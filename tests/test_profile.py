@@ -91,7 +91,7 @@ def test_host_table_derives_read_other_and_host():
     assert d["read"]["mean_ms"] == pytest.approx(1.0) and d["other"]["mean_ms"] == pytest.approx(1.0)
     assert d["wait"]["mean_ms"] == pytest.approx(4.0) and d["host"]["mean_ms"] == pytest.approx(7.0)
     assert d["host_pct"] == pytest.approx(100 * 7 / 11)
-    assert t["idle"]["steps"] == 1 and t["idle"]["wait"]["mean_ms"] == 0
+    assert set(t) == {"decode"}  # idle steps (nothing planned) are left out
     assert "decode" in profile.format_host_table(t)
 
 
