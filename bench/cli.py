@@ -31,78 +31,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
 
 from loopjax.bench import report as rep
-from loopjax.bench.workloads import Record, WorkloadSpec, run_workload
-
-
-class InProcessBackend:
-    """Streams requests through an AsyncEngine; greedy, ignore_eos, exactly max_tokens tokens."""
-
-    def __init__(self, aengine):
-        self.aengine = aengine
-
-    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
-        from loopjax.sampling_params import SamplingParams
-
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-        start = time.perf_counter()
-        stream = await self.aengine.submit(prompt_ids, params)
-        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
-        try:
-            async for out in stream:
-                now = time.perf_counter()
-                if record.first_token is None and out.new_token_ids:
-                    record.first_token = now
-                record.end = now
-                record.token_ids = list(out.token_ids)
-                loops = list(out.exit_loops or [])
-                record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
-                per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
-                record.submissions = round(per_token * max(1, len(out.token_ids)))
-        finally:
-            stream.close()  # cut by --max-seconds (cancelled): abort the request, free its pages
-        return record
-
-
-class HttpBackend:
-    """Streams requests from a loopjax server's /v1/completions (token-id prompts, SSE)."""
-
-    def __init__(self, client, model: str):
-        self.client, self.model = client, model
-
-    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
-        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-        start = time.perf_counter()
-        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
-        async with self.client.stream("POST", "/v1/completions", json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode(errors="replace")
-                raise RuntimeError(f"server answered {resp.status_code}: {text[:300]}")
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                data = line[len("data: "):]
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise RuntimeError(f"server error mid-stream: {chunk['error'].get('message')}")
-                now = time.perf_counter()
-                for choice in chunk.get("choices", []):
-                    if choice.get("token_ids"):
-                        record.first_token = record.first_token or now
-                        record.token_ids += choice["token_ids"]
-                        record.exit_loops += choice.get("exit_loops") or []
-                    record.end = now
-                if chunk.get("usage"):
-                    record.submissions = int(chunk["usage"].get("submissions") or 0)
-        return record
+from loopjax.bench.workloads import HttpBackend, InProcessBackend, Record, WorkloadSpec, run_workload
 
 
 def add_arguments(parser):

@@ -3,15 +3,21 @@
     python -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 \\
         --context 512,2048 --out decode.json
     python -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512,2048
+    python -m loopjax.bench.decode_step --rows 32 --context 576 --page-width 576,1024 --backend xla,pallas
     python -m loopjax.bench.decode_step --smoke          # tiny presets on CPU
 
 For each (preset, backend, context, rows): random bf16 weights of the preset, a KV pool whose
 page tables cover `context` positions per row (rows wrap around the pool when it is smaller
 than rows x context: `kv_pages_wrapped`), one decode token per row at position context - 1.
+`--page-width W1,W2` times each context inside page tables W tokens wide (entries past the
+row's own pages are 0, as the engine pads them): an engine compiled only at its max context
+(`decode_context_buckets=()`) runs every decode step at that width whatever the rows'
+contexts; the XLA path gathers the whole width, the Pallas kernel stops at each row's length.
 Times (median of --iters after one warm-up call, block_until_ready each) the FUSED step (all
 loops in one submission) and, for --per-loop-rows, the PER-LOOP baseline (one submission per
 loop, waiting for each: a host round trip per loop). The roofline is the bytes a step must
-read, weights x loops + KV of every plane read, at --bandwidth (4.1 TB/s, the H200's measured
+read, weights x loops + KV of every plane read (`kv_bytes`; `kv_table_bytes`: the whole
+table width, what the XLA path gathers), at --bandwidth (4.1 TB/s, the H200's measured
 copy rate); `roofline_pct` = roofline time / measured time.
 """
 
@@ -46,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rows", default="1,8,32,128", help="comma-separated decode rows")
     parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
     parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--page-width", default="",
+                        help="comma-separated page-table widths in tokens, each >= every context "
+                             "(default: the context)")
     parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
@@ -88,11 +97,13 @@ def kv_read_bytes(cfg, layout, loops: int, rows: int, context: int) -> int:
 
 def bench_model(model, args, backend: str, records: list) -> None:
     for i, context in enumerate(ints(args.context)):
-        _bench_context(model, args, backend, context, i == 0, records)
-        gc.collect()  # free this context's pool before the next one is allocated
+        for j, width in enumerate(ints(args.page_width) or [context]):
+            _bench_context(model, args, backend, context, width, i == j == 0, records)
+            gc.collect()  # free this pool before the next one is allocated
 
 
-def _bench_context(model, args, backend: str, context: int, first: bool, records: list) -> None:
+def _bench_context(model, args, backend: str, context: int, width: int, first: bool,
+                   records: list) -> None:
     from loopjax.runner import Runner, matmul_ops
 
     cfg = model.cfg
@@ -101,8 +112,9 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
     per_loop_rows = set(ints(args.per_loop_rows)) if first else set()
     layout, pages_per_row, num_pages = decode_pool(model, args.layout, args.page_size, loops,
                                                    max(rows_list), context, args.kv_gb)
+    table_pages = -(-width // args.page_size)  # the runner's only page-table width
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
-                    max_pages=pages_per_row, max_loops=loops, backend=backend,
+                    max_pages=table_pages, max_loops=loops, backend=backend,
                     ops=matmul_ops(args.current_matmul))
     cases = {rows: _cases(runner, decode_rows(rows, pages_per_row, num_pages, context, loops), args, loops,
                           cfg.family, rows in per_loop_rows) for rows in rows_list}
@@ -112,10 +124,12 @@ def _bench_context(model, args, backend: str, context: int, first: bool, records
     for rows in rows_list:
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     layout=args.layout, rows=rows,
-                    context=context, loops=loops, kv_pages_wrapped=rows * pages_per_row > num_pages,
+                    context=context, page_width=table_pages * args.page_size, loops=loops,
+                    kv_pages_wrapped=rows * pages_per_row > num_pages,
                     pool_pages=num_pages, page_size=args.page_size,
                     weight_bytes=weight_bytes(model, loops),
-                    kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context))
+                    kv_bytes=kv_read_bytes(cfg, layout, loops, rows, context),
+                    kv_table_bytes=kv_read_bytes(cfg, layout, loops, rows, table_pages * args.page_size))
         base["roofline_us"] = (base["weight_bytes"] + base["kv_bytes"]) / args.bandwidth * 1e6
         for name, steps in cases[rows].items():
             outs = []
@@ -161,7 +175,8 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
 def _print(records: list[dict]) -> None:
     for r in records:
         print(f"{r['preset']:>12} {r['backend']:>6} {r['matmul']:>9} {r['variant']:>8} rows {r['rows']:>4} "
-              f"ctx {r['context']:>5} loops {r['loops']:>2}: {r['median_us']:>10.1f} us "
+              f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
+              f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
               + (f"  mean loops {r['mean_loops']:.2f}" if "mean_loops" in r else "")
               + ("  (kv pages wrapped)" if r["kv_pages_wrapped"] else ""), flush=True)
@@ -170,6 +185,10 @@ def _print(records: list[dict]) -> None:
 def run(args: argparse.Namespace) -> int:
     from loopjax.model import load
 
+    if ints(args.page_width) and min(ints(args.page_width)) < max(ints(args.context)):
+        print(f"decode_step: --page-width {min(ints(args.page_width))} is below the context "
+              f"{max(ints(args.context))}; the page table must hold every context", file=sys.stderr)
+        return 2
     print(f"loopjax decode-step benchmark on {jax.devices()[0].device_kind}", flush=True)
     records: list[dict] = []
     start = time.perf_counter()

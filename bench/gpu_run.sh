@@ -24,11 +24,14 @@ for spec in "$@"; do
     adaptive_ouro) cmd="python3 -m loopjax.bench.adaptive --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/adaptive_ouro.json" ;;
     prefill_ouro) cmd="python3 -m loopjax.bench.prefill --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/prefill_ouro.json" ;;
     burst32_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro.json" ;;
+    profile_ouro) cmd="python3 -m loopjax.bench.profile ouro-1.4b -P 512 -O 64 -C 32 --max-num-rows 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --trace-steps 10 --out $OUT/profile_ouro" ;;
+    profile_huginn) cmd="python3 -m loopjax.bench.profile huginn-0125 -P 512 -O 32 -C 8 --max-context-len 1024 --kv-memory-bytes 68719476736 --trace-steps 6 --out $OUT/profile_huginn" ;;
+    decode_width_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 32 --context 576 --backend xla,pallas --per-loop-rows 0 --page-width 576,1024 --out $OUT/decode_width_ouro.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"
   start=$(date +%s)
   timeout --signal=INT --kill-after=10 "$limit" $cmd >"$OUT/$name.log" 2>&1
   echo "rc=$? in $(( $(date +%s) - start ))s"
-  tail -n 40 "$OUT/$name.log"
+  tail -n 60 "$OUT/$name.log"
 done

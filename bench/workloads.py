@@ -1,8 +1,9 @@
 """The design note's serving workloads, driven against any `Backend`.
 
 A Backend has one coroutine, `generate(prompt_ids, max_tokens) -> Record`, that streams one
-request and times it (in-process: AsyncEngine over Engine; over HTTP: the server's SSE
-stream). Workloads only decide what to send and when:
+request and times it: `InProcessBackend` (AsyncEngine over Engine, timed where outputs reach
+the event loop) and `HttpBackend` (a server's SSE stream, timed at the client). Workloads
+only decide what to send and when:
 
 - burst: C requests at once, random-token prompts of P tokens, O output tokens each.
 - sessions: N sessions run concurrently, T turns each, one turn at a time per session;
@@ -17,7 +18,9 @@ greedy with ignore_eos, so each one generates exactly O tokens.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
+import time
 from dataclasses import dataclass, field
 
 
@@ -76,16 +79,85 @@ class WorkloadSpec:
         return self.prompt_len + self.num_turns * self.output_len + (self.num_turns - 1) * self.user_len
 
 
+class InProcessBackend:
+    """Streams requests through an AsyncEngine; greedy, ignore_eos, exactly max_tokens tokens."""
+
+    def __init__(self, aengine):
+        self.aengine = aengine
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
+        from loopjax.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        start = time.perf_counter()
+        stream = await self.aengine.submit(prompt_ids, params)
+        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
+        try:
+            async for out in stream:
+                now = time.perf_counter()
+                if record.first_token is None and out.new_token_ids:
+                    record.first_token = now
+                record.end = now
+                record.token_ids = list(out.token_ids)
+                loops = list(out.exit_loops or [])
+                record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
+                per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
+                record.submissions = round(per_token * max(1, len(out.token_ids)))
+        finally:
+            stream.close()  # cut by --max-seconds (cancelled): abort the request, free its pages
+        return record
+
+
+class HttpBackend:
+    """Streams requests from a loopjax server's /v1/completions (token-id prompts, SSE)."""
+
+    def __init__(self, client, model: str):
+        self.client, self.model = client, model
+
+    async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
+        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
+                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        start = time.perf_counter()
+        record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
+        async with self.client.stream("POST", "/v1/completions", json=body) as resp:
+            if resp.status_code != 200:
+                text = (await resp.aread()).decode(errors="replace")
+                raise RuntimeError(f"server answered {resp.status_code}: {text[:300]}")
+            async for line in resp.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[len("data: "):]
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    raise RuntimeError(f"server error mid-stream: {chunk['error'].get('message')}")
+                now = time.perf_counter()
+                for choice in chunk.get("choices", []):
+                    if choice.get("token_ids"):
+                        record.first_token = record.first_token or now
+                        record.token_ids += choice["token_ids"]
+                        record.exit_loops += choice.get("exit_loops") or []
+                    record.end = now
+                if chunk.get("usage"):
+                    record.submissions = int(chunk["usage"].get("submissions") or 0)
+        return record
+
+
 def random_tokens(rng: random.Random, n: int, vocab_size: int, low: int) -> list[int]:
     if vocab_size <= low:
         raise ValueError(f"vocab_size {vocab_size} leaves no token ids above {low}")
     return [rng.randrange(low, vocab_size) for _ in range(n)]
 
 
-async def run_burst(spec: WorkloadSpec, backend, vocab_size: int, on_done=None) -> list[Record]:
+def burst_prompts(spec: WorkloadSpec, vocab_size: int) -> list[list[int]]:
+    """The burst's C prompts (bench/profile.py sends the same ones straight to an Engine)."""
     rng = random.Random(spec.seed)
-    prompts = [random_tokens(rng, spec.prompt_len, vocab_size, spec.token_low)
-               for _ in range(spec.concurrency)]
+    return [random_tokens(rng, spec.prompt_len, vocab_size, spec.token_low) for _ in range(spec.concurrency)]
+
+
+async def run_burst(spec: WorkloadSpec, backend, vocab_size: int, on_done=None) -> list[Record]:
+    prompts = burst_prompts(spec, vocab_size)
 
     async def one(prompt):
         record = await backend.generate(prompt, spec.output_len)

@@ -16,3 +16,22 @@ def test_decode_step_smoke(tmp_path):
     for r in records:
         assert r["median_us"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes"] > 0
         assert 0 < r["roofline_pct"] < 100
+
+
+def test_decode_step_page_width_wider_than_the_context(tmp_path):
+    out = tmp_path / "decode.json"
+    rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
+                           "--per-loop-rows", "", "--backend", "xla,pallas", "--context", "24",
+                           "--page-width", "24,48", "--out", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["backend"], r["context"], r["page_width"]) for r in records] == [
+        ("xla", 24, 24), ("xla", 24, 48), ("pallas", 24, 24), ("pallas", 24, 48)]
+    for r in records:  # a table twice the context: XLA gathers twice the KV
+        assert r["kv_table_bytes"] == r["page_width"] // 24 * r["kv_bytes"] > 0 and r["median_us"] > 0
+
+
+def test_decode_step_page_width_below_the_context_is_one_line(capsys):
+    rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--context", "32", "--page-width", "64,16"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--page-width 16 is below the context 32" in err and err.count("\n") == 1

@@ -53,6 +53,29 @@ def test_greedy_is_argmax_first_index_on_ties():
     np.testing.assert_array_equal(tokens, rnd.argmax(-1))
 
 
+def test_greedy_rows_match_between_greedy_and_mixed_batches():
+    """A greedy row's token and logprobs do not depend on whether another row samples (all-greedy
+    and mixed batches take the same branch-free program), and the sampled row draws as alone."""
+    logits = np.random.default_rng(7).normal(size=(6, 1024)).astype(np.float32)
+    greedy = [SamplingParams(temperature=0.0)] * 6
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, seed=3)
+    all_greedy = run(logits, greedy, k=2)
+    mixed = run(logits, greedy[:5] + [sampled], steps=[0] * 5 + [4], k=2)
+    for a, b in zip(all_greedy, mixed):
+        np.testing.assert_array_equal(a[:5], b[:5])
+    np.testing.assert_array_equal(all_greedy[0], logits.argmax(-1))
+    alone, *_ = run(logits[5:], [sampled], steps=[4])
+    assert mixed[0][5] == alone[0]
+    assert mixed[0][5] != logits[5].argmax()  # this seed draws off the argmax: the row did sample
+
+
+def test_sampling_has_no_device_conditional():
+    # XLA:GPU reads a cond / switch predicate back to the host mid-step.
+    batch = SamplingBatch.from_params([SamplingParams(temperature=1.0, top_p=0.5)], 4, [0])
+    jaxpr = str(jax.make_jaxpr(lambda x: sample(x, batch, num_top_logprobs=1))(jnp.zeros((4, 64))))
+    assert " cond[" not in jaxpr and "switch" not in jaxpr
+
+
 def test_temperature_to_zero_limit_equals_greedy():
     rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.05
     rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.05
