@@ -3,8 +3,12 @@
 Conventions:
 - A request's token sequence is `all_token_ids = prompt_token_ids + output_token_ids`.
   Position p of that sequence has its KV in slot `page_ids[p // S] * S + p % S` (S = page size).
-- `num_computed_tokens` counts positions whose KV is in the pool. A DECODING request has
-  `num_computed_tokens == num_tokens - 1`: its last (sampled) token is the next step's input.
+- `num_computed_tokens` counts positions whose KV is in the pool or written by a dispatched
+  step (the device runs steps in dispatch order). `num_pending_tokens` counts tokens sampled by
+  dispatched steps whose update has not come yet: their ids live only on the device, and
+  `num_planned_tokens = num_tokens + num_pending_tokens`. A DECODING request has
+  `num_computed_tokens == num_planned_tokens - 1`: its last (sampled) token is the next
+  step's input (read on the device when it is still pending).
 - Preemption by recompute frees the pages and sets `num_computed_tokens = 0` but keeps the
   generated tokens; the request is then prefilled again over `all_token_ids` (its "prompt"
   for prefill purposes), and the chunk that completes it samples the next token.
@@ -55,6 +59,7 @@ class Request:
     arrival_order: int = -1       # FCFS rank, unique; set by Scheduler.add
     num_computed_tokens: int = 0  # positions whose KV is in the pool
     num_loops_done: int = 0       # per-loop decode: loops already run for the pending token
+    num_pending_tokens: int = 0   # sampled by dispatched steps, not yet read back (0..2)
     page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
     page_keys: list[bytes] = field(default_factory=list)  # prefix-cache key of each full page so far
     num_offered_pages: int = 0    # leading page_ids already offered to the prefix cache (hit or
@@ -84,6 +89,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """Known tokens plus the pending ones: the length the next step builds on."""
+        return self.num_tokens + self.num_pending_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
