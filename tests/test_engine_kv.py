@@ -78,7 +78,7 @@ def test_paged_backend_matches_dense_causal():
     from loopjax.batch import RowInput
     rows = [RowInput([1] * 6, 0, [5, 2], True, 4, params), RowInput([1] * 3, 0, [7], True, 4, params)]
     batch = build_step_batch(rows, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
-                             drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_carry_slot=2)
+                             drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_slot=2)
     batch = jax_tree_asarray(batch)
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.normal(size=(12, 4, 16)), jnp.float32) for _ in range(3))
