@@ -30,7 +30,7 @@ import numpy as np
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.exits import ExitSpec
-from loopjax.request import FINISH_STOP, Request
+from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
 from loopjax.runner import PendingStep, Runner, matmul_ops
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
@@ -72,20 +72,6 @@ class EngineConfig:
     compile_threads: int | None = None    # parallel XLA compiles at warm-up (None: CPU count)
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]              # tokens produced by this step
-    token_ids: list[int]                  # every generated token so far
-    finished: bool
-    finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
-    exit_loops: list[int]                 # loops of the selected state, per generated token
-    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
-    logprobs: list[float] | None = None   # per generated token (when asked)
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
 
 
 @dataclass
@@ -168,7 +154,7 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        prompt = _check_prompt(prompt_token_ids, self.model.cfg.vocab_size)
+        prompt = check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size)
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")
@@ -266,14 +252,12 @@ class Engine:
                 loops = min(loops, params.exit_step + 1)  # skip: run loops 0..k only
         ids = request.token_ids(start, end - 1 if on_device else end) + [0] * on_device
         return RowInput(ids, start, request.page_ids, emits, loops, params, token_index=index,
-                        token_slot=extra.token_slot, input_on_device=on_device, exit_skip=extra.skip and exits_here,
-                        exit_spec=extra.exit_spec, exit_step=exit_step,
-                        exit_weighted=params.exit_weighted,
-                        carry_slot=extra.carry_slot,
-                        exit_threshold=2.0 if threshold is None else threshold,
+                        token_slot=extra.token_slot, input_on_device=on_device,
+                        exit_skip=extra.skip and exits_here, exit_spec=extra.exit_spec,
+                        exit_step=exit_step, exit_weighted=params.exit_weighted,
+                        carry_slot=extra.carry_slot, exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
-                        init_seed=self.config.huginn_seed,
-                        init_states=states)
+                        init_seed=self.config.huginn_seed, init_states=states)
 
     def _update(self, plan, pending: PendingStep | None) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
@@ -414,18 +398,3 @@ def _as_tuple(value) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, tuple | list) else (int(value),)
-
-
-def _check_prompt(prompt, vocab_size: int) -> list[int]:
-    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
-        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
-    if not len(prompt):
-        raise ValueError("empty prompt: give at least one token id")
-    array = np.asarray(prompt)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise ValueError("prompt_token_ids must be a flat list of integer token ids")
-    ids = [int(t) for t in array]
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    return ids

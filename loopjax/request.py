@@ -19,6 +19,8 @@ Conventions:
   means its KV cannot be reproduced from tokens (explicit or per-request-random states), so
   it never shares pages. `page_keys[i]` is the key of full page i of `all_token_ids`,
   computed once per page and kept through preemption (the tokens never change).
+- `RequestOutput` is what the engine reports for a request after a step; `check_prompt_ids`
+  validates a prompt before anything is queued.
 - The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops` and
   `cache_salt`, which the engine sets before `Scheduler.add`.
 """
@@ -28,6 +30,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # Finish reasons (OpenAI's words; "abort" for a request the client dropped).
 FINISH_STOP = "stop"
@@ -147,3 +151,33 @@ class Request:
         if self.num_decode_tokens == 0:
             return None
         return self.num_decode_submissions / self.num_decode_tokens
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]              # tokens produced by this step
+    token_ids: list[int]                  # every generated token so far
+    finished: bool
+    finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
+    exit_loops: list[int]                 # loops of the selected state, per generated token
+    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
+    logprobs: list[float] | None = None   # per generated token (when asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
+
+
+def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints, or a one-line ValueError (not ids, empty, out of vocabulary)."""
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
+        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
+    if not len(prompt):
+        raise ValueError("empty prompt: give at least one token id")
+    array = np.asarray(prompt)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ValueError("prompt_token_ids must be a flat list of integer token ids")
+    ids = [int(t) for t in array]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids
