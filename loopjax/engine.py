@@ -239,7 +239,8 @@ class Engine:
         states = None
         if extra.init_mode == INIT_EXPLICIT:
             states = extra.init_states[start:end]
-        index = end - request.num_prompt_tokens  # the sampled token's index (a pending one counts)
+        # The index of the token this row samples (or would sample), pending ones counted.
+        index = end - request.num_prompt_tokens if emits else request.num_output_tokens
         # Ouro prompt tokens run every loop (they need their planes); Huginn prefill may exit.
         exits_here = decode or self.model.cfg.family == "huginn"
         trace = params.exit_trace
