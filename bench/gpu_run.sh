@@ -24,6 +24,7 @@ for spec in "$@"; do
     adaptive_ouro) cmd="python3 -m loopjax.bench.adaptive --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/adaptive_ouro.json" ;;
     prefill_ouro) cmd="python3 -m loopjax.bench.prefill --preset ouro-1.4b --max-seconds $((limit - 20)) --out $OUT/prefill_ouro.json" ;;
     burst32_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro.json" ;;
+    burst32_ouro_sync) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-async-scheduling --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro_sync.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
   esac
   echo "=== $name (limit ${limit}s): $cmd"
