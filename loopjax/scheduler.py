@@ -23,24 +23,21 @@ Vocabulary:
   so its first chunk (and the runner's positions and slots) starts after them; every update
   publishes the full pages below the end of the rows it applies (known tokens, KV written).
 
-Planning ahead (async scheduling): with one plan in flight (scheduled, not yet updated),
-`schedule()` may plan the next one when `can_schedule_ahead()` says so; the engine then
-dispatches step n+1 before it reads step n. The rules:
-- At most two plans in flight; `update()` takes them in the order they were planned.
+Planning ahead (async scheduling): with one plan in flight (planned, not yet updated),
+`schedule()` may plan the next when `can_schedule_ahead()`; the engine then dispatches step
+n+1 before it reads step n. At most two plans are in flight, updated in planning order.
 - A row with a pending token decodes it next: its input is on the device
-  (`StepPlan.input_on_device`), its position and pages count the pending token, and the
-  token index of its sample is its position + 1 - prompt length.
+  (`StepPlan.input_on_device`); its position and pages count the pending token.
 - A request that certainly finishes at a step in flight (max_tokens, max_seq_len) is not
-  planned again. One that finishes unexpectedly there (stop token, stop string, abort)
-  may already be in the next plan: that row's token is dropped at its update, never
-  reported. Its pages and slots return at once; a step planned after that can reuse them,
-  which is safe because the device runs submissions in order on one stream (the later
-  step's writes land after the in-flight step's).
-- No planning ahead while a per-loop series runs, when the next decode would be per-loop
-  (`fused_decode=False`, adaptive rows), or when a row needs pages the pool lacks (the
-  synchronous order decides preemption: `schedule()` then returns None, and the next plan
-  waits for the update). Preemption therefore never meets a pending token.
-- The prefix cache publishes only pages whose tokens are known (see above).
+  planned again. One that finishes unexpectedly there (stop token or string, abort) may be
+  in the next plan already: that row's token is dropped at its update, never reported. Its
+  pages (and the engine's slots) return at once and only later plans reuse them: safe, as
+  the device runs submissions in order on one stream (a later step writes after it).
+- No planning ahead during a per-loop series, when the next decode would be per-loop
+  (`fused_decode=False`, adaptive rows), or when a row needs pages the pool lacks:
+  `schedule()` returns None and the next plan waits for the update, so preemption keeps
+  the synchronous order and never meets a pending token.
+- The prefix cache publishes only pages of known tokens (see above).
 """
 
 from __future__ import annotations
