@@ -1,8 +1,8 @@
 """Async scheduling (the engine plans and dispatches step n+1 before it reads step n) gives
 exactly the results of the synchronous loop: tokens, exit loops, finish reasons, logprobs,
-seeded samples, over mixed prompt lengths and arrival times, a stop token mid-batch, an
-abort while the request's next step is in flight and a pool small enough to force
-preemption; every page and slot comes back, one host read per submission, one decode
+seeded samples, over mixed prompt lengths and arrival times, a stop token mid-batch, a stop
+string and an abort while the request's next step is in flight, and a pool small enough to
+force preemption; every page and slot comes back, one host read per submission, one decode
 submission per output token, nothing compiles after warm-up (a strict engine).
 The scheduler's side of it is tested with the fake runner in test_scheduler.py."""
 
@@ -113,3 +113,28 @@ def test_async_scheduling_gives_the_synchronous_results(engine, monkeypatch):
                   for i, e in enumerate(events)]
     assert sum(overlapped) > 3 * events.count("d") // 4  # the rest: fallbacks (pages), the start
     assert engine.runner.compilations == compiled
+
+
+def test_stop_string_while_the_next_step_is_in_flight(engine, monkeypatch):
+    """A stop string (found by the engine after the update) finishes a request whose next
+    decode is already dispatched: same text, tokens and reason as the synchronous loop."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # 256 symbols: the tiny vocabulary
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.decoder = decoders.ByteLevel()
+    monkeypatch.setattr(engine, "model", dataclasses.replace(engine.model, tokenizer=tok))
+    prompt = [ord(c) for c in "loop"]
+    texts = [o.text for o in run(engine, {0: [("free", prompt, greedy(16))]}, pipelined=False).values()]
+    text = texts[0]
+    stop = next(text[i - 2:i] for i in range(4, len(text)) if text[i - 2:i] not in text[:i - 1])
+    outs, submissions = [], []
+    for pipelined in (False, True):
+        before = engine.runner.submissions
+        outs.append(run(engine, {0: [("s", prompt, greedy(16, stop=(stop,)))]}, pipelined=pipelined)["s"])
+        submissions.append(engine.runner.submissions - before)
+    expected = (outs[0].token_ids, text[:text.index(stop)], "stop")
+    assert [(o.token_ids, o.text, o.finish_reason) for o in outs] == [expected] * 2
+    # One submission per token (prefill, then decodes); pipelined, one more: the decode
+    # dispatched before the stop string was seen, whose token was dropped.
+    assert len(outs[0].token_ids) < 16 and submissions == [len(expected[0]), len(expected[0]) + 1]
