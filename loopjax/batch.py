@@ -30,7 +30,9 @@ INIT_ZERO, INIT_SEEDED, INIT_EXPLICIT, INIT_WARM = 0, 1, 2, 3  # WARM: the row's
 @jax.tree_util.register_dataclass
 @dataclass
 class StepBatch:
-    token_ids: jax.Array         # [N] i32  packed token ids (padding: 0)
+    token_ids: jax.Array         # [N] i32  packed token ids (padding and tokens from the device: 0)
+    token_from_device: jax.Array  # [N] bool  the id is the row's last sampled token, read from
+    #                               DeviceState.last_tokens[token_slot] (sampled by a step in flight)
     positions: jax.Array         # [N] i32  absolute position of each token in its sequence
     row_of_token: jax.Array      # [N] i32  row of each token (padding tokens: row 0)
     slot_mapping: jax.Array      # [N] i32  flat KV slot page*S+offset (padding: drop slot)
@@ -39,6 +41,7 @@ class StepBatch:
     row_is_real: jax.Array       # [R] bool  row yields a token this step (real, last chunk)
     row_loops: jax.Array         # [R] i32  loops each row runs (<= the submission's loop_end)
     carry_slot: jax.Array        # [R] i32  row's slot of the per-loop decode state (padding: last)
+    token_slot: jax.Array        # [R] i32  row's slot of its last sampled token (padding: last)
     loop_begin: jax.Array        # [] i32  first loop of this submission (0 unless unfused)
     loop_end: jax.Array          # [] i32  one past the last loop of this submission
     sampling: SamplingBatch      # [R] per-row sampling settings (loopjax.sampling)
@@ -77,6 +80,9 @@ class RowInput:
     params: SamplingParams
     token_index: int = 0          # generated tokens so far (the sampled token's index)
     carry_slot: int | None = None  # slot of the request's device state (per-loop / warm start)
+    token_slot: int | None = None  # slot of the request's last sampled token (rows that emit)
+    input_on_device: bool = False  # the last of token_ids is a placeholder: the device reads the
+    #                                token from token_slot (sampled by a step not yet read back)
     exit_threshold: float = 1.0
     exit_skip: bool = False       # stop at the exit loop (adaptive skip mode / exit trace)
     exit_spec: ExitSpec | None = None  # Huginn exit criterion of this row's token
@@ -91,18 +97,20 @@ class RowInput:
 
 def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
                      page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
-                     pad_carry_slot: int, hidden_size: int | None = None,
+                     pad_slot: int, hidden_size: int | None = None,
                      adaptive: bool = False) -> StepBatch:
     """Numpy StepBatch for `rows` padded to the bucket (num_rows, num_tokens).
 
-    pad_carry_slot: the carry slot of padding rows; hidden_size: set for Huginn (the init_*
-    fields), None for Ouro; adaptive: fill `exit` (Huginn criteria)."""
+    pad_slot: the carry and token slot of padding rows (and of rows without one);
+    hidden_size: set for Huginn (the init_* fields), None for Ouro; adaptive: fill `exit`
+    (Huginn criteria)."""
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
     total = sum(len(r.token_ids) for r in rows)
     if total > num_tokens:
         raise ValueError(f"{total} tokens exceed the bucket of {num_tokens}")
     token_ids = np.zeros(num_tokens, np.int32)
+    from_device = np.zeros(num_tokens, bool)
     positions = np.zeros(num_tokens, np.int32)
     row_of_token = np.zeros(num_tokens, np.int32)
     slot_mapping = np.full(num_tokens, drop_slot, np.int32)
@@ -110,7 +118,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     last = np.zeros(num_rows, np.int32)
     real = np.zeros(num_rows, bool)
     row_loops = np.zeros(num_rows, np.int32)
-    carry_slot = np.full(num_rows, pad_carry_slot, np.int32)
+    carry_slot = np.full(num_rows, pad_slot, np.int32)
+    token_slot = np.full(num_rows, pad_slot, np.int32)
     threshold = np.ones(num_rows, np.float32)
     skip = np.zeros(num_rows, bool)
     exit_step = np.full(num_rows, -1, np.int32)
@@ -133,6 +142,11 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         pos = np.arange(row.start_pos, end, dtype=np.int32)
         pages = np.asarray(row.pages[:num_pages], np.int32)
         token_ids[n:n + count] = row.token_ids
+        if row.input_on_device:
+            if row.token_slot is None:
+                raise ValueError(f"row {i}: an input on the device needs a token slot")
+            token_ids[n + count - 1] = 0
+            from_device[n + count - 1] = True
         positions[n:n + count] = pos
         row_of_token[n:n + count] = i
         slot_mapping[n:n + count] = pages[pos // page_size] * page_size + pos % page_size
@@ -140,7 +154,8 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         last[i] = n + count - 1
         real[i] = row.emits
         row_loops[i] = row.loops
-        carry_slot[i] = pad_carry_slot if row.carry_slot is None else row.carry_slot
+        carry_slot[i] = pad_slot if row.carry_slot is None else row.carry_slot
+        token_slot[i] = pad_slot if row.token_slot is None else row.token_slot
         threshold[i] = row.exit_threshold
         skip[i] = row.exit_skip
         exit_step[i] = row.exit_step
@@ -161,10 +176,10 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
         exit_params = exits.exit_params([r.exit_spec or exits.ExitSpec() for r in rows], num_rows)
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
-    return StepBatch(token_ids, positions, row_of_token, slot_mapping, page_table, last, real,
-                     row_loops, carry_slot, np.int32(loop_begin), np.int32(loop_end), sampling,
-                     threshold, skip, exit_params, init_mode, init_seed, init_state, exit_step,
-                     weighted, page_plane, write_plane)
+    return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
+                     real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
+                     sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
+                     exit_step, weighted, page_plane, write_plane)
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,
@@ -183,7 +198,7 @@ class Buckets:
     page_widths: tuple[int, ...]             # decode page-table widths (context buckets)
     page_size: int
     drop_slot: int
-    pad_carry_slot: int
+    pad_slot: int                            # carry / token slot of padding rows
     hidden_size: int | None                  # Huginn: the init_* fields; None for Ouro
 
     def build(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
@@ -210,5 +225,5 @@ class Buckets:
         return build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens, max_pages=width,
                                 page_size=self.page_size, drop_slot=self.drop_slot,
                                 loop_begin=loop_begin, loop_end=loop_end,
-                                pad_carry_slot=self.pad_carry_slot, hidden_size=self.hidden_size,
+                                pad_slot=self.pad_slot, hidden_size=self.hidden_size,
                                 adaptive=adaptive)

@@ -255,13 +255,18 @@ class BlockManager:
             self.prefix_cache.record_admission(request, len(hits))
         self.allocate(request, num_tokens)
 
-    def publish(self, request: Request) -> int:
-        """Offer the request's full pages below `num_computed_tokens` not offered before;
-        returns how many were published (a duplicate of a cached prefix stays private)."""
+    def publish(self, request: Request, num_tokens: int | None = None) -> int:
+        """Offer the request's full pages below `num_tokens` (default `num_computed_tokens`)
+        not offered before; returns how many were published (a duplicate of a cached prefix
+        stays private). The tokens of those positions must be known and their KV written
+        (or written by a step dispatched before any step that reads the cache)."""
         cache = self.prefix_cache
-        num_pages = request.num_computed_tokens // self.page_size
-        if cache is None or num_pages <= request.num_offered_pages or self.takes_decode_pages(request):
-            return 0  # NOTE: with decode pages, only pages computed by prefill are published
+        bound = request.num_computed_tokens if num_tokens is None else num_tokens
+        if self.decode_page_planes > 0:  # NOTE: decoded tokens keep only their last loop's KV,
+            bound = min(bound, request.num_prompt_tokens)  # so only prompt pages are published
+        num_pages = bound // self.page_size
+        if cache is None or num_pages <= request.num_offered_pages:
+            return 0
         keys = cache.keys(request, num_pages)
         published = 0
         if keys:  # [] for a request that never shares

@@ -1,9 +1,14 @@
 """Engine: continuous batching over the paged depth-plane KV pool.
 
 `step()` is schedule -> run -> update: the scheduler (pure Python) plans one step, the runner
-turns the plan into a StepBatch and runs one jitted submission, and the update applies the
-sampled tokens (stop strings, metrics) and reports a `RequestOutput` per request that got a
-token or finished. The host reads back only the sampled tokens and exit loops of a step.
+turns the plan into a StepBatch and dispatches one jitted submission, and the update reads it
+back, applies the sampled tokens (stop strings, metrics) and reports a `RequestOutput` per
+request that got a token or finished. The host reads back only the sampled tokens and exit
+loops of a step, once per submission. With `async_scheduling` (the default) the loop is
+pipelined: step() plans and dispatches step n+1 before it reads and applies step n, so the
+device works while the host plans; a token not read yet reaches step n+1 on the device
+(scheduler.py, "Planning ahead"). Every request that emits holds a token slot (its last
+sampled token on the device) from its first emitting step until it finishes or is preempted.
 
 Contracts: `add_request` raises a one-line ValueError for bad input and queues nothing then;
 every request's pages return to the pool when it finishes, is aborted or preempted
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,8 +30,8 @@ import numpy as np
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.exits import ExitSpec
-from loopjax.request import FINISH_STOP, Request
-from loopjax.runner import Runner, StepResult, matmul_ops
+from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
+from loopjax.runner import PendingStep, Runner, matmul_ops
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
@@ -65,20 +71,7 @@ class EngineConfig:
     warmup: bool = True                   # compile every bucket at start-up
     compile_threads: int | None = None    # parallel XLA compiles at warm-up (None: CPU count)
     verbose: bool = True                  # print the pool at start-up
-
-
-@dataclass
-class RequestOutput:
-    request_id: str
-    new_token_ids: list[int]              # tokens produced by this step
-    token_ids: list[int]                  # every generated token so far
-    finished: bool
-    finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
-    exit_loops: list[int]                 # loops of the selected state, per generated token
-    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
-    logprobs: list[float] | None = None   # per generated token (when asked)
-    top_logprobs: list[list[tuple[int, float]]] | None = None
-    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
+    async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
 
 
 @dataclass
@@ -91,6 +84,7 @@ class _Extra:
     exit_spec: ExitSpec | None = None       # Huginn exit criterion
     warm: bool = False                      # Huginn warm start (keeps a carry slot throughout)
     carry_slot: int | None = None
+    token_slot: int | None = None           # its last sampled token on the device
     text: str | None = None
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
@@ -144,6 +138,8 @@ class Engine:
                                threads=config.compile_threads)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
+        self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
+        self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
         self._eos = _as_tuple(cfg.eos_token_id)
         self.num_generated = self.loops_generated = 0
@@ -160,7 +156,7 @@ class Engine:
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
-        prompt = _check_prompt(prompt_token_ids, self.model.cfg.vocab_size)
+        prompt = check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size)
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")
@@ -198,37 +194,46 @@ class Engine:
         request = self.scheduler.abort(request_id)
         if request is None:
             return False
-        self._release_carry(request)
+        self._release_slots(request)
         self._aborted.append(self._output(request, []))
         return True
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        return self.scheduler.has_unfinished() or bool(self._aborted) or bool(self._in_flight)
 
     # ------------------------------------------------------------------ the loop
     def step(self) -> list[RequestOutput]:
-        plan = self.scheduler.schedule()
-        result = self._run(plan) if plan is not None else None
-        return self._update(plan, result)
+        """schedule -> run -> update; pipelined (async_scheduling): plan and dispatch the next
+        step while one is in flight, then read and apply the oldest."""
+        while self._may_schedule() and (plan := self.scheduler.schedule()) is not None:
+            self._in_flight.append((plan, self._run(plan)))
+        return self._update(*self._in_flight.popleft()) if self._in_flight else self._update(None, None)
 
-    def _run(self, plan) -> StepResult:
-        """Rows of the plan -> one runner submission (per-loop decode: one loop of it)."""
+    def _may_schedule(self) -> bool:
+        if not self._in_flight:
+            return True
+        return (self.config.async_scheduling and len(self._in_flight) == 1
+                and self.scheduler.can_schedule_ahead())
+
+    def _run(self, plan) -> PendingStep:
+        """Rows of the plan -> one dispatched runner submission (per-loop decode: one loop)."""
         for request in plan.preempted:
-            self._release_carry(request)
+            self._release_slots(request)
         decode = plan.kind is PlanKind.DECODE
-        per_loop = decode and (plan.num_loops < max(plan.row_loops) or plan.loop_begin > 0)
-        rows = [self._row(r, start, end, emits, loops, per_loop, decode)
-                for r, (start, end), emits, loops in zip(plan.requests, plan.token_ranges,
-                                                          plan.emits, plan.row_loops)]
-        return self.runner.run(rows, decode=decode, loop_begin=plan.loop_begin,
-                               num_loops=plan.num_loops, series=per_loop, num_rows=plan.row_bucket,
-                               num_tokens=plan.token_bucket)
+        rows = [self._row(r, start, end, emits, loops, plan.is_per_loop, decode, on_device)
+                for r, (start, end), emits, loops, on_device in zip(
+                    plan.requests, plan.token_ranges, plan.emits, plan.row_loops, plan.input_on_device)]
+        return self.runner.dispatch(rows, decode=decode, loop_begin=plan.loop_begin,
+                                    num_loops=plan.num_loops, series=plan.is_per_loop,
+                                    num_rows=plan.row_bucket, num_tokens=plan.token_bucket)
 
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
-             per_loop: bool, decode: bool) -> RowInput:
+             per_loop: bool, decode: bool, on_device: bool) -> RowInput:
         extra = self._extra[request.request_id]
         if (per_loop or extra.warm) and extra.carry_slot is None:
             extra.carry_slot = self._free_carry.pop()
+        if emits and extra.token_slot is None:
+            extra.token_slot = self._free_token_slots.pop()
         params = request.sampling_params
         threshold = params.exit_threshold
         if threshold is None:
@@ -236,7 +241,8 @@ class Engine:
         states = None
         if extra.init_mode == INIT_EXPLICIT:
             states = extra.init_states[start:end]
-        index = request.num_output_tokens
+        # The index of the token this row samples (or would sample), pending ones counted.
+        index = end - request.num_prompt_tokens if emits else request.num_output_tokens
         # Ouro prompt tokens run every loop (they need their planes); Huginn prefill may exit.
         exits_here = decode or self.model.cfg.family == "huginn"
         trace = params.exit_trace
@@ -249,20 +255,21 @@ class Engine:
                 loops = min(loops, params.exit_step + 1)  # skip: run loops 0..k only
         pages, planes = self.scheduler.block_manager.locate(request.page_ids)
         assert decode or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
-        return RowInput(request.token_ids(start, end), start, pages, emits, loops, params,
-                        token_index=index, exit_skip=extra.skip and exits_here,
-                        exit_spec=extra.exit_spec, exit_step=exit_step,
-                        exit_weighted=params.exit_weighted,
-                        carry_slot=extra.carry_slot,
-                        exit_threshold=2.0 if threshold is None else threshold,
+        ids = request.token_ids(start, end - 1 if on_device else end) + [0] * on_device
+        return RowInput(ids, start, pages, emits, loops, params, token_index=index,
+                        token_slot=extra.token_slot, input_on_device=on_device,
+                        exit_skip=extra.skip and exits_here, exit_spec=extra.exit_spec,
+                        exit_step=exit_step, exit_weighted=params.exit_weighted,
+                        carry_slot=extra.carry_slot, exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
-                        init_seed=self.config.huginn_seed,
-                        init_states=states, page_planes=planes, decoded=decode)
+                        init_seed=self.config.huginn_seed, init_states=states,
+                        page_planes=planes, decoded=decode)
 
-    def _update(self, plan, result: StepResult | None) -> list[RequestOutput]:
+    def _update(self, plan, pending: PendingStep | None) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         if plan is None:
             return outputs
+        result = self.runner.read(pending)
         tokens = [None] * plan.num_real_rows
         loops = [None] * plan.num_real_rows
         if result is not None:
@@ -280,7 +287,9 @@ class Engine:
             self.num_generated += 1
             self.loops_generated += loops[i]
             self._check_stop_strings(request)
-            if request.is_finished or (request.num_loops_done == 0 and not extra.warm):
+            if request.is_finished:
+                self._release_slots(request)
+            elif request.num_loops_done == 0 and not extra.warm:
                 self._release_carry(request)  # between tokens the loop state is not needed
             outputs.append(self._output(request, request.output_token_ids[-1:]))
         return outputs
@@ -335,6 +344,15 @@ class Engine:
             self._free_carry.append(extra.carry_slot)
             extra.carry_slot = None
 
+    def _release_slots(self, request: Request) -> None:
+        """Carry and token slot back (finished, aborted, preempted). A step in flight may still
+        write them; only steps dispatched later reuse them, and they run after it."""
+        self._release_carry(request)
+        extra = self._extra.get(request.request_id)
+        if extra is not None and extra.token_slot is not None:
+            self._free_token_slots.append(extra.token_slot)
+            extra.token_slot = None
+
     def _cache_salt(self, extra: _Extra) -> tuple | None:
         """What a request's KV depends on besides tokens and loops (prefix_cache.py): nothing
         for Ouro; Huginn's s0 rule, and None (never share) for explicit states."""
@@ -387,18 +405,3 @@ def _as_tuple(value) -> tuple[int, ...]:
     if value is None:
         return ()
     return tuple(value) if isinstance(value, tuple | list) else (int(value),)
-
-
-def _check_prompt(prompt, vocab_size: int) -> list[int]:
-    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
-        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
-    if not len(prompt):
-        raise ValueError("empty prompt: give at least one token id")
-    array = np.asarray(prompt)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
-        raise ValueError("prompt_token_ids must be a flat list of integer token ids")
-    ids = [int(t) for t in array]
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-    return ids

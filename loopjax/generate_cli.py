@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
-    from loopjax.generate import compact_engine_options, generate
+    from loopjax.llm import compact_engine_options, generate
     from loopjax.model import load
 
     if args.prompt_ids is not None:

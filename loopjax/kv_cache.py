@@ -30,7 +30,9 @@ kernel for one-token-per-row steps, prefill_attention for packed prompts).
 "Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
 exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
 kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
-(per-loop decode state, Huginn warm-start states) that every step donates and returns.
+(per-loop decode state, Huginn warm-start states) and the last sampled token of each
+request's token slot (what lets step n+1 be dispatched before step n is read back), which
+every step donates and returns.
 """
 
 from __future__ import annotations
@@ -190,11 +192,13 @@ class DeviceState:
 
     kv: KVPool             # the paged pool
     carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
+    last_tokens: jax.Array  # [max_rows + 1] i32 last sampled token per token slot (the last slot:
+    #                         padding rows'); the next step reads a token the host has not yet
 
 
 def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
     """The pool plus `max_rows` carry slots (+1: the padding rows' slot) of per-loop state:
-    Huginn (e, s, warm), Ouro (x, exit state)."""
+    Huginn (e, s, warm), Ouro (x, exit state), and as many last-token slots."""
     rows, h = max_rows + 1, cfg.hidden_size
     if cfg.family == "huginn":
         carry = {"e": jnp.zeros((rows, h), dtype), "s": jnp.zeros((rows, h), dtype),
@@ -204,7 +208,7 @@ def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
         # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).
         carry = {"x": jnp.zeros((rows, h), dtype), "exit": jax.tree.map(
             lambda a: jnp.array(a, copy=True), ouro.exit_init(rows, h, cfg.total_ut_steps, dtype))}
-    return DeviceState(allocate(layout), carry)
+    return DeviceState(allocate(layout), carry, jnp.zeros(rows, jnp.int32))
 
 
 def write_plane(cache, plane, slots, new):

@@ -3,8 +3,12 @@
 Conventions:
 - A request's token sequence is `all_token_ids = prompt_token_ids + output_token_ids`.
   Position p of that sequence has its KV in slot `page_ids[p // S] * S + p % S` (S = page size).
-- `num_computed_tokens` counts positions whose KV is in the pool. A DECODING request has
-  `num_computed_tokens == num_tokens - 1`: its last (sampled) token is the next step's input.
+- `num_computed_tokens` counts positions whose KV is in the pool or written by a dispatched
+  step (the device runs steps in dispatch order). `num_pending_tokens` counts tokens sampled by
+  dispatched steps whose update has not come yet: their ids live only on the device, and
+  `num_planned_tokens = num_tokens + num_pending_tokens`. A DECODING request has
+  `num_computed_tokens == num_planned_tokens - 1`: its last (sampled) token is the next
+  step's input (read on the device when it is still pending).
 - Preemption by recompute frees the pages and sets `num_computed_tokens = 0` but keeps the
   generated tokens; the request is then prefilled again over `all_token_ids` (its "prompt"
   for prefill purposes), and the chunk that completes it samples the next token.
@@ -15,6 +19,8 @@ Conventions:
   means its KV cannot be reproduced from tokens (explicit or per-request-random states), so
   it never shares pages. `page_keys[i]` is the key of full page i of `all_token_ids`,
   computed once per page and kept through preemption (the tokens never change).
+- `RequestOutput` is what the engine reports for a request after a step; `check_prompt_ids`
+  validates a prompt before anything is queued.
 - The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops` and
   `cache_salt`, which the engine sets before `Scheduler.add`.
 """
@@ -24,6 +30,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 # Finish reasons (OpenAI's words; "abort" for a request the client dropped).
 FINISH_STOP = "stop"
@@ -55,6 +63,7 @@ class Request:
     arrival_order: int = -1       # FCFS rank, unique; set by Scheduler.add
     num_computed_tokens: int = 0  # positions whose KV is in the pool
     num_loops_done: int = 0       # per-loop decode: loops already run for the pending token
+    num_pending_tokens: int = 0   # sampled by dispatched steps, not yet read back (0..2)
     page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
     page_keys: list[bytes] = field(default_factory=list)  # prefix-cache key of each full page so far
     num_offered_pages: int = 0    # leading page_ids already offered to the prefix cache (hit or
@@ -84,6 +93,11 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    @property
+    def num_planned_tokens(self) -> int:
+        """Known tokens plus the pending ones: the length the next step builds on."""
+        return self.num_tokens + self.num_pending_tokens
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -137,3 +151,33 @@ class Request:
         if self.num_decode_tokens == 0:
             return None
         return self.num_decode_submissions / self.num_decode_tokens
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    new_token_ids: list[int]              # tokens produced by this step
+    token_ids: list[int]                  # every generated token so far
+    finished: bool
+    finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
+    exit_loops: list[int]                 # loops of the selected state, per generated token
+    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
+    logprobs: list[float] | None = None   # per generated token (when asked)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
+
+
+def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
+    """The prompt as a list of ints, or a one-line ValueError (not ids, empty, out of vocabulary)."""
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
+        raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
+    if not len(prompt):
+        raise ValueError("empty prompt: give at least one token id")
+    array = np.asarray(prompt)
+    if array.ndim != 1 or array.dtype.kind not in "iu":
+        raise ValueError("prompt_token_ids must be a flat list of integer token ids")
+    ids = [int(t) for t in array]
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    return ids

@@ -9,6 +9,11 @@ predicate back to the host every loop. `per_loop` kinds cut a decode into one-lo
 submissions (a per-loop series): the loop state between submissions stays on device in
 `DeviceState.carry` (indexed by each request's carry slot), never on the host.
 
+The host reads a step back with `read(dispatch(...))`; between the two it may plan and
+dispatch the next step: a token the host has not read yet reaches the next step through
+`DeviceState.last_tokens` (each emitting row writes its slot, `StepBatch.token_from_device`
+tokens read it), and the device runs the submissions in dispatch order.
+
 Rows past their own loop count (`row_loops`) freeze their state and write no KV (fixed-depth
 requests never read those planes; `kv_cache.fill_last_exited` is for adaptive exits).
 Padding rows write only to the drop slot. Compilation is bounded: `warmup()` compiles every
@@ -68,14 +73,32 @@ class StepOut:  # device outputs of a step
     top_logprobs: jax.Array  # [R, k] f32
 
 
+@dataclass
+class PendingStep:
+    """A dispatched step not yet read back: its device outputs (None for a non-final per-loop
+    submission) and the number of real rows to read."""
+    out: StepOut | None
+    num_rows: int
+
+
 def _put(buffer, slots, values):  # buffer[slots] = values (padding rows: the spare last slot)
     return buffer.at[slots].set(values)
 
 
-def _finish(logits, batch, num_top_logprobs, exit_loops):
+def _input_ids(state: DeviceState, batch):
+    """[N] the step's token ids: a token sampled by a step still in flight comes from its row's
+    last-token slot (the host has not read it), the others from the batch."""
+    from_slot = state.last_tokens[batch.token_slot[batch.row_of_token]]
+    return jnp.where(batch.token_from_device, from_slot, batch.token_ids)
+
+
+def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit_loops):
+    """Sample; each emitting row's token also goes to its last-token slot (others: the spare)."""
     tokens, logprobs, top_ids, top_lp = sample(logits.astype(jnp.float32), batch.sampling,
                                                num_top_logprobs=num_top_logprobs)
-    return StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
+    spare = state.last_tokens.shape[0] - 1
+    last_tokens = _put(state.last_tokens, jnp.where(batch.row_is_real, batch.token_slot, spare), tokens)
+    return DeviceState(kv, carry, last_tokens), StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
 
 
 def _depth_loop(kind: StepKind, batch, body, carry, done):
@@ -101,7 +124,7 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
     attn = kv_cache.PagedAttention(layout, batch, backend)
     cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_theta)
     if kind.first:
-        x = ouro.embed(params, batch.token_ids)
+        x = ouro.embed(params, _input_ids(state, batch))
         ex = ouro.exit_init(r, cfg.hidden_size, cfg.total_ut_steps, x.dtype)
     else:
         x = state.carry["x"][batch.carry_slot]  # decode: N = R, token n is row n
@@ -137,13 +160,13 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         carry = {"x": _put(carry["x"], batch.carry_slot, x),
                  "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
     if not kind.final:
-        return DeviceState(kv, carry), None
+        return DeviceState(kv, carry, state.last_tokens), None
     if kind.adaptive:
         kv = kv_cache.fill_rows(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
     logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
     if kind.weighted:
         logits = jnp.where(batch.exit_weighted[:, None], acc, logits)
-    return DeviceState(kv, carry), _finish(logits, batch, num_top_logprobs, ex.exit_loop + 1)
+    return _finish(state, kv, carry, logits, batch, num_top_logprobs, ex.exit_loop + 1)
 
 
 def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
@@ -154,8 +177,8 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_base)
     dtype, last = params["embed"].dtype, batch.last_token_index
     if kind.first:
-        e, kv = huginn.prelude(params, cfg, huginn.embed(params, cfg, batch.token_ids), cos, sin,
-                               attn, state.kv, ops)
+        e, kv = huginn.prelude(params, cfg, huginn.embed(params, cfg, _input_ids(state, batch)), cos,
+                               sin, attn, state.kv, ops)
         seeded = huginn.initial_state(cfg, batch.init_seed, batch.positions, dtype)
         s = jnp.where((batch.init_mode == INIT_EXPLICIT)[:, None], batch.init_state.astype(dtype),
                       jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
@@ -193,7 +216,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         carry = {**carry, "e": _put(carry["e"], batch.carry_slot, e),
                  "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
-        return DeviceState(kv, carry), None
+        return DeviceState(kv, carry, state.last_tokens), None
     if kind.adaptive:
         core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
         kv = kv_cache.fill_rows(kv, layout, core, batch, ran - 1)
@@ -204,7 +227,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
     warm = rms_norm(sel[last], params["ln_f"], cfg.norm_eps)
     carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
     loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
-    return DeviceState(kv, carry), _finish(logits[last], batch, num_top_logprobs, loops)
+    return _finish(state, kv, carry, logits[last], batch, num_top_logprobs, loops)
 
 
 class Runner:
@@ -265,11 +288,15 @@ class Runner:
         self.state, out = self._compiled[key](self.params, self.state, batch)
         return out
 
-    def run(self, rows: list[RowInput], *, decode: bool, loop_begin: int = 0,
-            num_loops: int | None = None, series: bool = False, num_rows: int = 0,
-            num_tokens: int = 0) -> StepResult | None:
-        """One step over `rows` (prefill: packed chunks; decode: one token per row) running
-        loops [loop_begin, loop_begin + num_loops), then one host read of the outputs.
+    def run(self, rows: list[RowInput], **step) -> StepResult | None:
+        """dispatch() then read(): one step and its one host read."""
+        return self.read(self.dispatch(rows, **step))
+
+    def dispatch(self, rows: list[RowInput], *, decode: bool, loop_begin: int = 0,
+                 num_loops: int | None = None, series: bool = False, num_rows: int = 0,
+                 num_tokens: int = 0) -> PendingStep:
+        """Submit one step over `rows` (prefill: packed chunks; decode: one token per row)
+        running loops [loop_begin, loop_begin + num_loops); returns without waiting.
         series: a one-loop submission of a per-loop decode series (state kept on device)."""
         num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
         # A fused step runs the smallest compiled loop count that covers it (rows stop at theirs).
@@ -281,11 +308,15 @@ class Runner:
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens, adaptive=adaptive)
-        out = self.submit(batch, kind)
-        if out is None:
+        return PendingStep(self.submit(batch, kind), len(rows))
+
+    def read(self, pending: PendingStep) -> StepResult | None:
+        """The host copy of a dispatched step's outputs (waits for the device); None for a
+        non-final per-loop submission."""
+        if pending.out is None:
             return None
-        host = jax.device_get(out)  # the one host read of this step
-        k = len(rows)
+        host = jax.device_get(pending.out)  # the one host read of this step
+        k = pending.num_rows
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
 

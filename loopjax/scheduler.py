@@ -1,7 +1,9 @@
 """Scheduler: plans every step of the engine (pure Python over ints and lists, no JAX).
 
-The engine loop is `plan = schedule(); output = runner.run(plan); update(plan, output)`;
-one plan is in flight at a time (schedule() twice without update() is an error).
+The engine loop is `plan = schedule(); output = runner.run(plan); update(plan, output)`.
+`schedule()` applies a plan's effect on the requests' positions at once (the plan counts as
+dispatched): `num_computed_tokens` covers the positions it writes, and a row that samples a
+token holds it as pending (`Request.num_pending_tokens`) until `update()` reads it.
 
 Vocabulary:
 - A PREFILL step packs prompt chunks of up to `max_prefill_rows` requests, concatenated
@@ -11,14 +13,31 @@ Vocabulary:
   the submission runs all its loops and every row emits a token: one submission per output
   token. Per-loop: if any row is adaptive (or `fused_decode=False`), the rows of one token
   run as a series of one-loop submissions (loop_begin = 0, 1, ...) with the same rows
-  minus those that emitted; prefill steps may run between them.
+  minus those that emitted; prefill steps may run between them. A per-loop submission
+  changes its rows' state only at its update (the device decides which rows emit).
 - The prefill share: a decode submission of L loops allows L x max_prefill_batches_before_decode
   prefill steps before the next decode (just max_prefill_batches_before_decode with
   `prefill_share_per_loop=False`), so prompt work keeps the share it had without fusion.
 - Prefix cache (`enable_prefix_caching`, loopjax/prefix_cache.py): an admitted request first
   takes the cached pages of its prefix and starts with `num_computed_tokens` = their length,
   so its first chunk (and the runner's positions and slots) starts after them; every update
-  publishes the full pages a step finished computing.
+  publishes the full pages below the end of the rows it applies (known tokens, KV written).
+
+Planning ahead (async scheduling): with one plan in flight (planned, not yet updated),
+`schedule()` may plan the next when `can_schedule_ahead()`; the engine then dispatches step
+n+1 before it reads step n. At most two plans are in flight, updated in planning order.
+- A row with a pending token decodes it next: its input is on the device
+  (`StepPlan.input_on_device`); its position and pages count the pending token.
+- A request that certainly finishes at a step in flight (max_tokens, max_seq_len) is not
+  planned again. One that finishes unexpectedly there (stop token or string, abort) may be
+  in the next plan already: that row's token is dropped at its update, never reported. Its
+  pages (and the engine's slots) return at once and only later plans reuse them: safe, as
+  the device runs submissions in order on one stream (a later step writes after it).
+- No planning ahead during a per-loop series, when the next decode would be per-loop
+  (`fused_decode=False`, adaptive rows), or when a row needs pages the pool lacks:
+  `schedule()` returns None and the next plan waits for the update, so preemption keeps
+  the synchronous order and never meets a pending token.
+- The prefix cache publishes only pages of known tokens (see above).
 """
 
 from __future__ import annotations
@@ -36,6 +55,10 @@ from loopjax.step_plan import SchedulerConfig, StepKind, StepOutput, StepPlan
 __all__ = ["Scheduler", "SchedulerConfig", "StepKind", "StepOutput", "StepPlan"]
 
 
+class _NeedsUpdate(Exception):
+    """Planning ahead met a case that needs the update of the plan in flight (pages)."""
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
         self.config = config
@@ -50,7 +73,7 @@ class Scheduler:
         self._series_loop = 0                   # next loop_begin of the series
         self._prefills_since_decode = 0
         self._prefill_allowance = config.max_prefill_batches_before_decode
-        self._in_flight: StepPlan | None = None
+        self._in_flight: deque[StepPlan] = deque()  # planned, not yet updated (oldest first)
         self._num_arrivals = 0
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
         self.num_preemptions = 0
@@ -123,8 +146,15 @@ class Scheduler:
         }
 
     # ---------------------------------------------------------------- planning
+    def can_schedule_ahead(self) -> bool:
+        """A plan is in flight and schedule() may plan the next one before its update: one
+        plan in flight, no per-loop series running or due (module note, "Planning ahead")."""
+        return (len(self._in_flight) == 1 and not self._series and self.config.fused_decode
+                and not any(r.adaptive for r in self.running))
+
     def schedule(self) -> StepPlan | None:
-        """Plan the next step; None when no request is unfinished.
+        """Plan the next step; None when nothing can be planned now: no request is unfinished,
+        or (planning ahead) the next plan needs the update of the one in flight.
 
         The rule: decode runs when some row is decoding and the prefill share granted by the
         last decode step is used up, or when no prefill work can be placed; otherwise one
@@ -134,27 +164,56 @@ class Scheduler:
         prefilled request) needs pages the pool lacks, the most recently arrived running
         requests are preempted by recompute.
         """
-        if self._in_flight is not None:
+        ahead = bool(self._in_flight)
+        if ahead and not self.can_schedule_ahead():
             raise RuntimeError("schedule() called again before update() of the previous plan")
         if not self.requests:
             return None
         preempted: list[Request] = []
         plan = None
-        for _ in range(2):  # a decode that preempted all its rows falls back to prefill once
-            decode_ready = any(r.phase is RequestPhase.DECODING for r in self.running)
-            if not decode_ready or self._prefills_since_decode < self._prefill_allowance:
-                plan = self._plan_prefill(preempted)
-            if plan is None and decode_ready:
-                plan = self._plan_decode(preempted)
-            if plan is not None:
-                break
-        if plan is None:  # NOTE: unreachable by the rule above; a stall must not spin silently
+        try:
+            for _ in range(2):  # a decode that preempted all its rows falls back to prefill once
+                decode_ready = any(self._decodes_next(r) for r in self.running)
+                if not decode_ready or self._prefills_since_decode < self._prefill_allowance:
+                    plan = self._plan_prefill(preempted, ahead)
+                if plan is None and decode_ready:
+                    plan = self._plan_decode(preempted, ahead)
+                if plan is not None:
+                    break
+        except _NeedsUpdate:
+            return None  # NOTE: rows reserved so far keep their pages; they need them next anyway
+        if plan is None:
+            if ahead:
+                return None
+            # NOTE: unreachable by the rule above; a stall must not spin silently
             raise RuntimeError(f"scheduler stalled with {len(self.requests)} unfinished requests")
-        self._in_flight = plan
+        self._dispatched(plan)
+        self._in_flight.append(plan)
         self.num_steps += 1
         return plan
 
-    def _plan_prefill(self, preempted: list[Request]) -> StepPlan | None:
+    def _decodes_next(self, request: Request) -> bool:
+        """A decoding request that may still need a token after the steps in flight."""
+        if request.phase is not RequestPhase.DECODING:
+            return False
+        if request.num_pending_tokens == 0:
+            return True
+        max_tokens = request.max_tokens
+        return ((max_tokens is None or request.num_output_tokens + request.num_pending_tokens < max_tokens)
+                and request.num_planned_tokens < self.config.max_seq_len)
+
+    def _dispatched(self, plan: StepPlan) -> None:
+        """The plan's positions count as computed and its sampled tokens as pending (a
+        per-loop submission's rows change at its update: the device decides who emits)."""
+        if plan.is_per_loop:
+            return
+        for request, (_, end), emits in zip(plan.requests, plan.token_ranges, plan.emits):
+            request.num_computed_tokens = end
+            if emits:
+                request.num_pending_tokens += 1
+                request.phase = RequestPhase.DECODING
+
+    def _plan_prefill(self, preempted: list[Request], ahead: bool) -> StepPlan | None:
         cfg = self.config
         budget = cfg.max_prefill_tokens
         rows: list[Request] = []
@@ -167,7 +226,7 @@ class Scheduler:
                 break
             start = request.num_computed_tokens
             end = min(request.num_tokens, start + budget)
-            if not self._reserve(request, end, preempted, rows):
+            if not self._reserve(request, end, preempted, rows, ahead):
                 blocked = True
                 break
             rows.append(request)
@@ -200,16 +259,17 @@ class Scheduler:
             token_ranges=tuple(ranges), emits=tuple(e == r.num_tokens for r, (_, e) in zip(rows, ranges)),
             row_loops=row_loops, loop_begin=0, num_loops=max(row_loops), num_real_rows=len(rows),
             row_bucket=cfg.prefill_row_bucket(len(rows)), num_real_tokens=num_tokens,
-            token_bucket=cfg.token_bucket(num_tokens), preempted=tuple(preempted))
+            token_bucket=cfg.token_bucket(num_tokens), preempted=tuple(preempted),
+            input_on_device=(False,) * len(rows))
 
-    def _plan_decode(self, preempted: list[Request]) -> StepPlan | None:
+    def _plan_decode(self, preempted: list[Request], ahead: bool) -> StepPlan | None:
         cfg = self.config
         if not self._series:  # a new token: every decoding request joins, oldest first
             rows: list[Request] = []
             for request in list(self.running):
-                if request.phase is not RequestPhase.DECODING:
-                    continue  # prefilling, or preempted by an older row just now
-                if self._reserve(request, request.num_tokens, preempted, rows):
+                if not self._decodes_next(request):
+                    continue  # prefilling, preempted by an older row just now, or finishing
+                if self._reserve(request, request.num_planned_tokens, preempted, rows, ahead):
                     rows.append(request)
                 else:  # even preempting every newer request leaves too few pages
                     self._preempt(request, preempted)
@@ -233,17 +293,21 @@ class Scheduler:
         bucket = cfg.row_bucket(len(rows))
         return StepPlan(
             step_id=self.num_steps, kind=StepKind.DECODE, requests=tuple(rows),
-            token_ranges=tuple((r.num_tokens - 1, r.num_tokens) for r in rows), emits=emits,
-            row_loops=row_loops, loop_begin=loop_begin, num_loops=num_loops,
+            token_ranges=tuple((r.num_planned_tokens - 1, r.num_planned_tokens) for r in rows),
+            emits=emits, row_loops=row_loops, loop_begin=loop_begin, num_loops=num_loops,
             num_real_rows=len(rows), row_bucket=bucket, num_real_tokens=len(rows),
-            token_bucket=bucket, preempted=tuple(preempted))
+            token_bucket=bucket, preempted=tuple(preempted),
+            input_on_device=tuple(r.num_pending_tokens > 0 for r in rows))
 
     def _reserve(self, request: Request, num_tokens: int, preempted: list[Request],
-                 protected: list[Request]) -> bool:
+                 protected: list[Request], ahead: bool) -> bool:
         """Pages for num_tokens positions of an admitted request, preempting newer running
-        requests (most recent first) if that is enough; False (nothing preempted) otherwise."""
+        requests (most recent first) if that is enough; False (nothing preempted) otherwise.
+        Planning ahead, a shortfall raises _NeedsUpdate: the synchronous order decides."""
         bm = self.block_manager
         if not bm.can_fit(request, num_tokens):
+            if ahead:
+                raise _NeedsUpdate
             newer = [r for r in self.running
                      if r.arrival_order > request.arrival_order and r not in protected]
             if not bm.can_fit(request, num_tokens, reclaim=newer):
@@ -255,6 +319,7 @@ class Scheduler:
 
     def _preempt(self, request: Request, preempted: list[Request]) -> None:
         """Recompute later: pages back, generated tokens kept, queued by arrival at the front."""
+        assert request.num_pending_tokens == 0, f"{request.request_id}: preempted with a token in flight"
         self.block_manager.free(request)
         self.running.remove(request)
         if request in self._series:
@@ -273,9 +338,11 @@ class Scheduler:
 
     # ---------------------------------------------------------------- results
     def update(self, plan: StepPlan, output: StepOutput) -> list[Request]:
-        """Apply a step's output; returns the requests that got a token or finished, in row order."""
-        if plan is not self._in_flight:
-            raise ValueError("update() expects the plan returned by the last schedule()")
+        """Apply a step's output; returns the requests that got a token or finished, in row order.
+        Plans are updated in the order they were planned; a row whose request finished (or
+        was aborted) since its plan was made is skipped: its token is dropped."""
+        if not self._in_flight or plan is not self._in_flight[0]:
+            raise ValueError("update() expects the oldest plan returned by schedule() and not updated")
         n = plan.num_real_rows
         if len(output.token_ids) != n or len(output.exit_loops) != n:
             raise ValueError(f"step {plan.step_id}: output has {len(output.token_ids)} tokens and "
@@ -286,7 +353,7 @@ class Scheduler:
                                  "must emit a token")
             if output.token_ids[i] is not None and output.exit_loops[i] is None:
                 raise ValueError(f"step {plan.step_id}: row {i} has a token but no exit loop")
-        self._in_flight = None
+        self._in_flight.popleft()
         now = self.clock()
         changed = []
         for request, (_, end), token, exit_loop in zip(plan.requests, plan.token_ranges,
@@ -295,20 +362,22 @@ class Scheduler:
                 continue  # aborted/finished after planning
             if plan.kind is StepKind.PREFILL:
                 request.num_prefill_submissions += 1
-                request.num_computed_tokens = end
-                self.block_manager.publish(request)  # NOTE: before _append may free its pages
-                if end < request.num_tokens:
-                    continue  # more prompt chunks to come
-                request.phase = RequestPhase.DECODING
             else:
                 request.num_decode_submissions += 1
+            if plan.is_per_loop:  # the state changes now (see _dispatched)
                 if token is None:
                     request.num_loops_done = plan.loop_end
                     continue
                 request.num_computed_tokens = end
-                self.block_manager.publish(request)
                 request.num_loops_done = 0
+            # NOTE: published before _append may free the pages; positions < end have known tokens
+            self.block_manager.publish(request, end)
+            if token is None:
+                continue  # more prompt chunks to come
+            if plan.kind is StepKind.DECODE:
                 request.num_decode_tokens += 1
+            if not plan.is_per_loop:
+                request.num_pending_tokens -= 1
             self._append(request, token, exit_loop, now)
             changed.append(request)
         if plan.kind is StepKind.DECODE and self._series:

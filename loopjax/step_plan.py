@@ -127,13 +127,17 @@ class StepPlan:
     token_bucket: int               # compiled tokens (prefill: a token bucket; decode: row_bucket)
     preempted: tuple[Request, ...]  # preempted while planning this step: pages freed; the
     #                                 runner drops any device state it keeps for them
+    input_on_device: tuple[bool, ...]  # per row: its (last) input token was sampled by a step
+    #                                 still in flight: the host does not know it, the device
+    #                                 reads it from the row's last-token slot (decode only)
 
     def __post_init__(self):
         n = self.num_real_rows
         if self.num_loops < 1:  # NOTE: explicit; nothing downstream may turn a 0 into 1
             raise ValueError(f"step {self.step_id}: a plan runs at least one loop, got {self.num_loops}")
-        if not (len(self.requests) == len(self.token_ranges) == len(self.emits) == len(self.row_loops)
-                == n <= self.row_bucket) or self.num_real_tokens > self.token_bucket:
+        sizes = {len(self.requests), len(self.token_ranges), len(self.emits), len(self.row_loops),
+                 len(self.input_on_device)}
+        if sizes != {n} or n > self.row_bucket or self.num_real_tokens > self.token_bucket:
             raise ValueError(f"step {self.step_id}: inconsistent plan ({n} rows, bucket {self.row_bucket}, "
                              f"{self.num_real_tokens} tokens, bucket {self.token_bucket})")
 
@@ -141,8 +145,15 @@ class StepPlan:
     def loop_end(self) -> int:
         return self.loop_begin + self.num_loops
 
+    @property
+    def is_per_loop(self) -> bool:
+        """A submission of a per-loop decode series: fewer loops than some row's token needs."""
+        return self.kind is StepKind.DECODE and (self.loop_begin > 0
+                                                 or self.num_loops < max(self.row_loops, default=0))
+
     def input_token_ids(self) -> list[int]:
-        """The real tokens of the step, packed in row order."""
+        """The real tokens of the step, packed in row order (known ones: read before any row
+        has an input on the device)."""
         return [t for r, (s, e) in zip(self.requests, self.token_ranges) for t in r.token_ids(s, e)]
 
     def positions(self) -> list[int]:

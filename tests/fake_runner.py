@@ -11,10 +11,14 @@
   wrongly, freed too early or mapped wrong fails the test at once. Given the block manager,
   it also asserts a step never writes a page that another request holds or the prefix cache
   published. It checks the per-loop carry too: a row's loops arrive in order.
+- Like the device, it runs a plan when it is dispatched (`run`), in dispatch order, and keeps
+  each request's last sampled token: a row whose input is on the device (a token still in
+  flight, `StepPlan.input_on_device`) reads it from there, never from the host.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 from loopjax.block_manager import BlockManager
@@ -34,6 +38,8 @@ class FakeRunner:
         self.block_manager = block_manager
         self.pool: list[tuple | None] = [None] * (num_pages * page_size)
         self.loops_done: dict[str, int] = {}  # per-loop decode carry: loops run for the pending token
+        self.last_sampled: dict[str, int] = {}  # the device's last-token slots, by request
+        self.emitted: dict[str, int] = {}       # tokens sampled per request (dropped ones too)
         self.num_submissions = 0
 
     def run(self, plan: StepPlan) -> StepOutput:
@@ -46,7 +52,7 @@ class FakeRunner:
         exits: list[int | None] = []
         for i, request in enumerate(plan.requests):
             start, end = plan.token_ranges[i]
-            context = self._write_and_read(request, start, end)
+            context = self._write_and_read(request, start, end, plan.input_on_device[i])
             last = context[-1]
             depth = plan.row_loops[i]
             exit_loop = adaptive_exit(last, depth) if request.adaptive else depth
@@ -62,14 +68,22 @@ class FakeRunner:
             assert done or not plan.emits[i], f"row {i} must emit but has loops left"
             tokens.append((last + 1) % self.vocab_size if done else None)
             exits.append(exit_loop if done else None)
+            if done:
+                self.last_sampled[request.request_id] = tokens[-1]
+                self.emitted[request.request_id] = self.emitted.get(request.request_id, 0) + 1
         return StepOutput(token_ids=tokens, exit_loops=exits)
 
-    def _write_and_read(self, request: Request, start: int, end: int) -> list[int]:
+    def _write_and_read(self, request: Request, start: int, end: int, on_device: bool) -> list[int]:
         rid, size = request.request_id, self.page_size
         assert len(request.page_ids) * size >= end, f"{rid}: pages do not cover position {end - 1}"
         shareable = request.cache_salt is not None and not request.adaptive
         identity = (request.cache_salt, request.max_loops) if shareable else ("private", rid)
-        tokens = tuple(request.token_ids(0, end))
+        if on_device:  # the input is the token sampled by a step the host has not read yet
+            assert end - 1 == request.num_tokens, f"{rid}: input {end - 1} is not the pending token"
+            tokens = tuple(request.token_ids(0, end - 1)) + (self.last_sampled[rid],)
+        else:
+            assert end <= request.num_tokens, f"{rid}: input {end - 1} is not known on the host"
+            tokens = tuple(request.token_ids(0, end))
         slots = [request.page_ids[p // size] * size + p % size for p in range(end)]
         bm = self.block_manager
         for p in range(start, end):
@@ -94,30 +108,40 @@ class Trace:
 
 
 def drive(scheduler: Scheduler, runner: FakeRunner, arrivals: dict[int, list[Request]] | None = None,
-          *, max_steps: int = 10_000, before_step=None) -> Trace:
+          *, max_steps: int = 10_000, before_step=None, pipelined: bool = False) -> Trace:
     """Run schedule -> run -> update to completion; arrivals[k] are added before step k.
 
-    Checks the pool against the live requests after every step; before_step(k) may act
-    (abort, finish) before step k is planned."""
+    pipelined: as the engine with async scheduling, each step plans (and runs) the next plan
+    before it updates the oldest one in flight, whenever `can_schedule_ahead()` allows; a
+    step that could not plan ahead records "|" in `trace.kinds`. Checks the pool against
+    the live requests after every step; before_step(k) may act (abort, finish) before step k
+    is planned."""
     arrivals = dict(arrivals or {})
     trace = Trace()
+    in_flight: deque = deque()
     for step in range(max_steps):
         for request in arrivals.pop(step, []):
             scheduler.add(request)
         if before_step is not None:
             before_step(step)
-        plan = scheduler.schedule()
-        if plan is None:
+        while not in_flight or (pipelined and len(in_flight) == 1 and scheduler.can_schedule_ahead()):
+            plan = scheduler.schedule()
+            if plan is None:
+                break
+            trace.kinds += "P" if plan.kind is StepKind.PREFILL else "D"
+            trace.rows.append([r.request_id for r in plan.requests])
+            trace.loops.append(plan.num_loops)
+            in_flight.append((plan, runner.run(plan)))
+        if pipelined and len(in_flight) == 1 and scheduler.has_unfinished():
+            trace.kinds += "|"  # the next plan waits for this update
+        if not in_flight:
             if not arrivals:
                 return trace
             trace.kinds += "-"  # idle step
             trace.rows.append([])
             trace.loops.append(0)
             continue
-        trace.kinds += "P" if plan.kind is StepKind.PREFILL else "D"
-        trace.rows.append([r.request_id for r in plan.requests])
-        trace.loops.append(plan.num_loops)
-        for request in scheduler.update(plan, runner.run(plan)):
+        for request in scheduler.update(*in_flight.popleft()):
             trace.first_token_step.setdefault(request.request_id, step)
             if request.is_finished:
                 trace.finished[request.request_id] = request

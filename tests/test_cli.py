@@ -26,3 +26,13 @@ def test_convert_error_goes_through_the_entry_point(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("loopjax convert: error:")
     assert not (tmp_path / "out").exists()
+
+
+def test_loopjax_generate_stays_the_function_after_the_cli_imports_its_module():
+    # The function's module is loopjax.llm: importing it (as `loopjax generate` does) must not
+    # replace the package attribute `loopjax.generate` with a module.
+    import loopjax
+    import loopjax.generate_cli  # noqa: F401
+    import loopjax.llm  # noqa: F401
+
+    assert callable(loopjax.generate) and callable(loopjax.LLM)

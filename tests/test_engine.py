@@ -93,10 +93,10 @@ def test_padding_rows_write_no_page(ouro_engine, ouro_ref):
     ouro_engine.step()  # prefill
     request = ouro_engine.scheduler.get("pad")
     before = jax.device_get(ouro_engine.runner.state.kv)
-    ouro_engine.step()  # decode of position len(prompt)
+    ouro_engine.step()  # dispatches one decode (pipelined: of the position after len(prompt))
     after = jax.device_get(ouro_engine.runner.state.kv)
     size = ouro_engine.layout.page_size
-    pos = len(prompt)
+    pos = request.num_computed_tokens - 1  # the input position of the last dispatched step
     slot = request.page_ids[pos // size] * size + pos % size
     for b, a in zip(before.k + before.v, after.k + after.v):
         flat_b = b.reshape(b.shape[0], b.shape[1], -1, b.shape[-1])
@@ -322,13 +322,15 @@ def test_prefill_share_first_token_step_and_chunked_prefill(ouro_engine, ouro_mo
     By hand: step 0 prefills A, step 1 decodes A (4 fused loops), step 2 prefills B[0:32].
     Share on: 4 x 1 prefill batches may follow a 4-loop decode, so step 3 prefills B[32:40]
     and B's first token comes at step 3. Share off: one prefill batch per decode, so step 3
-    decodes A and step 4 finishes B. B's tokens equal the identity path's greedy."""
+    decodes A and step 4 finishes B. B's tokens equal the identity path's greedy. (Step
+    numbers of the synchronous loop: async scheduling is off here.)"""
     import dataclasses
 
     from loopjax.models import ouro
     sched = ouro_engine.scheduler
-    saved = sched.config
+    saved, saved_engine = sched.config, ouro_engine.config
     sched.config = dataclasses.replace(saved, prefill_share_per_loop=share)
+    ouro_engine.config = dataclasses.replace(saved_engine, async_scheduling=False)
     try:
         rng = np.random.default_rng(7)
         prompt_b = rng.integers(3, 256, size=40).tolist()
@@ -347,7 +349,7 @@ def test_prefill_share_first_token_step_and_chunked_prefill(ouro_engine, ouro_mo
             kinds.append("D" if sched.num_decode_steps > before else "P")
             step += 1
     finally:
-        sched.config = saved
+        sched.config, ouro_engine.config = saved, saved_engine
     assert first_token_step == (3 if share else 4)
     assert "".join(kinds[:5]) == ("PDPPD" if share else "PDPDP")
     expected = ouro.greedy_nocache(ouro_model.params, ouro_model.cfg, prompt_b, 6)

@@ -3,6 +3,8 @@ when every row exited): Huginn's adaptive goldens (every stored run: tokens and 
 call, "last exited" planes via the fill, the compress-s8 ring), Ouro's Q-exit in skip mode
 against the host-driven reference, and batch-composition independence of mixed exits."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
@@ -111,3 +113,30 @@ def test_huginn_warm_start_golden(huginn_engines):
     assert finals[warm].token_ids == gen["gen_cc_tokens"][0].tolist()
     assert finals[cold].token_ids == gen["gen_tokens"][0].tolist()
     assert len(engine._free_carry) == engine.runner.max_rows  # the warm row's slot came back
+
+
+def test_huginn_async_scheduling_equals_synchronous(huginn_engines):
+    """Pipelined steps (async scheduling) keep Huginn's carried state right: warm start, an
+    exit criterion (device exits), position-keyed and explicit s0, seeded sampling."""
+    gen = load_file(f"{HUGINN}/generate.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    engine = huginn_engines["per_loop"]
+    greedy = dict(max_tokens=8, temperature=0.0, ignore_eos=True)
+    requests = [("warm", prompt, SamplingParams(**greedy, loops=8),
+                 dict(initial_state=gen["gen_cc_prefill_init_state"][0], warm_start=True)),
+                ("kl", prompt[:9], SamplingParams(**greedy, loops=16, exit_criterion="kl",
+                                                  exit_mode="skip"), {}),
+                ("explicit", prompt, SamplingParams(**greedy, loops=8),
+                 dict(initial_state=gen["gen_init_states"][0])),
+                ("sampled", prompt[:5], SamplingParams(max_tokens=6, temperature=1.0, seed=11,
+                                                       ignore_eos=True, loops=8), {})]
+    runs = []
+    for pipelined in (False, True):
+        engine.config = dataclasses.replace(engine.config, async_scheduling=pipelined)
+        for rid, ids, params, kw in requests:
+            engine.add_request(ids, params, rid, **kw)
+        runs.append({rid: (o.token_ids, o.exit_loops) for rid, o in finish(engine).items()})
+    assert runs[0] == runs[1]
+    assert runs[1]["warm"][0] == gen["gen_cc_tokens"][0].tolist()
+    assert min(runs[1]["kl"][1]) < 16  # the criterion exited early on the device
+    assert engine.stats()["pages_free"] == engine.stats()["pages_total"]

@@ -118,13 +118,13 @@ def test_default_engine_compiles_no_weighted_step(model):
 
 
 def test_skip_runs_only_k_plus_one_loops(model, engine, monkeypatch):
-    seen, run = [], engine.runner.run
+    seen, dispatch = [], engine.runner.dispatch
 
     def spy(rows, *, decode, **kw):
         if decode:
             seen.extend(r.loops for r in rows)
-        return run(rows, decode=decode, **kw)
-    monkeypatch.setattr(engine.runner, "run", spy)
+        return dispatch(rows, decode=decode, **kw)
+    monkeypatch.setattr(engine.runner, "dispatch", spy)
     finals = run_all(engine, {"s": (PROMPTS[1], greedy(exit_step=1, exit_mode="skip"))})
     assert seen == [2] * (NEW - 1)  # decode tokens run loops 0..1 (the prompt runs every loop)
     assert finals["s"].token_ids == reference(model, PROMPTS[1], exit_step=1)[0]

@@ -78,7 +78,7 @@ def test_paged_backend_matches_dense_causal():
     from loopjax.batch import RowInput
     rows = [RowInput([1] * 6, 0, [5, 2], True, 4, params), RowInput([1] * 3, 0, [7], True, 4, params)]
     batch = build_step_batch(rows, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
-                             drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_carry_slot=2)
+                             drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_slot=2)
     batch = jax_tree_asarray(batch)
     rng = np.random.default_rng(1)
     q, k, v = (jnp.asarray(rng.normal(size=(12, 4, 16)), jnp.float32) for _ in range(3))
@@ -131,7 +131,7 @@ def test_ouro_shared_writes_and_reads_by_page_kind():
             RowInput([1], 2, [1], True, 4, params, page_planes=[-1], decoded=True)]
     batch = jax_tree_asarray(build_step_batch(
         rows, num_rows=2, num_tokens=2, max_pages=2, page_size=4, drop_slot=layout.drop_slot,
-        loop_begin=0, loop_end=4, pad_carry_slot=2))
+        loop_begin=0, loop_end=4, pad_slot=2))
     q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 16)), jnp.float32) for _ in range(3))
     new, out = kv_cache.PagedAttention(layout, batch)(
         kv_cache.KVPool(pool.k[:1], pool.v[:1]), 0, 2, q, k, v)

@@ -179,7 +179,8 @@ def test_fused_rows_of_different_depths_share_one_submission():
 
 def test_plan_states_a_positive_loop_count():
     plan = dict(step_id=0, kind=StepKind.DECODE, requests=(), token_ranges=(), emits=(), row_loops=(),
-                loop_begin=0, num_real_rows=0, row_bucket=1, num_real_tokens=0, token_bucket=1, preempted=())
+                loop_begin=0, num_real_rows=0, row_bucket=1, num_real_tokens=0, token_bucket=1, preempted=(),
+                input_on_device=())
     with pytest.raises(ValueError, match="at least one loop, got 0"):
         StepPlan(num_loops=0, **plan)
     with pytest.raises(ValueError, match="inconsistent plan"):
@@ -339,14 +340,19 @@ def test_protocol_errors():
     assert sched.schedule() is None
     sched.add(req("A", [1]))
     plan = sched.schedule()
+    out = runner.run(plan)
+    ahead = sched.schedule()  # one plan may be planned ahead of the update of the other
+    assert ahead.input_on_device == (True,) and ahead.token_ranges == ((1, 2),)
     with pytest.raises(RuntimeError, match="before update"):
         sched.schedule()
+    with pytest.raises(ValueError, match="oldest plan"):
+        sched.update(ahead, runner.run(ahead))
     with pytest.raises(ValueError, match="1 real rows"):
         sched.update(plan, StepOutput(token_ids=[], exit_loops=[]))
     with pytest.raises(ValueError, match="must emit a token"):
         sched.update(plan, StepOutput(token_ids=[None], exit_loops=[None]))
-    sched.update(plan, runner.run(plan))
-    with pytest.raises(ValueError, match="last schedule"):
+    sched.update(plan, out)
+    with pytest.raises(ValueError, match="oldest plan"):
         sched.update(plan, StepOutput(token_ids=[2], exit_loops=[4]))
 
 
@@ -405,7 +411,68 @@ def test_random_configs_tiny_pool_equals_big_pool(seed):
     min_pages = -(-ctx // page_size)
     results = []
     for num_pages in (1000, rng.randint(min_pages, min_pages + 4)):
-        sched, runner = setup(cfg(num_pages=num_pages, **knobs))
-        results.append(_outputs(drive(sched, runner, workload())))
-        assert sched.block_manager.num_free_pages == num_pages and not sched.has_unfinished()
-    assert results[0] == results[1] and len(results[0]) == 15
+        for pipelined in (False, True):
+            sched, runner = setup(cfg(num_pages=num_pages, **knobs))
+            results.append(_outputs(drive(sched, runner, workload(), pipelined=pipelined)))
+            assert sched.block_manager.num_free_pages == num_pages and not sched.has_unfinished()
+            for rid, (tokens, _, reason) in results[-1].items():  # a dropped token only after a stop
+                dropped = runner.emitted[rid] - len(tokens)
+                assert dropped == 0 or (dropped == 1 and reason == "stop" and pipelined), rid
+    assert all(r == results[0] for r in results) and len(results[0]) == 15
+
+
+# ---------------------------------------------------------------- planning ahead (async scheduling)
+
+def assert_pool_whole(sched):
+    assert not sched.has_unfinished() and not sched.running
+    sched.block_manager.check([])
+    assert sched.block_manager.num_free_pages == sched.config.num_pages
+
+
+def test_plans_ahead_while_one_is_in_flight():
+    sched, runner = setup(cfg())
+    a, b = req("A", [10, 11, 12], 3), req("B", [20, 21], 5)
+    trace = drive(sched, runner, {0: [a, b]}, pipelined=True)
+    # 0 P[A,B], and D[A,B] planned before its update (share used): inputs on the device.
+    # 1, 2: the next decode ahead of each update; at 2 A (3rd token in flight) is left out,
+    # at 4 B (5th) too: nothing to plan ahead, so the update comes first ("|").
+    assert trace.kinds == "PDDDD|"
+    assert trace.rows == [["A", "B"]] * 3 + [["B"]] * 2
+    assert a.output_token_ids == [13, 14, 15] and b.output_token_ids == [22, 23, 24, 25, 26]
+    assert runner.emitted == {"A": 3, "B": 5}  # max_tokens never over-schedules
+    assert a.decode_submissions_per_token == b.decode_submissions_per_token == 1.0
+    assert_pool_whole(sched)
+
+
+def test_stop_and_abort_drop_the_token_in_flight():
+    sched, runner = setup(cfg(page_size=2, num_pages=6))
+    a = req("A", [1], max_tokens=10, stop=(3,))
+    b, c = req("B", [50, 51], max_tokens=10), req("C", [70, 71, 72, 73, 74, 75, 76], 2)
+
+    def act(step):
+        if step == 3:
+            assert b.num_pending_tokens == 1 and sched.abort("B") is b  # its decode is in flight
+    trace = drive(sched, runner, {0: [a, b], 3: [c]}, before_step=act, pipelined=True)
+    # A samples 2 then the stop token 3; its next decode was already planned with 3 as input:
+    # that token (4) is sampled on the device and dropped. B is aborted with a decode in flight.
+    assert a.output_token_ids == [2, 3] and a.finish_reason == "stop" and runner.emitted["A"] == 3
+    assert b.finish_reason == "abort" and runner.emitted["B"] > len(b.output_token_ids)
+    # C (4 pages) fits only in pages A and B gave back while their last decodes were in
+    # flight: planned after those (the fake pool checks every slot it reads back).
+    assert trace.rows[trace.kinds.replace("|", "").index("P", 1)] == ["C"]
+    assert c.output_token_ids == [77, 78]
+    assert_pool_whole(sched)
+
+
+def test_preemption_falls_back_to_the_synchronous_order():
+    config = cfg(page_size=2, num_pages=4, max_context_len=8)
+    sched, runner = setup(config)
+    a, b = req("A", [1, 2, 3], 4), req("B", [4, 5, 6], 4)
+    trace = drive(sched, runner, {0: [a, b]}, pipelined=True)
+    # 0 P[A,B] (pool full), D[A,B] ahead; 1 A's next position needs a page: no plan ahead
+    # ("|"); 2 after the update, B is preempted as in the synchronous order, D[A] and D[A]
+    # ahead; 3 A's last token is in flight and B cannot be admitted: "|"; 4 P[B], D[B].
+    assert trace.kinds == "PD|DD|PD|"
+    assert a.output_token_ids == [4, 5, 6, 7] and b.output_token_ids == [7, 8, 9, 10]
+    assert sched.num_preemptions == 1 and runner.emitted == {"A": 4, "B": 4}
+    assert_pool_whole(sched)

@@ -116,7 +116,7 @@ def _wait_idle(aengine, timeout_s=30):
 
 # ------------------------------------------------------------------ live server
 def test_completion_greedy_equals_generate(client, model):
-    from loopjax.generate import generate
+    from loopjax.llm import generate
 
     prompts = [[5, 9, 13, 17, 21], [7, 3, 100, 42]]
     ref = generate(model, prompts, max_new_tokens=8, engine_options=dict(REF_ENGINE))
@@ -140,7 +140,7 @@ def test_text_prompt_and_batch_of_prompts(client, model):
 
 
 def test_chat_uses_template(client, model):
-    from loopjax.generate import generate
+    from loopjax.llm import generate
 
     messages = [{"role": "system", "content": "the model"}, {"role": "user", "content": "hello world"}]
     ids = model.tokenizer.encode(render_chat(CHATML, messages), add_special_tokens=False).ids
