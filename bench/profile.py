@@ -13,7 +13,9 @@ returns outputs the wrapper waits for them ("wait", `jax.block_until_ready`): th
 them right after anyway, so this splits the wait from the copy without changing the pipeline
 (a runner that overlaps steps needs `--no-split-wait`: the wait then stays in "read").
 Derived: read = run - make_batch - submit - wait (device_get); other = step - schedule - run -
-update (rows, outputs); host = step - wait. Count, mean and p50 (ms) per step kind.
+update (rows, outputs); host = step - wait. With the pipelined runner (`Runner.read` exists)
+read is timed directly and holds the wait for the device: host = step - wait - read.
+Count, mean and p50 (ms) per step kind.
 
 Device trace: the same burst again; once every request decodes (or the rows are full),
 `--trace-steps` engine steps run under `jax.profiler.trace` (perfetto JSON), each inside a
@@ -84,13 +86,15 @@ class StageTimer:
                 self._add("wait", time.perf_counter() - start)
 
         def planned(plan):
-            if self._now is not None and plan is not None:
+            # NOTE: a pipelined step may plan twice (prefill, then the decode after it): the first names it.
+            if self._now is not None and plan is not None and self._now.get("kind") == "idle":
                 self._now.update(kind=plan.kind.value, rows=plan.num_real_rows, bucket=plan.row_bucket,
                                  tokens=plan.num_real_tokens)
 
         timed(engine.scheduler, "schedule", "schedule", planned)
         timed(engine.scheduler, "update", "update")
         timed(engine.runner, "run", "run")
+        timed(engine.runner, "read", "read")  # the pipelined runner: read = wait + copy
         timed(engine.runner, "make_batch", "make_batch")
         timed(engine.runner, "submit", "submit", wait)
         step = engine.step
@@ -113,7 +117,12 @@ class StageTimer:
 
 def derive(record: dict) -> dict:
     """A step record with the derived stages (read, other, host) filled in."""
-    r = {s: record.get(s, 0.0) for s in ("schedule", "make_batch", "submit", "wait", "run", "update")}
+    r = {s: record.get(s, 0.0) for s in ("schedule", "make_batch", "submit", "wait", "run", "read",
+                                         "update")}
+    if "read" in record:  # Runner.read wrapped (dispatch/read split): it holds the device wait
+        run = r["make_batch"] + r["submit"] + r["wait"] + r["read"]
+        return {**record, "other": record["step"] - r["schedule"] - run - r["update"],
+                "host": record["step"] - r["wait"] - r["read"]}
     return {**record, "read": r["run"] - r["make_batch"] - r["submit"] - r["wait"],
             "other": record["step"] - r["schedule"] - r["run"] - r["update"],
             "host": record["step"] - r["wait"]}

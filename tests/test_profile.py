@@ -98,6 +98,7 @@ def test_host_table_derives_read_other_and_host():
 def test_profile_tiny_burst_on_cpu(tmp_path, capsys):
     out = tmp_path / "prof"
     rc = profile.main(["ouro-tiny", "-P", "12", "-O", "3", "-C", "2", "--trace-steps", "2",
+                       "--no-async-scheduling",  # the synchronous loop: one plan per step
                        "--out", str(out), "--max-num-rows", "4", "--decode-row-buckets", "4",
                        "--max-prefill-tokens", "32", "--prefill-token-buckets", "32",
                        "--max-prefill-rows", "4", "--no-verbose"])
@@ -111,7 +112,7 @@ def test_profile_tiny_burst_on_cpu(tmp_path, capsys):
     assert host["decode"]["step"]["mean_ms"] >= host["decode"]["host"]["mean_ms"] > 0
     assert summary["compilations_during_run"] == 0 and summary["trace"] is None
     assert set(summary["wrapped"]) == {"Scheduler.schedule", "Scheduler.update", "Runner.run",
-                                       "Runner.make_batch", "Runner.submit"}
+                                       "Runner.make_batch", "Runner.read", "Runner.submit"}
     text = capsys.readouterr().out
     assert "no GPU stream events" in text and "host stages per step" in text
     assert not (out / "trace").exists()  # the raw trace is kept only with --keep-trace
