@@ -294,7 +294,11 @@ class PagedAttention:
         else:
             k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v)
         kv = kv.replace_layer(layer_id, k_layer, v_layer)
-        attend = _attention_fn(self.backend, decode)
+        # NOTE: the Pallas decode kernel needs power-of-two G and page size, and no plane table.
+        g, page_size = q.shape[1] // k.shape[1], self.layout.page_size
+        pallas_decode_ok = (not self.layout.decode_page_planes and g & (g - 1) == 0
+                            and page_size & (page_size - 1) == 0)
+        attend = _attention_fn(self.backend, decode, pallas_decode_ok)
         out = attend(q, k_layer, v_layer, read_plane, self.batch.page_table,
                      self.batch.row_of_token, self.batch.positions)
         return kv, out.astype(q.dtype)
@@ -319,14 +323,18 @@ def check_attention_backend(layout: KVLayout, backend: str) -> None:
                          "attention_backend 'auto' or 'xla'")
 
 
-def _attention_fn(backend: str, decode: bool):
+def _attention_fn(backend: str, decode: bool, pallas_decode_ok: bool = True):
     """'xla': ref_paged_attention. 'pallas': the Pallas decode kernel for decode steps; for
-    prefill the kernels' prefill_attention. 'auto' picks per phase what won on the H200
-    (bench/RESULTS.md, run 1): XLA for decode (the Pallas decode kernel lost at every size
-    measured), the Pallas flash kernel for prefill on a GPU (1.7-11x faster), XLA on CPU."""
+    prefill the kernels' prefill_attention. 'auto' picks per phase what won on the H200:
+    Pallas for both on a GPU (bench/RESULTS.md run 9: the decode kernel stops at each row's
+    length while XLA gathers the whole page-table width — burst-32 at the default 4096-token
+    context 1,573 vs 726 tok/s, and it wins at 1 row, run 1; the flash prefill kernel 1.7-11x,
+    run 1), XLA where the decode kernel cannot read the layout (`pallas_decode_ok` False) and
+    on CPU."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
     if backend == "auto":
-        backend = "pallas" if not decode and jax.default_backend() == "gpu" else "xla"
+        on_gpu = jax.default_backend() == "gpu"
+        backend = "pallas" if on_gpu and (pallas_decode_ok or not decode) else "xla"
     if backend == "xla":
         return pa.ref_paged_attention
     if backend == "pallas":

@@ -1,6 +1,8 @@
 """KV pool layout: plane counts per family/layout, bytes per token, the ring rule, the
 "last exited" fill, and the paged backend against dense causal attention."""
 
+import importlib
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -150,3 +152,18 @@ def test_ouro_shared_writes_and_reads_by_page_kind():
     for i, (ks, vs) in enumerate(((keys0, vals0), (keys1, vals1))):
         dense = causal_attention(q[i:i + 1], jnp.asarray(ks), jnp.asarray(vs), jnp.ones((1, len(ks)), bool))
         np.testing.assert_allclose(np.asarray(out[i:i + 1]), np.asarray(dense), atol=1e-5)
+
+
+def test_auto_attention_picks_by_phase_device_and_layout(monkeypatch):
+    """'auto': on a GPU the Pallas kernels for decode and prefill (measured, RESULTS.md run 9),
+    XLA for a decode the kernel cannot read; on CPU always XLA."""
+    pa = importlib.import_module("loopjax.kernels.paged_attention")
+
+    monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "gpu")
+    assert kv_cache._attention_fn("auto", True) is pa.paged_attention
+    assert kv_cache._attention_fn("auto", True, pallas_decode_ok=False) is pa.ref_paged_attention
+    assert kv_cache._attention_fn("auto", False, pallas_decode_ok=False) is pa.prefill_attention
+    monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "cpu")
+    assert kv_cache._attention_fn("auto", True) is pa.ref_paged_attention
+    assert kv_cache._attention_fn("auto", False) is pa.ref_paged_attention
+    assert kv_cache._attention_fn("xla", True) is pa.ref_paged_attention
