@@ -23,21 +23,13 @@ Vocabulary:
   so its first chunk (and the runner's positions and slots) starts after them; every update
   publishes the full pages below the end of the rows it applies (known tokens, KV written).
 
-Planning ahead (async scheduling): with one plan in flight (planned, not yet updated),
-`schedule()` may plan the next when `can_schedule_ahead()`; the engine then dispatches step
-n+1 before it reads step n. At most two plans are in flight, updated in planning order.
-- A row with a pending token decodes it next: its input is on the device
-  (`StepPlan.input_on_device`); its position and pages count the pending token.
-- A request that certainly finishes at a step in flight (max_tokens, max_seq_len) is not
-  planned again. One that finishes unexpectedly there (stop token or string, abort) may be
-  in the next plan already: that row's token is dropped at its update, never reported. Its
-  pages (and the engine's slots) return at once and only later plans reuse them: safe, as
-  the device runs submissions in order on one stream (a later step writes after it).
-- No planning ahead during a per-loop series, when the next decode would be per-loop
-  (`fused_decode=False`, adaptive rows), or when a row needs pages the pool lacks:
-  `schedule()` returns None and the next plan waits for the update, so preemption keeps
-  the synchronous order and never meets a pending token.
-- The prefix cache publishes only pages of known tokens (see above).
+Planning ahead (async scheduling, docs/design.md "The engine loop"): with one plan in flight,
+`schedule()` may plan the next when `can_schedule_ahead()` (no per-loop series, fused
+fixed-depth decode); a row with a pending token then feeds it from the device
+(`StepPlan.input_on_device`). A request certain to finish in flight is not planned again; one
+that finishes unexpectedly may already be in the next plan, whose token for it is dropped (its
+pages return at once: the device runs submissions in order, so only later steps reuse them).
+Ahead, a shortfall of pages returns None: preemption keeps the synchronous order.
 """
 
 from __future__ import annotations
@@ -86,22 +78,7 @@ class Scheduler:
             raise ValueError(f"request {rid!r}: id already in use")
         if request.phase is not RequestPhase.WAITING or request.output_token_ids:
             raise ValueError(f"request {rid!r}: already scheduled once; submit a new Request")
-        n = request.num_prompt_tokens
-        if n == 0:
-            raise ValueError(f"request {rid!r}: empty prompt")
-        if n + 1 > cfg.max_context_len:
-            raise ValueError(f"request {rid!r}: prompt of {n} tokens leaves no room to generate "
-                             f"within max_context_len={cfg.max_context_len}")
-        if n + 1 > cfg.capacity_tokens:
-            raise ValueError(f"request {rid!r}: prompt of {n} tokens does not fit the KV pool "
-                             f"({cfg.num_pages} pages x {cfg.page_size} = {cfg.capacity_tokens} tokens)")
-        if request.max_loops is None:
-            request.max_loops = cfg.num_loops
-        if not 1 <= request.max_loops <= cfg.loop_cap:
-            raise ValueError(f"request {rid!r}: loops must be in [1, {cfg.loop_cap}], "
-                             f"got {request.max_loops}")
-        if request.max_tokens is not None and request.max_tokens < 1:
-            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.max_tokens}")
+        cfg.check_request(request)
         request.arrival_order = self._num_arrivals
         self._num_arrivals += 1
         if request.arrival_time is None:

@@ -101,6 +101,27 @@ class SchedulerConfig:
     def token_bucket(self, num_tokens: int) -> int:
         return _bucket(self.token_buckets, num_tokens, "prefill tokens")
 
+    def check_request(self, request) -> None:
+        """A one-line ValueError for a request that can never run under this config; sets
+        the request's default loop count."""
+        rid = request.request_id
+        n = request.num_prompt_tokens
+        if n == 0:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if n + 1 > self.max_context_len:
+            raise ValueError(f"request {rid!r}: prompt of {n} tokens leaves no room to generate "
+                             f"within max_context_len={self.max_context_len}")
+        if n + 1 > self.capacity_tokens:
+            raise ValueError(f"request {rid!r}: prompt of {n} tokens does not fit the KV pool "
+                             f"({self.num_pages} pages x {self.page_size} = {self.capacity_tokens} tokens)")
+        if request.max_loops is None:
+            request.max_loops = self.num_loops
+        if not 1 <= request.max_loops <= self.loop_cap:
+            raise ValueError(f"request {rid!r}: loops must be in [1, {self.loop_cap}], "
+                             f"got {request.max_loops}")
+        if request.max_tokens is not None and request.max_tokens < 1:
+            raise ValueError(f"request {rid!r}: max_tokens must be >= 1, got {request.max_tokens}")
+
     def prefill_share(self, num_loops: int) -> int:
         """Prefill steps allowed after a decode submission of num_loops loops."""
         per_loop = num_loops if self.prefill_share_per_loop else 1
