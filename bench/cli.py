@@ -6,8 +6,8 @@ outputs reach the event loop. With `--url` the same workload (same prompts) stre
 running `loopjax serve` over HTTP, timed at the client; MODEL is then the served model name.
 Prints one summary line per run, writes the JSON report and the PNG plot (bench/report.py).
 In-process reports carry the start-up: model load, warm-up (Engine construction: pool and
-every bucket compiled), the compile count after it and every executable's lowering and
-compile seconds, slowest first (the three slowest are printed); every report counts the compilations
+every bucket compiled), the compile count after it and each executable's lowering and compile
+seconds, slowest first (the three slowest are printed); every report counts the compilations
 during the timed run (0 on a warm engine) and the prefix cache's hits and evictions in it.
 
 `--compare-prefix-cache` (sessions, in-process): the same workload (same seed, so the same
