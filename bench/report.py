@@ -152,7 +152,7 @@ def format_summary(report: dict) -> str:
 def format_compile_times(times: list[dict], top: int = 3) -> str:
     """The `top` slowest executables of a report's compile_times (slowest first), one line."""
     hits = sum(t["cache_hit"] for t in times)
-    head = f"{len(times)} executables in {sum(t['seconds'] for t in times):.1f} s"
+    head = f"{len(times)} executables, {sum(t['seconds'] for t in times):.1f} s summed over compile threads"
     if hits:
         head += f" ({hits} from the compilation cache)"
     slowest = ", ".join(f"{t['label']} {t['seconds']:.1f} s (lower {t['lower_s']:.1f})" for t in times[:top])

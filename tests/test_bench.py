@@ -106,8 +106,8 @@ def test_summary_fields_and_percentiles(monkeypatch, tmp_path):
     times = [{"label": f"decode rows={r}", "seconds": s, "lower_s": 0.5, "cache_hit": r == 8}
              for r, s in ((8, 9.0), (4, 5.25), (2, 1.0), (1, 0.75))]
     assert rep.format_compile_times(times) == (
-        "4 executables in 16.0 s (1 from the compilation cache); slowest: decode rows=8 9.0 s (lower 0.5), "
-        "decode rows=4 5.2 s (lower 0.5), decode rows=2 1.0 s (lower 0.5)")
+        "4 executables, 16.0 s summed over compile threads (1 from the compilation cache); slowest: "
+        "decode rows=8 9.0 s (lower 0.5), decode rows=4 5.2 s (lower 0.5), decode rows=2 1.0 s (lower 0.5)")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # no matplotlib: no plot, no crash
     assert rep.write_plot(report, str(tmp_path / "p.png")) is None and not os.listdir(tmp_path)
     with pytest.raises(ValueError, match="workload"):
