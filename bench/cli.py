@@ -6,7 +6,8 @@ outputs reach the event loop. With `--url` the same workload (same prompts) stre
 running `loopjax serve` over HTTP, timed at the client; MODEL is then the served model name.
 Prints one summary line per run, writes the JSON report and the PNG plot (bench/report.py).
 In-process reports carry the start-up: model load, warm-up (Engine construction: pool and
-every bucket compiled) and the compile count after it; every report counts the compilations
+every bucket compiled), the compile count after it and each executable's lowering and compile
+seconds, slowest first (the three slowest are printed); every report counts the compilations
 during the timed run (0 on a warm engine) and the prefix cache's hits and evictions in it.
 
 `--compare-prefix-cache` (sessions, in-process): the same workload (same seed, so the same
@@ -107,7 +108,7 @@ class Run:
     stats_after: dict
     truncated: bool = False  # cut by --max-seconds: `records` holds the finished requests
     prefix_caching: bool | None = None  # the engine's prefix cache (None: unknown)
-    startup: dict = field(default_factory=dict)  # load_s, warmup_s, compilations_after_warmup
+    startup: dict = field(default_factory=dict)  # load_s, warmup_s, compilations_after_warmup, compile_times
 
 
 class _NoBar:
@@ -212,9 +213,13 @@ async def _run_in_process(args, plan, deadline):
 
     timings = {}
     model, engine = build_engine(args, timings)
-    startup = dict(timings, compilations_after_warmup=engine.stats().get("compilations"))
+    times = sorted(engine.runner.compile_times, key=lambda t: -t.seconds)
+    startup = dict(timings, compilations_after_warmup=engine.stats().get("compilations"),
+                   compile_times=[dataclasses.asdict(t) | {"label": t.label, "seconds": t.seconds}
+                                  for t in times])
     print(f"engine ready: load {startup['load_s']:.1f} s, warm-up {startup['warmup_s']:.1f} s, "
           f"{startup['compilations_after_warmup']} compilations", flush=True)
+    print(rep.format_compile_times(startup["compile_times"]), flush=True)
     sched = getattr(getattr(engine, "scheduler", None), "config", None)  # may allow less than the model
     context = getattr(sched, "max_seq_len", None) or model.cfg.max_context_len
     specs = [spec for _, items in plan for _, spec in items]

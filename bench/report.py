@@ -22,7 +22,8 @@ REPORT_FIELDS = (
     "workload", "model", "target", "spec", "num_requests", "duration_s", "prompt_tokens",
     "output_tokens", "tokens_per_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
     "submissions_per_output_token", "mean_loops_per_token", "prefix_cache", "load_s", "warmup_s",
-    "compilations_after_warmup", "compilations_during_run", "truncated", "engine_stats", "requests",
+    "compilations_after_warmup", "compile_times", "compilations_during_run", "truncated", "engine_stats",
+    "requests",
 )
 PREFIX_CACHE_FIELDS = (
     "enabled", "hit_rate", "page_hit_rate", "hit_tokens", "queried_tokens", "hit_pages", "queried_pages",
@@ -74,7 +75,8 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
     """The report dict. `mean_loops_per_token` defaults to the mean of the records' exit loops.
     `engine_stats` / `stats_before`: the engine's stats after / before the timed run;
     `prefix_caching`: whether the engine had the cache on (None: unknown); `startup`: load_s,
-    warmup_s, compilations_after_warmup (in-process); `truncated`: --max-seconds cut the run."""
+    warmup_s, compilations_after_warmup, compile_times (in-process); `truncated`: --max-seconds
+    cut the run."""
     output_tokens = sum(len(r.token_ids) for r in records)
     subs = sum(r.submissions for r in records)
     loops = [x for r in records for x in r.exit_loops]
@@ -103,6 +105,9 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
         "load_s": startup.get("load_s"),  # model load (in-process; None over HTTP)
         "warmup_s": startup.get("warmup_s"),  # Engine construction: pool + compiling every bucket
         "compilations_after_warmup": startup.get("compilations_after_warmup"),
+        # every executable built at start-up, slowest first: shapes, kind, lower_s, compile_s,
+        # cache_hit (persistent compilation cache), label, seconds (in-process; None over HTTP)
+        "compile_times": startup.get("compile_times"),
         "compilations_during_run": compiled,  # compiles in the timed run: must be 0
         "truncated": bool(truncated),  # the --max-seconds budget cut the run (finished requests only)
         "engine_stats": after,
@@ -142,6 +147,16 @@ def format_summary(report: dict) -> str:
     if report.get("truncated"):
         text += " | TRUNCATED by --max-seconds"
     return text
+
+
+def format_compile_times(times: list[dict], top: int = 3) -> str:
+    """The `top` slowest executables of a report's compile_times (slowest first), one line."""
+    hits = sum(t["cache_hit"] for t in times)
+    head = f"{len(times)} executables, {sum(t['seconds'] for t in times):.1f} s summed over compile threads"
+    if hits:
+        head += f" ({hits} from the compilation cache)"
+    slowest = ", ".join(f"{t['label']} {t['seconds']:.1f} s (lower {t['lower_s']:.1f})" for t in times[:top])
+    return f"{head}; slowest: {slowest}"
 
 
 def pct(x) -> str:

@@ -29,14 +29,13 @@ import numpy as np
 
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
+from loopjax.compilation import compile_totals
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
 from loopjax.runner import PendingStep, Runner, matmul_ops
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
-
-DEFAULT_KV_BYTES = 16 * 2**30  # pool cap when neither num_pages nor kv_memory_bytes is given
 
 
 @dataclass(frozen=True)
@@ -70,6 +69,7 @@ class EngineConfig:
     strict_compile: bool = False          # raise if anything compiles after warm-up
     warmup: bool = True                   # compile every bucket at start-up
     compile_threads: int | None = None    # parallel XLA compiles at warm-up (None: CPU count)
+    compilation_cache_dir: str | None = None  # JAX's persistent compile cache (process-wide JAX state)
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
 
@@ -100,14 +100,10 @@ class Engine:
         if config.attention_backend not in ("auto", "xla", "pallas"):
             raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
                              "choose 'auto', 'xla' or 'pallas'")
-        num_pages, budget = config.num_pages, config.kv_memory_bytes
-        if num_pages is None and budget is None:  # every row at full context, at most 16 GiB
-            num_pages = -(-config.max_num_rows * max_context // config.page_size)
-            budget, num_pages = min(num_pages * config.page_size * _bytes_per_token(cfg, config,
-                                    model.dtype, self.max_loops), DEFAULT_KV_BYTES), None
-        layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size,
-                                      dtype=model.dtype, num_pages=num_pages, kv_memory_bytes=budget,
-                                      max_loops=self.max_loops, shared_slots=config.shared_kv_slots)
+        layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size, dtype=model.dtype,
+                                      num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
+                                      max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
+                                      default_tokens=config.max_num_rows * max_context)  # full contexts
         kv_cache.check_attention_backend(layout, config.attention_backend)
         if config.verbose:
             print(layout.describe(), flush=True)
@@ -130,7 +126,8 @@ class Engine:
                              strict=config.strict_compile,
                              decode_page_widths=tuple(-(-c // config.page_size)
                                                       for c in config.decode_context_buckets),
-                             ops=matmul_ops(config.matmul), unroll=config.loop_unroll)
+                             ops=matmul_ops(config.matmul), unroll=config.loop_unroll,
+                             compilation_cache_dir=config.compilation_cache_dir)
         if config.warmup:
             self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                series=not config.fused_decode, adaptive=config.adaptive_exit,
@@ -388,17 +385,12 @@ class Engine:
                 "kv_bytes_per_token": self.layout.bytes_per_token,
                 "kv_bytes_per_decoded_token": self.layout.bytes_per_decoded_token,
                 "compilations": self.runner.compilations, "submissions": self.runner.submissions,
+                **compile_totals(self.runner.compile_times),
                 "steps": s["num_steps"], "prefill_steps": s["num_prefill_steps"],
                 "decode_steps": s["num_decode_steps"], "preemptions": s["num_preemptions"],
                 "generated_tokens": self.num_generated,
                 "mean_loops_per_token": self.loops_generated / max(1, self.num_generated),
                 **{k: v for k, v in s.items() if k.startswith("prefix_cache")}}
-
-
-def _bytes_per_token(cfg, config: EngineConfig, dtype, max_loops: int) -> int:
-    layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=1, dtype=dtype, num_pages=1,
-                                  max_loops=max_loops, shared_slots=config.shared_kv_slots)
-    return layout.bytes_per_token
 
 
 def _as_tuple(value) -> tuple[int, ...]:

@@ -49,6 +49,7 @@ import numpy as np
 from loopjax.kernels.paged_attention import write_kv
 
 LAYOUTS = ("per_loop", "shared")
+DEFAULT_KV_BYTES = 16 * 2**30  # pool cap of make_layout's default size (default_tokens)
 # StepBatch.write_plane codes besides a plane index (Ouro 'shared' only):
 WRITE_LOOP_PLANE = -2   # a prompt token: the loop's plane
 WRITE_EVERY_PLANE = -1  # a decoded token in a full page: every plane
@@ -145,8 +146,9 @@ def plane_counts(cfg, kind: str, max_loops: int | None = None,
 
 def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None = None,
                 kv_memory_bytes: int | None = None, max_loops: int | None = None,
-                shared_slots: int | None = None) -> KVLayout:
-    """The pool layout, sized by `num_pages` or else by a memory budget in bytes."""
+                shared_slots: int | None = None, default_tokens: int | None = None) -> KVLayout:
+    """The pool layout, sized by `num_pages`, else by a memory budget in bytes, else (both
+    None) to hold `default_tokens` prompt tokens, at most DEFAULT_KV_BYTES."""
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     planes, ring = plane_counts(cfg, kind, max_loops, shared_slots)
@@ -154,6 +156,9 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
     layout = KVLayout(cfg.family, kind, planes, ring, cfg.num_kv_heads, cfg.head_dim,
                       num_pages or 1, page_size, jnp.dtype(dtype), decode_planes)
     if num_pages is None:
+        if kv_memory_bytes is None and default_tokens:
+            kv_memory_bytes = min(-(-default_tokens // page_size) * page_size * layout.bytes_per_token,
+                                  DEFAULT_KV_BYTES)
         if not kv_memory_bytes:
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
         num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)

@@ -18,13 +18,15 @@ Rows past their own loop count (`row_loops`) freeze their state and write no KV 
 requests never read those planes; `kv_cache.fill_last_exited` is for adaptive exits).
 Padding rows write only to the drop slot. Compilation is bounded: `warmup()` compiles every
 bucket ahead of time; each trace bumps `compilations`; with `strict=True` a later one raises.
+Every executable built is timed in `compile_times` (loopjax.compilation.CompileTime).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
+import time
 from dataclasses import dataclass
 
 import jax
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput, StepResult
+from loopjax.compilation import CompileTime, compile_lowered, use_compilation_cache
 from loopjax.kv_cache import DeviceState
 from loopjax.layers import XLA_OPS, Ops, rms_norm, rope_angles
 from loopjax.sampling import sample
@@ -236,7 +239,10 @@ class Runner:
     def __init__(self, model, layout: kv_cache.KVLayout, *, decode_rows: tuple[int, ...],
                  prefill_buckets: tuple[tuple[int, int], ...], max_pages: int, max_loops: int,
                  backend: str = "xla", num_top_logprobs: int = 0, strict: bool = False,
-                 decode_page_widths: tuple[int, ...] = (), ops: Ops = XLA_OPS, unroll: int = 1):
+                 decode_page_widths: tuple[int, ...] = (), ops: Ops = XLA_OPS, unroll: int = 1,
+                 compilation_cache_dir: str | None = None):
+        if compilation_cache_dir is not None:  # before anything compiles (process-wide JAX state)
+            use_compilation_cache(compilation_cache_dir)
         self.cfg, self.params, self.layout = model.cfg, model.params, layout
         self.max_loops, self.num_top_logprobs, self.strict = max_loops, num_top_logprobs, strict
         self.unroll = unroll
@@ -248,6 +254,7 @@ class Runner:
                                else None)
         self.compilations, self.submissions, self.warm = 0, 0, False
         self._compiled: dict = {}  # (kind, batch shapes) -> ahead-of-time executable
+        self.compile_times: list[CompileTime] = []  # one per executable built, in build order
         self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
         dtype = jax.tree.leaves(self.params)[0].dtype
         self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, dtype)
@@ -275,15 +282,18 @@ class Runner:
     def _key(self, batch, kind: StepKind):
         return kind, tuple((a.shape, a.dtype) for a in jax.tree.leaves(batch)), jax.tree.structure(batch)
 
-    def _lower(self, batch, kind: StepKind):  # traces: counted; strict runners raise when warm
-        return self._key(batch, kind), self._step.lower(self.params, self.state, batch, kind)
+    def _lower(self, batch, kind: StepKind):
+        """(jax Lowered, its CompileTime so far); traces: counted; strict runners raise when warm."""
+        start = time.perf_counter()
+        lowered = self._step.lower(self.params, self.state, batch, kind)
+        return lowered, CompileTime.of(batch, kind, lower_s=time.perf_counter() - start)
 
     def submit(self, batch, kind: StepKind):
         """One asynchronous run of the shapes' executable (compiled now if missing); returns
         the device StepOut (None unless kind.final)."""
         key = self._key(batch, kind)
         if key not in self._compiled:
-            self._compiled[key] = self._lower(batch, kind)[1].compile()
+            self.precompile([(batch, kind)], threads=1)
         self.submissions += 1
         self.state, out = self._compiled[key](self.params, self.state, batch)
         return out
@@ -348,10 +358,16 @@ class Runner:
 
     def precompile(self, steps, threads: int | None = None) -> None:
         """Ahead-of-time executables for (batch, kind) pairs: traces in turn, XLA compiles in
-        parallel threads (`threads`, default the CPU count)."""
-        todo = dict(self._lower(b, k) for b, k in steps if self._key(b, k) not in self._compiled)
-        with ThreadPoolExecutor(max(1, min(len(todo), threads or os.cpu_count() or 1))) as pool:
-            self._compiled.update(zip(todo, pool.map(lambda lowered: lowered.compile(), todo.values())))
+        parallel threads (`threads`, default the CPU count), each timed (`compile_times`)."""
+        todo = {}  # key -> (jax Lowered, CompileTime so far)
+        for batch, kind in steps:
+            key = self._key(batch, kind)
+            if key not in self._compiled and key not in todo:
+                todo[key] = self._lower(batch, kind)
+        built = compile_lowered([lowered for lowered, _ in todo.values()], threads or os.cpu_count() or 1)
+        for (key, (_, record)), (executable, seconds, hit) in zip(todo.items(), built):
+            self._compiled[key] = executable
+            self.compile_times.append(dataclasses.replace(record, compile_s=seconds, cache_hit=hit))
 
 
 def matmul_ops(name: str):

@@ -103,6 +103,11 @@ def test_summary_fields_and_percentiles(monkeypatch, tmp_path):
     line = rep.format_summary(report)
     assert "prefix cache hit 50.0% of tokens, 40.0% of pages, 5 evictions" in line
     assert "warm-up 2.5 s, 5 compilations | 0 compilations in the run | TRUNCATED" in line
+    times = [{"label": f"decode rows={r}", "seconds": s, "lower_s": 0.5, "cache_hit": r == 8}
+             for r, s in ((8, 9.0), (4, 5.25), (2, 1.0), (1, 0.75))]
+    assert rep.format_compile_times(times) == (
+        "4 executables, 16.0 s summed over compile threads (1 from the compilation cache); slowest: "
+        "decode rows=8 9.0 s (lower 0.5), decode rows=4 5.2 s (lower 0.5), decode rows=2 1.0 s (lower 0.5)")
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # no matplotlib: no plot, no crash
     assert rep.write_plot(report, str(tmp_path / "p.png")) is None and not os.listdir(tmp_path)
     with pytest.raises(ValueError, match="workload"):
@@ -167,9 +172,15 @@ def check_report(report, workload, num_requests, in_process=True):
     if in_process:
         assert report["load_s"] > 0 and report["warmup_s"] > 0
         assert report["compilations_after_warmup"] == report["engine_stats"]["compilations"] > 0
+        times = report["compile_times"]  # one entry per executable, slowest first
+        assert len(times) == report["compilations_after_warmup"]
+        assert [t["seconds"] for t in times] == sorted((t["seconds"] for t in times), reverse=True)
+        assert all(t["compile_s"] > 0 and t["lower_s"] > 0 and t["cache_hit"] is False for t in times)
+        assert sum(t["seconds"] for t in times) == pytest.approx(report["engine_stats"]["compile_s"])
+        assert len({(t["label"], t["kind"]["num_loops"]) for t in times}) == len(times)
     else:
         assert report["load_s"] is None and report["warmup_s"] is None
-        assert report["compilations_after_warmup"] is None
+        assert report["compilations_after_warmup"] is None and report["compile_times"] is None
 
 
 def _load(path):
@@ -199,6 +210,8 @@ def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch):
     assert printed.count("tok/s") == 2 and printed.count("0 compilations in the run") == 2
     first = sweep[0]
     assert f"warm-up {first['warmup_s']:.1f} s, {first['compilations_after_warmup']} compilations" in printed
+    slowest = first["compile_times"][0]
+    assert f"slowest: {slowest['label']} {slowest['seconds']:.1f} s" in printed
 
 
 def test_bench_compare_prefix_cache(tmp_path, capsys):

@@ -41,6 +41,14 @@ def test_layout_errors():
     sized = kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32,
                                  kv_memory_bytes=10 * 8 * 36 * 2 * 64 * 4)
     assert sized.num_pages == 10
+    # Neither size given: room for default_tokens (whole pages), at most DEFAULT_KV_BYTES.
+    fits = kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32, default_tokens=75)
+    assert fits.num_pages == 10
+    ouro = config.preset("ouro-1.4b")  # 768 KiB per bf16 token: 16 GiB hold 21,845 tokens
+    capped = kv_cache.make_layout(ouro, "per_loop", page_size=16, dtype=jnp.bfloat16, default_tokens=10**6)
+    assert capped.num_pages == kv_cache.DEFAULT_KV_BYTES // (768 * 1024 * 16) == 1365
+    with pytest.raises(ValueError, match="give num_pages or kv_memory_bytes"):
+        kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32)
 
 
 def test_fill_last_exited():

@@ -1,0 +1,109 @@
+"""Start-up compiles: every executable the runner builds is timed (lowering, XLA compile) and
+counted once; `EngineConfig.compilation_cache_dir` makes a second process load the
+executables from JAX's persistent cache instead of compiling them, with the same tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import loopjax
+from loopjax.engine import Engine, EngineConfig
+from loopjax.runner import fused
+from loopjax.sampling_params import SamplingParams
+
+# Two decode row buckets and one prefill bucket: a few small executables.
+SMALL = dict(page_size=8, max_num_rows=2, decode_row_buckets=(1, 2), max_prefill_tokens=16,
+             prefill_token_buckets=(16,), max_prefill_rows=2, max_context_len=32, verbose=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return loopjax.load("ouro-tiny")
+
+
+def test_every_compiled_executable_is_timed_once(model):
+    engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
+    runner, times = engine.runner, engine.runner.compile_times
+    assert runner.compilations == len(times) == 3  # decode rows 1 and 2, prefill 2 x 16
+    assert all(t.lower_s > 0 and t.compile_s > 0 and not t.cache_hit for t in times)
+    labels = sorted(t.label for t in times)
+    assert labels == ["decode rows=1 width=4 loops=4", "decode rows=2 width=4 loops=4",
+                      "prefill rows=2 tokens=16 width=4 loops=4"]
+    assert all(t.kind == fused(4) for t in times)
+    stats = engine.stats()
+    assert stats["compile_s"] == pytest.approx(sum(t.lower_s + t.compile_s for t in times))
+    assert stats["compile_cache_hits"] == 0
+
+
+def test_a_step_compiled_after_start_up_is_timed_too(model):
+    """Without warm-up the runner compiles on first use: each compile still gets its entry."""
+    engine = Engine(model, EngineConfig(**SMALL, warmup=False))
+    assert engine.runner.compile_times == [] and engine.stats()["compile_s"] == 0
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    while engine.has_unfinished():
+        engine.step()
+    times = engine.runner.compile_times
+    assert len(times) == engine.runner.compilations == 2  # the prefill and the 1-row decode
+    assert {t.label for t in times} == {"prefill rows=2 tokens=16 width=4 loops=4",
+                                       "decode rows=1 width=4 loops=4"}
+    assert all(t.seconds > 0 for t in times)
+
+
+# A fresh process builds the engine with the cache folder argv[1], generates greedily and
+# prints what it saw: JSON on the last line.
+CHILD = """
+import json, sys
+import loopjax
+from loopjax.engine import Engine, EngineConfig
+from loopjax.sampling_params import SamplingParams
+config = EngineConfig(**json.loads(sys.argv[2]), strict_compile=True, compilation_cache_dir=sys.argv[1])
+engine = Engine(loopjax.load("ouro-tiny"), config)
+engine.add_request([5, 6, 7, 8], SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), "r")
+tokens = []
+while engine.has_unfinished():
+    tokens += [t for out in engine.step() for t in out.new_token_ids]
+times = engine.runner.compile_times
+print(json.dumps({"tokens": tokens, "compilations": engine.stats()["compilations"],
+                  "cache_hits": engine.stats()["compile_cache_hits"],
+                  "hit_flags": [t.cache_hit for t in times], "compile_s": [t.compile_s for t in times]}))
+"""
+
+
+def _start(cache_dir) -> dict:
+    config = dict(SMALL, decode_row_buckets=(1,), max_num_rows=1)
+    done = subprocess.run([sys.executable, "-c", CHILD, str(cache_dir), json.dumps(config)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_a_second_start_loads_the_executables_from_the_compilation_cache(tmp_path):
+    cache = tmp_path / "jax-cache"
+    first = _start(cache)
+    assert first["compilations"] == 2 and first["cache_hits"] == 0 and not any(first["hit_flags"])
+    # Every step executable was written (the jitted step function is named `traced`).
+    def steps():
+        return sorted(name for name in os.listdir(cache) if name.startswith("jit_traced"))
+    written = steps()
+    assert len(written) == first["compilations"]
+    second = _start(cache)
+    assert second["cache_hits"] == second["compilations"] == 2 and all(second["hit_flags"])
+    assert second["tokens"] == first["tokens"] and len(first["tokens"]) == 6
+    assert steps() == written  # nothing was compiled anew
+
+
+def test_the_cache_folder_is_an_engine_flag():
+    import argparse
+
+    from loopjax.async_engine import add_engine_arguments, engine_config_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert "--compilation-cache-dir" in parser.format_help()
+    args = parser.parse_args(["--compilation-cache-dir", "/tmp/jax-cache"])
+    assert engine_config_kwargs(args) == {"compilation_cache_dir": "/tmp/jax-cache"}
