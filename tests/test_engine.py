@@ -196,6 +196,7 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
         (ok, greedy(4, loops=9)),              # deeper than the engine
         (ok, greedy(4, exit_criterion="kl")),  # adaptive exit: not yet
         (ok, greedy(4, stop=("x",))),          # stop strings without a tokenizer
+        (ok, greedy(4, n=2)),                  # n samples: the caller submits fan_out()
     ]
     for prompt, params in bad:
         with pytest.raises(ValueError) as info:
