@@ -12,6 +12,8 @@ Contract:
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
+  With the prefix cache on, samples 1.. start when sample 0 has prefilled: they share its
+  prompt pages.
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
@@ -159,14 +161,35 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             raise bad_request(message, param_of(message, body) or "prompt")
         raise e
 
+    async def submit_choices(body, prompts: list[list[int]], params) -> list:
+        """One stream per choice; choice p * n + i is prompt p's sample i (vLLM's order).
+
+        NOTE: requests admitted together each prefill their prompt (pages enter the prefix
+        cache at the update of the step that wrote them). So with the cache on and a full
+        page to share, each prompt's sample 0 goes first and the others follow at its first
+        output: they take its cached prompt pages and prefill only the rest."""
+        samples = params.fan_out()
+        jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
+        page_size = getattr(sched, "page_size", None)
+        shareable = aengine.prefix_caching and page_size and any(len(p) > page_size for p in prompts)
+        if n == 1 or not shareable:
+            return await submit_all(body, jobs)
+        firsts = await submit_all(body, jobs[::n])
+        try:
+            await asyncio.gather(*(stream.started.wait() for stream in firsts))
+            rest = await submit_all(body, [job for k, job in enumerate(jobs) if k % n])
+        except BaseException:  # refused, engine gone, or the handler was cancelled
+            for stream in firsts:
+                stream.close()
+            raise
+        return [firsts[k // n] if k % n == 0 else rest[k - k // n - 1] for k in range(len(jobs))]
+
     async def handle(request: Request, chat: bool):
         body = parser.body(await request.body())
         prompts = parser.prompts(body, chat)
         params = parser.sampling(body, chat, prompts)
-        # One engine request per choice; choice index = prompt index * n + sample index (vLLM's).
-        jobs = [(ids, sample) for ids in prompts for sample in params.fan_out()]
-        streams = await submit_all(body, jobs)
-        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(jobs))]
+        streams = await submit_choices(body, prompts, params)
+        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(streams))]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}

@@ -422,6 +422,22 @@ def test_n_streaming_reassembles_to_the_full_response(client):
     assert roles == {0, 1} and content[0] == content[1] != ""
 
 
+def test_n_choices_share_the_prompt_pages(server, client):
+    """A new 40-token prompt with n=3: sample 0 prefills it, samples 1 and 2 hit its 2 full
+    pages (16 tokens each) in the prefix cache; sampling from cached pages changes nothing."""
+    prompt = [11 + (i * 7) % 200 for i in range(40)]
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=1.0, seed=5,
+              extra_body={"ignore_eos": True})
+    before = _metrics(server)
+    shared = client.completions.create(n=3, **kw)
+    _wait_idle(server.aengine)
+    after = _metrics(server)
+    delta = {k.removeprefix("loopjax_prefix_cache_"): after[k] - before[k] for k in PREFIX_METRICS
+             if k.endswith("_total")}
+    assert (delta["queried_pages_total"], delta["hit_pages_total"], delta["hit_tokens_total"]) == (6, 4, 64)
+    again = client.completions.create(n=3, **kw)  # every sample hits now: the same tokens
+    assert [c.token_ids for c in again.choices] == [c.token_ids for c in shared.choices]
+
 def test_n_disconnect_mid_stream_aborts_every_choice(client, server):
     before = server.aengine.metrics.aborted.value
     stream = client.completions.create(model=MODEL_NAME, prompt=list(range(10, 60)), max_tokens=400, n=2,
