@@ -530,13 +530,21 @@ def test_async_engine_contract():
         with pytest.raises(QueueFullError):  # three wait for a first token already
             await aeng.submit([1], params)
         assert aeng.num_waiting == 3 and len(fake.requests) == 3
+        assert not any(s.started.is_set() for s in streams)  # no output yet
         fake.paused = False
         outs = [[o async for o in s] for s in streams[:2]]
+        assert streams[0].started.is_set()
         assert [o[-1].token_ids for o in outs] == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]
         assert streams[0].ttft > 0 and streams[0].tpot > 0
         long = await aeng.submit([0], SamplingParams(max_tokens=10_000, temperature=0))
         await long.__anext__()
         long.close()  # abort: the fake engine drops it, its page goes back
+        fake.paused = True
+        queued = await aeng.submit([0], params)
+        queued.close()  # aborted before any output: `started` still releases a waiter
+        await asyncio.wait_for(queued.started.wait(), 1)
+        assert queued.first_token_at is None
+        fake.paused = False
         for _ in range(2000):  # generous: CI machines are shared
             if aeng.stats()["pages_used"] == 0:
                 break
