@@ -79,20 +79,20 @@ class LLM:
         return list(prompt)
 
 
-def _params_list(sampling_params, kwargs, n: int) -> list[SamplingParams]:
+def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
     if sampling_params is not None:
         if kwargs:
             raise ValueError("give sampling_params or sampling keyword arguments, not both")
         if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * n
-        if len(sampling_params) != n:
-            raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts")
+            return [sampling_params] * num_prompts
+        if len(sampling_params) != num_prompts:
+            raise ValueError(f"{len(sampling_params)} sampling_params for {num_prompts} prompts")
         return list(sampling_params)
     kwargs = dict(kwargs)
     if "max_new_tokens" in kwargs:
         kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
     kwargs.setdefault("temperature", 0.0)
-    return [SamplingParams(**kwargs)] * n
+    return [SamplingParams(**kwargs)] * num_prompts
 
 
 def _result(prompt, out, model) -> GenerateOutput:

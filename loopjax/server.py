@@ -282,6 +282,14 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     return app
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def add_arguments(parser):
     from loopjax.async_engine import add_engine_arguments
 
@@ -292,7 +300,7 @@ def add_arguments(parser):
                         help="the name clients send as `model` (default: MODEL as given)")
     parser.add_argument("--max-waiting", type=int, default=256,
                         help="requests that may wait for a first token before new ones get 429")
-    parser.add_argument("--max-n", type=int, default=DEFAULT_MAX_N,
+    parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
                         help="the largest `n` (samples per prompt) a request may ask for")
     parser.add_argument("--log-level", default="info")
     add_engine_arguments(parser)
