@@ -48,6 +48,8 @@ class RequestStream:
 
     `close()` before the end aborts the request. Timing (perf_counter seconds): `ttft`
     from submit to the first output carrying tokens, `tpot` mean time per token after it.
+    `started` is set at that first output (the prompt is prefilled: its full pages are in
+    the prefix cache, when on) or when the stream ends without one (aborted, failed).
     """
 
     def __init__(self, owner: AsyncEngine, request_id: str, prompt_len: int):
@@ -57,6 +59,7 @@ class RequestStream:
         self.first_token_at: float | None = None
         self.ttft: float | None = None
         self.tpot: float | None = None
+        self.started = asyncio.Event()
         self.finished = False  # the engine reported the request finished
         self.closed = False  # no more items will be read
 
@@ -161,6 +164,7 @@ class AsyncEngine:
             self._set_waiting(-1)
         stream.closed = True
         stream.queue.put_nowait(_CLOSED)
+        stream.started.set()
         self.metrics.aborted.inc()
         self._post(("abort", request_id))
 
@@ -207,6 +211,7 @@ class AsyncEngine:
                 stream.ttft = now - stream.submitted_at
                 self.metrics.ttft.observe(stream.ttft)
                 self._set_waiting(-1)
+                stream.started.set()
             self.metrics.generation_tokens.inc(len(out.new_token_ids))
             if out.finished:
                 stream.finished = True
@@ -231,6 +236,7 @@ class AsyncEngine:
         streams, self._streams = self._streams, {}
         for stream in streams.values():
             stream.queue.put_nowait(error)
+            stream.started.set()
         for future in self._pending:
             if not future.done():
                 future.set_exception(error)

@@ -1,6 +1,7 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
-Prompts are strings (when the model has a tokenizer) or token-id lists. Each result holds the
+Prompts are strings (when the model has a tokenizer) or token-id lists; `SamplingParams.n`
+samples each (`fan_out`: sample i uses seed + i). Each result holds the
 generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
 state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
@@ -41,7 +42,8 @@ class LLM:
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
-        """One GenerateOutput per prompt, in order. kwargs build a SamplingParams
+        """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
+        prompt p's sample i is result p * n + i). kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
         single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
         prompt_list = [prompts] if single else list(prompts)
@@ -50,9 +52,10 @@ class LLM:
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
         if len(states) != len(ids):
             raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
+        jobs = [(prompt, sample, s) for prompt, p, s in zip(ids, params, states) for sample in p.fan_out()]
         order = []
         try:
-            for prompt, p, s in zip(ids, params, states):
+            for prompt, p, s in jobs:
                 order.append(self.engine.add_request(prompt, p, initial_state=s, warm_start=warm_start))
         except ValueError:
             for rid in order:  # all or nothing: nothing of this call stays queued
@@ -60,7 +63,7 @@ class LLM:
             self._drain()
             raise
         finals = self._drain()
-        return [_result(prompt, finals[rid], self.model) for prompt, rid in zip(ids, order)]
+        return [_result(prompt, finals[rid], self.model) for (prompt, _, _), rid in zip(jobs, order)]
 
     def _drain(self) -> dict:
         finals = {}
@@ -76,20 +79,20 @@ class LLM:
         return list(prompt)
 
 
-def _params_list(sampling_params, kwargs, n: int) -> list[SamplingParams]:
+def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
     if sampling_params is not None:
         if kwargs:
             raise ValueError("give sampling_params or sampling keyword arguments, not both")
         if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * n
-        if len(sampling_params) != n:
-            raise ValueError(f"{len(sampling_params)} sampling_params for {n} prompts")
+            return [sampling_params] * num_prompts
+        if len(sampling_params) != num_prompts:
+            raise ValueError(f"{len(sampling_params)} sampling_params for {num_prompts} prompts")
         return list(sampling_params)
     kwargs = dict(kwargs)
     if "max_new_tokens" in kwargs:
         kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
     kwargs.setdefault("temperature", 0.0)
-    return [SamplingParams(**kwargs)] * n
+    return [SamplingParams(**kwargs)] * num_prompts
 
 
 def _result(prompt, out, model) -> GenerateOutput:

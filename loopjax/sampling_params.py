@@ -8,6 +8,9 @@ Conventions:
 - `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
   reproducible from its recorded `seed`. The device derives the random key of the t-th
   generated token (t = 0 for the first) from (seed, t) only: `sampling.py`.
+- `n` independent samples of one prompt: an engine request is one sample, so callers (the
+  server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
+  the seed range; the device keys seeds mod 2**64). Sample 0 is the n=1 request itself.
 - `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
   `temperature` below `GREEDY_EPS` (0 included) means greedy.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
@@ -73,6 +76,7 @@ class SamplingParams:
     top_p: float = 1.0  # (0, 1]; keep the smallest set with mass >= top_p; 1 = off
     min_p: float = 0.0  # [0, 1]; keep tokens with p >= min_p * p_max; 0 = off
     seed: int | None = None  # None: a random seed drawn and stored at creation
+    n: int = 1  # independent samples of the prompt, >= 1 (`fan_out` gives one params each)
     stop_token_ids: tuple[int, ...] = ()  # finish when one of these is generated
     stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed)
     ignore_eos: bool = False  # keep generating past the model's EOS token
@@ -99,6 +103,7 @@ class SamplingParams:
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbits(31))
         _check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
+        _check_int("n", self.n, 1)
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
         object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
         if not isinstance(self.ignore_eos, bool):
@@ -146,13 +151,20 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
+    def fan_out(self) -> list[SamplingParams]:
+        """The n single-sample params of this request: sample i has seed `seed + i`, so the
+        samples differ yet all of them follow from `seed`; greedy samples are identical."""
+        seeds = [self.seed + i - (2**64 if self.seed + i > _MAX_SEED else 0) for i in range(self.n)]
+        return [dataclasses.replace(self, n=1, seed=seed) for seed in seeds]
+
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
         """Sampling parameters of an OpenAI completions / chat request body.
 
         Request fields that are not sampling parameters (model, prompt, messages, stream...)
         are ignored; `null` values count as absent; an unknown field, an unsupported value
-        (n > 1, penalties, logit_bias) or a bad value raises a one-line ValueError naming it.
+        (best_of other than n, penalties, logit_bias) or a bad value raises a one-line
+        ValueError naming it.
         """
         if not isinstance(body, dict):
             _fail(f"request body must be a JSON object, got {type(body).__name__}")
@@ -168,6 +180,9 @@ class SamplingParams:
             elif key not in _SPECIAL_FIELDS:
                 _fail(f"unknown request field {key!r}")
         _map_max_tokens(body, kw)
+        best_of = body.get("best_of")
+        if best_of is not None and best_of != kw.get("n", 1):
+            _fail(f"best_of must equal n ({kw.get('n', 1)!r}): every sample is returned, got {best_of!r}")
         _map_logprobs(body, kw)
         stop = body.get("stop")
         if stop is not None:
@@ -199,12 +214,13 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
-    "temperature", "top_p", "seed", "top_k", "min_p", "stop_token_ids", "ignore_eos",
+    "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
 })
 # Fields mapped by hand below.
-_SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs"})
+_SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
+                             "best_of"})
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
@@ -212,7 +228,7 @@ _IGNORED_FIELDS = frozenset({
 })
 # Accepted only at their neutral value.
 _UNSUPPORTED_DEFAULTS: dict[str, Any] = {
-    "n": 1, "best_of": 1, "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
+    "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
 }
 
 

@@ -6,13 +6,20 @@ events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /he
 Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
   "param", "code"}}`, `param` naming the field; a full queue gets 429; a dead engine 503.
+  Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
+- `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
+  uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
+  choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
+  With the prefix cache on, samples 1.. start when sample 0 has prefilled: they share its
+  prompt pages.
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
-- A client that disconnects mid-stream aborts its request (pages freed before the next step).
-This is the only module that imports FastAPI / uvicorn; `create_app` serves an Engine or
-AsyncEngine in-process (tests run it with uvicorn in a thread).
+- A client that disconnects mid-stream aborts all its requests (pages freed before the next
+  step).
+This module and `openai_protocol.py` are the only ones that import FastAPI / uvicorn;
+`create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
 
 from __future__ import annotations
@@ -21,7 +28,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import os
 import re
 import time
 import uuid
@@ -30,68 +36,16 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
-from loopjax.sampling_params import SamplingParams
+from loopjax.openai_protocol import (
+    DEFAULT_MAX_N,
+    APIError,
+    RequestParser,
+    bad_request,
+    param_of,
+    special_tokens,
+)
 
 log = logging.getLogger("loopjax.server")
-CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
-_ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
-        return JSONResponse({"error": error}, status_code=self.status)
-
-
-def _bad(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param)
-
-
-def _param_of(message: str, body: dict) -> str | None:
-    """The request field a one-line ValueError names (its first word that is a field)."""
-    return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
-
-
-def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt text of `messages` under a Hugging Face chat template (jinja2, sandboxed).
-
-    Without jinja2 only ChatML templates render (a built-in ChatML renderer)."""
-    try:
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        if CHATML_START in template and CHATML_END in template:
-            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
-            return text + f"{CHATML_START}assistant\n"
-        raise APIError(500, "the chat template is not ChatML and jinja2 is not installed "
-                            "(pip install jinja2)", "messages", "server_error") from None
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as e:
-        raise _bad(f"messages: the chat template refused them: {e}", "messages") from None
-
-
-def _special_tokens(model) -> dict:
-    """bos_token / eos_token of the checkpoint's tokenizer_config.json (chat templates use them)."""
-    try:
-        with open(os.path.join(model.path, "tokenizer_config.json")) as f:
-            config = json.load(f)
-    except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
-        return {}
-    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
-    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
 
 
 class _Choice:
@@ -157,20 +111,22 @@ class _Choice:
                 "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
 
 
-def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -> FastAPI:
+def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
+               max_n: int = DEFAULT_MAX_N) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
-    The tokenizer, chat template and config come from `model` (default: `engine.model`).
-    The app's lifespan starts the AsyncEngine and shuts it down."""
+    The tokenizer, chat template and config come from `model` (default: `engine.model`);
+    `max_n` caps the samples per prompt. The app's lifespan starts the AsyncEngine and shuts
+    it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_waiting=max_waiting)
     model = model if model is not None else getattr(aengine.engine, "model", None)
     tokenizer = getattr(model, "tokenizer", None)
-    chat_template = getattr(model, "chat_template", None)
-    special_tokens = _special_tokens(model)
     vocab_size = getattr(cfg := getattr(model, "cfg", None), "vocab_size", None)
     # NOTE: the engine may serve less context than the model has (its scheduler's limit).
     sched = getattr(getattr(aengine.engine, "scheduler", None), "config", None)
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
+    parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
+                           special_tokens(model), vocab_size, max_context, max_n)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -184,70 +140,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
 
-    async def read_body(request: Request) -> dict:
-        raw = await request.body()
-        try:
-            body = json.loads(raw)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise _bad(f"malformed JSON body: {e}") from None
-        if not isinstance(body, dict):
-            raise _bad(f"the request body must be a JSON object, got {type(body).__name__}")
-        if body.get("model") is not None and body["model"] != model_name:
-            raise _bad(f"model {body['model']!r} is not served here; this server serves {model_name!r}",
-                       "model")
-        if not isinstance(body.get("stream") or False, bool):
-            raise _bad(f"stream must be true or false, got {body['stream']!r}", "stream")
-        for key in ("echo", "suffix"):  # accepted by from_openai, but this server cannot honour them
-            if body.get(key):
-                raise _bad(f"{key} is not supported by this server", key)
-        return body
-
-    def check_ids(ids, param: str) -> list[int]:
-        if not ids:
-            raise _bad(f"{param} is empty", param)
-        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
-            raise _bad(f"{param} must be text or a list of integer token ids", param)
-        if vocab_size is not None and not all(0 <= t < vocab_size for t in ids):
-            raise _bad(f"{param} has token ids outside [0, {vocab_size})", param)
-        if max_context is not None and len(ids) >= max_context:
-            raise _bad(f"{param} is too long: {len(ids)} tokens for a context of {max_context}", param)
-        return ids
-
-    def encode(text: str, param: str) -> list[int]:
-        if tokenizer is None:
-            raise _bad(f"{param}: model {model_name!r} has no tokenizer; send token ids instead", param)
-        return tokenizer.encode(text, add_special_tokens=False).ids
-
-    def completion_prompts(body: dict) -> list[list[int]]:
-        prompt = body.get("prompt")
-        one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
-        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
-            prompt = [prompt]
-        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
-            raise _bad("prompt must be text, token ids, or a non-empty list of those", "prompt")
-        return [check_ids(encode(p, "prompt") if isinstance(p, str) else p, "prompt") for p in prompt]
-
-    def chat_prompt(body: dict) -> list[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise _bad("messages must be a non-empty list of {role, content} objects", "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-            if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(content, str):
-                raise _bad(f"messages[{i}] must have a role in {_ROLES} and text content", "messages")
-            clean.append({**m, "content": content})
-        if tokenizer is None or not chat_template:
-            raise _bad(f"model {model_name!r} has no chat template" +
-                       ("" if tokenizer is not None else " or tokenizer") +
-                       "; use /v1/completions with a prompt", "messages")
-        return check_ids(encode(render_chat(chat_template, clean, **special_tokens), "messages"), "messages")
-
-    async def submit_all(body, prompts, params) -> list:
-        """All prompts admitted at once (one engine turn), or none: the first error maps to HTTP."""
-        results = await asyncio.gather(*(aengine.submit(ids, params) for ids in prompts),
+    async def submit_all(body, jobs: list[tuple[list[int], object]]) -> list:
+        """All (prompt ids, params) admitted at once (one engine turn), or none: the first
+        error maps to HTTP."""
+        results = await asyncio.gather(*(aengine.submit(ids, params) for ids, params in jobs),
                                        return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if not errors:
@@ -262,20 +158,38 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
             raise APIError(503, str(e), None, "server_error")
         if isinstance(e, ValueError):  # the engine's one line, less its internal request id
             message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
-            raise _bad(message, _param_of(message, body) or "prompt")
+            raise bad_request(message, param_of(message, body) or "prompt")
         raise e
 
-    async def handle(request: Request, chat: bool):
-        body = await read_body(request)
-        prompts = [chat_prompt(body)] if chat else completion_prompts(body)
-        if chat and max_context and all(body.get(k) is None for k in ("max_tokens", "max_completion_tokens")):
-            body["max_tokens"] = max_context - len(prompts[0])  # OpenAI's chat default: until done
+    async def submit_choices(body, prompts: list[list[int]], params) -> list:
+        """One stream per choice; choice p * n + i is prompt p's sample i (vLLM's order).
+
+        NOTE: requests admitted together each prefill their prompt (pages enter the prefix
+        cache at the update of the step that wrote them). So with the cache on and a full
+        page to share, each prompt's sample 0 goes first and the others follow at its first
+        output: they take its cached prompt pages and prefill only the rest."""
+        samples = params.fan_out()
+        jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
+        page_size = getattr(sched, "page_size", None)
+        shareable = aengine.prefix_caching and page_size and any(len(p) > page_size for p in prompts)
+        if n == 1 or not shareable:
+            return await submit_all(body, jobs)
+        firsts = await submit_all(body, jobs[::n])
         try:
-            params = SamplingParams.from_openai(body)
-        except (ValueError, TypeError) as e:
-            raise _bad(str(e), _param_of(str(e), body)) from None
-        streams = await submit_all(body, prompts, params)
-        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(prompts))]
+            await asyncio.gather(*(stream.started.wait() for stream in firsts))
+            rest = await submit_all(body, [job for k, job in enumerate(jobs) if k % n])
+        except BaseException:  # refused, engine gone, or the handler was cancelled
+            for stream in firsts:
+                stream.close()
+            raise
+        return [firsts[k // n] if k % n == 0 else rest[k - k // n - 1] for k in range(len(jobs))]
+
+    async def handle(request: Request, chat: bool):
+        body = parser.body(await request.body())
+        prompts = parser.prompts(body, chat)
+        params = parser.sampling(body, chat, prompts)
+        streams = await submit_choices(body, prompts, params)
+        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(streams))]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
@@ -368,6 +282,14 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256) -
     return app
 
 
+def _positive_int(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return int(text)
+
+
 def add_arguments(parser):
     from loopjax.async_engine import add_engine_arguments
 
@@ -378,6 +300,8 @@ def add_arguments(parser):
                         help="the name clients send as `model` (default: MODEL as given)")
     parser.add_argument("--max-waiting", type=int, default=256,
                         help="requests that may wait for a first token before new ones get 429")
+    parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
+                        help="the largest `n` (samples per prompt) a request may ask for")
     parser.add_argument("--log-level", default="info")
     add_engine_arguments(parser)
 
@@ -391,7 +315,8 @@ def run(args) -> int:
     model, engine = build_engine(args)
     if getattr(model, "tokenizer", None) is None:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
-    app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting)
+    app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting,
+                     max_n=args.max_n)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

@@ -196,6 +196,7 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
         (ok, greedy(4, loops=9)),              # deeper than the engine
         (ok, greedy(4, exit_criterion="kl")),  # adaptive exit: not yet
         (ok, greedy(4, stop=("x",))),          # stop strings without a tokenizer
+        (ok, greedy(4, n=2)),                  # n samples: the caller submits fan_out()
     ]
     for prompt, params in bad:
         with pytest.raises(ValueError) as info:
@@ -276,6 +277,12 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref):
     for _ in range(2):
         first = llm.generate(ids[2], max_new_tokens=5, ignore_eos=True)[0]
         assert first.token_ids == ouro_ref["p2_greedy_tokens"][:5].tolist()
+    # n samples per prompt: result p * n + i is prompt p's sample i, drawn with seed + i.
+    sampled = dict(max_tokens=6, temperature=1.0, ignore_eos=True)
+    outs = llm.generate(ids[:2], SamplingParams(n=3, seed=40, **sampled))
+    assert len(outs) == 6 and [o.prompt_token_ids for o in outs] == [ids[0]] * 3 + [ids[1]] * 3
+    assert len({tuple(o.token_ids) for o in outs[:3]}) == 3
+    assert llm.generate(ids[1], SamplingParams(seed=42, **sampled))[0].token_ids == outs[5].token_ids
     assert llm.engine.stats()["compilations"] == compiled
 
 

@@ -313,6 +313,19 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({"logprobs": True}).logprobs == 0
     assert SamplingParams.from_openai({"logprobs": False}).logprobs is None
     assert SamplingParams.from_openai({}).max_tokens == 16
+    assert SamplingParams.from_openai({"n": 3, "best_of": 3}).n == 3
+
+
+def test_fan_out_derives_one_seed_per_sample():
+    params = SamplingParams(n=3, seed=7, temperature=0.8, max_tokens=5)
+    samples = params.fan_out()
+    assert [p.seed for p in samples] == [7, 8, 9] and all(p.n == 1 for p in samples)
+    assert all(dataclasses.replace(p, seed=7) == dataclasses.replace(params, n=1) for p in samples)
+    assert SamplingParams(seed=7).fan_out() == [SamplingParams(seed=7)]  # n=1: the request itself
+    top = SamplingParams(n=2, seed=2**64 - 1).fan_out()  # wraps: the device keys seeds mod 2**64
+    assert [p.seed for p in top] == [2**64 - 1, 0]
+    drawn = SamplingParams(n=2).fan_out()  # no seed given: one drawn, then seed + i
+    assert drawn[1].seed == drawn[0].seed + 1
 
 
 @pytest.mark.parametrize("body, msg", [
@@ -324,7 +337,10 @@ def test_from_openai_maps_fields():
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs must be in [0, 20], got 30"),
     ({"logprobs": 30}, "logprobs must be in [0, 20], got 30"),
     ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1, got 0"),
-    ({"n": 2}, "n is not supported (only 1), got 2"),
+    ({"n": 0}, "n must be >= 1, got 0"),
+    ({"n": "x"}, "n must be an integer >= 1, got 'x'"),
+    ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),
+    ({"best_of": 2}, "best_of must equal n (1)"),
     ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
     ({"logit_bias": {"5": 1}}, "logit_bias is not supported"),
     ({"stop": 5}, "stop must be a list of strings, got 5"),

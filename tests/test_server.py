@@ -27,8 +27,9 @@ import uvicorn
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError
 from loopjax.metrics import ServingMetrics, engine_stats_from_samples, parse
+from loopjax.openai_protocol import APIError, render_chat
 from loopjax.sampling_params import SamplingParams
-from loopjax.server import create_app, render_chat
+from loopjax.server import create_app
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
           "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -250,12 +251,17 @@ def test_client_gone_before_a_full_answer_aborts(server):
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
+    ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
+    ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
+    ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
+    ({"prompt": [5], "n": 2, "best_of": 3}, 400, "best_of", "best_of must equal n (2)"),
 ])
 def test_bad_requests_get_400(server, body, status, param, words):
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
     assert r.status_code == status, r.text
     err = r.json()["error"]
     assert err["param"] == param and words in err["message"] and err["type"] == "invalid_request_error"
+    assert "\n" not in err["message"]
 
 
 def test_malformed_json_and_chat_errors(server, client):
@@ -355,6 +361,99 @@ def test_bench_over_http_sessions(server, tmp_path):
     assert main(["bench", "nope", *TINY, "--url", server.url, "--out", out]) == 1
 
 
+# ------------------------------------------------------------------ n samples per prompt
+def _by_index(choices) -> dict:
+    return {c.index: c for c in choices}
+
+
+def test_n_seeded_samples_differ_and_reproduce(client):
+    """n=3 with a seed: three different samples, the same ones on a second call; sample i is
+    the n=1 request with seed + i (the documented rule)."""
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=8, temperature=1.0, seed=1234,
+              extra_body={"ignore_eos": True})
+    first, second = (client.completions.create(n=3, **kw) for _ in range(2))
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    samples = [tuple(c.token_ids) for c in first.choices]
+    assert len(set(samples)) == 3 and all(len(s) == 8 for s in samples)
+    assert [tuple(c.token_ids) for c in second.choices] == samples
+    assert [c.text for c in second.choices] == [c.text for c in first.choices]
+    assert first.usage.prompt_tokens == 3 and first.usage.completion_tokens == 24  # the prompt once
+    alone = client.completions.create(n=1, **{**kw, "seed": 1236})
+    assert tuple(alone.choices[0].token_ids) == samples[2]
+    # Several prompts: choice p * n + i is prompt p's sample i.
+    both = client.completions.create(n=2, **{**kw, "prompt": [[5, 9, 13], [7, 3]]})
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [tuple(c.token_ids) for c in both.choices[:2]] == samples[:2]
+    assert both.usage.prompt_tokens == 5 and both.usage.completion_tokens == 32
+
+
+def test_n_greedy_choices_are_identical(client):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}],
+                                       n=2, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    assert [c.index for c in r.choices] == [0, 1]
+    assert r.choices[0].token_ids == r.choices[1].token_ids and len(r.choices[0].token_ids) == 6
+    assert r.choices[0].message.content == r.choices[1].message.content
+    assert r.usage.completion_tokens == 12
+
+
+def test_n_streaming_reassembles_to_the_full_response(client):
+    kw = dict(model=MODEL_NAME, n=2, max_tokens=7, temperature=0.9, seed=77, extra_body={"ignore_eos": True})
+    full = client.completions.create(prompt=[4, 5, 6, 7], **kw)
+    chunks = list(client.completions.create(prompt=[4, 5, 6, 7], stream=True,
+                                            stream_options={"include_usage": True}, **kw))
+    parts = {0: ([], [], []), 1: ([], [], [])}  # index -> token ids, text pieces, finish reasons
+    for chunk in chunks:
+        for ch in chunk.choices:
+            ids, text, reasons = parts[ch.index]
+            ids += ch.token_ids
+            text.append(ch.text)
+            reasons.append(ch.finish_reason)
+    for c in full.choices:
+        ids, text, reasons = parts[c.index]
+        assert ids == c.token_ids and "".join(text) == c.text
+        assert [r for r in reasons if r] == [c.finish_reason] == ["length"]
+    assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens == 14
+    assert chunks[-1].usage.prompt_tokens == 4
+    chat = list(client.chat.completions.create(messages=[{"role": "user", "content": "hello"}],
+                                               stream=True, **{**kw, "temperature": 0}))
+    roles = {c.choices[0].index for c in chat if c.choices[0].delta.role == "assistant"}
+    content = {i: "".join(c.choices[0].delta.content or "" for c in chat if c.choices[0].index == i)
+               for i in (0, 1)}
+    assert roles == {0, 1} and content[0] == content[1] != ""
+
+
+def test_n_choices_share_the_prompt_pages(server, client):
+    """A new 40-token prompt with n=3: sample 0 prefills it, samples 1 and 2 hit its 2 full
+    pages (16 tokens each) in the prefix cache; sampling from cached pages changes nothing."""
+    prompt = [11 + (i * 7) % 200 for i in range(40)]
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=4, temperature=1.0, seed=5,
+              extra_body={"ignore_eos": True})
+    before = _metrics(server)
+    shared = client.completions.create(n=3, **kw)
+    _wait_idle(server.aengine)
+    after = _metrics(server)
+    delta = {k.removeprefix("loopjax_prefix_cache_"): after[k] - before[k] for k in PREFIX_METRICS
+             if k.endswith("_total")}
+    assert (delta["queried_pages_total"], delta["hit_pages_total"], delta["hit_tokens_total"]) == (6, 4, 64)
+    again = client.completions.create(n=3, **kw)  # every sample hits now: the same tokens
+    assert [c.token_ids for c in again.choices] == [c.token_ids for c in shared.choices]
+
+def test_n_disconnect_mid_stream_aborts_every_choice(client, server):
+    before = server.aengine.metrics.aborted.value
+    stream = client.completions.create(model=MODEL_NAME, prompt=list(range(10, 60)), max_tokens=400, n=2,
+                                       temperature=1.0, stream=True, extra_body={"ignore_eos": True})
+    seen = set()
+    for chunk in stream:
+        seen.update(ch.index for ch in chunk.choices if ch.token_ids)
+        if seen == {0, 1}:
+            break
+    assert server.aengine.stats()["running_rows"] == 2
+    stream.close()
+    stats = _wait_idle(server.aengine)
+    assert stats["pages_free"] == stats["pages_total"]  # the pool is whole (parked cache pages count)
+    assert server.aengine.metrics.aborted.value - before == 2
+
+
 def test_chat_without_template_is_400():
     bare = types.SimpleNamespace(tokenizer=None, chat_template=None,
                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
@@ -431,13 +530,21 @@ def test_async_engine_contract():
         with pytest.raises(QueueFullError):  # three wait for a first token already
             await aeng.submit([1], params)
         assert aeng.num_waiting == 3 and len(fake.requests) == 3
+        assert not any(s.started.is_set() for s in streams)  # no output yet
         fake.paused = False
         outs = [[o async for o in s] for s in streams[:2]]
+        assert streams[0].started.is_set()
         assert [o[-1].token_ids for o in outs] == [[11, 12, 13, 14, 15], [21, 22, 23, 24, 25]]
         assert streams[0].ttft > 0 and streams[0].tpot > 0
         long = await aeng.submit([0], SamplingParams(max_tokens=10_000, temperature=0))
         await long.__anext__()
         long.close()  # abort: the fake engine drops it, its page goes back
+        fake.paused = True
+        queued = await aeng.submit([0], params)
+        queued.close()  # aborted before any output: `started` still releases a waiter
+        await asyncio.wait_for(queued.started.wait(), 1)
+        assert queued.first_token_at is None
+        fake.paused = False
         for _ in range(2000):  # generous: CI machines are shared
             if aeng.stats()["pages_used"] == 0:
                 break
@@ -541,8 +648,6 @@ def test_incremental_text_with_split_characters_and_stop_strings():
 
 
 def test_chatml_fallback_without_jinja2(monkeypatch):
-    from loopjax.server import APIError
-
     messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
     with_jinja = render_chat(CHATML, messages)
     for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):

@@ -1,0 +1,184 @@
+"""OpenAI request parsing for the server: a request body in, prompts and SamplingParams out.
+
+Contract:
+- Every refusal is an `APIError` carrying OpenAI's error JSON `{"error": {"message", "type",
+  "param", "code"}}` with a one-line message and `param` naming the field (HTTP 400 unless
+  said otherwise); the server maps it to the response.
+- Prompts come back as token-id lists checked against the vocabulary and the served context;
+  text is encoded with the model's tokenizer, chat messages rendered by its chat template.
+- `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
+  submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
+This module imports FastAPI for the error response only; nothing here touches the engine.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from typing import Any
+
+from fastapi.responses import JSONResponse
+
+from loopjax.sampling_params import SamplingParams
+
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+ROLES = ("system", "user", "assistant", "tool", "developer")
+DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None,
+                 kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.message, self.param, self.kind = status, message, param, kind
+
+    def response(self) -> JSONResponse:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
+        return JSONResponse({"error": error}, status_code=self.status)
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param)
+
+
+def param_of(message: str, body: dict) -> str | None:
+    """The request field a one-line ValueError names (its first word that is a field)."""
+    return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
+
+
+def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
+    """The prompt text of `messages` under a Hugging Face chat template (jinja2, sandboxed).
+
+    Without jinja2 only ChatML templates render (a built-in ChatML renderer)."""
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        if CHATML_START in template and CHATML_END in template:
+            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
+            return text + f"{CHATML_START}assistant\n"
+        raise APIError(500, "the chat template is not ChatML and jinja2 is not installed "
+                            "(pip install jinja2)", "messages", "server_error") from None
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = raise_exception
+    try:
+        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
+                                                bos_token=bos_token, eos_token=eos_token)
+    except TemplateError as e:
+        raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
+
+
+def special_tokens(model) -> dict:
+    """bos_token / eos_token of the checkpoint's tokenizer_config.json (chat templates use them)."""
+    try:
+        with open(os.path.join(model.path, "tokenizer_config.json")) as f:
+            config = json.load(f)
+    except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
+        return {}
+    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
+    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestParser:
+    """What a served model accepts; `body`, `prompts` and `sampling` check one request."""
+
+    model_name: str  # the name clients send as `model`
+    tokenizer: Any = None  # a `tokenizers.Tokenizer`; None: token-id prompts only, no chat
+    chat_template: str | None = None
+    special_tokens: dict = dataclasses.field(default_factory=dict)  # bos_token / eos_token text
+    vocab_size: int | None = None  # token ids must lie in [0, vocab_size)
+    max_context: int | None = None  # prompt + generation tokens the engine serves
+    max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
+
+    def __post_init__(self):
+        if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
+            raise ValueError(f"max_n must be an integer >= 1, got {self.max_n!r}")
+
+    def body(self, raw: bytes) -> dict:
+        """The request's JSON object, its `model`, `stream` and unsupported fields checked."""
+        try:
+            body = json.loads(raw)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise bad_request(f"malformed JSON body: {e}") from None
+        if not isinstance(body, dict):
+            raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+        if body.get("model") is not None and body["model"] != self.model_name:
+            raise bad_request(f"model {body['model']!r} is not served here; this server serves "
+                              f"{self.model_name!r}", "model")
+        if not isinstance(body.get("stream") or False, bool):
+            raise bad_request(f"stream must be true or false, got {body['stream']!r}", "stream")
+        for key in ("echo", "suffix"):  # accepted by from_openai, but this server cannot honour them
+            if body.get(key):
+                raise bad_request(f"{key} is not supported by this server", key)
+        return body
+
+    def prompts(self, body: dict, chat: bool) -> list[list[int]]:
+        """The token ids of each prompt: chat has one (the rendered messages)."""
+        return [self._chat_prompt(body)] if chat else self._completion_prompts(body)
+
+    def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
+        """The request's SamplingParams (`n` included, capped at max_n)."""
+        if chat and self.max_context and all(body.get(k) is None
+                                             for k in ("max_tokens", "max_completion_tokens")):
+            body["max_tokens"] = self.max_context - len(prompts[0])  # OpenAI's chat default: until done
+        try:
+            params = SamplingParams.from_openai(body)
+        except (ValueError, TypeError) as e:
+            raise bad_request(str(e), param_of(str(e), body)) from None
+        if params.n > self.max_n:
+            raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
+        return params
+
+    def _check_ids(self, ids, param: str) -> list[int]:
+        if not ids:
+            raise bad_request(f"{param} is empty", param)
+        if any(isinstance(t, bool) or not isinstance(t, int) for t in ids):
+            raise bad_request(f"{param} must be text or a list of integer token ids", param)
+        if self.vocab_size is not None and not all(0 <= t < self.vocab_size for t in ids):
+            raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param)
+        if self.max_context is not None and len(ids) >= self.max_context:
+            raise bad_request(f"{param} is too long: {len(ids)} tokens for a context of "
+                              f"{self.max_context}", param)
+        return ids
+
+    def _encode(self, text: str, param: str) -> list[int]:
+        if self.tokenizer is None:
+            raise bad_request(f"{param}: model {self.model_name!r} has no tokenizer; send token ids "
+                              "instead", param)
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def _completion_prompts(self, body: dict) -> list[list[int]]:
+        prompt = body.get("prompt")
+        one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
+        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
+            prompt = [prompt]
+        if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
+            raise bad_request("prompt must be text, token ids, or a non-empty list of those", "prompt")
+        return [self._check_ids(self._encode(p, "prompt") if isinstance(p, str) else p, "prompt")
+                for p in prompt]
+
+    def _chat_prompt(self, body: dict) -> list[int]:
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
+        clean = []
+        for i, m in enumerate(messages):
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, list):  # content parts: keep the text ones
+                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
+                raise bad_request(f"messages[{i}] must have a role in {ROLES} and text content", "messages")
+            clean.append({**m, "content": content})
+        if self.tokenizer is None or not self.chat_template:
+            raise bad_request(f"model {self.model_name!r} has no chat template" +
+                              ("" if self.tokenizer is not None else " or tokenizer") +
+                              "; use /v1/completions with a prompt", "messages")
+        text = render_chat(self.chat_template, clean, **self.special_tokens)
+        return self._check_ids(self._encode(text, "messages"), "messages")
