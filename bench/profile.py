@@ -8,13 +8,12 @@ request, then the burst of `loopjax bench --workload burst` (C random prompts of
 O greedy tokens each).
 
 Host timers (`StageTimer`) wrap, on the instances and from the outside, engine.step,
-scheduler.schedule / update and runner.run / make_batch / submit. After a submission that
-returns outputs the wrapper waits for them ("wait", `jax.block_until_ready`): the runner reads
-them right after anyway, so this splits the wait from the copy without changing the pipeline
-(a runner that overlaps steps needs `--no-split-wait`: the wait then stays in "read").
-Derived: read = run - make_batch - submit - wait (device_get); other = step - schedule - run -
-update (rows, outputs); host = step - wait. With the pipelined runner (`Runner.read` exists)
-read is timed directly and holds the wait for the device: host = step - wait - read.
+scheduler.schedule / update and runner.run / read / make_batch / submit. `Runner.read` (the
+one host read of a step's outputs) holds the wait for the device: with async scheduling (the
+default) it reads step n while step n+1 runs. Derived: other = step - schedule - make_batch -
+submit - read - update (rows, outputs); host = step - read. `--split-wait` (synchronous engines
+only: it would stall the pipeline) waits after each submit ("wait", `jax.block_until_ready`)
+to split the device time from the copy.
 Count, mean and p50 (ms) per step kind.
 
 Device trace: the same burst again; once every request decodes (or the rows are full),
@@ -32,24 +31,25 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import glob
-import gzip
 import itertools
 import json
 import os
-import re
 import sys
 import tempfile
 import time
 from collections import defaultdict
 
 from loopjax.bench.report import percentile
+from loopjax.bench.trace_summary import (  # noqa: F401  (the trace half of this tool)
+    DERIVED_ROWS,
+    STEP_PREFIX,
+    device_summary,
+    format_device_summary,
+    kernel_group,
+    load_trace_events,
+)
 from loopjax.bench.workloads import WorkloadSpec, burst_prompts
 
-STEP_PREFIX = "loopjax_step_"
-# Rows xprof derives from the kernels (they repeat their time): never counted as kernels.
-DERIVED_ROWS = ("XLA Modules", "XLA Ops", "XLA TraceMe", "Steps", "Framework Ops", "Framework Name Scope",
-                "TensorFlow Ops", "TensorFlow Name Scope", "Source code", "Launch Stats")
 STAGES = ("schedule", "make_batch", "submit", "wait", "read", "update", "other", "host", "step")
 
 
@@ -57,7 +57,7 @@ class StageTimer:
     """Per-step host timings of an engine (see the module note); `records` holds one dict per
     step: kind, rows, tokens and seconds per wrapped stage."""
 
-    def __init__(self, engine, split_wait: bool = True):
+    def __init__(self, engine, split_wait: bool = False):
         import jax
 
         self.records: list[dict] = []
@@ -154,125 +154,6 @@ def format_host_table(table: dict) -> str:
     return "\n".join(lines)
 
 
-# ------------------------------------------------------------------ the trace
-def load_trace_events(trace_dir: str) -> list[dict]:
-    """Events of the newest perfetto_trace.json.gz under trace_dir (jax.profiler.trace output)."""
-    paths = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True),
-                   key=os.path.getmtime)
-    if not paths:
-        raise RuntimeError(f"no perfetto_trace.json.gz under {trace_dir}")
-    with gzip.open(paths[-1], "rt") as f:
-        data = json.load(f)
-    return data["traceEvents"] if isinstance(data, dict) else data
-
-
-def _union(intervals):
-    """Sorted, merged [start, end) intervals."""
-    merged = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return merged
-
-
-def _clipped_busy(merged, lo: float, hi: float) -> float:
-    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in merged)
-
-
-def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -> dict | None:
-    """Kernel time of a Chrome/perfetto trace (times in µs); None when it has no device events.
-
-    Kernels: complete ("X") events on the "Stream ..." threads of "/device:..." processes
-    other than CPUs (when no thread is named "Stream": every thread but the DERIVED_ROWS)."""
-    processes, threads = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            processes[e["pid"]] = str(e.get("args", {}).get("name", ""))
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", ""))
-    devices = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
-    streams = {key for key, name in threads.items() if key[0] in devices and name.startswith("Stream")}
-    derived = {key for key, name in threads.items() if key[0] in devices and name in DERIVED_ROWS}
-    kernels, steps = [], []
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        if e["pid"] in devices:
-            key = (e["pid"], e.get("tid"))
-            if key in streams or not (streams or key in derived):
-                kernels.append((start, end, str(e.get("name", "?"))))
-        else:
-            m = re.fullmatch(re.escape(STEP_PREFIX) + r"(\d+)", str(e.get("name", "")))
-            if m:
-                steps.append((int(m.group(1)), start, end))
-    if not kernels:
-        return None
-    merged = _union((s, e) for s, e, _ in kernels)
-    gaps = [b[0] - a[1] for a, b in zip(merged, merged[1:])]
-    span = merged[-1][1] - merged[0][0]
-    busy = sum(e - s for s, e in merged)
-    ranked = _ranked(kernels, lambda name: name, top)
-    groups = _ranked(kernels, kernel_group, top)
-    per_step = []
-    for index, lo, hi in sorted(steps):
-        inside = [(max(s, lo), min(e, hi)) for s, e in merged if e > lo and s < hi]
-        step_busy = _clipped_busy(merged, lo, hi)
-        per_step.append({"step": index, "wall_us": hi - lo, "device_busy_us": step_busy,
-                         "busy_pct": 100.0 * step_busy / max(hi - lo, 1e-9),
-                         "idle_before_first_kernel_us": inside[0][0] - lo if inside else None,
-                         "idle_after_last_kernel_us": hi - inside[-1][1] if inside else None})
-    return {"num_kernels": len(kernels), "device_streams": sorted(threads[k] for k in streams),
-            "span_us": span, "busy_us": busy, "busy_pct": 100.0 * busy / max(span, 1e-9),
-            "gaps": {"count": len(gaps), "total_us": sum(gaps), "largest_us": sorted(gaps, reverse=True)[:5],
-                     "threshold_us": gap_us, "over_threshold_count": sum(g > gap_us for g in gaps),
-                     "over_threshold_total_us": sum(g for g in gaps if g > gap_us)},
-            "top_kernels": ranked, "top_kernel_groups": groups,
-            "steps": per_step}
-
-
-def kernel_group(name: str) -> str:
-    """A kernel name without its numeric suffixes: `loop_add_fusion_12` -> `loop_add_fusion`
-    (XLA numbers each fusion; the group shows e.g. all transposes or elementwise loops)."""
-    return re.sub(r"([._]\d+)+$", "", name)
-
-
-def _ranked(kernels, key, top: int) -> list[dict]:
-    """The `top` names (after `key`) by total time: name, count, total and mean µs."""
-    totals = defaultdict(lambda: [0, 0.0])
-    for start, end, name in kernels:
-        totals[key(name)][0] += 1
-        totals[key(name)][1] += end - start
-    ranked = sorted(totals.items(), key=lambda kv: -kv[1][1])[:top]
-    return [{"name": n, "count": c, "total_us": t, "mean_us": t / c} for n, (c, t) in ranked]
-
-
-def format_device_summary(s: dict, kinds: dict | None = None) -> str:
-    g = s["gaps"]
-    lines = [f"device: {s['num_kernels']} kernels on {len(s['device_streams']) or 'all'} stream(s), span "
-             f"{s['span_us'] / 1e3:.2f} ms, busy {s['busy_us'] / 1e3:.2f} ms ({s['busy_pct']:.1f}%)",
-             f"gaps: {g['count']}, total {g['total_us'] / 1e3:.2f} ms, largest "
-             + ", ".join(f"{x:.0f}" for x in g["largest_us"]) + f" µs; {g['over_threshold_count']} over "
-             f"{g['threshold_us']:.0f} µs totalling {g['over_threshold_total_us'] / 1e3:.2f} ms",
-             f"{'total ms':>9}{'count':>7}{'mean µs':>10}  kernel"]
-    lines += [f"{k['total_us'] / 1e3:>9.2f}{k['count']:>7}{k['mean_us']:>10.1f}  {k['name'][:90]}"
-              for k in s["top_kernels"]]
-    lines.append("kernel groups (numeric suffixes dropped):")
-    lines += [f"{k['total_us'] / 1e3:>9.2f}{k['count']:>7}{k['mean_us']:>10.1f}  {k['name'][:90]}"
-              for k in s["top_kernel_groups"][:8]]
-    if s["steps"]:
-        lines.append(f"{'step':>5} {'kind':<8}{'wall ms':>9}{'busy ms':>9}{'busy%':>7}"
-                     f"{'idle before µs':>16}{'idle after µs':>15}")
-        for st in s["steps"]:
-            fmt = lambda v: "-" if v is None else f"{v:.0f}"  # noqa: E731
-            lines.append(f"{st['step']:>5} {(kinds or {}).get(st['step'], '?'):<8}{st['wall_us'] / 1e3:>9.2f}"
-                         f"{st['device_busy_us'] / 1e3:>9.2f}{st['busy_pct']:>6.1f}%"
-                         f"{fmt(st['idle_before_first_kernel_us']):>16}{fmt(st['idle_after_last_kernel_us']):>15}")
-    return "\n".join(lines)
-
-
 # ------------------------------------------------------------------ the run
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from loopjax.async_engine import add_engine_arguments
@@ -287,7 +168,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gap-us", type=float, default=50.0, help="gaps above this are counted apart")
     parser.add_argument("--keep-trace", action="store_true", help="keep the raw trace under OUT/trace")
     parser.add_argument("--python-trace", action="store_true", help="also trace Python calls (large)")
-    parser.add_argument("--no-split-wait", action="store_true", help="do not wait after submit (see above)")
+    parser.add_argument("--split-wait", action="store_true",
+                        help="wait after each submit (synchronous engines only; see above)")
     parser.add_argument("--out", default="profile-out", help="folder of profile.json (and the trace)")
     add_engine_arguments(parser)
 
@@ -358,7 +240,7 @@ def run(args) -> int:
         return 1
     device = jax.devices()[0].device_kind
     print(f"{device}: load {timings['load_s']:.1f} s, warm-up {timings['warmup_s']:.1f} s", flush=True)
-    timer = StageTimer(engine, split_wait=not args.no_split_wait)
+    timer = StageTimer(engine, split_wait=args.split_wait)
     compiled = engine.runner.compilations
     start = time.perf_counter()
     interrupted = False

@@ -98,7 +98,7 @@ def test_host_table_derives_read_other_and_host():
 def test_profile_tiny_burst_on_cpu(tmp_path, capsys):
     out = tmp_path / "prof"
     rc = profile.main(["ouro-tiny", "-P", "12", "-O", "3", "-C", "2", "--trace-steps", "2",
-                       "--no-async-scheduling",  # the synchronous loop: one plan per step
+                       "--no-async-scheduling", "--split-wait",  # synchronous: one plan per step
                        "--out", str(out), "--max-num-rows", "4", "--decode-row-buckets", "4",
                        "--max-prefill-tokens", "32", "--prefill-token-buckets", "32",
                        "--max-prefill-rows", "4", "--no-verbose"])
