@@ -140,3 +140,29 @@ def test_huginn_async_scheduling_equals_synchronous(huginn_engines):
     assert runs[1]["warm"][0] == gen["gen_cc_tokens"][0].tolist()
     assert min(runs[1]["kl"][1]) < 16  # the criterion exited early on the device
     assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
+
+
+def test_adaptive_exits_with_the_pallas_decode_kernel():
+    """The GPU default reads decode attention through the Pallas kernel (interpret mode here):
+    inside the adaptive while_loop with the "last exited" fill it gives the golden tokens and
+    loops (Huginn kl run) and the skip reference (Ouro Q-exit)."""
+    from loopjax.adaptive_reference import ouro_generate
+    gold = load_file(f"{HUGINN}/adaptive.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    k = key("kl", 5e-4, "latest_m4")
+    engine = Engine(loopjax.load(HUGINN), EngineConfig(**CFG, max_loops=16, attention_backend="pallas"))
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
+                            exit_criterion="kl", exit_threshold=5e-4, exit_mode="skip")
+    rid = engine.add_request(prompt, params, initial_state=gold[f"{k}_init_states"][0])
+    out = finish(engine)[rid]
+    assert out.token_ids == gold[f"{k}_tokens"][0].tolist()
+    assert out.exit_loops == gold[f"{k}_steps_per_token"].tolist()
+    model = loopjax.load(OURO)
+    engine = Engine(model, EngineConfig(**CFG, attention_backend="pallas"))
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p1_input_ids"].tolist()
+    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, exit_threshold=0.5,
+                            exit_mode="skip")
+    rid = engine.add_request(prompt, params)
+    out = finish(engine)[rid]
+    expected = ouro_generate(model.params, model.cfg, prompt, 6, threshold=0.5, mode="skip")
+    assert out.token_ids == expected.tokens.tolist() and out.exit_loops == expected.loops.tolist()
