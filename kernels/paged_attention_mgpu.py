@@ -1,0 +1,184 @@
+"""Paged decode attention on Mosaic GPU (`pallas.mosaic_gpu`, the maintained Hopper
+backend): the contract and result of `paged_attention.paged_attention` for decode (one
+token per row, N == R), a second backend beside the Triton kernel.
+
+One program (one warpgroup) per (row, kv head, context split). It streams its row's K/V
+pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
+tile: one TMA copy) through `num_stages` smem slots, a block of `pages_per_block` pages
+(block_k = pages_per_block * S keys, a multiple of 64: the rows of a WGMMA register
+layout) per slot, and stops at the row's own length. Scores and p @ v are vector
+products in fp32 registers (G = Hq/Hkv is 1..8 rows, too few for wgmma's 64), so fp32
+pools are exact (no tf32). Online softmax in fp32 with the ref's score roundings (scores
+rounded to the activation dtype, scaled in it); like the Triton kernel, probabilities
+stay in fp32 (the ref rounds normalized probs, which an online softmax cannot).
+
+Each split writes an unnormalized fp32 partial (acc, running max, running sum), combined
+in XLA as the Triton kernel does; keys past the row's length are masked.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plmgpu
+
+from ._common import resolve_interpret
+from .paged_attention import check_paged_inputs, combine_splits, default_num_splits, require_scalar_plane
+
+__all__ = ["paged_attention_mgpu"]
+
+ROWS = 64  # rows of a WGMMA register layout: block_k is a multiple of it
+ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [block_k] vectors: one entry per key
+COL_LAYOUT = plmgpu.Layout.WGMMA.reduce(0)  # [D] vectors: one entry per head-dim lane
+SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
+
+
+def _decode_body(
+    plane_ref,  # [1] i32 (gmem)
+    pt_ref,  # [R, M_pad] i32, M_pad a multiple of pages_per_block
+    row_ref,  # [N] i32
+    pos_ref,  # [N] i32
+    q_ref,  # [N, Hkv, G, D]
+    k_ref,  # [planes, Hkv, P, S, D]
+    v_ref,  # [planes, Hkv, P, S, D]
+    acc_ref,  # [splits, N, Hkv, G, D] f32 unnormalized
+    m_ref,  # [splits, N, Hkv, G] f32 running max
+    l_ref,  # [splits, N, Hkv, G] f32 running sum
+    k_smem,  # [stages, block_k, D]
+    v_smem,  # [stages, block_k, D]
+    ready,  # one barrier per slot: its K and V pages have landed
+    *,
+    pages_per_block: int,
+    num_splits: int,
+    num_stages: int,
+):
+    n, h, split = (jax.lax.axis_index(a) for a in ("token", "head", "split"))
+    g, d = q_ref.shape[2], q_ref.shape[3]
+    s = k_ref.shape[3]
+    block_k = pages_per_block * s
+    dtype = q_ref.dtype
+    plane, row = plane_ref[0], row_ref[n]
+    ctx = pos_ref[n] + 1  # keys 0..positions[n]
+    num_blocks = pl.cdiv(ctx, block_k)
+    per_split = pl.cdiv(num_blocks, num_splits)
+    start = split * per_split
+    steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
+    scale = jnp.asarray(d**-0.5, dtype)
+
+    def fetch(step, slot):  # the pages of block start + step -> slot (one TMA per page)
+        for i in range(pages_per_block):
+            page = pt_ref[row, (start + step) * pages_per_block + i]
+            rows = pl.ds(i * s, s)
+            plmgpu.copy_gmem_to_smem(k_ref.at[plane, h, page], k_smem.at[slot, rows], ready.at[slot])
+            plmgpu.copy_gmem_to_smem(v_ref.at[plane, h, page], v_smem.at[slot, rows], ready.at[slot])
+
+    for i in range(num_stages):
+        pl.when(i < steps)(lambda i=i: fetch(i, i))
+    # NOTE: q is read once, straight from gmem (Mosaic's vectorized loads are smem-only).
+    qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
+          for j in range(g)]  # G x [D]
+
+    def body(step, carry):
+        slot = jax.lax.rem(step, num_stages)
+        plmgpu.barrier_wait(ready.at[slot])
+        k = plmgpu.load(k_smem.at[slot], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+        v = plmgpu.load(v_smem.at[slot], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+        key_pos = (start + step) * block_k + plmgpu.broadcasted_iota(
+            jnp.int32, (block_k,), 0, layout=ROW_LAYOUT)
+        valid = key_pos < ctx
+        new = []
+        for qj, (m_prev, l_prev, acc) in zip(qs, carry, strict=True):
+            scores = jnp.sum(k * jax.lax.broadcast_in_dim(qj, (block_k, d), (1,)), axis=1)  # [BK]
+            # NOTE: the same roundings as causal_attention: scores to dtype, scaled in dtype.
+            scores = (scores.astype(dtype) * scale).astype(jnp.float32)
+            scores = jnp.where(valid, scores, -jnp.inf)
+            m_next = jnp.maximum(m_prev, jnp.max(scores))  # finite: the block's first key is valid
+            corr = jnp.exp(m_prev - m_next)
+            p = jnp.exp(scores - m_next)  # [BK]
+            pv = jnp.sum(jax.lax.broadcast_in_dim(p, (block_k, d), (0,)) * v, axis=0)  # [D]
+            new.append((m_next, l_prev * corr + jnp.sum(p), acc * corr + pv))
+
+        @pl.when(step + num_stages < steps)
+        def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
+            fetch(step + num_stages, slot)
+
+        return new
+
+    init = [(jnp.float32(-jnp.inf), jnp.float32(0),
+             plmgpu.layout_cast(jnp.zeros((d,), jnp.float32), COL_LAYOUT)) for _ in range(g)]
+    carry = jax.lax.fori_loop(0, steps, body, init)
+    for j, (m_i, l_i, acc) in enumerate(carry):
+        acc_ref[split, n, h, j] = acc
+        m_ref[split, n, h, j] = m_i
+        l_ref[split, n, h, j] = l_i
+
+
+def paged_attention_mgpu(
+    q,  # [N, Hq, D], N == R (one decode token per row)
+    k_cache,  # [planes, Hkv, P, S, D]
+    v_cache,  # [planes, Hkv, P, S, D]
+    plane,  # i32 scalar
+    page_table,  # [R, M] i32
+    row_of_token,  # [N] i32
+    positions,  # [N] i32
+    *,
+    pages_per_block: int | None = None,
+    num_splits: int | None = None,
+    num_stages: int = 4,
+    interpret: bool | None = None,
+):
+    """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
+    contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
+    n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
+        q, k_cache, v_cache, plane, page_table, row_of_token, positions
+    )
+    require_scalar_plane(plane, "Mosaic GPU decode")
+    g = hq // hkv
+    interpret = resolve_interpret(interpret)
+    if g > 8:
+        raise ValueError(f"the Mosaic GPU kernel takes at most 8 q heads per kv head, got {g}")
+    itemsize = jnp.dtype(q.dtype).itemsize
+    if s % 8 or (d * itemsize) % 32:
+        raise ValueError(f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {s}) and "
+                         f"head_dim rows of 32-byte multiples (got {d} x {itemsize} bytes)")
+    if pages_per_block is None:
+        pages_per_block = ROWS // math.gcd(s, ROWS)
+    block_k = pages_per_block * s
+    if pages_per_block < 1 or block_k % ROWS:
+        raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "
+                         f"{pages_per_block} x {s}")
+    slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
+    if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
+        raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
+                         f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
+    m_pad = -(-m // pages_per_block) * pages_per_block
+    if m_pad != m:  # NOTE: padded entries (page 0) are read but masked by position.
+        page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
+    if num_splits is None:
+        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
+    part = (num_splits, n, hkv, g)
+    body = jax.tree_util.Partial(_decode_body, pages_per_block=pages_per_block,
+                                 num_splits=num_splits, num_stages=num_stages)
+    swizzle = plmgpu.find_swizzle(d * itemsize * 8)
+    # NOTE: swizzled slots: the WGMMA-layout register loads then avoid bank conflicts.
+    transforms = (plmgpu.TilingTransform((8, swizzle // itemsize)),
+                  plmgpu.SwizzleTransform(swizzle))
+    scratch = [
+        plmgpu.SMEM((num_stages, block_k, d), q.dtype, transforms=transforms),
+        plmgpu.SMEM((num_stages, block_k, d), q.dtype, transforms=transforms),
+        plmgpu.Barrier(num_arrivals=2 * pages_per_block, num_barriers=num_stages),
+    ]
+    acc, m_s, l_s = plmgpu.kernel(
+        body,
+        out_type=[jax.ShapeDtypeStruct((*part, d), jnp.float32),
+                  jax.ShapeDtypeStruct(part, jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32)],
+        scratch_types=scratch,
+        grid=(n, hkv, num_splits),
+        grid_names=("token", "head", "split"),
+        interpret=plmgpu.InterpretGPUParams() if interpret else None,
+    )(jnp.asarray(plane, jnp.int32).reshape(1), page_table, row_of_token, positions,
+      q.reshape(n, hkv, g, d), k_cache, v_cache)
+    return combine_splits(acc, m_s, l_s).astype(q.dtype).reshape(n, hq, d)
