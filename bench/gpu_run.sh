@@ -13,6 +13,8 @@ for spec in "$@"; do
   name=${spec%%:*}; limit=${spec##*:}
   case $name in
     kernels) cmd="python3 -m loopjax.bench.kernels --out $OUT/kernels.json" ;;
+    attn_decode) cmd="python3 -m loopjax.bench.kernels --only decode --budget $((limit - 30)) --out $OUT/attn_decode.json" ;;
+    attn_sweep) cmd="python3 -m loopjax.bench.kernels --only sweep --budget $((limit - 30)) --out $OUT/attn_sweep.json" ;;
     matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
     decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla --matmul xla,streaming --per-loop-rows 1,32 --out $OUT/decode_ouro.json" ;;
     decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512 --backend xla --matmul xla,streaming --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
