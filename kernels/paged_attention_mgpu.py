@@ -1,19 +1,22 @@
 """Paged decode attention on Mosaic GPU (`pallas.mosaic_gpu`, the maintained Hopper
-backend): the contract and result of `paged_attention.paged_attention` for decode (one
-token per row, N == R), a second backend beside the Triton kernel.
+backend): the contract and result of `paged_attention.paged_attention` (one program per
+token, so decode's one token per row and any N), a second backend beside the Triton kernel.
 
-One program (one warpgroup) per (row, kv head, context split). It streams its row's K/V
+One program (one warpgroup) per (token, kv head, context split). It streams its row's K/V
 pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
-tile: one TMA copy) through `num_stages` smem slots, a block of `pages_per_block` pages
-(block_k = pages_per_block * S keys, a multiple of 64: the rows of a WGMMA register
-layout) per slot, and stops at the row's own length. Scores and p @ v are vector
-products in fp32 registers (G = Hq/Hkv is 1..8 rows, too few for wgmma's 64), so fp32
-pools are exact (no tf32). Online softmax in fp32 with the ref's score roundings (scores
-rounded to the activation dtype, scaled in it); like the Triton kernel, probabilities
-stay in fp32 (the ref rounds normalized probs, which an online softmax cannot).
+tile: one TMA copy into a swizzled smem slot) through `num_stages` slots, a block of
+`pages_per_block` pages per slot (block_k = pages_per_block * S keys, a multiple of 64),
+and stops at the row's own length. Keys are processed in tiles of 64 (the rows of a WGMMA
+register layout). Scores and p @ v are vector products in fp32 registers (G = Hq/Hkv is
+1..8 rows, too few for wgmma's 64), so fp32 pools are exact (no tf32).
 
-Each split writes an unnormalized fp32 partial (acc, running max, running sum), combined
-in XLA as the Triton kernel does; keys past the row's length are masked.
+Online softmax in fp32 with the ref's score roundings (scores rounded to the activation
+dtype, scaled in it); like the Triton kernel, probabilities stay in fp32 (the ref rounds
+normalized probs, which an online softmax cannot). Where G * D <= 128 (Ouro, Huginn: G = 1)
+each of the 64 key lanes of a tile keeps its own running max, sum and [D] accumulator, so
+the loop has no cross-warp reduction; the lanes merge once at the end. Larger G reduce
+every tile (registers). Each split writes an unnormalized fp32 partial (acc, max, sum),
+combined in XLA as the Triton kernel does (`combine_splits`).
 """
 
 from __future__ import annotations
@@ -30,10 +33,47 @@ from .paged_attention import check_paged_inputs, combine_splits, default_num_spl
 
 __all__ = ["paged_attention_mgpu"]
 
-ROWS = 64  # rows of a WGMMA register layout: block_k is a multiple of it
-ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [block_k] vectors: one entry per key
+ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
+ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [64] vectors: one entry per key of a tile
 COL_LAYOUT = plmgpu.Layout.WGMMA.reduce(0)  # [D] vectors: one entry per head-dim lane
 SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
+LANE_ACC_MAX = 128  # G * D up to which every key lane keeps its own [D] accumulator
+NEG = -1e30  # finite "no key yet" max of a key lane (exp(NEG - NEG) = 1, not NaN)
+
+
+def _scores(q, k, valid, dtype, scale):
+    """[64] f32 scores of q [D] against a key tile k [64, D], with causal_attention's
+    roundings (rounded to the activation dtype, scaled in it); invalid keys -inf."""
+    scores = jnp.sum(k * jax.lax.broadcast_in_dim(q, k.shape, (1,)), axis=1)
+    scores = (scores.astype(dtype) * scale).astype(jnp.float32)
+    return jnp.where(valid, scores, -jnp.inf)
+
+
+def _lane_update(state, scores, v):
+    """One online-softmax state per key lane (row of the tile): m, l [64], acc [64, D].
+    Elementwise only: no cross-warp reduction until the end (`_lane_finish`)."""
+    m_prev, l_prev, acc = state
+    m_next = jnp.maximum(m_prev, scores)
+    corr, p = jnp.exp(m_prev - m_next), jnp.exp(scores - m_next)
+    bcast = lambda x: jax.lax.broadcast_in_dim(x, v.shape, (0,))  # noqa: E731
+    return m_next, l_prev * corr + p, acc * bcast(corr) + bcast(p) * v
+
+
+def _lane_finish(state):
+    """Merge the key lanes -> (m, l) scalars, acc [D] (unnormalized, relative to m)."""
+    m_lanes, l_lanes, acc = state
+    m_i = jnp.max(m_lanes)
+    w = jnp.exp(m_lanes - m_i)
+    return m_i, jnp.sum(l_lanes * w), jnp.sum(acc * jax.lax.broadcast_in_dim(w, acc.shape, (0,)), axis=0)
+
+
+def _tile_update(state, scores, v):
+    """One online-softmax state per q head: m, l scalars, acc [D], reduced every tile."""
+    m_prev, l_prev, acc = state
+    m_next = jnp.maximum(m_prev, jnp.max(scores))  # finite: a program's first key is valid
+    corr, p = jnp.exp(m_prev - m_next), jnp.exp(scores - m_next)
+    return m_next, l_prev * corr + jnp.sum(p), acc * corr + jnp.sum(
+        jax.lax.broadcast_in_dim(p, v.shape, (0,)) * v, axis=0)
 
 
 def _decode_body(
@@ -60,6 +100,7 @@ def _decode_body(
     s = k_ref.shape[3]
     block_k = pages_per_block * s
     dtype = q_ref.dtype
+    lanes = g * d <= LANE_ACC_MAX  # NOTE: [64, D] f32 per head = G * D / 2 registers per thread
     plane, row = plane_ref[0], row_ref[n]
     ctx = pos_ref[n] + 1  # keys 0..positions[n]
     num_blocks = pl.cdiv(ctx, block_k)
@@ -84,33 +125,31 @@ def _decode_body(
     def body(step, carry):
         slot = jax.lax.rem(step, num_stages)
         plmgpu.barrier_wait(ready.at[slot])
-        k = plmgpu.load(k_smem.at[slot], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-        v = plmgpu.load(v_smem.at[slot], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-        key_pos = (start + step) * block_k + plmgpu.broadcasted_iota(
-            jnp.int32, (block_k,), 0, layout=ROW_LAYOUT)
-        valid = key_pos < ctx
-        new = []
-        for qj, (m_prev, l_prev, acc) in zip(qs, carry, strict=True):
-            scores = jnp.sum(k * jax.lax.broadcast_in_dim(qj, (block_k, d), (1,)), axis=1)  # [BK]
-            # NOTE: the same roundings as causal_attention: scores to dtype, scaled in dtype.
-            scores = (scores.astype(dtype) * scale).astype(jnp.float32)
-            scores = jnp.where(valid, scores, -jnp.inf)
-            m_next = jnp.maximum(m_prev, jnp.max(scores))  # finite: the block's first key is valid
-            corr = jnp.exp(m_prev - m_next)
-            p = jnp.exp(scores - m_next)  # [BK]
-            pv = jnp.sum(jax.lax.broadcast_in_dim(p, (block_k, d), (0,)) * v, axis=0)  # [D]
-            new.append((m_next, l_prev * corr + jnp.sum(p), acc * corr + pv))
+        for t in range(block_k // ROWS):
+            tile = pl.ds(t * ROWS, ROWS)
+            k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+            v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+            key_pos = (start + step) * block_k + t * ROWS + plmgpu.broadcasted_iota(
+                jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
+            update = _lane_update if lanes else _tile_update
+            carry = [update(state, _scores(qj, k, key_pos < ctx, dtype, scale), v)
+                     for qj, state in zip(qs, carry, strict=True)]
 
         @pl.when(step + num_stages < steps)
         def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
             fetch(step + num_stages, slot)
 
-        return new
+        return carry
 
-    init = [(jnp.float32(-jnp.inf), jnp.float32(0),
-             plmgpu.layout_cast(jnp.zeros((d,), jnp.float32), COL_LAYOUT)) for _ in range(g)]
-    carry = jax.lax.fori_loop(0, steps, body, init)
-    for j, (m_i, l_i, acc) in enumerate(carry):
+    zeros = lambda shape, layout: plmgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)  # noqa: E731
+    if lanes:
+        init = (plmgpu.layout_cast(jnp.full((ROWS,), NEG, jnp.float32), ROW_LAYOUT),
+                zeros((ROWS,), ROW_LAYOUT), zeros((ROWS, d), plmgpu.Layout.WGMMA))
+    else:
+        init = (jnp.float32(-jnp.inf), jnp.float32(0), zeros((d,), COL_LAYOUT))
+    carry = jax.lax.fori_loop(0, steps, body, [init] * g)
+    for j, state in enumerate(carry):
+        m_i, l_i, acc = _lane_finish(state) if lanes else state
         acc_ref[split, n, h, j] = acc
         m_ref[split, n, h, j] = m_i
         l_ref[split, n, h, j] = l_i
@@ -127,7 +166,7 @@ def paged_attention_mgpu(
     *,
     pages_per_block: int | None = None,
     num_splits: int | None = None,
-    num_stages: int = 4,
+    num_stages: int | None = None,
     interpret: bool | None = None,
 ):
     """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
@@ -151,6 +190,8 @@ def paged_attention_mgpu(
         raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "
                          f"{pages_per_block} x {s}")
     slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
+    if num_stages is None:  # NOTE: up to 3 slots in half the smem: two programs per SM
+        num_stages = max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
     if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
                          f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")

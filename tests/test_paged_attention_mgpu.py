@@ -33,12 +33,13 @@ def _case(rs, n, hq, hkv, d, s, m, dtype, planes=2):
 
 
 CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block, num_stages
+    # (G * D <= 128: per-key-lane accumulators; above: reduced every tile)
     (1, 1, 1, 128, 16, 4, F32, None, None, 2),  # one row, one token, one block
     (5, 2, 2, 128, 16, 9, BF16, 2, None, 2),  # padded page table (9 -> 12), split context
     (4, 2, 2, 96, 16, 12, F32, 1, 4, 1),  # Huginn's head_dim; 3 blocks through 1 slot
     (3, 8, 2, 64, 32, 6, BF16, 1, 2, 2),  # GQA 4; 3 blocks through 2 slots
     (5, 3, 3, 96, 64, 3, BF16, 3, 1, 2),  # one 64-slot page per block; more splits than blocks
-    (3, 2, 1, 128, 8, 16, F32, 2, 16, 2),  # 128-key blocks of 8-slot pages, GQA 2
+    (3, 2, 1, 128, 8, 16, F32, 2, 16, 1),  # 128-key blocks (2 tiles) of 8-slot pages, GQA 2
 ]
 
 
