@@ -125,3 +125,31 @@ def test_configs_lower_for_cuda(config):
     fn = functools.partial(paged_attention_mgpu, **config)
     assert "@mosaic_gpu" in _lower_cuda(fn, 32, *MODELS["ouro"], 1024)
     assert "@mosaic_gpu" in _lower_cuda(fn, 8, 4, 4, 64, 2048, dtype=F32)
+
+
+# ------------------------------------------------------------------- engine backend
+
+
+def test_engine_backend_keeps_golden_greedy_tokens():
+    """attention_backend='pallas_mgpu' (its decode steps in the CPU interpreter) leaves the
+    tiny Ouro's golden greedy tokens as they are; a layout it cannot read is refused."""
+    import loopjax
+    from loopjax import kv_cache
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.sampling_params import SamplingParams
+
+    small = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
+                 prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False)
+    model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
+    assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
+    engine = Engine(model, EngineConfig(attention_backend="pallas_mgpu", **small))
+    for k in ("p0", "p1"):
+        engine.add_request(ref[f"{k}_input_ids"].tolist(),
+                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12), k)
+    finals = {}
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    for k in ("p0", "p1"):
+        assert finals[k].token_ids == ref[f"{k}_greedy_tokens"].tolist()[:12], k
+    with pytest.raises(ValueError, match="per-page plane table"):
+        Engine(model, EngineConfig(attention_backend="pallas_mgpu", kv_layout="shared", **small))
