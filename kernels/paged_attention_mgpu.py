@@ -109,21 +109,28 @@ def _decode_body(
     steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
     scale = jnp.asarray(d**-0.5, dtype)
 
-    def fetch(step, slot):  # the pages of block start + step -> slot (one TMA per page)
-        for i in range(pages_per_block):
-            page = pt_ref[row, (start + step) * pages_per_block + i]
+    def pages_of(step):  # page ids of block start + step (clamped: a step past the end is not fetched)
+        first = jnp.minimum(start + step, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
+        return [pt_ref[row, first + i] for i in range(pages_per_block)]
+
+    def fetch(pages, slot):  # one TMA copy per page of K and of V into the slot
+        for i, page in enumerate(pages):
             rows = pl.ds(i * s, s)
             plmgpu.copy_gmem_to_smem(k_ref.at[plane, h, page], k_smem.at[slot, rows], ready.at[slot])
             plmgpu.copy_gmem_to_smem(v_ref.at[plane, h, page], v_smem.at[slot, rows], ready.at[slot])
 
+    first_pages = [pages_of(i) for i in range(num_stages)]
     for i in range(num_stages):
-        pl.when(i < steps)(lambda i=i: fetch(i, i))
+        pl.when(i < steps)(lambda i=i: fetch(first_pages[i], i))
     # NOTE: q is read once, straight from gmem (Mosaic's vectorized loads are smem-only).
     qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
           for j in range(g)]  # G x [D]
 
     def body(step, carry):
         slot = jax.lax.rem(step, num_stages)
+        # NOTE: the page ids of the block fetched below are read first: their global-load
+        # latency then hides behind this block's math instead of stalling the next copy.
+        next_pages = pages_of(step + num_stages)
         plmgpu.barrier_wait(ready.at[slot])
         for t in range(block_k // ROWS):
             tile = pl.ds(t * ROWS, ROWS)
@@ -137,7 +144,7 @@ def _decode_body(
 
         @pl.when(step + num_stages < steps)
         def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
-            fetch(step + num_stages, slot)
+            fetch(next_pages, slot)
 
         return carry
 
