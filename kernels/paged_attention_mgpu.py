@@ -21,6 +21,7 @@ combined in XLA as the Triton kernel does (`combine_splits`).
 
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -134,13 +135,14 @@ def _decode_body(
         plmgpu.barrier_wait(ready.at[slot])
         for t in range(block_k // ROWS):
             tile = pl.ds(t * ROWS, ROWS)
-            k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-            v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
             key_pos = (start + step) * block_k + t * ROWS + plmgpu.broadcasted_iota(
                 jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
+            k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+            scores = [_scores(qj, k, key_pos < ctx, dtype, scale) for qj in qs]
+            # NOTE: V is loaded once K is dead: [64, D] f32 tiles are D / 2 registers a thread.
+            v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
             update = _lane_update if lanes else _tile_update
-            carry = [update(state, _scores(qj, k, key_pos < ctx, dtype, scale), v)
-                     for qj, state in zip(qs, carry, strict=True)]
+            carry = [update(state, sc, v) for sc, state in zip(scores, carry, strict=True)]
 
         @pl.when(step + num_stages < steps)
         def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
@@ -163,7 +165,7 @@ def _decode_body(
 
 
 def paged_attention_mgpu(
-    q,  # [N, Hq, D], N == R (one decode token per row)
+    q,  # [N, Hq, D] (decode: N == R, one token per row)
     k_cache,  # [planes, Hkv, P, S, D]
     v_cache,  # [planes, Hkv, P, S, D]
     plane,  # i32 scalar
@@ -208,7 +210,7 @@ def paged_attention_mgpu(
     if num_splits is None:
         num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
     part = (num_splits, n, hkv, g)
-    body = jax.tree_util.Partial(_decode_body, pages_per_block=pages_per_block,
+    body = functools.partial(_decode_body, pages_per_block=pages_per_block,
                                  num_splits=num_splits, num_stages=num_stages)
     swizzle = plmgpu.find_swizzle(d * itemsize * 8)
     # NOTE: swizzled slots: the WGMMA-layout register loads then avoid bank conflicts.
