@@ -16,6 +16,7 @@ from jax.sharding import use_abstract_mesh
 
 from loopjax.kernels.paged_attention import ref_paged_attention
 from loopjax.kernels.paged_attention_mgpu import paged_attention_mgpu
+from loopjax.kernels.prefill_attention import prefill_attention
 
 F32, BF16 = jnp.float32, jnp.bfloat16
 ATOL = {F32: 2e-5, BF16: 3e-2}  # fp32-accumulation tolerance, as tests/test_kernels.py
@@ -142,6 +143,7 @@ def test_engine_backend_keeps_golden_greedy_tokens():
                  prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False)
     model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
     assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
+    assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
     engine = Engine(model, EngineConfig(attention_backend="pallas_mgpu", **small))
     for k in ("p0", "p1"):
         engine.add_request(ref[f"{k}_input_ids"].tolist(),
