@@ -51,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default="ouro-1.4b", help="comma-separated presets")
     parser.add_argument("--rows", default="1,8,32,128", help="comma-separated decode rows")
     parser.add_argument("--context", default="512,2048", help="comma-separated context lengths")
-    parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--backend", default="xla", help="comma-separated: xla, pallas, pallas_mgpu")
     parser.add_argument("--page-width", default="",
                         help="comma-separated page-table widths in tokens, each >= every context "
                              "(default: the context)")
@@ -174,7 +174,7 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
 
 def _print(records: list[dict]) -> None:
     for r in records:
-        print(f"{r['preset']:>12} {r['backend']:>6} {r['matmul']:>9} {r['variant']:>8} rows {r['rows']:>4} "
+        print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['variant']:>8} rows {r['rows']:>4} "
               f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"

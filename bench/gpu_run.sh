@@ -13,6 +13,8 @@ for spec in "$@"; do
   name=${spec%%:*}; limit=${spec##*:}
   case $name in
     kernels) cmd="python3 -m loopjax.bench.kernels --out $OUT/kernels.json" ;;
+    attn_decode) cmd="python3 -m loopjax.bench.kernels --only decode --budget $((limit - 30)) --out $OUT/attn_decode.json" ;;
+    attn_sweep) cmd="python3 -m loopjax.bench.kernels --only sweep --budget $((limit - 30)) --out $OUT/attn_sweep.json" ;;
     matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
     decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla --matmul xla,streaming --per-loop-rows 1,32 --out $OUT/decode_ouro.json" ;;
     decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512 --backend xla --matmul xla,streaming --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
@@ -27,6 +29,8 @@ for spec in "$@"; do
     profile_ouro) cmd="python3 -m loopjax.bench.profile ouro-1.4b -P 512 -O 64 -C 32 --max-num-rows 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --trace-steps 10 --out $OUT/profile_ouro" ;;
     profile_huginn) cmd="python3 -m loopjax.bench.profile huginn-0125 -P 512 -O 32 -C 8 --max-context-len 1024 --kv-memory-bytes 68719476736 --trace-steps 6 --out $OUT/profile_huginn" ;;
     decode_width_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 32 --context 576 --backend xla,pallas --per-loop-rows 0 --page-width 576,1024 --out $OUT/decode_width_ouro.json" ;;
+    decode_mgpu_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 32 --context 1024,4096 --backend pallas,pallas_mgpu,xla --per-loop-rows 0 --out $OUT/decode_mgpu_ouro.json" ;;
+    decode_mgpu_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 32 --context 1024 --backend pallas,pallas_mgpu,xla --per-loop-rows 0 --out $OUT/decode_mgpu_huginn.json" ;;
     burst32_ouro_sync) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-async-scheduling --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro_sync.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
   esac

@@ -1,12 +1,14 @@
 """Kernel checks and timings on the GPU: each Pallas kernel of loopjax.kernels against its
 ref_ twin (bitwise for the pointwise kernels, fp32-accumulation tolerance for attention)
-and timed against the XLA twin and, for decode attention, jax's shipped (deprecated)
+and timed against the XLA twin and, for decode attention, the Mosaic GPU kernel
+(`paged_attention_mgpu`, impl "mgpu") and jax's shipped (deprecated)
 `jax.experimental.pallas.ops.gpu.paged_attention` with the pool already in its layout
 (one plane of our pool *is* its [Hkv, pages, page_size, D] layout).
 
     python -m loopjax.bench.kernels --out results/kernels.json     # H200, < 5 minutes
     python -m loopjax.bench.kernels --smoke                        # CPU, interpret mode
     python -m loopjax.bench.kernels --only sweep                   # decode kernel configs
+                                                                   # (Triton and Mosaic GPU)
 
 Times are device time per call: `iters` calls inside one jitted fori_loop (inputs behind
 an optimization barrier so nothing is hoisted), divided by iters. Bandwidth counts the
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import importlib
 import json
 import subprocess
 import time
@@ -34,6 +37,8 @@ try:
     from loopjax import kernels as K
 except ImportError:  # NOTE: a checkout run with PYTHONPATH=. (kernels/ not installed as loopjax.kernels)
     import kernels as K
+# NOTE: not re-exported by the package (it imports the Mosaic GPU backend): loaded by path.
+MGPU = importlib.import_module(f"{K.__name__}.paged_attention_mgpu")
 
 COPY_RATE = 4.1e12  # bytes/s, device-to-device copy on the H200 (docs/h200.md)
 TIME_BUDGET_S = 280.0  # later cases print "skipped"; run sections apart with --only
@@ -147,6 +152,8 @@ def bench_decode(b: Bench, models, batches, contexts, dtype, interpret, page_siz
                 b.case(
                     name, "pallas", kern, args, nbytes, _attn_check(kern, K.ref_paged_attention, args, tol)
                 )
+                mgpu = functools.partial(MGPU.paged_attention_mgpu, interpret=interpret)
+                b.case(name, "mgpu", mgpu, args, nbytes, _attn_check(mgpu, K.ref_paged_attention, args, tol))
                 b.case(name, "xla_ref", K.ref_paged_attention, args, nbytes)
                 if jax_paged is not None:
                     k_pages, v_pages = kc[1], vc[1]  # pre-laid: [Hkv, pages, S, D]
@@ -162,9 +169,16 @@ def bench_decode(b: Bench, models, batches, contexts, dtype, interpret, page_siz
                 del kc, vc
 
 
-def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs):
-    """Decode kernel configurations (pages_per_block, num_warps, num_splits) per case, to
-    pick the defaults by measurement."""
+def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs, mgpu_configs):
+    """Decode kernel configurations per case, to pick the defaults by measurement: the
+    Triton kernel's (pages_per_block, num_warps, num_splits) as impl p{}w{}s{}, the Mosaic
+    GPU kernel's (pages_per_block, num_stages, num_splits) as m{}st{}s{}; splits d: default."""
+    impls = [(f"p{ppb}w{warps}s{splits or 'd'}", functools.partial(
+        K.paged_attention, pages_per_block=ppb, num_warps=warps, num_splits=splits, interpret=interpret))
+        for ppb, warps, splits in configs]
+    impls += [(f"m{ppb}st{stages}s{splits or 'd'}", functools.partial(
+        MGPU.paged_attention_mgpu, pages_per_block=ppb, num_stages=stages, num_splits=splits,
+        interpret=interpret)) for ppb, stages, splits in mgpu_configs]
     for model, (hq, hkv, d, *_) in models.items():
         for rows, ctx in cases:
             key = jax.random.key(rows * 7919 + ctx)
@@ -173,15 +187,7 @@ def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs):
             pos = jnp.full((rows,), ctx - 1, jnp.int32)
             args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(rows, dtype=jnp.int32), pos)
             nbytes = 2 * rows * ctx * hkv * d * jnp.dtype(dtype).itemsize
-            for ppb, warps, splits in configs:
-                kern = functools.partial(
-                    K.paged_attention,
-                    pages_per_block=ppb,
-                    num_warps=warps,
-                    num_splits=splits,
-                    interpret=interpret,
-                )
-                impl = f"p{ppb}w{warps}s{splits or 'd'}"
+            for impl, kern in impls:
                 b.case(f"sweep decode {model} B={rows} ctx={ctx}", impl, kern, args, nbytes)
             del kc, vc
 
@@ -314,7 +320,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
     if args.smoke:
-        models, interpret, iters, page = SMOKE_MODELS, True, args.iters or 1, 4
+        models, interpret, iters, page = SMOKE_MODELS, True, args.iters or 1, 8  # mgpu: 8-slot pages
         batches, contexts, prefill_shapes, tokens = (1, 3), (16, 40), [(2, 7, 5)], (5,)
     else:
         models, interpret, iters, page = MODELS, False, args.iters or 20, 16
@@ -332,11 +338,12 @@ def main(argv=None):
         bench_prefill(b, models, prefill_shapes, dtype, interpret, page)
     if "sweep" in sections:  # not in the default run: `--only sweep`
         if args.smoke:
-            sweep_cases, configs = [(3, 40)], [(1, 4, None), (2, 2, 1)]
+            sweep_cases, configs, mgpu_configs = [(3, 40)], [(1, 4, None), (2, 2, 1)], [(8, 2, None)]
         else:
             sweep_cases = [(1, 4096), (8, 2048), (32, 4096), (128, 1024)]
             configs = [(p, w, None) for p in (1, 2, 4, 8) for w in (4, 8)] + [(4, 4, 1), (8, 8, 1)]
-        bench_sweep(b, models, sweep_cases, dtype, interpret, page, configs)
+            mgpu_configs = [(4, 2, None), (4, 3, None), (4, 4, None), (8, 2, None), (8, 3, None), (4, 3, 1)]
+        bench_sweep(b, models, sweep_cases, dtype, interpret, page, configs, mgpu_configs)
     errors = sum(r["error"] is not None for r in b.rows)
     failed = sum(  # "alt" rows are alternative spellings: a mismatch there is information
         r["impl"] != "alt" and ("FAIL" in (r["check"] or "") or "MISMATCH" in (r["check"] or ""))

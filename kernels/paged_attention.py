@@ -325,9 +325,13 @@ def paged_attention(
     )
     if num_splits == 1:
         return outs[0].reshape(n, hq, d)
-    acc, m_s, l_s = outs
-    m_all = jnp.max(m_s, axis=0)  # [N, Hkv, G]; split 0 always holds the first block
+    return combine_splits(*outs).astype(q.dtype).reshape(n, hq, d)
+
+
+def combine_splits(acc, m_s, l_s):
+    """The softmax of a context split across programs: acc [splits, ..., D] f32
+    unnormalized, m_s / l_s [splits, ...] f32 running max / sum -> [..., D] f32."""
+    m_all = jnp.max(m_s, axis=0)  # split 0 always holds the first block: finite
     w = jnp.exp(m_s - m_all[None])  # empty splits: exp(-inf) = 0
     l_all = jnp.sum(l_s * w, axis=0)
-    out = jnp.sum(acc * w[..., None], axis=0) / l_all[..., None]
-    return out.astype(q.dtype).reshape(n, hq, d)
+    return jnp.sum(acc * w[..., None], axis=0) / l_all[..., None]

@@ -54,7 +54,7 @@ class EngineConfig:
     shared_kv_slots: int = 8              # K of the shared ring (Huginn)
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
-    attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas'
+    attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas' | 'pallas_mgpu'
     matmul: str = "auto"                  # 'auto' (measured) | 'xla' | 'streaming' (Pallas, <= 128 rows)
     loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
@@ -97,9 +97,9 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
-        if config.attention_backend not in ("auto", "xla", "pallas"):
+        if config.attention_backend not in kv_cache.ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
-                             "choose 'auto', 'xla' or 'pallas'")
+                             f"choose one of {', '.join(kv_cache.ATTENTION_BACKENDS)}")
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size, dtype=model.dtype,
                                       num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,

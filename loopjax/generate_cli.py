@@ -26,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     parser.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: the checkpoint's)")
     parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"))
-    parser.add_argument("--attention-backend", default="auto", choices=("auto", "xla", "pallas"))
+    parser.add_argument("--attention-backend", default="auto",
+                        choices=("auto", "xla", "pallas", "pallas_mgpu"))
     parser.add_argument("--min-p", type=float, default=0.0)
     exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
     exits.add_argument("--exit-mode", choices=("select", "skip"), default="select",

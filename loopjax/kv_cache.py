@@ -26,7 +26,8 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
 `ref_paged_attention` (backend 'xla') or the Pallas kernels (backend 'pallas': the decode
-kernel for one-token-per-row steps, prefill_attention for packed prompts).
+kernel for one-token-per-row steps, prefill_attention for packed prompts; 'pallas_mgpu':
+the Mosaic GPU decode kernel instead, not a default until measured).
 "Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
 exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
 kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
@@ -320,9 +321,12 @@ def write_shared(k_cache, v_cache, plane, slots, token_planes, drop_slot: int, k
     return write_plane(k_cache, planes, targets, k), write_plane(v_cache, planes, targets, v)
 
 
+ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
+
+
 def check_attention_backend(layout: KVLayout, backend: str) -> None:
     """A one-line error for a layout the chosen attention backend cannot read."""
-    if layout.decode_page_planes and backend == "pallas":
+    if layout.decode_page_planes and backend in ("pallas", "pallas_mgpu"):
         raise ValueError("Ouro kv layout 'shared' reads decode pages through a per-page plane "
                          "table, which the Pallas decode kernel does not take; use "
                          "attention_backend 'auto' or 'xla'")
@@ -330,7 +334,8 @@ def check_attention_backend(layout: KVLayout, backend: str) -> None:
 
 def _attention_fn(backend: str, decode: bool, pallas_decode_ok: bool = True):
     """'xla': ref_paged_attention. 'pallas': the Pallas decode kernel for decode steps; for
-    prefill the kernels' prefill_attention. 'auto' picks per phase what won on the H200:
+    prefill the kernels' prefill_attention. 'pallas_mgpu': the same with the Mosaic GPU
+    decode kernel (kernels/paged_attention_mgpu.py). 'auto' picks per phase what won on the H200:
     Pallas for both on a GPU (bench/RESULTS.md run 9: the decode kernel stops at each row's
     length while XLA gathers the whole page-table width — burst-32 at the default 4096-token
     context 1,573 vs 726 tok/s, and it wins at 1 row, run 1; the flash prefill kernel 1.7-11x,
@@ -342,8 +347,10 @@ def _attention_fn(backend: str, decode: bool, pallas_decode_ok: bool = True):
         backend = "pallas" if on_gpu and (pallas_decode_ok or not decode) else "xla"
     if backend == "xla":
         return pa.ref_paged_attention
-    if backend == "pallas":
+    if backend in ("pallas", "pallas_mgpu"):
+        if decode and backend == "pallas_mgpu":
+            return importlib.import_module("loopjax.kernels.paged_attention_mgpu").paged_attention_mgpu
         if decode:
             return pa.paged_attention
         return getattr(pa, "prefill_attention", pa.ref_paged_attention)
-    raise ValueError(f"unknown attention backend {backend!r}; choose 'auto', 'xla' or 'pallas'")
+    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -1,0 +1,234 @@
+"""Paged decode attention on Mosaic GPU (`pallas.mosaic_gpu`, the maintained Hopper
+backend): the contract and result of `paged_attention.paged_attention` (one program per
+token, so decode's one token per row and any N), a second backend beside the Triton kernel.
+
+One program (one warpgroup) per (token, kv head, context split). It streams its row's K/V
+pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
+tile: one TMA copy into a swizzled smem slot) through `num_stages` slots, a block of
+`pages_per_block` pages per slot (block_k = pages_per_block * S keys, a multiple of 64),
+and stops at the row's own length. Keys are processed in tiles of 64 (the rows of a WGMMA
+register layout). Scores and p @ v are vector products in fp32 registers (G = Hq/Hkv is
+1..8 rows, too few for wgmma's 64), so fp32 pools are exact (no tf32).
+
+Online softmax in fp32 with the ref's score roundings (scores rounded to the activation
+dtype, scaled in it); like the Triton kernel, probabilities stay in fp32 (the ref rounds
+normalized probs, which an online softmax cannot). Where G * D <= 128 (Ouro, Huginn: G = 1)
+each of the 64 key lanes of a tile keeps its own running max, sum and [D] accumulator, so
+the loop has no cross-warp reduction; the lanes merge once at the end. Larger G reduce
+every tile (registers). Each split writes an unnormalized fp32 partial (acc, max, sum),
+combined in XLA as the Triton kernel does (`combine_splits`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plmgpu
+
+from ._common import resolve_interpret
+from .paged_attention import check_paged_inputs, combine_splits, default_num_splits, require_scalar_plane
+
+__all__ = ["paged_attention_mgpu"]
+
+ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
+ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [64] vectors: one entry per key of a tile
+COL_LAYOUT = plmgpu.Layout.WGMMA.reduce(0)  # [D] vectors: one entry per head-dim lane
+SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
+LANE_ACC_MAX = 128  # G * D up to which every key lane keeps its own [D] accumulator
+NEG = -1e30  # finite "no key yet" max of a key lane (exp(NEG - NEG) = 1, not NaN)
+
+
+def _scores(q, k, valid, dtype, scale):
+    """[64] f32 scores of q [D] against a key tile k [64, D], with causal_attention's
+    roundings (rounded to the activation dtype, scaled in it); invalid keys -inf."""
+    scores = jnp.sum(k * jax.lax.broadcast_in_dim(q, k.shape, (1,)), axis=1)
+    scores = (scores.astype(dtype) * scale).astype(jnp.float32)
+    return jnp.where(valid, scores, -jnp.inf)
+
+
+def _lane_update(state, scores, v):
+    """One online-softmax state per key lane (row of the tile): m, l [64], acc [64, D].
+    Elementwise only: no cross-warp reduction until the end (`_lane_finish`)."""
+    m_prev, l_prev, acc = state
+    m_next = jnp.maximum(m_prev, scores)
+    corr, p = jnp.exp(m_prev - m_next), jnp.exp(scores - m_next)
+    bcast = lambda x: jax.lax.broadcast_in_dim(x, v.shape, (0,))  # noqa: E731
+    return m_next, l_prev * corr + p, acc * bcast(corr) + bcast(p) * v
+
+
+def _lane_finish(state):
+    """Merge the key lanes -> (m, l) scalars, acc [D] (unnormalized, relative to m)."""
+    m_lanes, l_lanes, acc = state
+    m_i = jnp.max(m_lanes)
+    w = jnp.exp(m_lanes - m_i)
+    return m_i, jnp.sum(l_lanes * w), jnp.sum(acc * jax.lax.broadcast_in_dim(w, acc.shape, (0,)), axis=0)
+
+
+def _tile_update(state, scores, v):
+    """One online-softmax state per q head: m, l scalars, acc [D], reduced every tile."""
+    m_prev, l_prev, acc = state
+    m_next = jnp.maximum(m_prev, jnp.max(scores))  # finite: a program's first key is valid
+    corr, p = jnp.exp(m_prev - m_next), jnp.exp(scores - m_next)
+    return m_next, l_prev * corr + jnp.sum(p), acc * corr + jnp.sum(
+        jax.lax.broadcast_in_dim(p, v.shape, (0,)) * v, axis=0)
+
+
+def _decode_body(
+    plane_ref,  # [1] i32 (gmem)
+    pt_ref,  # [R, M_pad] i32, M_pad a multiple of pages_per_block
+    row_ref,  # [N] i32
+    pos_ref,  # [N] i32
+    q_ref,  # [N, Hkv, G, D]
+    k_ref,  # [planes, Hkv, P, S, D]
+    v_ref,  # [planes, Hkv, P, S, D]
+    acc_ref,  # [splits, N, Hkv, G, D] f32 unnormalized
+    m_ref,  # [splits, N, Hkv, G] f32 running max
+    l_ref,  # [splits, N, Hkv, G] f32 running sum
+    k_smem,  # [stages, block_k, D]
+    v_smem,  # [stages, block_k, D]
+    ready,  # one barrier per slot: its K and V pages have landed
+    *,
+    pages_per_block: int,
+    num_splits: int,
+    num_stages: int,
+):
+    n, h, split = (jax.lax.axis_index(a) for a in ("token", "head", "split"))
+    g, d = q_ref.shape[2], q_ref.shape[3]
+    s = k_ref.shape[3]
+    block_k = pages_per_block * s
+    dtype = q_ref.dtype
+    lanes = g * d <= LANE_ACC_MAX  # NOTE: [64, D] f32 per head = G * D / 2 registers per thread
+    plane, row = plane_ref[0], row_ref[n]
+    ctx = pos_ref[n] + 1  # keys 0..positions[n]
+    num_blocks = pl.cdiv(ctx, block_k)
+    per_split = pl.cdiv(num_blocks, num_splits)
+    start = split * per_split
+    steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
+    scale = jnp.asarray(d**-0.5, dtype)
+
+    def pages_of(step):  # page ids of block start + step (clamped: a step past the end is not fetched)
+        first = jnp.minimum(start + step, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
+        return [pt_ref[row, first + i] for i in range(pages_per_block)]
+
+    def fetch(pages, slot):  # one TMA copy per page of K and of V into the slot
+        for i, page in enumerate(pages):
+            rows = pl.ds(i * s, s)
+            plmgpu.copy_gmem_to_smem(k_ref.at[plane, h, page], k_smem.at[slot, rows], ready.at[slot])
+            plmgpu.copy_gmem_to_smem(v_ref.at[plane, h, page], v_smem.at[slot, rows], ready.at[slot])
+
+    first_pages = [pages_of(i) for i in range(num_stages)]
+    for i in range(num_stages):
+        pl.when(i < steps)(lambda i=i: fetch(first_pages[i], i))
+    # NOTE: q is read once, straight from gmem (Mosaic's vectorized loads are smem-only).
+    qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
+          for j in range(g)]  # G x [D]
+
+    def body(step, carry):
+        slot = jax.lax.rem(step, num_stages)
+        # NOTE: the page ids of the block fetched below are read first: their global-load
+        # latency then hides behind this block's math instead of stalling the next copy.
+        next_pages = pages_of(step + num_stages)
+        plmgpu.barrier_wait(ready.at[slot])
+        for t in range(block_k // ROWS):
+            tile = pl.ds(t * ROWS, ROWS)
+            key_pos = (start + step) * block_k + t * ROWS + plmgpu.broadcasted_iota(
+                jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
+            k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+            scores = [_scores(qj, k, key_pos < ctx, dtype, scale) for qj in qs]
+            # NOTE: V is loaded once K is dead: [64, D] f32 tiles are D / 2 registers a thread.
+            v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+            update = _lane_update if lanes else _tile_update
+            carry = [update(state, sc, v) for sc, state in zip(scores, carry, strict=True)]
+
+        @pl.when(step + num_stages < steps)
+        def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
+            fetch(next_pages, slot)
+
+        return carry
+
+    zeros = lambda shape, layout: plmgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)  # noqa: E731
+    if lanes:
+        init = (plmgpu.layout_cast(jnp.full((ROWS,), NEG, jnp.float32), ROW_LAYOUT),
+                zeros((ROWS,), ROW_LAYOUT), zeros((ROWS, d), plmgpu.Layout.WGMMA))
+    else:
+        init = (jnp.float32(-jnp.inf), jnp.float32(0), zeros((d,), COL_LAYOUT))
+    carry = jax.lax.fori_loop(0, steps, body, [init] * g)
+    for j, state in enumerate(carry):
+        m_i, l_i, acc = _lane_finish(state) if lanes else state
+        acc_ref[split, n, h, j] = acc
+        m_ref[split, n, h, j] = m_i
+        l_ref[split, n, h, j] = l_i
+
+
+def paged_attention_mgpu(
+    q,  # [N, Hq, D] (decode: N == R, one token per row)
+    k_cache,  # [planes, Hkv, P, S, D]
+    v_cache,  # [planes, Hkv, P, S, D]
+    plane,  # i32 scalar
+    page_table,  # [R, M] i32
+    row_of_token,  # [N] i32
+    positions,  # [N] i32
+    *,
+    pages_per_block: int | None = None,
+    num_splits: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool | None = None,
+):
+    """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
+    contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
+    n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
+        q, k_cache, v_cache, plane, page_table, row_of_token, positions
+    )
+    require_scalar_plane(plane, "Mosaic GPU decode")
+    g = hq // hkv
+    interpret = resolve_interpret(interpret)
+    if g > 8:
+        raise ValueError(f"the Mosaic GPU kernel takes at most 8 q heads per kv head, got {g}")
+    itemsize = jnp.dtype(q.dtype).itemsize
+    if s % 8 or (d * itemsize) % 32:
+        raise ValueError(f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {s}) and "
+                         f"head_dim rows of 32-byte multiples (got {d} x {itemsize} bytes)")
+    if pages_per_block is None:
+        pages_per_block = ROWS // math.gcd(s, ROWS)
+    block_k = pages_per_block * s
+    if pages_per_block < 1 or block_k % ROWS:
+        raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "
+                         f"{pages_per_block} x {s}")
+    slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
+    if num_stages is None:  # NOTE: up to 3 slots in half the smem: two programs per SM
+        num_stages = max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
+    if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
+        raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
+                         f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
+    m_pad = -(-m // pages_per_block) * pages_per_block
+    if m_pad != m:  # NOTE: padded entries (page 0) are read but masked by position.
+        page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
+    if num_splits is None:
+        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
+    part = (num_splits, n, hkv, g)
+    body = functools.partial(_decode_body, pages_per_block=pages_per_block,
+                                 num_splits=num_splits, num_stages=num_stages)
+    swizzle = plmgpu.find_swizzle(d * itemsize * 8)
+    # NOTE: swizzled slots: the WGMMA-layout register loads then avoid bank conflicts.
+    transforms = (plmgpu.TilingTransform((8, swizzle // itemsize)),
+                  plmgpu.SwizzleTransform(swizzle))
+    scratch = [
+        plmgpu.SMEM((num_stages, block_k, d), q.dtype, transforms=transforms),
+        plmgpu.SMEM((num_stages, block_k, d), q.dtype, transforms=transforms),
+        plmgpu.Barrier(num_arrivals=2 * pages_per_block, num_barriers=num_stages),
+    ]
+    acc, m_s, l_s = plmgpu.kernel(
+        body,
+        out_type=[jax.ShapeDtypeStruct((*part, d), jnp.float32),
+                  jax.ShapeDtypeStruct(part, jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32)],
+        scratch_types=scratch,
+        grid=(n, hkv, num_splits),
+        grid_names=("token", "head", "split"),
+        interpret=plmgpu.InterpretGPUParams() if interpret else None,
+    )(jnp.asarray(plane, jnp.int32).reshape(1), page_table, row_of_token, positions,
+      q.reshape(n, hkv, g, d), k_cache, v_cache)
+    return combine_splits(acc, m_s, l_s).astype(q.dtype).reshape(n, hq, d)

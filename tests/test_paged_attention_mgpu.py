@@ -1,0 +1,157 @@
+"""Mosaic GPU paged decode attention: its CPU interpreter vs ref_paged_attention (fp32 and
+bf16, page and block boundaries, rows of different lengths, split contexts, pipeline slots
+reused, GQA, head_dim 96), bad inputs, and the kernel lowered for CUDA on this CPU host at
+the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering error fails CI)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.mesh import AbstractDevice, AbstractMesh
+from jax.sharding import use_abstract_mesh
+
+from loopjax.kernels.paged_attention import ref_paged_attention
+from loopjax.kernels.paged_attention_mgpu import paged_attention_mgpu
+from loopjax.kernels.prefill_attention import prefill_attention
+
+F32, BF16 = jnp.float32, jnp.bfloat16
+ATOL = {F32: 2e-5, BF16: 3e-2}  # fp32-accumulation tolerance, as tests/test_kernels.py
+
+
+def _case(rs, n, hq, hkv, d, s, m, dtype, planes=2):
+    """n rows of up to m pages each (distinct random pages, 3 spare) and positions at a
+    first key, a page's last and next key, the last key, and random (odd) lengths."""
+    pages = n * m + 3
+    pool = [jnp.asarray(rs.standard_normal((planes, hkv, pages, s, d)), dtype) for _ in range(2)]
+    pt = jnp.asarray(rs.permutation(pages)[: n * m].reshape(n, m), jnp.int32)
+    pos = np.array([0, s - 1, s, m * s - 1, rs.integers(0, m * s) | 1])[np.arange(n) % 5]
+    q = jnp.asarray(rs.standard_normal((n, hq, d)), dtype)
+    return q, *pool, pt, jnp.asarray(np.minimum(pos, m * s - 1), jnp.int32)
+
+
+CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block, num_stages
+    # (G * D <= 128: per-key-lane accumulators; above: reduced every tile)
+    (1, 1, 1, 128, 16, 4, F32, None, None, 2),  # one row, one token, one block
+    (5, 2, 2, 128, 16, 9, BF16, 2, None, 2),  # padded page table (9 -> 12), split context
+    (4, 2, 2, 96, 16, 12, F32, 1, 4, 1),  # Huginn's head_dim; 3 blocks through 1 slot
+    (3, 8, 2, 64, 32, 6, BF16, 1, 2, 2),  # GQA 4; 3 blocks through 2 slots
+    (5, 3, 3, 96, 64, 3, BF16, 3, 1, 2),  # one 64-slot page per block; more splits than blocks
+    (3, 2, 1, 128, 8, 16, F32, 2, 16, 1),  # 128-key blocks (2 tiles) of 8-slot pages, GQA 2
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_matches_ref(case):
+    n, hq, hkv, d, s, m, dtype, splits, ppb, stages = case
+    rs = np.random.default_rng(n * 100 + d + s)
+    q, kc, vc, pt, pos = _case(rs, n, hq, hkv, d, s, m, dtype)
+    rows = jnp.asarray(rs.permutation(n), jnp.int32)  # token n reads row rows[n]
+    args = (q, kc, vc, jnp.int32(1), pt, rows, pos)
+    fn = functools.partial(paged_attention_mgpu, num_splits=splits, pages_per_block=ppb,
+                           num_stages=stages, interpret=True)
+    out, ref = jax.jit(fn)(*args), ref_paged_attention(*args)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
+                               atol=ATOL[dtype], rtol=0)
+
+
+def test_reads_the_given_plane():
+    """Plane 0 and plane 1 hold different K/V: each call attends its own plane only."""
+    rs = np.random.default_rng(7)
+    q, kc, vc, pt, pos = _case(rs, 2, 2, 2, 64, 16, 4, F32)
+    rows = jnp.arange(2, dtype=jnp.int32)
+    fn = functools.partial(paged_attention_mgpu, interpret=True)
+    outs = [fn(q, kc, vc, jnp.int32(p), pt, rows, pos) for p in (0, 1)]
+    for p, out in enumerate(outs):
+        np.testing.assert_allclose(out, ref_paged_attention(q, kc, vc, jnp.int32(p), pt, rows, pos),
+                                   atol=ATOL[F32], rtol=0)
+    assert not np.allclose(outs[0], outs[1])
+
+
+def _bad(match, *args, **kwargs):
+    with pytest.raises(ValueError, match=match) as err:
+        paged_attention_mgpu(*args, interpret=True, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_bad_inputs_raise():
+    rs = np.random.default_rng(0)
+    q, kc, vc, pt, pos = _case(rs, 2, 2, 2, 64, 16, 4, BF16)
+    rows, plane = jnp.arange(2, dtype=jnp.int32), jnp.int32(0)
+    _bad("multiple of num kv heads", q[:, :1].repeat(3, 1), kc, vc, plane, pt, rows, pos)
+    _bad("page_table must be int32", q, kc, vc, plane, pt.astype(F32), rows, pos)
+    _bad("positions must be", q, kc, vc, plane, pt, rows, pos[:1])
+    _bad("dtypes differ", q.astype(F32), kc, vc, plane, pt, rows, pos)
+    _bad("per-page plane", q, kc, vc, jnp.zeros(pt.shape, jnp.int32), pt, rows, pos)
+    _bad("at most 8 q heads", q.repeat(9, 1), kc, vc, plane, pt, rows, pos)
+    _bad("multiple of 64", q, kc, vc, plane, pt, rows, pos, pages_per_block=2)
+    _bad("page_size a multiple of 8", q, kc[:, :, :, :4], vc[:, :, :, :4], plane, pt, rows, pos)
+    _bad("32-byte", q[..., :8], kc[..., :8], vc[..., :8], plane, pt, rows, pos)
+    _bad("num_stages=0", q, kc, vc, plane, pt, rows, pos, num_stages=0)
+    _bad("shared memory", q, kc, vc, plane, pt, rows, pos, num_stages=8, pages_per_block=16)
+
+
+# ------------------------------------------------------------------- CUDA lowering on CPU
+
+H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+MODELS = {"ouro": (16, 16, 128), "huginn": (55, 55, 96), "gqa8": (32, 4, 128)}  # Hq, Hkv, D
+
+
+def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16):
+    max_pages = context // page_size
+    pool = jax.ShapeDtypeStruct((4, hkv, rows * max_pages + 8, page_size, d), dtype)
+    i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
+    args = (jax.ShapeDtypeStruct((rows, hq, d), dtype), pool, pool, i32(()),
+            i32((rows, max_pages)), i32((rows,)), i32((rows,)))
+    with use_abstract_mesh(H200):
+        gpu_fn = functools.partial(fn, interpret=False)  # the default on a CPU host is interpret mode
+        return jax.jit(gpu_fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("rows, context", [(32, 1024), (1, 4096)])
+def test_lowers_for_cuda(model, rows, context):
+    """Real decode shapes, default configs (1 row: the context split across programs)."""
+    text = _lower_cuda(paged_attention_mgpu, rows, *MODELS[model], context)
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
+
+
+@pytest.mark.parametrize("config", [dict(pages_per_block=8, num_stages=2, num_splits=4),
+                                    dict(pages_per_block=4, num_stages=6, num_splits=1)])
+def test_configs_lower_for_cuda(config):
+    fn = functools.partial(paged_attention_mgpu, **config)
+    assert "@mosaic_gpu" in _lower_cuda(fn, 32, *MODELS["ouro"], 1024)
+    assert "@mosaic_gpu" in _lower_cuda(fn, 8, 4, 4, 64, 2048, dtype=F32)
+
+
+# ------------------------------------------------------------------- engine backend
+
+
+def test_engine_backend_keeps_golden_greedy_tokens():
+    """attention_backend='pallas_mgpu' (its decode steps in the CPU interpreter) leaves the
+    tiny Ouro's golden greedy tokens as they are; a layout it cannot read is refused."""
+    import loopjax
+    from loopjax import kv_cache
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.sampling_params import SamplingParams
+
+    small = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
+                 prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False)
+    model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
+    assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
+    assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
+    engine = Engine(model, EngineConfig(attention_backend="pallas_mgpu", **small))
+    for k in ("p0", "p1"):
+        engine.add_request(ref[f"{k}_input_ids"].tolist(),
+                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12), k)
+    finals = {}
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+    for k in ("p0", "p1"):
+        assert finals[k].token_ids == ref[f"{k}_greedy_tokens"].tolist()[:12], k
+    with pytest.raises(ValueError, match="per-page plane table"):
+        Engine(model, EngineConfig(attention_backend="pallas_mgpu", kv_layout="shared", **small))
