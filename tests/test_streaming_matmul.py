@@ -300,16 +300,25 @@ def test_norm_prologue_lowers_for_cuda(m, k, n, product):
 
 
 def test_bench_smoke(capsys):
-    """bench/matmul.py --smoke: every product row checks out, every decode variant runs."""
+    """bench/matmul.py --smoke: every product row checks out (a fused-norm row for each
+    norm-fed product), every decode variant runs, the kernel ones with the norm fused too."""
     from loopjax.bench import matmul
 
     assert matmul.main(["--smoke", "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert "ERROR" not in out and "BAD" not in out and "skipped" not in out
     product_rows = [line for line in out.splitlines() if line.startswith("smoke.")]
-    assert len(product_rows) == 6 and sum(" ok" in line for line in product_rows) == 6
+    assert len(product_rows) == 8 and sum(" ok" in line for line in product_rows) == 8
+    assert sum(line.split()[3] == "pallas+norm" for line in product_rows) == 2
     for variant in ("xla", "pallas", "pallas+silu"):
-        assert any(line.split()[:2] == [variant, "3"] for line in out.splitlines()), variant
+        [line] = [ln for ln in out.splitlines() if ln.split()[:2] == [variant, "3"]]
+        plain, fused = line.split("|")  # variant M ms %roof wcopies [rel_err] | ...
+        assert len(plain.split()) == (5 if variant == "xla" else 6), line
+        if variant == "xla":
+            assert fused.strip() == "-"
+        else:  # ms %roof wcopies rel_err, the error vs XLA small
+            ms, _, _, err = fused.split()
+            assert float(ms) > 0 and float(err) < 2e-2, line
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 2048, 2048), (128, 5280, 15840), (32, 17920, 5280)])
