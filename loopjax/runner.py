@@ -392,9 +392,8 @@ def matmul_ops(name: str):
 
 @functools.cache
 def _rows_below(max_rows: int, kernel, fallback):
-    """An op (x, *args) that runs `kernel` when x has fewer than max_rows rows (a static
-    shape), else `fallback` (same signature). Cached so equal choices give one (hashable)
-    function."""
+    """Op (x, *args): `kernel` when x has fewer than max_rows rows (a static shape), else
+    `fallback`. Cached so equal choices give one (hashable) function."""
 
     def pick(x, *args):
         return kernel(x, *args) if x.shape[0] < max_rows else fallback(x, *args)
