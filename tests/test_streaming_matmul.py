@@ -149,6 +149,23 @@ def test_norm_drop_ins_dispatch_on_rows():
                                   layers.norm_linear(x, nw, 1e-6, w))
 
 
+def test_auto_ops_use_the_kernels_below_8_rows(monkeypatch):
+    """matmul_ops('auto') on a GPU: every op (the fused-norm ones too) runs its kernel below
+    8 rows and XLA from 8; equal choices give equal (hashable) Ops, so one jit cache key."""
+    from loopjax import runner
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    ops, nw = runner.matmul_ops("auto"), _norm_weight(32, F32)
+    assert runner.matmul_ops("auto") == ops and hash(ops) == hash(runner.matmul_ops("auto"))
+    for rows, kernel in ((7, True), (8, False)):
+        x, w, _ = _inputs(rows, 32, 16, F32)
+        for op, args in ((ops.linear, (x, w)), (ops.norm_linear, (x, nw, 1e-6, w)),
+                         (ops.norm_linear_silu_mul, (x, nw, 1e-6, w))):
+            eps_static = (2,) if len(args) == 4 else ()
+            jaxpr = str(jax.make_jaxpr(op, static_argnums=eps_static)(*args))
+            assert ("pallas_call" in jaxpr) == kernel, (op, rows)
+
+
 def test_streaming_linear_dispatches_on_rows():
     """The drop-in linear: the kernel up to 128 rows, plain XLA above."""
     def has_kernel(m):
