@@ -25,14 +25,17 @@ fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_
 Fused RMSNorm prologue (any of the three, `norm_weight=[K], norm_eps=eps`): the product
 takes layers.rms_norm(x, norm_weight, eps) instead of x. Each program first computes the
 inverse RMS of its rows over the whole K row (x is tiny next to the weight: M*K elements
-per program, one row at a time), then normalizes every x tile as it loads it, with
-rms_norm's casts and order (fp32 statistics, the normalized row rounded to the dtype before
-the weight multiply). In interpret mode the normalized row is bitwise layers.rms_norm's.
+per program, one row at a time; with split_k > 1 every split reads all of x once), then
+normalizes every x tile as it loads it, with rms_norm's casts and order (fp32 statistics,
+the normalized row rounded to the dtype before the weight multiply). In interpret mode the
+normalized row is bitwise layers.rms_norm's (jitted, on CPU).
+
 `interpret=None` (the default) runs the interpreter unless the backend is a GPU.
 
 Each has a `ref_` twin (pure XLA, the same keyword arguments) sharing `check_matmul_inputs`.
-Block sizes come from `TUNED` (data: (K, N, block_m) -> Config, measured by `python -m loopjax.bench.matmul
---sweep` on the H200), else from `default_config`; explicit keyword arguments override both.
+Block sizes come from `TUNED` (data: (K, N, block_m) -> Config, measured by
+`python -m loopjax.bench.matmul --sweep` on the H200), else from `default_config`; explicit
+keyword arguments override both. The drop-ins at the end are the `layers.Ops` entries.
 """
 
 from __future__ import annotations

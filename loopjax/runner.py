@@ -376,7 +376,6 @@ def matmul_ops(name: str):
     kernels only for decode steps of fewer than 8 rows on a GPU, where the kernel won on the
     H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2
     ms; at 8+ rows XLA was as fast or faster), XLA otherwise."""
-    from loopjax.layers import XLA_OPS, Ops
     if name not in ("auto", "xla", "streaming"):
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
     if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
