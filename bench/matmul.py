@@ -12,11 +12,16 @@ Time per product = median over rounds of (wall time of `calls` asynchronous call
 (calls * B); with >= ~300 us of GPU work per call, Python dispatch hides behind the GPU.
 % = (weight + activation bytes) / time over the copy rate measured at the start of the run
 (device-to-device copy of 1 GiB, read + write counted). rel_err = max|kernel - XLA| / max|XLA|.
+Products fed by an RMSNorm (wqkv, w_gate_up) add a `pallas+norm` row: the kernel with the
+norm fused into its prologue, checked against XLA's rms_norm + linear; its x = the plain
+kernel's time / its time (1.00: the fused norm costs the product nothing).
 
 Decode step: 4 loops x 24 layers in a `lax.fori_loop` over loops, the 24 layers unrolled
 over per-layer buffers (docs/design.md), Ouro's sandwich norms and SiLU, no attention (the q
 columns stand in for its output). Variants: XLA products; kernel products; kernel products
-with the SiLU*up epilogue fused; Mosaic GPU kernel products.
+with the SiLU*up epilogue fused; Mosaic GPU kernel products. The "+ fused norm" columns run
+the same kernel variant with the RMSNorms before wqkv and w_gate_up fused into the kernel's
+prologue (layers.Ops.norm_linear*), in the same run, side by side.
 % of roofline = weight bytes x loops / time / copy rate.
 wcopies = weight-shaped slices/copies inside loop bodies of the compiled HLO (must be 0 on
 the GPU; --smoke's interpret mode slices weight tiles, which can match a tiny weight).
@@ -28,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import re
 import statistics
 import sys
 import time
@@ -39,6 +43,8 @@ import numpy as np
 
 from loopjax import layers
 from loopjax.config import preset
+
+from .weight_copies import weight_copies_in_loops, weight_shapes
 
 try:
     from loopjax.kernels import streaming_matmul as sm
@@ -54,7 +60,9 @@ SHAPES = {  # name -> [(product, K, N)]
                ("huginn.w_gate_up", 5280, 35840), ("huginn.w_down", 17920, 5280),
                ("huginn.lm_head", 5280, 65536)],
 }
-SMOKE_SHAPES = [("smoke.a", 64, 64), ("smoke.b", 96, 128)]  # NOTE: Mosaic GPU needs whole tiles
+SMOKE_SHAPES = [("smoke.wqkv", 64, 64), ("smoke.w_gate_up", 96, 128)]  # NOTE: whole tiles for Mosaic GPU
+NORM_FED = (".wqkv", ".w_gate_up")  # products whose input is an RMSNorm's output
+NORM_EPS = 1e-6
 L2_BYTES = 50e6
 COPY_RATE_REF = 4.08e12  # B/s, docs h200.md; the run measures its own
 
@@ -127,13 +135,9 @@ def _rel_err(a, b) -> float:
     return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
 
 
-def _kernel_fn(cfg, interpret):
-    return lambda x, w: sm.streaming_matmul(x, w, interpret=interpret, **cfg._asdict())
-
-
 def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, configs=None):
     """Rows for one (product, M): XLA first, then the kernel with each config (default:
-    the one pick_config chooses)."""
+    the one pick_config chooses; then Mosaic GPU, and the fused norm where a norm feeds it)."""
     key = jax.random.PRNGKey(k * 7 + n + m)
     wbytes = k * n * jnp.dtype(dtype).itemsize
     num = _num_buffers(wbytes, copy_rate, smoke)
@@ -143,24 +147,32 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
     t_xla, ref = time_products(layers.linear, xs, ws, rounds=rounds, calls=calls)
     rows = [dict(name=name, k=k, n=n, m=m, impl="xla", us=t_xla * 1e6,
                  pct=100 * moved / t_xla / copy_rate, err=0.0, cfg="")]
-    for cfg in configs or [sm.pick_config(m, k, n, dtype)]:
+
+    def timed(impl, fn, cfg, want, t_base):
+        """A row for fn over every buffer: time, % of the copy rate, rel_err vs `want` (the
+        first product), x = t_base / time; a failure gives an error row."""
         try:
-            t, out = time_products(_kernel_fn(cfg, smoke), xs, ws, rounds=rounds, calls=calls)
-            rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", us=t * 1e6,
-                             pct=100 * moved / t / copy_rate, err=_rel_err(out, ref), cfg=cfg,
-                             speedup=t_xla / t))
-        except Exception as e:  # noqa: BLE001 - one failing config prints a row
-            rows.append(dict(name=name, k=k, n=n, m=m, impl="pallas", error=_short(e), cfg=cfg))
-    if not configs:  # NOTE: the Mosaic GPU variant, with its own default tiles
-        cfg = smg.mgpu_config(m, k, n)
-        try:
-            fn = functools.partial(smg.streaming_matmul_mgpu, interpret=smoke)
             t, out = time_products(fn, xs, ws, rounds=rounds, calls=calls)
-            rows.append(dict(name=name, k=k, n=n, m=m, impl="mgpu", us=t * 1e6,
-                             pct=100 * moved / t / copy_rate, err=_rel_err(out, ref), cfg=cfg,
-                             speedup=t_xla / t))
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(name=name, k=k, n=n, m=m, impl="mgpu", error=_short(e), cfg=cfg))
+            rows.append(dict(name=name, k=k, n=n, m=m, impl=impl, us=t * 1e6,
+                             pct=100 * moved / t / copy_rate, err=_rel_err(out, want), cfg=cfg,
+                             speedup=t_base / t))
+        except Exception as e:  # noqa: BLE001 - one failing case prints a row
+            rows.append(dict(name=name, k=k, n=n, m=m, impl=impl, error=_short(e), cfg=cfg))
+
+    for cfg in configs or [sm.pick_config(m, k, n, dtype)]:
+        fn = functools.partial(sm.streaming_matmul, interpret=smoke, **cfg._asdict())
+        timed("pallas", fn, cfg, ref, t_xla)
+    if configs:
+        return rows
+    plain = rows[1]  # NOTE: the Mosaic GPU variant and the fused norm use default tiles
+    timed("mgpu", functools.partial(smg.streaming_matmul_mgpu, interpret=smoke),
+          smg.mgpu_config(m, k, n), ref, t_xla)
+    if name.endswith(NORM_FED) and "us" in plain:
+        nw = _random(jax.random.PRNGKey(k), (k,), dtype, 0.1) + 1
+        fn = functools.partial(sm.streaming_matmul, norm_weight=nw, norm_eps=NORM_EPS,
+                               interpret=smoke)
+        timed("pallas+norm", fn, plain["cfg"], layers.norm_linear(xs[0], nw, NORM_EPS, ws[0]),
+              plain["us"] * 1e-6)
     return rows
 
 
@@ -176,7 +188,7 @@ def _cfg_str(cfg) -> str:
 
 
 def print_row(r):
-    head = f"{r['name']:<18} {r['k']:>6}->{r['n']:<6} {r['m']:>4} {r['impl']:<7}"
+    head = f"{r['name']:<18} {r['k']:>6}->{r['n']:<6} {r['m']:>4} {r['impl']:<11}"
     if "error" in r:
         log(f"{head} ERROR {r['error']}  [{_cfg_str(r['cfg'])}]")
         return
@@ -184,70 +196,6 @@ def print_row(r):
     extra = f" x{r['speedup']:.2f}" if "speedup" in r else ""
     log(f"{head} {r['us']:>9.1f} us {r['pct']:>5.1f}%  rel_err {r['err']:.1e} {ok}{extra}"
         f"  {_cfg_str(r['cfg'])}")
-
-
-# ------------------------------------------------------------------------------ HLO check
-# A dynamic-slice / slice / gather / copy of a weight-shaped value inside a loop body is a
-# weight copy per iteration (docs/h200.md); tests/test_no_weight_copy.py runs this on the
-# CPU HLO of the engine's decode step, the decode-step bench on the GPU's.
-
-SUSPECT_OPS = ("dynamic-slice", "slice", "gather", "copy")
-_HEADER = re.compile(r"^(?:ENTRY )?%?([^\s(]+) \(.*\{\s*$")
-_ARRAY_OP = re.compile(r"^\s*(?:ROOT )?%?(\S+) = \w+\[([\d,]*)\]\S* ([a-z][a-z0-9-]*)\(")
-_CALLS = re.compile(r"\b(?:calls|to_apply|body|condition)=%([^\s,)}]+)")
-_CALL_SETS = re.compile(r"\b(?:branch_computations|called_computations)=\{([^}]*)\}")
-_BODY = re.compile(r"\bwhile\(.*\bbody=%([^\s,)}]+)")
-
-
-def _computations(hlo: str) -> dict[str, list[str]]:
-    comps, name = {}, None
-    for line in hlo.splitlines():
-        if name is None:
-            if m := _HEADER.match(line):
-                name = m.group(1)
-                comps[name] = []
-        elif line.startswith("}"):
-            name = None
-        else:
-            comps[name].append(line)
-    return comps
-
-
-def _callees(line: str) -> list[str]:
-    out = _CALLS.findall(line)
-    for group in _CALL_SETS.findall(line):
-        out += [c.strip().lstrip("%") for c in group.split(",") if c.strip()]
-    return out
-
-
-def weight_copies_in_loops(hlo: str, weight_shapes) -> list[str]:
-    """Instructions inside any while body (fusions and calls included) that dynamic-slice,
-    slice, gather or copy a value whose shape, size-1 dims dropped, is a weight's shape."""
-    comps = _computations(hlo)
-    shapes = {tuple(d for d in s if d != 1) for s in weight_shapes}
-    todo = [b for lines in comps.values() for line in lines for b in _BODY.findall(line)]
-    if not todo:
-        raise AssertionError("no while loop in the HLO: is this the decode step?")
-    seen, found = set(), []
-    while todo:
-        name = todo.pop()
-        if name in seen or name not in comps:
-            continue
-        seen.add(name)
-        for line in comps[name]:
-            todo += _callees(line)
-            m = _ARRAY_OP.match(line)
-            if m and m.group(3) in SUSPECT_OPS:
-                dims = tuple(int(d) for d in m.group(2).split(",") if d and int(d) != 1)
-                if dims in shapes:
-                    found.append(f"{name}: {line.strip()[:160]}")
-    return found
-
-
-def weight_shapes(params) -> set[tuple[int, ...]]:
-    """Shapes of the 2-D-or-more leaves of a params pytree (size-1 dims excluded)."""
-    return {a.shape for a in jax.tree.leaves(params) if a.ndim >= 2 and min(a.shape) > 1}
-
 
 
 # ------------------------------------------------------------------------------ decode step
@@ -269,24 +217,40 @@ def _ouro_layers(cfg, key, dtype):
     return out
 
 
-def decode_step_fn(cfg, num_loops: int, variant: str, interpret: bool):
-    """jit((layers, x [M, H]) -> x): num_loops x every layer, products per `variant`."""
-    eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
-    mm = {"xla": layers.linear, "mgpu": functools.partial(smg.streaming_matmul_mgpu, interpret=interpret)
-          }.get(variant, functools.partial(sm.streaming_matmul, interpret=interpret))
-    if variant == "pallas+silu":
-        mm_act = functools.partial(sm.streaming_matmul_silu_mul, interpret=interpret)
+def step_ops(variant: str, fuse_norm: bool, interpret: bool) -> layers.Ops:
+    """The products of a decode-step variant; fuse_norm: the norms before wqkv and w_gate_up
+    in the kernel's prologue (Triton kernel variants only), else XLA's rms_norm before it."""
+    if variant == "xla":
+        return layers.XLA_OPS
+    if variant == "mgpu":
+        mm = functools.partial(smg.streaming_matmul_mgpu, interpret=interpret)
     else:
-        mm_act = lambda x, w: layers.silu_mul(*jnp.split(mm(x, w), 2, axis=-1))  # noqa: E731
+        mm = functools.partial(sm.streaming_matmul, interpret=interpret)
+    if variant == "pallas+silu":
+        act = functools.partial(sm.streaming_matmul_silu_mul, interpret=interpret)
+    else:
+        act = lambda x, w, **norm: layers.silu_mul(*jnp.split(mm(x, w, **norm), 2, axis=-1))  # noqa: E731
+
+    def normed(product):  # product(x, w, **norm) -> op(x, norm_weight, eps, w)
+        if fuse_norm:
+            return lambda x, nw, eps, w: product(x, w, norm_weight=nw, norm_eps=eps)
+        return lambda x, nw, eps, w: product(layers.rms_norm(x, nw, eps), w)
+
+    return layers.Ops(linear=mm, norm_linear=normed(mm), norm_linear_silu_mul=normed(act))
+
+
+def decode_step_fn(cfg, num_loops: int, ops: layers.Ops):
+    """jit((layers, x [M, H]) -> x): num_loops x every layer, products by `ops`."""
+    eps, q_dim = cfg.rms_norm_eps, cfg.num_heads * cfg.head_dim
 
     def step(lps, x):
         def one_loop(_, x):
             for lp in lps:  # NOTE: unrolled over per-layer buffers; closed over, not sliced
-                qkv = mm(layers.rms_norm(x, lp["attn_norm"], eps), lp["wqkv"])
-                o = mm(qkv[:, :q_dim], lp["wo"])  # NOTE: no attention; q stands in for its output
+                qkv = ops.norm_linear(x, lp["attn_norm"], eps, lp["wqkv"])
+                o = ops.linear(qkv[:, :q_dim], lp["wo"])  # NOTE: no attention; q stands in for it
                 x = x + layers.rms_norm(o, lp["attn_norm_2"], eps)
-                a = mm_act(layers.rms_norm(x, lp["mlp_norm"], eps), lp["w_gate_up"])
-                x = x + layers.rms_norm(mm(a, lp["w_down"]), lp["mlp_norm_2"], eps)
+                a = ops.norm_linear_silu_mul(x, lp["mlp_norm"], eps, lp["w_gate_up"])
+                x = x + layers.rms_norm(ops.linear(a, lp["w_down"]), lp["mlp_norm_2"], eps)
             return x
 
         return jax.lax.fori_loop(0, num_loops, one_loop, x)
@@ -302,27 +266,35 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
     log(f"\n# decode step, {cfg.num_layers} layers x {num_loops} loops, weights "
         f"{wbytes / 1e9:.2f} GB/loop, roofline {roofline * 1e3:.3f} ms")
     shapes = weight_shapes(lps)
-    log(f"{'variant':<14} {'M':>4} {'ms':>9} {'%roof':>6} {'wcopies':>7}  rel_err vs xla "
-        f"(wcopies: weight-shaped slices/copies in loop bodies of the compiled HLO)")
+    cols = f"{'ms':>9} {'%roof':>6} {'wcopies':>7} {'rel_err':>8}"
+    log(f"{'variant':<12} {'M':>4} {cols} | + fused norm: {cols}")
+    log("# wcopies: weight-shaped slices/copies in loop bodies of the compiled HLO; rel_err vs xla")
+
+    def run(variant, m, x, fuse_norm, ref):
+        """(columns, output) of one variant; the columns say ERROR on a failure."""
+        try:
+            fn = decode_step_fn(cfg, num_loops, step_ops(variant, fuse_norm, smoke))
+            fn = fn.lower(lps, x).compile()
+            copies = len(weight_copies_in_loops(fn.as_text(), shapes))
+            t = _median_time(fn, (lps, x), rounds=rounds, calls=1 if smoke else 3, warm=not smoke)
+            out = fn(lps, x)
+            err = "" if ref is None else f"{_rel_err(out, ref):.1e}"
+            return f"{t * 1e3:>9.3f} {100 * roofline / t:>5.1f}% {copies:>7} {err:>8}", out
+        except Exception as e:  # noqa: BLE001
+            return f"ERROR {_short(e)}", None
+
     for m in rows:
         x = _random(jax.random.fold_in(key, 99), (m, cfg.hidden_size), dtype)
         ref = None
         # NOTE: --smoke leaves out mgpu here (its CPU interpreter is slow); products cover it.
         for variant in ("xla", "pallas", "pallas+silu") + (() if smoke else ("mgpu",)):
             if time.perf_counter() > deadline:
-                log(f"{variant:<14} {m:>4} skipped (time budget)")
+                log(f"{variant:<12} {m:>4} skipped (time budget)")
                 continue
-            try:
-                fn = decode_step_fn(cfg, num_loops, variant, smoke).lower(lps, x).compile()
-                copies = len(weight_copies_in_loops(fn.as_text(), shapes))
-                t = _median_time(fn, (lps, x), rounds=rounds, calls=1 if smoke else 3, warm=not smoke)
-                out = fn(lps, x)
-                ref = out if variant == "xla" else ref
-                err = "" if ref is None or variant == "xla" else f"{_rel_err(out, ref):.1e}"
-                log(f"{variant:<14} {m:>4} {t * 1e3:>9.3f} {100 * roofline / t:>5.1f}% "
-                    f"{copies:>7}  {err}")
-            except Exception as e:  # noqa: BLE001
-                log(f"{variant:<14} {m:>4} ERROR {_short(e)}")
+            plain, out = run(variant, m, x, False, ref)
+            ref = out if variant == "xla" else ref
+            fused = run(variant, m, x, True, ref)[0] if variant.startswith("pallas") else "-"
+            log(f"{variant:<12} {m:>4} {plain} | {fused}")
 
 
 # ------------------------------------------------------------------------------ sweep
@@ -384,7 +356,7 @@ def main(argv=None) -> int:
         copy_rate = measure_copy_rate(1 << 30, rounds)
     log(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, bf16; copy rate "
         f"{copy_rate / 1e12:.3f} TB/s (ref {COPY_RATE_REF / 1e12:.2f}); % below = of that rate")
-    log(f"{'product':<18} {'K->N':>13} {'M':>4} {'impl':<7} {'time':>12} {'%copy':>6}")
+    log(f"{'product':<18} {'K->N':>13} {'M':>4} {'impl':<11} {'time':>12} {'%copy':>6}")
     # NOTE: products get ~60% of the budget (all of it with --sweep or --no-step).
     product_deadline = deadline if (args.sweep or args.no_step) else start + 0.6 * args.max_seconds
     totals: dict = {}  # (K, N, block_m) -> {config: summed us over the bucket's row counts}

@@ -21,11 +21,21 @@ Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
     streaming_matmul_silu_mul(x, w_gate_up [K, 2F])  = layers.silu_mul(gate, up)
 with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md); SiLU in
 fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_mul.py).
+
+Fused RMSNorm prologue (any of the three, `norm_weight=[K], norm_eps=eps`): the product
+takes layers.rms_norm(x, norm_weight, eps) instead of x. Each program first computes the
+inverse RMS of its rows over the whole K row (x is tiny next to the weight: M*K elements
+per program, one row at a time; with split_k > 1 every split reads all of x once), then
+normalizes every x tile as it loads it, with rms_norm's casts and order (fp32 statistics,
+the normalized row rounded to the dtype before the weight multiply). In interpret mode the
+normalized row is bitwise layers.rms_norm's (jitted, on CPU).
+
 `interpret=None` (the default) runs the interpreter unless the backend is a GPU.
 
-Each has a `ref_` twin (pure XLA) sharing `check_matmul_inputs`. Block sizes come from
-`TUNED` (data: (K, N, block_m) -> Config, measured by `python -m loopjax.bench.matmul
---sweep` on the H200), else from `default_config`; explicit keyword arguments override both.
+Each has a `ref_` twin (pure XLA, the same keyword arguments) sharing `check_matmul_inputs`.
+Block sizes come from `TUNED` (data: (K, N, block_m) -> Config, measured by
+`python -m loopjax.bench.matmul --sweep` on the H200), else from `default_config`; explicit
+keyword arguments override both. The drop-ins at the end are the `layers.Ops` entries.
 """
 
 from __future__ import annotations
@@ -40,7 +50,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from loopjax import layers
 
-from ._common import is_pow2, next_pow2, resolve_interpret
+from ._common import div_rn, is_pow2, load_tile, next_pow2, resolve_interpret
 from .silu_mul import _silu
 
 __all__ = [
@@ -58,6 +68,8 @@ __all__ = [
     "streaming_matmul_add",
     "streaming_linear",
     "streaming_matmul_silu_mul",
+    "streaming_norm_linear",
+    "streaming_norm_linear_silu_mul",
 ]
 
 MAX_ROWS = 128  # one row block holds every row; past this, weights are no longer the cost
@@ -82,7 +94,8 @@ TUNED: dict[tuple[int, int, int], Config] = {}
 # ------------------------------------------------------------------------------ validation
 
 
-def check_matmul_inputs(x, w, residual=None, *, gate_up: bool = False):
+def check_matmul_inputs(x, w, residual=None, *, gate_up: bool = False, norm_weight=None,
+                        norm_eps=None):
     """Shared validation: raises ValueError with a one-line message; returns (M, K, N)."""
     if x.ndim != 2 or w.ndim != 2:
         raise ValueError(f"x must be [M, K] and w [K, N], got shapes {x.shape} and {w.shape}")
@@ -99,6 +112,12 @@ def check_matmul_inputs(x, w, residual=None, *, gate_up: bool = False):
         raise ValueError(f"w_gate_up must be [K, 2F] (columns [gate | up]), got N={n}")
     if residual is not None and (residual.shape != (m, n) or residual.dtype != x.dtype):
         raise ValueError(f"residual must be [{m}, {n}] {x.dtype}, got {residual.shape} {residual.dtype}")
+    if norm_weight is not None:
+        if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype:
+            raise ValueError(f"norm_weight must be [{k}] (K) {x.dtype}, got {norm_weight.shape} "
+                             f"{norm_weight.dtype}")
+        if norm_eps is None:
+            raise ValueError("norm_eps is required with norm_weight")
     return m, k, n
 
 
@@ -157,19 +176,24 @@ def pick_config(m: int, k: int, n: int, dtype=jnp.bfloat16, **overrides) -> Conf
 # ------------------------------------------------------------------------------ references
 
 
-def ref_streaming_matmul(x, w):
-    check_matmul_inputs(x, w)
-    return layers.linear(x, w)
+def _ref_input(x, norm_weight, norm_eps):
+    """What the product multiplies: x, or layers.rms_norm(x) with the fused prologue."""
+    return x if norm_weight is None else layers.rms_norm(x, norm_weight, norm_eps)
 
 
-def ref_streaming_matmul_add(x, w, residual):
-    check_matmul_inputs(x, w, residual)
-    return layers.linear(x, w) + residual
+def ref_streaming_matmul(x, w, *, norm_weight=None, norm_eps=None):
+    check_matmul_inputs(x, w, norm_weight=norm_weight, norm_eps=norm_eps)
+    return layers.linear(_ref_input(x, norm_weight, norm_eps), w)
 
 
-def ref_streaming_matmul_silu_mul(x, w_gate_up):
-    check_matmul_inputs(x, w_gate_up, gate_up=True)
-    gate, up = jnp.split(layers.linear(x, w_gate_up), 2, axis=-1)
+def ref_streaming_matmul_add(x, w, residual, *, norm_weight=None, norm_eps=None):
+    check_matmul_inputs(x, w, residual, norm_weight=norm_weight, norm_eps=norm_eps)
+    return layers.linear(_ref_input(x, norm_weight, norm_eps), w) + residual
+
+
+def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=None):
+    check_matmul_inputs(x, w_gate_up, gate_up=True, norm_weight=norm_weight, norm_eps=norm_eps)
+    gate, up = jnp.split(layers.linear(_ref_input(x, norm_weight, norm_eps), w_gate_up), 2, axis=-1)
     return layers.silu_mul(gate, up)
 
 
@@ -199,16 +223,50 @@ def _load(ref, r0, rows: int, c0, cols: int, mask, evict: bool):
     return plgpu.load(window, mask=mask, other=0, eviction_policy=policy)
 
 
+def _inv_rms_rows(x_ref, block_m: int, eps: float, interpret: bool):
+    """[block_m, 1] f32: rsqrt(mean(x.f32^2) + eps) of each of x's M rows (0 past M), as
+    layers.rms_norm computes it, over the whole row. On the GPU one row at a time, as a
+    power-of-two tile masked past K (a whole row block would not fit in registers); in
+    interpret mode all of x at once ([M, K], padded after), so that XLA runs the sum in the
+    order it runs layers.rms_norm's (bitwise on CPU)."""
+    m, k = x_ref.shape
+
+    def inv_rms(xf):  # [rows, width] f32, 0 past K -> [rows, 1]
+        mean = div_rn(jnp.sum(xf * xf, axis=-1, keepdims=True), jnp.float32(k), interpret)
+        return jax.lax.rsqrt(mean + eps)
+
+    if interpret:
+        return jnp.pad(inv_rms(x_ref[...].astype(jnp.float32)), ((0, block_m - m), (0, 0)))
+    rows = jax.lax.broadcasted_iota(jnp.int32, (block_m, 1), 0)
+
+    def one_row(r, inv):
+        xf = load_tile(x_ref, r, 1, 0, next_pow2(k), m, k).astype(jnp.float32)  # [1, W]
+        return jnp.where(rows == r, inv_rms(xf), inv)
+
+    return jax.lax.fori_loop(0, m, one_row, jnp.zeros((block_m, 1), jnp.float32))
+
+
+def _normalize(xt, inv, nw):
+    """rms_norm's tail on an x tile: (x.f32 * inv) rounded to the dtype, then * weight rounded
+    (the dtype's multiply). xt [block_m, bk] dtype; inv [block_m, 1] f32; nw [1, bk] dtype."""
+    f32, dt = jnp.float32, xt.dtype
+    normed = (xt.astype(f32) * inv).astype(dt)
+    return (nw.astype(f32) * normed.astype(f32)).astype(dt)
+
+
 def _kernel(
     x_ref,  # [M, K]
     w_ref,  # [K, N_w]   (N_w = N, or 2F for the SiLU epilogues: columns [gate | up])
-    *refs,  # r_ref [M, N] if epilogue == "add"; then o_ref [M, N] dtype or [S, M, N] f32
+    *refs,  # r_ref [M, N] if epilogue == "add"; nw_ref [1, K] if norm_eps is not None;
+    #         then o_ref [M, N] dtype or [S, M, N] f32
     block_m: int,
     cfg: Config,
     epilogue: str,  # "none" | "add" | "silu"
+    norm_eps: float | None,  # None: no RMSNorm prologue
     interpret: bool,
 ):
     r_ref = refs[0] if epilogue == "add" else None
+    nw_ref = refs[-2] if norm_eps is not None else None
     o_ref = refs[-1]
     m, k = x_ref.shape
     n = o_ref.shape[-1]  # output columns (F for the SiLU epilogues)
@@ -217,6 +275,7 @@ def _kernel(
     c0 = pl.multiple_of(j * bn, bn)
     col_offsets = (c0, c0 + n) if epilogue == "silu" else (c0,)  # gate, up
     x_rows_masked, cols_masked = m < block_m, n % bn != 0
+    inv_rms = None if nw_ref is None else _inv_rms_rows(x_ref, block_m, norm_eps, interpret)
 
     num_full = k // bk  # unmasked K tiles; the K tail (k % bk) is one masked tile
     per_split = -(-num_full // splits)
@@ -229,6 +288,9 @@ def _kernel(
         ok = None if k_range is None else s == splits - 1
         xm = _mask((block_m, bk), 0, (0, m) if x_rows_masked else None, k0, k_range, ok)
         xt = _load(x_ref, 0, block_m, k0, bk, xm, False)  # [block_m, bk]
+        if inv_rms is not None:  # NOTE: a tile only runs past K when K < bk (then k0 = 0)
+            nm = _mask((1, bk), 0, None, k0, (0, k)) if k < bk else None
+            xt = _normalize(xt, inv_rms, _load(nw_ref, 0, 1, k0, bk, nm, False))
         wm = _mask((bk, bn), k0, k_range, c0, (0, n) if cols_masked else None, ok)
         wts = [_load(w_ref, k0, bk, off, bn, wm, True) for off in col_offsets]  # [bk, bn] each
         return tuple(a + jnp.dot(xt, wt, preferred_element_type=jnp.float32)
@@ -260,8 +322,10 @@ def _kernel(
     plgpu.store(o_ref.at[window], out, mask=out_mask)
 
 
-def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict):
-    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue == "silu")
+def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict,
+          norm_weight=None, norm_eps: float | None = None):
+    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue == "silu",
+                                    norm_weight=norm_weight, norm_eps=norm_eps)
     interpret = resolve_interpret(interpret)
     cfg = pick_config(m, k, n_w, x.dtype, **overrides)
     _check_config(cfg, k)
@@ -275,16 +339,21 @@ def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict
         out_shape = jax.ShapeDtypeStruct((m, n_out), x.dtype)
     else:
         out_shape = jax.ShapeDtypeStruct((cfg.split_k, m, n_out), jnp.float32)
+    if norm_weight is None:
+        norm_eps = None
     kernel = functools.partial(_kernel, block_m=block_m, cfg=cfg, epilogue=kernel_epilogue,
-                               interpret=interpret)
+                               norm_eps=norm_eps, interpret=interpret)
     operands = (x, w) + ((residual,) if kernel_epilogue == "add" else ())
+    if norm_eps is not None:
+        operands += (norm_weight.reshape(1, k),)  # NOTE: 2-D for the tile loads (a bitcast)
+    prologue = "_norm" if norm_eps is not None else ""
     out = pl.pallas_call(
         kernel,
         out_shape=out_shape,
         grid=(pl.cdiv(n_out, cfg.block_n), cfg.split_k),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=cfg.num_stages),
         interpret=interpret,
-        name=f"loopjax_streaming_matmul_{epilogue}",
+        name=f"loopjax_streaming_matmul{prologue}_{epilogue}",
     )(*operands)
     if fused:
         return out
@@ -306,6 +375,8 @@ def streaming_matmul(
     x,  # [M, K], M in 1..128
     w,  # [K, N], x's dtype
     *,
+    norm_weight=None,  # [K], x's dtype: multiply layers.rms_norm(x, norm_weight, norm_eps)
+    norm_eps: float | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
@@ -315,7 +386,7 @@ def streaming_matmul(
 ):
     """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear)."""
     return _call(x, w, None, "none", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
 
 
 def streaming_matmul_add(
@@ -323,6 +394,8 @@ def streaming_matmul_add(
     w,  # [K, N]
     residual,  # [M, N], x's dtype
     *,
+    norm_weight=None,  # [K]: the product takes layers.rms_norm(x, norm_weight, norm_eps)
+    norm_eps: float | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
@@ -332,13 +405,15 @@ def streaming_matmul_add(
 ):
     """linear(x, w) + residual -> [M, N] (the product rounded before the add, as XLA does)."""
     return _call(x, w, residual, "add", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
 
 
 def streaming_matmul_silu_mul(
     x,  # [M, K]
     w_gate_up,  # [K, 2F], columns [gate | up]
     *,
+    norm_weight=None,  # [K]: the product takes layers.rms_norm(x, norm_weight, norm_eps)
+    norm_eps: float | None = None,
     block_n: int | None = None,
     block_k: int | None = None,
     split_k: int | None = None,
@@ -348,12 +423,29 @@ def streaming_matmul_silu_mul(
 ):
     """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F]."""
     return _call(x, w_gate_up, None, "silu", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages))
+                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
+
+
+# ------------------------------------------------------------------- drop-ins for layers.Ops
+# The kernel at 1..128 rows, XLA above (prefill, where the weights are no longer the cost);
+# default block sizes. Each keeps the signature of its layers.py namesake.
+
+
+def _few_rows(x) -> bool:
+    return x.ndim == 2 and x.shape[0] <= MAX_ROWS
 
 
 def streaming_linear(x, w):  # x [M, K]; w [K, N]
-    """Drop-in `layers.linear` (e.g. for `layers.Ops`): the kernel at 1..128 rows, XLA above
-    (prefill, where the weights are no longer the cost). Default block sizes."""
-    if x.ndim == 2 and x.shape[0] > MAX_ROWS:
-        return layers.linear(x, w)
-    return streaming_matmul(x, w)
+    return streaming_matmul(x, w) if _few_rows(x) else layers.linear(x, w)
+
+
+def streaming_norm_linear(x, norm_weight, eps: float, w):  # x [M, K]; norm_weight [K]; w [K, N]
+    if not _few_rows(x):
+        return layers.norm_linear(x, norm_weight, eps, w)
+    return streaming_matmul(x, w, norm_weight=norm_weight, norm_eps=eps)
+
+
+def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_gate_up [K, 2F]
+    if not _few_rows(x):
+        return layers.norm_linear_silu_mul(x, norm_weight, eps, w_gate_up)
+    return streaming_matmul_silu_mul(x, w_gate_up, norm_weight=norm_weight, norm_eps=eps)

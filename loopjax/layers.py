@@ -37,6 +37,19 @@ def linear(x, w):
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def norm_linear(x, norm_weight, eps: float, w):
+    """linear(rms_norm(x, norm_weight, eps), w): a norm feeding a product directly, one op so
+    that a kernel can fuse the norm into the product's prologue (layers.Ops)."""
+    return linear(rms_norm(x, norm_weight, eps), w)
+
+
+def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):
+    """The MLP's activation silu_mul(gate, up) of norm_linear(x, ..., w_gate_up) [N, 2F],
+    columns [gate | up] -> [N, F]."""
+    gate, up = jnp.split(norm_linear(x, norm_weight, eps, w_gate_up), 2, axis=-1)
+    return silu_mul(gate, up)
+
+
 def silu_mul(gate, up):
     """SiLU(gate) * up. torch computes a bf16 silu in fp32 and rounds once (jax.nn.silu on bf16
     would round after each of its exp/add/divide), then multiplies by up in the activation dtype."""
@@ -114,9 +127,13 @@ class Ops:
     """The dense products a layer runs, so a step can swap in a device kernel where it wins
     (the weight-streaming matmul of `loopjax.kernels.streaming_matmul` for decode on GPU)
     without a second model definition. Each field keeps the signature of its XLA default
-    here; frozen and made of functions, so it is hashable and can be a static jit argument."""
+    here; frozen and made of functions, so it is hashable and can be a static jit argument.
+    The norm_* ops are the products fed directly by an RMSNorm (the kernel fuses the norm
+    into its prologue, and the SiLU*up into its epilogue)."""
 
     linear: Callable = linear
+    norm_linear: Callable = norm_linear
+    norm_linear_silu_mul: Callable = norm_linear_silu_mul
 
 
 XLA_OPS = Ops()

@@ -371,30 +371,29 @@ class Runner:
 
 
 def matmul_ops(name: str):
-    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel, or 'auto':
-    the kernel only for decode steps of fewer than 8 rows on a GPU, where it won on the H200
-    (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at
-    8+ rows XLA was as fast or faster), XLA otherwise."""
-    from loopjax.layers import XLA_OPS, Ops
-    if name == "auto":
-        if jax.default_backend() != "gpu":
-            return XLA_OPS
-        from loopjax.kernels.streaming_matmul import streaming_linear
-        return Ops(linear=_rows_below(8, streaming_linear))
-    if name == "xla":
+    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel (RMSNorm
+    prologue and SiLU*up epilogue fused where a norm feeds the product), or 'auto': the
+    kernels only for decode steps of fewer than 8 rows on a GPU, where the kernel won on the
+    H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2
+    ms; at 8+ rows XLA was as fast or faster), XLA otherwise."""
+    if name not in ("auto", "xla", "streaming"):
+        raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
+    if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
         return XLA_OPS
+    from loopjax.kernels import streaming_matmul as sm
+    kernels = Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
+                  norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
     if name == "streaming":
-        from loopjax.kernels.streaming_matmul import streaming_linear
-        return Ops(linear=streaming_linear)
-    raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
+        return kernels
+    return Ops(**{f.name: _rows_below(8, getattr(kernels, f.name), getattr(XLA_OPS, f.name))
+                  for f in dataclasses.fields(Ops)})
 
 
 @functools.cache
-def _rows_below(max_rows: int, kernel):
-    """linear(x, w) that uses `kernel` when x has fewer than max_rows rows (a static shape),
-    else XLA's dot. Cached so equal choices give one (hashable) function."""
-    from loopjax.layers import linear
+def _rows_below(max_rows: int, kernel, fallback):
+    """Op (x, *args): `kernel` when x has fewer than max_rows rows (a static shape), else
+    `fallback`. Cached so equal choices give one (hashable) function."""
 
-    def pick(x, w):
-        return kernel(x, w) if x.shape[0] < max_rows else linear(x, w)
+    def pick(x, *args):
+        return kernel(x, *args) if x.shape[0] < max_rows else fallback(x, *args)
     return pick

@@ -407,14 +407,37 @@ def test_prefix_cache_hits_keep_tokens(ouro_model, ouro_ref):
     assert stats["pages_free"] == stats["pages_total"]  # parked cached pages count as free
 
 
+def _one_row_engine(model, matmul="streaming", **kw):
+    return Engine(model, EngineConfig(page_size=8, max_num_rows=1, decode_row_buckets=(1,),
+                                      max_prefill_tokens=16, prefill_token_buckets=(16,),
+                                      max_prefill_rows=1, max_context_len=32,
+                                      matmul=matmul, warmup=False, verbose=False, **kw))
+
+
 def test_streaming_matmul_ops_keep_golden_tokens(ouro_model, ouro_ref):
     """EngineConfig.matmul='streaming' swaps the Pallas weight-streaming kernel into every
-    dense product of the step (layers.Ops; interpret mode on CPU): same greedy tokens."""
-    engine = Engine(ouro_model, EngineConfig(page_size=8, max_num_rows=1, decode_row_buckets=(1,),
-                                             max_prefill_tokens=16, prefill_token_buckets=(16,),
-                                             max_prefill_rows=1, max_context_len=32,
-                                             matmul="streaming", warmup=False, verbose=False))
+    dense product of the step (layers.Ops; interpret mode on CPU), the RMSNorm before wqkv
+    and w_gate_up fused into its prologue and SiLU*up into its epilogue: same greedy tokens."""
+    from loopjax.runner import matmul_ops
+    ops = matmul_ops("streaming")
+    assert "streaming_norm_linear" in ops.norm_linear.__name__
+    assert "streaming_norm_linear_silu_mul" in ops.norm_linear_silu_mul.__name__
+    engine = _one_row_engine(ouro_model)
     out = run_all(engine, {0: [(ouro_ref["p0_input_ids"].tolist(), greedy(3), "s")]})["s"]
     assert out.token_ids == ouro_ref["p0_greedy_tokens"][:3].tolist()
     with pytest.raises(ValueError, match="unknown matmul"):
         Engine(ouro_model, EngineConfig(**SMALL, matmul="cublas"))
+
+
+def test_streaming_matmul_ops_keep_huginn_golden_tokens(huginn):
+    """Huginn with matmul='streaming' (norm_1 -> wqkv and norm_3 -> w_gate_up fused): the
+    golden tokens, and the chosen tokens' log-probs of the XLA products up to fp32
+    accumulation order (the tokens alone would not notice a skipped norm here)."""
+    model, gen, prompt = huginn
+    outs = {}
+    for matmul in ("streaming", "xla"):
+        engine = _one_row_engine(model, matmul, kv_layout="per_loop", max_logprobs=1)
+        rid = engine.add_request(prompt, greedy(3, logprobs=0), initial_state="zero")
+        outs[matmul] = run_all(engine)[rid]
+    assert outs["streaming"].token_ids == gen["gen_zero_state_tokens"][0][:3].tolist()
+    np.testing.assert_allclose(outs["streaming"].logprobs, outs["xla"].logprobs, rtol=1e-4, atol=1e-5)

@@ -17,7 +17,7 @@ import pytest
 
 import loopjax
 from loopjax import kv_cache, runner
-from loopjax.bench.matmul import weight_copies_in_loops, weight_shapes
+from loopjax.bench.weight_copies import weight_copies_in_loops, weight_shapes
 from loopjax.layers import rope_angles
 from loopjax.models import ouro
 

@@ -1,6 +1,7 @@
 """Weight-streaming matmul: interpret-mode kernel vs its XLA twin on tiny shapes (row and
-column masks, K tails, empty K splits), the fused epilogues, bad inputs, the block-size
-table, and the kernel lowered for CUDA on this CPU host (so Triton lowering errors fail CI)."""
+column masks, K tails, empty K splits), the fused epilogues and RMSNorm prologue, bad
+inputs, the block-size table, and the kernel lowered for CUDA on this CPU host (so Triton
+lowering errors fail CI)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 from jax._src.mesh import AbstractDevice, AbstractMesh
 from jax.sharding import use_abstract_mesh
 
+from loopjax import layers
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_mgpu as smg
 
@@ -88,10 +90,84 @@ def test_epilogues(split_k):
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
+def _norm_weight(k, dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    return jnp.asarray(1 + 0.2 * rng.standard_normal(k, dtype=np.float32)).astype(dtype)
+
+
+@pytest.mark.parametrize("m, k, n, block_n, block_k, split_k, dtype", CASES)
+def test_norm_prologue_matches_ref(m, k, n, block_n, block_k, split_k, dtype):
+    """norm_weight: the product of layers.rms_norm(x) (its ref_ twin) within the product's
+    tolerance; with the epilogues too (in the kernel at split 1, in XLA past it)."""
+    x, w, r = _inputs(m, k, n, dtype, seed=3)
+    x = x * 4  # NOTE: an RMS far from 1, so that a skipped norm cannot pass
+    norm = dict(norm_weight=_norm_weight(k, dtype), norm_eps=1e-6)
+    kw = dict(block_n=block_n, block_k=block_k, split_k=split_k, **norm)
+    out = sm.streaming_matmul(x, w, **kw)
+    _assert_close(out, sm.ref_streaming_matmul(x, w, **norm), dtype)
+    assert not np.allclose(out, sm.ref_streaming_matmul(x, w), rtol=0.1)
+    floor = 2.0**-8 if dtype == BF16 else 0.0
+    _assert_close(sm.streaming_matmul_add(x, w, r, **kw),
+                  sm.ref_streaming_matmul_add(x, w, r, **norm), dtype, floor=floor)
+    if n % 2 == 0:
+        _assert_close(sm.streaming_matmul_silu_mul(x, w, **kw),
+                      sm.ref_streaming_matmul_silu_mul(x, w, **norm), dtype, ulps=2, floor=floor)
+
+
+# (M, K, block_k, split_k, dtype): K tails, K < block_k, K splits, real hidden sizes.
+NORM_ROWS = [(1, 64, 16, 1, F32), (3, 80, 32, 2, BF16), (2, 24, 32, 1, F32),
+             (5, 2048, 64, 4, F32), (7, 2048, 64, 1, BF16), (3, 5280, 64, 3, BF16),
+             (20, 200, 32, 2, F32)]
+
+
+@pytest.mark.parametrize("m, k, block_k, split_k, dtype", NORM_ROWS)
+def test_norm_prologue_row_is_rms_norm_bitwise(m, k, block_k, split_k, dtype):
+    """The normalized row the product multiplies, read through an identity weight (x @ I
+    adds exact zeros, then rounds a value already in the dtype): bitwise the jitted
+    layers.rms_norm on CPU."""
+    x = _inputs(m, k, 16, dtype, seed=k)[0] * 3
+    nw, cols = _norm_weight(k, dtype, seed=m), min(k, 128)
+    eye = jnp.eye(k, cols, dtype=dtype)
+    fused = jax.jit(functools.partial(sm.streaming_matmul, norm_eps=1e-6, block_n=16,
+                                      block_k=block_k, split_k=split_k, interpret=True))
+    want = jax.jit(layers.rms_norm, static_argnums=2)(x, nw, 1e-6)[:, :cols]
+    np.testing.assert_array_equal(fused(x, eye, norm_weight=nw), want)
+
+
+def test_norm_drop_ins_dispatch_on_rows():
+    """The Ops drop-ins: the fused kernel up to 128 rows, layers' XLA ops above."""
+    nw = _norm_weight(32, F32)
+
+    def has_kernel(fn, m):
+        x, w, _ = _inputs(m, 32, 16, F32)
+        return "pallas_call" in str(jax.make_jaxpr(fn, static_argnums=2)(x, nw, 1e-6, w))
+
+    for fn in (sm.streaming_norm_linear, sm.streaming_norm_linear_silu_mul):
+        assert has_kernel(fn, 3) and has_kernel(fn, 128) and not has_kernel(fn, 129)
+    x, w, _ = _inputs(129, 32, 16, F32)
+    np.testing.assert_array_equal(sm.streaming_norm_linear(x, nw, 1e-6, w),
+                                  layers.norm_linear(x, nw, 1e-6, w))
+
+
+def test_auto_ops_use_the_kernels_below_8_rows(monkeypatch):
+    """matmul_ops('auto') on a GPU: every op (the fused-norm ones too) runs its kernel below
+    8 rows and XLA from 8; equal choices give equal (hashable) Ops, so one jit cache key."""
+    from loopjax import runner
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    ops, nw = runner.matmul_ops("auto"), _norm_weight(32, F32)
+    assert runner.matmul_ops("auto") == ops and hash(ops) == hash(runner.matmul_ops("auto"))
+    for rows, kernel in ((7, True), (8, False)):
+        x, w, _ = _inputs(rows, 32, 16, F32)
+        for op, args in ((ops.linear, (x, w)), (ops.norm_linear, (x, nw, 1e-6, w)),
+                         (ops.norm_linear_silu_mul, (x, nw, 1e-6, w))):
+            eps_static = (2,) if len(args) == 4 else ()
+            jaxpr = str(jax.make_jaxpr(op, static_argnums=eps_static)(*args))
+            assert ("pallas_call" in jaxpr) == kernel, (op, rows)
+
+
 def test_streaming_linear_dispatches_on_rows():
     """The drop-in linear: the kernel up to 128 rows, plain XLA above."""
-    from loopjax import layers
-
     def has_kernel(m):
         x, w, _ = _inputs(m, 32, 16, F32)
         return "pallas_call" in str(jax.make_jaxpr(sm.streaming_linear)(x, w))
@@ -102,12 +178,16 @@ def test_streaming_linear_dispatches_on_rows():
 
 
 def test_epilogue_refs_are_the_model_math():
-    from loopjax import layers
-
     x, w, r = _inputs(2, 32, 8, BF16)
     gate, up = jnp.split(layers.linear(x, w), 2, axis=-1)
     np.testing.assert_array_equal(sm.ref_streaming_matmul_silu_mul(x, w), layers.silu_mul(gate, up))
     np.testing.assert_array_equal(sm.ref_streaming_matmul_add(x, w, r), layers.linear(x, w) + r)
+    nw = _norm_weight(32, BF16)
+    np.testing.assert_array_equal(sm.ref_streaming_matmul(x, w, norm_weight=nw, norm_eps=1e-5),
+                                  layers.linear(layers.rms_norm(x, nw, 1e-5), w))
+    np.testing.assert_array_equal(
+        sm.ref_streaming_matmul_silu_mul(x, w, norm_weight=nw, norm_eps=1e-5),
+        layers.norm_linear_silu_mul(x, nw, 1e-5, w))
 
 
 def _bad(fn, match, *args, **kw):
@@ -132,6 +212,12 @@ def test_bad_inputs_raise():
     _bad(sm.streaming_matmul, "power of two", x, w, block_k=8)
     _bad(sm.streaming_matmul, "split_k must be in 1..2", x, w, block_k=16, split_k=3)
     _bad(sm.streaming_matmul, "split_k", x, w, split_k=0)
+    nw = _norm_weight(32, BF16)
+    for fn in (sm.streaming_matmul, sm.ref_streaming_matmul):
+        _bad(fn, r"norm_weight must be \[32\]", x, w, norm_weight=nw[:16], norm_eps=1e-6)
+        _bad(fn, r"norm_weight must be \[32\] \(K\) bfloat16", x, w, norm_weight=nw.astype(F32),
+             norm_eps=1e-6)
+        _bad(fn, "norm_eps is required", x, w, norm_weight=nw)
 
 
 def test_configs_fill_the_gpu():
@@ -212,17 +298,44 @@ def test_epilogues_lower_for_cuda(split_k):
     assert text.count("__gpu$xla.gpu.triton") == 1
 
 
+# (M, K, N, product): the norm-fed products of Ouro-1.4B (hidden 2048) and Huginn-0125
+# (5280, a K tail), with their default configs (K splits included).
+NORM_PRODUCTS = [(1, 2048, 6144, "qkv"), (7, 2048, 11264, "gate_up"), (1, 5280, 15840, "qkv"),
+                 (4, 5280, 35840, "gate_up"), (128, 5280, 15840, "qkv")]
+
+
+@pytest.mark.parametrize("m, k, n, product", NORM_PRODUCTS)
+def test_norm_prologue_lowers_for_cuda(m, k, n, product):
+    """The fused RMSNorm prologue (with the SiLU*up epilogue for gate_up) at the real
+    shapes: one Triton call per product."""
+    fn = sm.streaming_matmul_silu_mul if product == "gate_up" else sm.streaming_matmul
+    cfg = sm.pick_config(m, k, n)
+    text = _lower_cuda(lambda x, w, nw, **kw: fn(x, w, norm_weight=nw, norm_eps=1e-6, **kw),
+                       (m, k), (k, n), (k,))
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    assert "loopjax_streaming_matmul_norm" in text, (cfg, text[:200])
+
+
 def test_bench_smoke(capsys):
-    """bench/matmul.py --smoke: every product row checks out, every decode variant runs."""
+    """bench/matmul.py --smoke: every product row checks out (a fused-norm row for each
+    norm-fed product), every decode variant runs, the kernel ones with the norm fused too."""
     from loopjax.bench import matmul
 
     assert matmul.main(["--smoke", "--rows", "3"]) == 0
     out = capsys.readouterr().out
     assert "ERROR" not in out and "BAD" not in out and "skipped" not in out
     product_rows = [line for line in out.splitlines() if line.startswith("smoke.")]
-    assert len(product_rows) == 6 and sum(" ok" in line for line in product_rows) == 6
+    assert len(product_rows) == 8 and sum(" ok" in line for line in product_rows) == 8
+    assert sum(line.split()[3] == "pallas+norm" for line in product_rows) == 2
     for variant in ("xla", "pallas", "pallas+silu"):
-        assert any(line.split()[:2] == [variant, "3"] for line in out.splitlines()), variant
+        [line] = [ln for ln in out.splitlines() if ln.split()[:2] == [variant, "3"]]
+        plain, fused = line.split("|")  # variant M ms %roof wcopies [rel_err] | ...
+        assert len(plain.split()) == (5 if variant == "xla" else 6), line
+        if variant == "xla":
+            assert fused.strip() == "-"
+        else:  # ms %roof wcopies rel_err, the error vs XLA small
+            ms, _, _, err = fused.split()
+            assert float(ms) > 0 and float(err) < 2e-2, line
 
 
 @pytest.mark.parametrize("m, k, n", [(1, 2048, 2048), (128, 5280, 15840), (32, 17920, 5280)])

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import HuginnConfig
-from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles, rope_interleaved, silu_mul
+from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles, rope_interleaved
 
 # ---------------------------------------------------------------- params
 
@@ -84,8 +84,10 @@ def init_params(cfg: HuginnConfig, key, dtype=jnp.bfloat16):
 # ---------------------------------------------------------------- blocks
 
 def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
+    """attn(norm_1(x)) [N, H]; x is the block input (norm_1 feeds wqkv directly)."""
     n = x.shape[0]
-    qkv = ops.linear(x, layer["wqkv"]).reshape(n, 3, cfg.num_heads, cfg.head_dim)
+    qkv = ops.norm_linear(x, layer["norm_1"], cfg.norm_eps, layer["wqkv"])
+    qkv = qkv.reshape(n, 3, cfg.num_heads, cfg.head_dim)
     bias = layer["qk_bias"].astype(x.dtype)
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
     q = rope_interleaved(qkv[:, 0] + bias[0], cos, sin)
@@ -95,18 +97,17 @@ def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, d
 
 
 def _mlp(layer, cfg: HuginnConfig, x, ops):
-    gate_up = ops.linear(x, layer["w_gate_up"])
-    f = cfg.intermediate_size
-    return ops.linear(silu_mul(gate_up[:, :f], gate_up[:, f:]), layer["w_down"])
+    """mlp(norm_3(x)) [N, H]; w_gate_up's columns are [gate | up]."""
+    act = ops.norm_linear_silu_mul(x, layer["norm_3"], cfg.norm_eps, layer["w_gate_up"])
+    return ops.linear(act, layer["w_down"])
 
 
 def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
     """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
     eps = cfg.norm_eps
-    out, kv = _attention(layer, cfg, rms_norm(x, layer["norm_1"], eps), cos, sin, attn, kv,
-                         layer_id, depth, ops)
+    out, kv = _attention(layer, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
     x = rms_norm(out + x, layer["norm_2"], eps)
-    x = rms_norm(_mlp(layer, cfg, rms_norm(x, layer["norm_3"], eps), ops) + x, layer["norm_4"], eps)
+    x = rms_norm(_mlp(layer, cfg, x, ops) + x, layer["norm_4"], eps)
     return x, kv
 
 

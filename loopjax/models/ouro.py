@@ -90,7 +90,7 @@ def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops
     n, eps = x.shape[0], cfg.rms_norm_eps
     q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     with jax.named_scope("attention"):
-        qkv = ops.linear(rms_norm(x, lp["attn_norm"], eps), lp["wqkv"])
+        qkv = ops.norm_linear(x, lp["attn_norm"], eps, lp["wqkv"])
         q = qkv[:, :q_dim].reshape(n, cfg.num_heads, cfg.head_dim)
         k = qkv[:, q_dim:q_dim + kv_dim].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         v = qkv[:, q_dim + kv_dim:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
@@ -99,8 +99,8 @@ def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops
         out = ops.linear(out.reshape(n, q_dim), lp["wo"])
         x = x + rms_norm(out, lp["attn_norm_2"], eps)
     with jax.named_scope("mlp"):
-        gate, up = jnp.split(ops.linear(rms_norm(x, lp["mlp_norm"], eps), lp["w_gate_up"]), 2, axis=-1)
-        out = ops.linear(silu_mul(gate, up), lp["w_down"])
+        act = ops.norm_linear_silu_mul(x, lp["mlp_norm"], eps, lp["w_gate_up"])
+        out = ops.linear(act, lp["w_down"])
         x = x + rms_norm(out, lp["mlp_norm_2"], eps)
     return x, kv
 
