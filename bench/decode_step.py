@@ -104,7 +104,8 @@ def bench_model(model, args, backend: str, records: list) -> None:
 
 def _bench_context(model, args, backend: str, context: int, width: int, first: bool,
                    records: list) -> None:
-    from loopjax.runner import Runner, matmul_ops
+    from loopjax.matmul_ops import matmul_ops
+    from loopjax.runner import Runner
 
     cfg = model.cfg
     loops = args.loops or cfg.default_loops

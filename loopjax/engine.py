@@ -31,8 +31,9 @@ from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.compilation import compile_totals
 from loopjax.exits import ExitSpec
+from loopjax.matmul_ops import matmul_ops
 from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
-from loopjax.runner import PendingStep, Runner, matmul_ops
+from loopjax.runner import PendingStep, Runner
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind

@@ -24,7 +24,6 @@ Every executable built is timed in `compile_times` (loopjax.compilation.CompileT
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import time
 from dataclasses import dataclass
@@ -368,32 +367,3 @@ class Runner:
         for (key, (_, record)), (executable, seconds, hit) in zip(todo.items(), built):
             self._compiled[key] = executable
             self.compile_times.append(dataclasses.replace(record, compile_s=seconds, cache_hit=hit))
-
-
-def matmul_ops(name: str):
-    """layers.Ops of a matmul choice: XLA's dot, the weight-streaming Pallas kernel (RMSNorm
-    prologue and SiLU*up epilogue fused where a norm feeds the product), or 'auto': the
-    kernels only for decode steps of fewer than 8 rows on a GPU, where the kernel won on the
-    H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2
-    ms; at 8+ rows XLA was as fast or faster), XLA otherwise."""
-    if name not in ("auto", "xla", "streaming"):
-        raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
-    if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
-        return XLA_OPS
-    from loopjax.kernels import streaming_matmul as sm
-    kernels = Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
-                  norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
-    if name == "streaming":
-        return kernels
-    return Ops(**{f.name: _rows_below(8, getattr(kernels, f.name), getattr(XLA_OPS, f.name))
-                  for f in dataclasses.fields(Ops)})
-
-
-@functools.cache
-def _rows_below(max_rows: int, kernel, fallback):
-    """Op (x, *args): `kernel` when x has fewer than max_rows rows (a static shape), else
-    `fallback`. Cached so equal choices give one (hashable) function."""
-
-    def pick(x, *args):
-        return kernel(x, *args) if x.shape[0] < max_rows else fallback(x, *args)
-    return pick

@@ -418,7 +418,7 @@ def test_streaming_matmul_ops_keep_golden_tokens(ouro_model, ouro_ref):
     """EngineConfig.matmul='streaming' swaps the Pallas weight-streaming kernel into every
     dense product of the step (layers.Ops; interpret mode on CPU), the RMSNorm before wqkv
     and w_gate_up fused into its prologue and SiLU*up into its epilogue: same greedy tokens."""
-    from loopjax.runner import matmul_ops
+    from loopjax.matmul_ops import matmul_ops
     ops = matmul_ops("streaming")
     assert "streaming_norm_linear" in ops.norm_linear.__name__
     assert "streaming_norm_linear_silu_mul" in ops.norm_linear_silu_mul.__name__

@@ -150,13 +150,15 @@ def test_norm_drop_ins_dispatch_on_rows():
 
 
 def test_auto_ops_use_the_kernels_below_8_rows(monkeypatch):
-    """matmul_ops('auto') on a GPU: every op (the fused-norm ones too) runs its kernel below
-    8 rows and XLA from 8; equal choices give equal (hashable) Ops, so one jit cache key."""
-    from loopjax import runner
+    """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows and
+    XLA from 8, with the norm in XLA (the measured configuration; the fused-norm prologue is
+    'streaming' only until it is measured); equal choices give equal (hashable) Ops."""
+    from loopjax.matmul_ops import matmul_ops
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    ops, nw = runner.matmul_ops("auto"), _norm_weight(32, F32)
-    assert runner.matmul_ops("auto") == ops and hash(ops) == hash(runner.matmul_ops("auto"))
+    ops, nw = matmul_ops("auto"), _norm_weight(32, F32)
+    assert matmul_ops("auto") == ops and hash(ops) == hash(matmul_ops("auto"))
+    assert matmul_ops("streaming").norm_linear is sm.streaming_norm_linear
     for rows, kernel in ((7, True), (8, False)):
         x, w, _ = _inputs(rows, 32, 16, F32)
         for op, args in ((ops.linear, (x, w)), (ops.norm_linear, (x, nw, 1e-6, w)),
@@ -164,6 +166,11 @@ def test_auto_ops_use_the_kernels_below_8_rows(monkeypatch):
             eps_static = (2,) if len(args) == 4 else ()
             jaxpr = str(jax.make_jaxpr(op, static_argnums=eps_static)(*args))
             assert ("pallas_call" in jaxpr) == kernel, (op, rows)
+            assert jaxpr.count("pallas_call") <= 1
+    monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
+    x, w, _ = _inputs(4, 32, 16, F32)
+    unfused = sm.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)
+    assert jnp.array_equal(jax.jit(ops.norm_linear, static_argnums=2)(x, nw, 1e-6, w), unfused)
 
 
 def test_streaming_linear_dispatches_on_rows():

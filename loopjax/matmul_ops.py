@@ -1,0 +1,62 @@
+"""Which dense-product implementation a step uses (`EngineConfig.matmul`): a `layers.Ops`.
+
+- 'xla': XLA's dot for every product (layers.XLA_OPS).
+- 'streaming': the Pallas weight-streaming kernel for every product up to 128 rows, with the
+  RMSNorm fused into its prologue and SiLU*up into its epilogue where the model allows
+  (kernels/streaming_matmul.py; plain XLA above 128 rows).
+- 'auto': what was measured to win on the H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5
+  vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at 8+ rows XLA as fast or faster): the streaming
+  kernel as a plain product for decode steps of fewer than 8 rows on a GPU, the norms and
+  SiLU*up in XLA; XLA otherwise. The fused-norm prologue is not yet measured on the GPU, so
+  it stays out of 'auto' until it wins there (`python -m loopjax.bench.matmul`).
+Ops must be hashable and equal across calls (a static jit argument): every op here is a
+module-level function or a cached `_rows_below` wrapper.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+
+from loopjax import layers
+from loopjax.layers import XLA_OPS, Ops
+
+MATMULS = ("auto", "xla", "streaming")
+
+
+def matmul_ops(name: str) -> Ops:
+    if name not in MATMULS:
+        raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
+    if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
+        return XLA_OPS
+    from loopjax.kernels import streaming_matmul as sm
+    if name == "streaming":
+        return Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
+                   norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
+    measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
+                   norm_linear_silu_mul=_norm_then_streaming_silu_mul)
+    return Ops(**{f.name: _rows_below(8, getattr(measured, f.name), getattr(XLA_OPS, f.name))
+                  for f in dataclasses.fields(Ops)})
+
+
+def _norm_then_streaming(x, norm_weight, eps: float, w):
+    """layers.norm_linear with the product on the streaming kernel, the norm in XLA."""
+    from loopjax.kernels.streaming_matmul import streaming_linear
+    return streaming_linear(layers.rms_norm(x, norm_weight, eps), w)
+
+
+def _norm_then_streaming_silu_mul(x, norm_weight, eps: float, w_gate_up):
+    gate, up = jax.numpy.split(_norm_then_streaming(x, norm_weight, eps, w_gate_up), 2, axis=-1)
+    return layers.silu_mul(gate, up)
+
+
+@functools.cache
+def _rows_below(max_rows: int, kernel, fallback):
+    """Op (x, *args): `kernel` when x has fewer than max_rows rows (a static shape), else
+    `fallback`. Cached so equal choices give one (hashable) function."""
+
+    def pick(x, *args):
+        return kernel(x, *args) if x.shape[0] < max_rows else fallback(x, *args)
+    return pick
