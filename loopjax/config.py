@@ -221,6 +221,14 @@ def _eos(value):
     return tuple(value) if isinstance(value, list) else value
 
 
+def eos_token_ids(cfg) -> tuple[int, ...]:
+    """The config's EOS id(s) as a tuple (empty when it names none)."""
+    value = cfg.eos_token_id
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, tuple | list) else (int(value),)
+
+
 def _check_positive(cfg, *names):
     for name in names:
         value = getattr(cfg, name)

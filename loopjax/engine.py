@@ -30,6 +30,7 @@ import numpy as np
 from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.compilation import compile_totals
+from loopjax.config import eos_token_ids
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
@@ -139,7 +140,7 @@ class Engine:
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
-        self._eos = _as_tuple(cfg.eos_token_id)
+        self._eos = eos_token_ids(cfg)
         self.num_generated = self.loops_generated = 0
 
     # ------------------------------------------------------------------ requests
@@ -394,9 +395,3 @@ class Engine:
                 "generated_tokens": self.num_generated,
                 "mean_loops_per_token": self.loops_generated / max(1, self.num_generated),
                 **{k: v for k, v in s.items() if k.startswith("prefix_cache")}}
-
-
-def _as_tuple(value) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, tuple | list) else (int(value),)
