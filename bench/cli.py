@@ -41,7 +41,7 @@ from loopjax.bench.workloads import HttpBackend, InProcessBackend, Record, Workl
 
 
 def add_arguments(parser):
-    from loopjax.async_engine import add_engine_arguments
+    from loopjax.engine_args import add_engine_arguments
 
     d = WorkloadSpec("burst")
     parser.add_argument("model", help="checkpoint folder or preset (in-process), or the served name (--url)")
@@ -209,7 +209,8 @@ def set_prefix_caching(engine, enabled: bool) -> None:
 
 
 async def _run_in_process(args, plan, deadline):
-    from loopjax.async_engine import AsyncEngine, build_engine
+    from loopjax.async_engine import AsyncEngine
+    from loopjax.engine_args import build_engine
 
     timings = {}
     model, engine = build_engine(args, timings)

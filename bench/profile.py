@@ -156,7 +156,7 @@ def format_host_table(table: dict) -> str:
 
 # ------------------------------------------------------------------ the run
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from loopjax.async_engine import add_engine_arguments
+    from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="checkpoint folder or preset (seeded random weights)")
     parser.add_argument("--prompt-len", "-P", type=int, default=512)
@@ -223,7 +223,7 @@ def trace_steps(engine, timer: StageTimer, prompts, args, trace_dir: str) -> dic
 def run(args) -> int:
     import jax
 
-    from loopjax.async_engine import build_engine
+    from loopjax.engine_args import build_engine
     timings: dict = {}
     try:
         spec = WorkloadSpec("burst", prompt_len=args.prompt_len, output_len=args.output_len,

@@ -291,7 +291,7 @@ def _positive_int(text: str) -> int:
 
 
 def add_arguments(parser):
-    from loopjax.async_engine import add_engine_arguments
+    from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
     parser.add_argument("--host", default="127.0.0.1")
@@ -309,7 +309,7 @@ def add_arguments(parser):
 def run(args) -> int:
     import uvicorn
 
-    from loopjax.async_engine import build_engine
+    from loopjax.engine_args import build_engine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     model, engine = build_engine(args)

@@ -100,7 +100,7 @@ def test_a_second_start_loads_the_executables_from_the_compilation_cache(tmp_pat
 def test_the_cache_folder_is_an_engine_flag():
     import argparse
 
-    from loopjax.async_engine import add_engine_arguments, engine_config_kwargs
+    from loopjax.engine_args import add_engine_arguments, engine_config_kwargs
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)

@@ -1,0 +1,80 @@
+"""Engine options on the command line (`loopjax serve`, `loopjax bench`, the profile tool):
+one `--<field>` per simple EngineConfig field, `--engine-arg KEY=VALUE` for any field, and
+`build_engine(args)` -> (model, Engine). Imports the engine (and JAX) only when called, so
+`--help` works on a base install.
+"""
+
+from __future__ import annotations
+
+import time
+
+_SIMPLE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def add_engine_arguments(parser):
+    """`--dtype`, one `--<field>` per simple EngineConfig field, and `--engine-arg KEY=VALUE`."""
+    import argparse
+    import dataclasses
+
+    parser.add_argument("--dtype", default=None,
+                        help="params dtype (float32, bfloat16; default: the checkpoint's)")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
+    try:
+        from loopjax.engine import EngineConfig
+    except ImportError:  # the engine is optional for --help; build_engine will say what is missing
+        return
+    group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
+    for field in dataclasses.fields(EngineConfig):
+        type_name = str(field.type).replace("| None", "").replace("Optional[", "").strip(" ]")
+        is_tuple = type_name.startswith("tuple[") and type_name.endswith(", ...")
+        kind = _SIMPLE_TYPES.get(type_name[len("tuple["):-len(", ...")] if is_tuple else type_name)
+        flag = "--" + field.name.replace("_", "-")
+        taken = parser._option_string_actions  # a subcommand's own flags win
+        if kind is None or flag in taken or "--no-" + flag[2:] in taken:
+            continue
+        dest, text = "engine_" + field.name, f"default: {field.default}"
+        if kind is bool:
+            group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
+                               help=text)
+        else:
+            group.add_argument(flag, dest=dest, type=kind, default=None, nargs="+" if is_tuple else None,
+                               metavar=kind.__name__.upper(), help=text)
+
+
+def engine_config_kwargs(args) -> dict:
+    """EngineConfig keyword arguments given on the command line (unset ones are left out)."""
+    import json
+
+    kwargs = {k[len("engine_"):]: tuple(v) if isinstance(v, list) else v for k, v in vars(args).items()
+              if k.startswith("engine_") and k != "engine_arg" and v is not None}
+    for item in getattr(args, "engine_arg", None) or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--engine-arg wants KEY=VALUE, got {item!r}")
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            parsed = value
+        kwargs[key.replace("-", "_")] = tuple(parsed) if isinstance(parsed, list) else parsed
+    return kwargs
+
+
+def build_engine(args, timings: dict | None = None):
+    """(model, Engine) from `args.model` (path or preset), `args.dtype` and the engine options.
+    `timings` (if given) gets `load_s` (the model) and `warmup_s` (Engine construction: the
+    KV pool and the compilation of every bucket), perf_counter seconds."""
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.model import load
+
+    start = time.perf_counter()
+    model = load(args.model, dtype=args.dtype) if args.dtype else load(args.model)
+    loaded = time.perf_counter()
+    try:
+        config = EngineConfig(**engine_config_kwargs(args))
+    except TypeError as e:  # an unknown field name
+        raise ValueError(f"engine options: {e}") from None
+    engine = Engine(model, config)
+    if timings is not None:
+        timings.update(load_s=loaded - start, warmup_s=time.perf_counter() - loaded)
+    return model, engine
