@@ -15,7 +15,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import is_pow2, resolve_interpret
-from .streaming_matmul import NUM_SMS, Config, check_matmul_inputs
+from .streaming_config import NUM_SMS, Config, check_matmul_inputs
 
 __all__ = ["mgpu_config", "streaming_matmul_mgpu"]
 
