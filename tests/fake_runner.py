@@ -98,6 +98,22 @@ class FakeRunner:
         return list(tokens)
 
 
+VOCAB = 97  # the fake runner's vocabulary in the scheduler tests
+
+
+def setup(config):
+    """A scheduler and a fake runner sharing its block manager."""
+    sched = Scheduler(config)
+    return sched, FakeRunner(config.page_size, config.num_pages, VOCAB, sched.block_manager)
+
+
+def step(sched, runner):
+    """One synchronous schedule -> run -> update; returns the plan."""
+    plan = sched.schedule()
+    sched.update(plan, runner.run(plan))
+    return plan
+
+
 @dataclass
 class Trace:
     kinds: str = ""                                     # one letter per step: P(refill) or D(ecode)

@@ -8,15 +8,15 @@ loopjax/prefix_cache.py (full pages only, the last token always computed)."""
 import random
 
 import pytest
-from fake_runner import FakeRunner, drive
+from fake_runner import VOCAB as V
+from fake_runner import drive, setup, step
 
 from loopjax.block_manager import BlockManager
 from loopjax.prefix_cache import PrefixCache
 from loopjax.request import Request, RequestPhase
 from loopjax.sampling_params import SamplingParams
-from loopjax.scheduler import Scheduler, SchedulerConfig
+from loopjax.scheduler import SchedulerConfig
 
-V = 97
 OURO = ()                # Ouro's salt: KV depends on tokens and loops only
 SEEDED0 = ("seeded", 0)  # Huginn, position-keyed s0 with seed 0
 
@@ -32,17 +32,6 @@ def cfg(**kw):
 def req(rid, prompt, max_tokens=4, salt=OURO, **kw):
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, seed=0)
     return Request(rid, list(prompt), params, cache_salt=salt, **kw)
-
-
-def setup(config):
-    sched = Scheduler(config)
-    return sched, FakeRunner(config.page_size, config.num_pages, V, sched.block_manager)
-
-
-def step(sched, runner):
-    plan = sched.schedule()
-    sched.update(plan, runner.run(plan))
-    return plan
 
 
 def assert_pool_whole(sched):

@@ -5,13 +5,12 @@ step below is computed by hand from the rule at the top of Scheduler.schedule().
 import random
 
 import pytest
-from fake_runner import FakeRunner, adaptive_exit, drive
+from fake_runner import VOCAB as V
+from fake_runner import FakeRunner, adaptive_exit, drive, setup, step
 
 from loopjax.request import Request, RequestPhase
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepKind, StepOutput, StepPlan
-
-V = 97
 
 
 def cfg(**kw):
@@ -25,17 +24,6 @@ def cfg(**kw):
 def req(rid, prompt, max_tokens=4, stop=(), **kw):
     params = SamplingParams(max_tokens=max_tokens, stop_token_ids=stop, temperature=0.0, seed=0)
     return Request(rid, list(prompt), params, **kw)
-
-
-def setup(config):
-    sched = Scheduler(config)
-    return sched, FakeRunner(config.page_size, config.num_pages, V, sched.block_manager)
-
-
-def step(sched, runner):
-    plan = sched.schedule()
-    sched.update(plan, runner.run(plan))
-    return plan
 
 
 # ---------------------------------------------------------------- batching and buckets
