@@ -32,7 +32,7 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 from ._common import resolve_interpret
 from .paged_attention import check_paged_inputs, combine_splits, default_num_splits, require_scalar_plane
 
-__all__ = ["paged_attention_mgpu"]
+__all__ = ["paged_attention_mgpu", "shape_problem"]
 
 ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
 ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [64] vectors: one entry per key of a tile
@@ -164,6 +164,17 @@ def _decode_body(
         l_ref[split, n, h, j] = l_i
 
 
+def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str | None:
+    """Why the kernel cannot take these shapes (a one-line error), or None when it can."""
+    if group_size > 8:
+        return f"the Mosaic GPU kernel takes at most 8 q heads per kv head, got {group_size}"
+    row_bytes = head_dim * jnp.dtype(dtype).itemsize
+    if page_size % 8 or row_bytes % 32:
+        return (f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {page_size}) and "
+                f"head_dim rows of 32-byte multiples (got {head_dim} x {row_bytes // head_dim} bytes)")
+    return None
+
+
 def paged_attention_mgpu(
     q,  # [N, Hq, D] (decode: N == R, one token per row)
     k_cache,  # [planes, Hkv, P, S, D]
@@ -186,12 +197,10 @@ def paged_attention_mgpu(
     require_scalar_plane(plane, "Mosaic GPU decode")
     g = hq // hkv
     interpret = resolve_interpret(interpret)
-    if g > 8:
-        raise ValueError(f"the Mosaic GPU kernel takes at most 8 q heads per kv head, got {g}")
+    problem = shape_problem(g, s, d, q.dtype)
+    if problem:
+        raise ValueError(problem)
     itemsize = jnp.dtype(q.dtype).itemsize
-    if s % 8 or (d * itemsize) % 32:
-        raise ValueError(f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {s}) and "
-                         f"head_dim rows of 32-byte multiples (got {d} x {itemsize} bytes)")
     if pages_per_block is None:
         pages_per_block = ROWS // math.gcd(s, ROWS)
     block_k = pages_per_block * s

@@ -300,11 +300,7 @@ class PagedAttention:
         else:
             k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v)
         kv = kv.replace_layer(layer_id, k_layer, v_layer)
-        # NOTE: the Pallas decode kernel needs power-of-two G and page size, and no plane table.
-        g, page_size = q.shape[1] // k.shape[1], self.layout.page_size
-        pallas_decode_ok = (not self.layout.decode_page_planes and g & (g - 1) == 0
-                            and page_size & (page_size - 1) == 0)
-        attend = _attention_fn(self.backend, decode, pallas_decode_ok)
+        attend = _attention_fn(self.backend, decode, _decode_kernels_that_fit(self.layout, q, k))
         out = attend(q, k_layer, v_layer, read_plane, self.batch.page_table,
                      self.batch.row_of_token, self.batch.positions)
         return kv, out.astype(q.dtype)
@@ -332,19 +328,36 @@ def check_attention_backend(layout: KVLayout, backend: str) -> None:
                          "attention_backend 'auto' or 'xla'")
 
 
-def _attention_fn(backend: str, decode: bool, pallas_decode_ok: bool = True):
-    """'xla': ref_paged_attention. 'pallas': the Pallas decode kernel for decode steps; for
+def _decode_kernels_that_fit(layout: KVLayout, q, k) -> tuple[str, ...]:
+    """The Pallas decode kernels that can read this layout and these shapes, fastest first on
+    the H200 (bench/RESULTS.md run 10: Mosaic GPU 82-105% of the copy rate at 32-128 rows,
+    Triton 29-41%). Neither takes a per-page plane table (Ouro 'shared'); the Triton kernel
+    needs power-of-two G and page size."""
+    if layout.decode_page_planes:
+        return ()
+    mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
+    g, page_size = q.shape[1] // k.shape[1], layout.page_size
+    fits = () if mgpu.shape_problem(g, page_size, q.shape[-1], layout.dtype) else ("pallas_mgpu",)
+    if g & (g - 1) == 0 and page_size & (page_size - 1) == 0:
+        fits += ("pallas",)
+    return fits
+
+
+def _attention_fn(backend: str, decode: bool, decode_fits: tuple[str, ...] = ("pallas_mgpu", "pallas")):
+    """'xla': ref_paged_attention. 'pallas': the Triton decode kernel for decode steps; for
     prefill the kernels' prefill_attention. 'pallas_mgpu': the same with the Mosaic GPU
     decode kernel (kernels/paged_attention_mgpu.py). 'auto' picks per phase what won on the H200:
-    Pallas for both on a GPU (bench/RESULTS.md run 9: the decode kernel stops at each row's
-    length while XLA gathers the whole page-table width — burst-32 at the default 4096-token
-    context 1,573 vs 726 tok/s, and it wins at 1 row, run 1; the flash prefill kernel 1.7-11x,
-    run 1), XLA where the decode kernel cannot read the layout (`pallas_decode_ok` False) and
+    on a GPU the first decode kernel of `decode_fits` (run 10: Mosaic 2.2-2.6x Triton and
+    1.5-1.8x XLA at 8-128 rows; the Triton kernel beat XLA end to end because it stops at each
+    row's length, run 9), XLA when none fits; the flash prefill kernel (1.7-11x, run 1). XLA
     on CPU."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
     if backend == "auto":
-        on_gpu = jax.default_backend() == "gpu"
-        backend = "pallas" if on_gpu and (pallas_decode_ok or not decode) else "xla"
+        if jax.default_backend() != "gpu":
+            return pa.ref_paged_attention
+        if not decode:
+            return pa.prefill_attention
+        backend = decode_fits[0] if decode_fits else "xla"
     if backend == "xla":
         return pa.ref_paged_attention
     if backend in ("pallas", "pallas_mgpu"):
@@ -352,5 +365,5 @@ def _attention_fn(backend: str, decode: bool, pallas_decode_ok: bool = True):
             return importlib.import_module("loopjax.kernels.paged_attention_mgpu").paged_attention_mgpu
         if decode:
             return pa.paged_attention
-        return getattr(pa, "prefill_attention", pa.ref_paged_attention)
+        return pa.prefill_attention
     raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -163,15 +163,36 @@ def test_ouro_shared_writes_and_reads_by_page_kind():
 
 
 def test_auto_attention_picks_by_phase_device_and_layout(monkeypatch):
-    """'auto': on a GPU the Pallas kernels for decode and prefill (measured, RESULTS.md run 9),
-    XLA for a decode the kernel cannot read; on CPU always XLA."""
+    """'auto': on a GPU the fastest decode kernel that fits (Mosaic, then Triton; measured,
+    RESULTS.md run 10) and the Pallas prefill kernel, XLA for a decode no kernel can read; on
+    CPU always XLA."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
+    mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
 
     monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "gpu")
-    assert kv_cache._attention_fn("auto", True) is pa.paged_attention
-    assert kv_cache._attention_fn("auto", True, pallas_decode_ok=False) is pa.ref_paged_attention
-    assert kv_cache._attention_fn("auto", False, pallas_decode_ok=False) is pa.prefill_attention
+    assert kv_cache._attention_fn("auto", True) is mgpu.paged_attention_mgpu
+    assert kv_cache._attention_fn("auto", True, ("pallas",)) is pa.paged_attention
+    assert kv_cache._attention_fn("auto", True, ()) is pa.ref_paged_attention
+    assert kv_cache._attention_fn("auto", False, ()) is pa.prefill_attention
     monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "cpu")
     assert kv_cache._attention_fn("auto", True) is pa.ref_paged_attention
     assert kv_cache._attention_fn("auto", False) is pa.ref_paged_attention
     assert kv_cache._attention_fn("xla", True) is pa.ref_paged_attention
+
+
+def test_decode_kernels_that_fit_follow_layout_and_shapes():
+    """Which decode kernels can read a layout: Mosaic needs page_size % 8 and G <= 8, Triton
+    power-of-two G and page size, neither a per-page plane table (Ouro 'shared')."""
+    cfg = config.preset("ouro-tiny")
+    fits = kv_cache._decode_kernels_that_fit
+
+    def layout(kind="per_loop", page_size=8):
+        return kv_cache.make_layout(cfg, kind, page_size=page_size, dtype=jnp.float32, num_pages=4)
+
+    q, k = jnp.zeros((2, 4, cfg.head_dim)), jnp.zeros((2, 2, cfg.head_dim))
+    assert fits(layout(), q, k) == ("pallas_mgpu", "pallas")
+    assert fits(layout(page_size=12), q, k) == ()
+    assert fits(layout(page_size=24), q, k) == ("pallas_mgpu",)
+    assert fits(layout(), jnp.zeros((2, 6, cfg.head_dim)), k) == ("pallas_mgpu",)
+    assert fits(layout(), jnp.zeros((2, 32, cfg.head_dim)), k) == ("pallas",)
+    assert fits(layout("shared"), q, k) == ()
