@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 
 from loopjax import layers
 
-from ._common import compiler_params, div_rn, load_tile, load_vec, next_pow2, resolve_interpret, store_tile
+from ._common import compiler_params, load_tile, load_vec, next_pow2, resolve_interpret, store_tile
 
 F32 = jnp.float32
 
@@ -79,7 +79,9 @@ def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each
         # NOTE: XLA keeps the bf16 sum that feeds rms_norm's f32 cast in f32 (excess precision).
         xf = _rnd(xf + res, dt) if round_each_op else xf + res
     w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)  # [1, W]
-    mean = div_rn(jnp.sum(xf * xf, axis=-1, keepdims=True), jnp.float32(h), interpret)
+    # NOTE: XLA's algebraic simplifier turns mean's "/ h" into "* f32(1/h)" (seen in the H200's
+    # optimized HLO, run 10); dividing differs from it in ~1e-5 of rows at non-power-of-two h.
+    mean = jnp.sum(xf * xf, axis=-1, keepdims=True) * jnp.float32(1.0 / h)
     normed = xf * jax.lax.rsqrt(mean + eps)
     out = _rnd(w * _rnd(normed, dt), dt)  # normed rounded before the weight multiply
     if residual == "after":
@@ -143,7 +145,7 @@ def add_rms_norm(
     """round_each_op=True rounds x + residual to the dtype (the literal jaxpr) instead of
     keeping it in f32 as XLA does on CPU. None: what XLA does where the kernel runs — rounded
     on the GPU (bitwise on the H200, bench/results/run5; one shape still differs in 26 of
-    10.8 M elements), f32 in interpret mode (bitwise on CPU)."""
+    10.8 M elements: the row sum's order, bench/RESULTS.md run 10), f32 in interpret mode (bitwise on CPU)."""
     check_rms_norm_inputs(x, weight, residual)
     if round_each_op is None:
         round_each_op = not resolve_interpret(interpret)

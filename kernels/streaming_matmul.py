@@ -49,7 +49,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from loopjax import layers
 
-from ._common import div_rn, load_tile, next_pow2, resolve_interpret
+from ._common import load_tile, next_pow2, resolve_interpret
 from .silu_mul import _silu
 from .streaming_config import (  # noqa: F401  (the kernel's configuration and validation)
     MAX_ROWS,
@@ -144,7 +144,7 @@ def _inv_rms_rows(x_ref, block_m: int, eps: float, interpret: bool):
     m, k = x_ref.shape
 
     def inv_rms(xf):  # [rows, width] f32, 0 past K -> [rows, 1]
-        mean = div_rn(jnp.sum(xf * xf, axis=-1, keepdims=True), jnp.float32(k), interpret)
+        mean = jnp.sum(xf * xf, axis=-1, keepdims=True) * jnp.float32(1.0 / k)
         return jax.lax.rsqrt(mean + eps)
 
     if interpret:
