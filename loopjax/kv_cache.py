@@ -27,7 +27,7 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
 `ref_paged_attention` (backend 'xla') or the Pallas kernels (backend 'pallas': the decode
 kernel for one-token-per-row steps, prefill_attention for packed prompts; 'pallas_mgpu':
-the Mosaic GPU decode kernel instead, not a default until measured).
+the Mosaic GPU decode kernel instead; 'auto': the fastest that fits, see `_attention_fn`).
 "Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
 exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
 kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
