@@ -2,7 +2,7 @@
 bf16, page and block boundaries, rows of different lengths, split contexts, pipeline slots
 reused, GQA, head_dim 96, per-page plane tables), bad inputs, the kernel lowered for CUDA on
 this CPU host at the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering
-error fails CI), and the engine backend."""
+error fails CI), and the engine backend (per_loop and Ouro 'shared' layouts)."""
 
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def test_configs_lower_for_cuda(config):
 
 def test_engine_backend_keeps_golden_greedy_tokens():
     """attention_backend='pallas_mgpu' (its decode steps in the CPU interpreter) leaves the
-    tiny Ouro's golden greedy tokens as they are; a layout it cannot read is refused."""
+    tiny Ouro's golden greedy tokens as they are, and with Ouro's 'shared' layout (decode
+    steps reading a per-page plane table) gives the tokens of backend 'xla'."""
     import loopjax
     from loopjax import kv_cache
     from loopjax.engine import Engine, EngineConfig
@@ -193,14 +194,23 @@ def test_engine_backend_keeps_golden_greedy_tokens():
     model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
     assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
     assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
-    engine = Engine(model, EngineConfig(attention_backend="pallas_mgpu", **small))
+    prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
+    prompts["page"] = prompts["p2"][:8]  # its first decoded token opens a decode page
+
+    def greedy(backend, requests, max_tokens, **layout):
+        engine = Engine(model, EngineConfig(attention_backend=backend, **small, **layout))
+        for k in requests:
+            engine.add_request(prompts[k], SamplingParams(temperature=0.0, ignore_eos=True,
+                                                          max_tokens=max_tokens), k)
+        finals = {}
+        while engine.has_unfinished():
+            finals.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+        return finals
+
+    tokens = greedy("pallas_mgpu", ("p0", "p1"), 12)
     for k in ("p0", "p1"):
-        engine.add_request(ref[f"{k}_input_ids"].tolist(),
-                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12), k)
-    finals = {}
-    while engine.has_unfinished():
-        finals.update((o.request_id, o) for o in engine.step() if o.finished)
-    for k in ("p0", "p1"):
-        assert finals[k].token_ids == ref[f"{k}_greedy_tokens"].tolist()[:12], k
-    with pytest.raises(ValueError, match="per-page plane table"):
-        Engine(model, EngineConfig(attention_backend="pallas_mgpu", kv_layout="shared", **small))
+        assert tokens[k] == ref[f"{k}_greedy_tokens"].tolist()[:12], k
+    # NOTE: 5 tokens (4 decode steps, each seconds in the interpreter) reach a decode page.
+    shared = [greedy(backend, ("p2", "page"), 5, kv_layout="shared", warmup=False)
+              for backend in ("pallas_mgpu", "xla")]
+    assert shared[0] == shared[1]
