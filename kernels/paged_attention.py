@@ -11,9 +11,10 @@ A token's flat slot is `page * S + offset`; slot `P * S` means "do not write".
 Token n attends the keys of row `row_of_token[n]` at positions 0..positions[n] of plane
 `plane` (its own K/V already written by `write_kv`); `ref_paged_attention` also takes a
 per-entry plane table `plane [R, M]` i32 (key j of row r is read from plane
-`plane[r, j // S]`: Ouro's 'shared' layout), the Pallas kernels refuse one. Key position j
-of row r lives at slot `page_table[r, j // S] * S + j % S`. GQA is repeat-interleave: q head
-h reads kv head h // (Hq // Hkv). Scores are scaled by D^-0.5, softmax in fp32.
+`plane[r, j // S]`: Ouro's 'shared' layout), as does `paged_attention_mgpu`; the Triton
+kernels here refuse one. Key position j of row r lives at slot
+`page_table[r, j // S] * S + j % S`. GQA is repeat-interleave: q head h reads kv head
+h // (Hq // Hkv). Scores are scaled by D^-0.5, softmax in fp32.
 
 Contract on values (not checkable on traced inputs): 0 <= positions[n] < M * S,
 0 <= row_of_token[n] < R, every page_table entry in [0, P) (unused entries: any valid page,
@@ -93,11 +94,12 @@ def check_paged_inputs(q, k_cache, v_cache, plane, page_table, row_of_token, pos
 
 
 def require_scalar_plane(plane, kernel: str) -> None:
-    """The Pallas kernels read one plane per call; a per-page plane table (Ouro's 'shared'
-    KV layout) is read by ref_paged_attention only."""
+    """The Triton kernels read one plane per call; a per-page plane table (Ouro's 'shared'
+    KV layout) is read by ref_paged_attention and paged_attention_mgpu."""
     if jnp.ndim(plane) != 0:
         raise ValueError(f"the Pallas {kernel} kernel reads one plane per call; a per-page plane "
-                         "table (Ouro kv layout 'shared') needs attention backend 'xla' or 'auto'")
+                         "table (Ouro kv layout 'shared') needs attention backend 'xla', "
+                         "'pallas_mgpu' or 'auto'")
 
 
 def _softmax_av(scores, mask, v_g, out_spec, dtype):

@@ -1,6 +1,8 @@
 """Paged decode attention on Mosaic GPU (`pallas.mosaic_gpu`, the maintained Hopper
-backend): the contract and result of `paged_attention.paged_attention` (one program per
-token, so decode's one token per row and any N), a second backend beside the Triton kernel.
+backend): the contract and result of `ref_paged_attention` (one program per token, so
+decode's one token per row and any N), a second backend beside the Triton kernel. `plane` is
+an i32 scalar or, as for the ref, an [R, M] i32 table of the plane each page is read from
+(Ouro's 'shared' KV layout): each page's TMA copy reads its own plane.
 
 One program (one warpgroup) per (token, kv head, context split). It streams its row's K/V
 pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
@@ -30,7 +32,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import resolve_interpret
-from .paged_attention import check_paged_inputs, combine_splits, default_num_splits, require_scalar_plane
+from .paged_attention import check_paged_inputs, combine_splits, default_num_splits
 
 __all__ = ["paged_attention_mgpu", "shape_problem"]
 
@@ -78,7 +80,7 @@ def _tile_update(state, scores, v):
 
 
 def _decode_body(
-    plane_ref,  # [1] i32 (gmem)
+    plane_ref,  # [1, 1] i32: every page's plane, or [R, M_pad] i32: page_table[r, j]'s plane
     pt_ref,  # [R, M_pad] i32, M_pad a multiple of pages_per_block
     row_ref,  # [N] i32
     pos_ref,  # [N] i32
@@ -102,7 +104,10 @@ def _decode_body(
     block_k = pages_per_block * s
     dtype = q_ref.dtype
     lanes = g * d <= LANE_ACC_MAX  # NOTE: [64, D] f32 per head = G * D / 2 registers per thread
-    plane, row = plane_ref[0], row_ref[n]
+    row = row_ref[n]
+    # NOTE: a [1, 1] table (a scalar plane) is read once, not once per page.
+    per_page = plane_ref.shape != (1, 1)
+    plane = None if per_page else plane_ref[0, 0]
     ctx = pos_ref[n] + 1  # keys 0..positions[n]
     num_blocks = pl.cdiv(ctx, block_k)
     per_split = pl.cdiv(num_blocks, num_splits)
@@ -110,12 +115,14 @@ def _decode_body(
     steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
     scale = jnp.asarray(d**-0.5, dtype)
 
-    def pages_of(step):  # page ids of block start + step (clamped: a step past the end is not fetched)
+    def pages_of(step):  # (plane, page) per page of block start + step (clamped; past the end: not fetched)
         first = jnp.minimum(start + step, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
-        return [pt_ref[row, first + i] for i in range(pages_per_block)]
+        entries = [first + i for i in range(pages_per_block)]
+        planes = [plane_ref[row, j] for j in entries] if per_page else [plane] * pages_per_block
+        return list(zip(planes, [pt_ref[row, j] for j in entries], strict=True))
 
     def fetch(pages, slot):  # one TMA copy per page of K and of V into the slot
-        for i, page in enumerate(pages):
+        for i, (plane, page) in enumerate(pages):
             rows = pl.ds(i * s, s)
             plmgpu.copy_gmem_to_smem(k_ref.at[plane, h, page], k_smem.at[slot, rows], ready.at[slot])
             plmgpu.copy_gmem_to_smem(v_ref.at[plane, h, page], v_smem.at[slot, rows], ready.at[slot])
@@ -129,8 +136,8 @@ def _decode_body(
 
     def body(step, carry):
         slot = jax.lax.rem(step, num_stages)
-        # NOTE: the page ids of the block fetched below are read first: their global-load
-        # latency then hides behind this block's math instead of stalling the next copy.
+        # NOTE: the planes and page ids of the block fetched below are read first: their
+        # global-load latency then hides behind this block's math instead of stalling the copy.
         next_pages = pages_of(step + num_stages)
         plmgpu.barrier_wait(ready.at[slot])
         for t in range(block_k // ROWS):
@@ -179,7 +186,7 @@ def paged_attention_mgpu(
     q,  # [N, Hq, D] (decode: N == R, one token per row)
     k_cache,  # [planes, Hkv, P, S, D]
     v_cache,  # [planes, Hkv, P, S, D]
-    plane,  # i32 scalar
+    plane,  # i32 scalar, or [R, M] i32: page_table[r, j] read from plane plane[r, j]
     page_table,  # [R, M] i32
     row_of_token,  # [N] i32
     positions,  # [N] i32
@@ -194,7 +201,6 @@ def paged_attention_mgpu(
     n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
-    require_scalar_plane(plane, "Mosaic GPU decode")
     g = hq // hkv
     interpret = resolve_interpret(interpret)
     problem = shape_problem(g, s, d, q.dtype)
@@ -214,8 +220,12 @@ def paged_attention_mgpu(
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
                          f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
     m_pad = -(-m // pages_per_block) * pages_per_block
-    if m_pad != m:  # NOTE: padded entries (page 0) are read but masked by position.
+    # NOTE: a scalar plane stays a [1, 1] table: no [R, M] fill in XLA, no per-page plane loads.
+    plane_table = jnp.asarray(plane, jnp.int32).reshape(jnp.shape(plane) or (1, 1))
+    if m_pad != m:  # NOTE: padded entries (page 0; plane 0 in a table) are read but masked by position.
         page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
+        if jnp.ndim(plane):
+            plane_table = jnp.pad(plane_table, ((0, 0), (0, m_pad - m)))
     if num_splits is None:
         num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
     part = (num_splits, n, hkv, g)
@@ -238,6 +248,6 @@ def paged_attention_mgpu(
         grid=(n, hkv, num_splits),
         grid_names=("token", "head", "split"),
         interpret=plmgpu.InterpretGPUParams() if interpret else None,
-    )(jnp.asarray(plane, jnp.int32).reshape(1), page_table, row_of_token, positions,
+    )(plane_table, page_table, row_of_token, positions,
       q.reshape(n, hkv, g, d), k_cache, v_cache)
     return combine_splits(acc, m_s, l_s).astype(q.dtype).reshape(n, hq, d)

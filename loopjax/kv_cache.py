@@ -20,8 +20,9 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
   page) writes every plane at each loop (after its step every plane holds its last loop's
   K/V, and at loop l plane l holds loop l's); a decoded token in a decode page writes its
   page's plane at each loop (the last write is its last loop's). A decode step reads each
-  page entry at its own plane (decode pages) or the loop's plane (full pages), through
-  `ref_paged_attention`'s plane table; prefill rows hold only full pages (the engine asserts).
+  page entry at its own plane (decode pages) or the loop's plane (full pages), through a
+  plane table that `ref_paged_attention` and the Mosaic GPU decode kernel read (the Triton
+  one does not); prefill rows hold only full pages (the engine asserts).
 
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
@@ -322,23 +323,22 @@ ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
 
 def check_attention_backend(layout: KVLayout, backend: str) -> None:
     """A one-line error for a layout the chosen attention backend cannot read."""
-    if layout.decode_page_planes and backend in ("pallas", "pallas_mgpu"):
+    if layout.decode_page_planes and backend == "pallas":
         raise ValueError("Ouro kv layout 'shared' reads decode pages through a per-page plane "
-                         "table, which the Pallas decode kernel does not take; use "
-                         "attention_backend 'auto' or 'xla'")
+                         "table, which the Triton Pallas decode kernel does not take; use "
+                         "attention_backend 'auto', 'pallas_mgpu' or 'xla'")
 
 
 def _decode_kernels_that_fit(layout: KVLayout, q, k) -> tuple[str, ...]:
     """The Pallas decode kernels that can read this layout and these shapes, fastest first on
     the H200 (bench/RESULTS.md run 10: Mosaic GPU 82-105% of the copy rate at 32-128 rows,
-    Triton 29-41%). Neither takes a per-page plane table (Ouro 'shared'); the Triton kernel
-    needs power-of-two G and page size."""
-    if layout.decode_page_planes:
-        return ()
+    Triton 29-41%). The Triton kernel needs power-of-two G and page size, and takes no
+    per-page plane table (Ouro 'shared'); the Mosaic one does."""
     mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
     g, page_size = q.shape[1] // k.shape[1], layout.page_size
     fits = () if mgpu.shape_problem(g, page_size, q.shape[-1], layout.dtype) else ("pallas_mgpu",)
-    if g & (g - 1) == 0 and page_size & (page_size - 1) == 0:
+    pow2 = g & (g - 1) == 0 and page_size & (page_size - 1) == 0
+    if pow2 and not layout.decode_page_planes:
         fits += ("pallas",)
     return fits
 

@@ -123,6 +123,7 @@ def test_ouro_shared_layout_sizes_and_description():
     with pytest.raises(ValueError, match="Pallas decode kernel"):
         kv_cache.check_attention_backend(shared, "pallas")
     kv_cache.check_attention_backend(shared, "auto")
+    kv_cache.check_attention_backend(shared, "pallas_mgpu")  # reads the per-page plane table
 
 
 def test_ouro_shared_writes_and_reads_by_page_kind():
@@ -182,7 +183,7 @@ def test_auto_attention_picks_by_phase_device_and_layout(monkeypatch):
 
 def test_decode_kernels_that_fit_follow_layout_and_shapes():
     """Which decode kernels can read a layout: Mosaic needs page_size % 8 and G <= 8, Triton
-    power-of-two G and page size, neither a per-page plane table (Ouro 'shared')."""
+    power-of-two G and page size and no per-page plane table (Ouro 'shared')."""
     cfg = config.preset("ouro-tiny")
     fits = kv_cache._decode_kernels_that_fit
 
@@ -195,4 +196,5 @@ def test_decode_kernels_that_fit_follow_layout_and_shapes():
     assert fits(layout(page_size=24), q, k) == ("pallas_mgpu",)
     assert fits(layout(), jnp.zeros((2, 6, cfg.head_dim)), k) == ("pallas_mgpu",)
     assert fits(layout(), jnp.zeros((2, 32, cfg.head_dim)), k) == ("pallas",)
-    assert fits(layout("shared"), q, k) == ()
+    assert fits(layout("shared"), q, k) == ("pallas_mgpu",)
+    assert fits(layout("shared", page_size=12), q, k) == ()

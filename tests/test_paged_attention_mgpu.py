@@ -1,7 +1,8 @@
 """Mosaic GPU paged decode attention: its CPU interpreter vs ref_paged_attention (fp32 and
 bf16, page and block boundaries, rows of different lengths, split contexts, pipeline slots
-reused, GQA, head_dim 96), bad inputs, and the kernel lowered for CUDA on this CPU host at
-the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering error fails CI)."""
+reused, GQA, head_dim 96, per-page plane tables), bad inputs, the kernel lowered for CUDA on
+this CPU host at the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering
+error fails CI), and the engine backend (per_loop and Ouro 'shared' layouts)."""
 
 from __future__ import annotations
 
@@ -72,6 +73,44 @@ def test_reads_the_given_plane():
     assert not np.allclose(outs[0], outs[1])
 
 
+PLANE_TABLE_CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block
+    (5, 2, 2, 64, 16, 9, F32, 2, 4),  # padded table (9 -> 12), 4 planes in a block, split context
+    (3, 8, 2, 128, 8, 16, BF16, 1, 8),  # GQA 4, 2 blocks of 8-slot pages through one split
+]
+
+
+@pytest.mark.parametrize("case", PLANE_TABLE_CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_plane_table_matches_ref(case):
+    """plane [R, M]: each page read from its own plane (3 planes of different K/V). Rows: random
+    planes per page; one plane then another from a page boundary on (Ouro 'shared': full pages
+    at the loop's plane, decode pages at theirs); and every page at plane 1, which equals the
+    scalar plane 1 exactly and differs from the random table."""
+    n, hq, hkv, d, s, m, dtype, splits, ppb = case
+    rs = np.random.default_rng(n * 10 + d)
+    q, kc, vc, pt, _ = _case(rs, n, hq, hkv, d, s, m, dtype, planes=3)
+    table = rs.integers(0, 3, (n, m))
+    table[1] = np.where(np.arange(m) < 2, 2, 0)  # row 1: pages 0, 1 at plane 2, then plane 0
+    table[2] = 1
+    table = jnp.asarray(table, jnp.int32)
+    # Row 0 every page (past a block boundary), row 1 the first key at plane 0, row 2 a key
+    # inside the last page, rows 3, 4 a page's first key and a random one.
+    pos_of_row = np.array([m * s - 1, 2 * s, m * s - 1 - s // 2, s, rs.integers(0, m * s)])[:n]
+    rows = rs.permutation(n)
+    pos, rows = jnp.asarray(pos_of_row[rows], jnp.int32), jnp.asarray(rows, jnp.int32)
+    fn = jax.jit(functools.partial(paged_attention_mgpu, num_splits=splits, pages_per_block=ppb,
+                                   interpret=True))
+    out = fn(q, kc, vc, table, pt, rows, pos)
+    ref = ref_paged_attention(q, kc, vc, table, pt, rows, pos)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
+                               atol=ATOL[dtype], rtol=0)
+    scalar = fn(q, kc, vc, jnp.int32(1), pt, rows, pos)
+    on_plane_1 = np.asarray(rows) == 2  # tokens reading row 2 (every page at plane 1)
+    np.testing.assert_array_equal(np.asarray(out)[on_plane_1], np.asarray(scalar)[on_plane_1])
+    assert not np.allclose(np.asarray(out, np.float32)[~on_plane_1],
+                           np.asarray(scalar, np.float32)[~on_plane_1])
+
+
 def _bad(match, *args, **kwargs):
     with pytest.raises(ValueError, match=match) as err:
         paged_attention_mgpu(*args, interpret=True, **kwargs)
@@ -86,7 +125,9 @@ def test_bad_inputs_raise():
     _bad("page_table must be int32", q, kc, vc, plane, pt.astype(F32), rows, pos)
     _bad("positions must be", q, kc, vc, plane, pt, rows, pos[:1])
     _bad("dtypes differ", q.astype(F32), kc, vc, plane, pt, rows, pos)
-    _bad("per-page plane", q, kc, vc, jnp.zeros(pt.shape, jnp.int32), pt, rows, pos)
+    _bad("int32 scalar or an int32 \\[2, 4\\] table", q, kc, vc, jnp.zeros((2, 3), jnp.int32), pt,
+         rows, pos)
+    _bad("int32 scalar or", q, kc, vc, jnp.zeros(pt.shape, F32), pt, rows, pos)
     _bad("at most 8 q heads", q.repeat(9, 1), kc, vc, plane, pt, rows, pos)
     _bad("multiple of 64", q, kc, vc, plane, pt, rows, pos, pages_per_block=2)
     _bad("page_size a multiple of 8", q, kc[:, :, :, :4], vc[:, :, :, :4], plane, pt, rows, pos)
@@ -101,11 +142,12 @@ H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 
 MODELS = {"ouro": (16, 16, 128), "huginn": (55, 55, 96), "gqa8": (32, 4, 128)}  # Hq, Hkv, D
 
 
-def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16):
+def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16, plane_table=False):
     max_pages = context // page_size
     pool = jax.ShapeDtypeStruct((4, hkv, rows * max_pages + 8, page_size, d), dtype)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
-    args = (jax.ShapeDtypeStruct((rows, hq, d), dtype), pool, pool, i32(()),
+    plane = i32((rows, max_pages) if plane_table else ())
+    args = (jax.ShapeDtypeStruct((rows, hq, d), dtype), pool, pool, plane,
             i32((rows, max_pages)), i32((rows,)), i32((rows,)))
     with use_abstract_mesh(H200):
         gpu_fn = functools.partial(fn, interpret=False)  # the default on a CPU host is interpret mode
@@ -117,6 +159,13 @@ def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16):
 def test_lowers_for_cuda(model, rows, context):
     """Real decode shapes, default configs (1 row: the context split across programs)."""
     text = _lower_cuda(paged_attention_mgpu, rows, *MODELS[model], context)
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
+
+
+@pytest.mark.parametrize("rows, context", [(32, 1024), (3, 1008)])
+def test_lowers_for_cuda_with_plane_table(rows, context):
+    """Ouro-1.4B decode shapes reading a per-page plane table (1008: a padded table, 63 -> 64)."""
+    text = _lower_cuda(paged_attention_mgpu, rows, *MODELS["ouro"], context, plane_table=True)
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
 
 
@@ -133,7 +182,8 @@ def test_configs_lower_for_cuda(config):
 
 def test_engine_backend_keeps_golden_greedy_tokens():
     """attention_backend='pallas_mgpu' (its decode steps in the CPU interpreter) leaves the
-    tiny Ouro's golden greedy tokens as they are; a layout it cannot read is refused."""
+    tiny Ouro's golden greedy tokens as they are, and with Ouro's 'shared' layout (decode
+    steps reading a per-page plane table) gives the tokens of backend 'xla'."""
     import loopjax
     from loopjax import kv_cache
     from loopjax.engine import Engine, EngineConfig
@@ -144,14 +194,23 @@ def test_engine_backend_keeps_golden_greedy_tokens():
     model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
     assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
     assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
-    engine = Engine(model, EngineConfig(attention_backend="pallas_mgpu", **small))
+    prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
+    prompts["page"] = prompts["p2"][:8]  # its first decoded token opens a decode page
+
+    def greedy(backend, requests, max_tokens, **layout):
+        engine = Engine(model, EngineConfig(attention_backend=backend, **small, **layout))
+        for k in requests:
+            engine.add_request(prompts[k], SamplingParams(temperature=0.0, ignore_eos=True,
+                                                          max_tokens=max_tokens), k)
+        finals = {}
+        while engine.has_unfinished():
+            finals.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
+        return finals
+
+    tokens = greedy("pallas_mgpu", ("p0", "p1"), 12)
     for k in ("p0", "p1"):
-        engine.add_request(ref[f"{k}_input_ids"].tolist(),
-                           SamplingParams(temperature=0.0, ignore_eos=True, max_tokens=12), k)
-    finals = {}
-    while engine.has_unfinished():
-        finals.update((o.request_id, o) for o in engine.step() if o.finished)
-    for k in ("p0", "p1"):
-        assert finals[k].token_ids == ref[f"{k}_greedy_tokens"].tolist()[:12], k
-    with pytest.raises(ValueError, match="per-page plane table"):
-        Engine(model, EngineConfig(attention_backend="pallas_mgpu", kv_layout="shared", **small))
+        assert tokens[k] == ref[f"{k}_greedy_tokens"].tolist()[:12], k
+    # NOTE: 5 tokens (4 decode steps, each seconds in the interpreter) reach a decode page.
+    shared = [greedy(backend, ("p2", "page"), 5, kv_layout="shared", warmup=False)
+              for backend in ("pallas_mgpu", "xla")]
+    assert shared[0] == shared[1]
