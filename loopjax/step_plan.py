@@ -28,12 +28,21 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in buckets if b < limit} | {limit}))
 
 
+# Decode row counts compiled by default (each capped by max_num_rows). NOTE: none below 8: a
+# step of 1-7 rows runs padded to 8, which is not slower on the H200 (bench/RESULTS.md run 1:
+# weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products, 5.09 ms with the
+# streaming kernel; run 2, Ouro-1.4B at 512 tokens: 8 rows 8.86 ms vs 1 row 9.51 ms), and the
+# decode kernels stop at each row's length, so padding rows (length 0) read no KV. Three
+# executables fewer at start-up: in run 10 the 1-, 2- and 4-row ones were the slowest to build.
+DECODE_ROW_BUCKETS = (8, 16, 32, 64, 128)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     page_size: int = 16                   # tokens per KV page
     num_pages: int = 1024                 # pages in the pool
     max_num_rows: int = 64                # admitted requests at once = rows of a decode step
-    decode_row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # capped by max_num_rows
+    decode_row_buckets: tuple[int, ...] = DECODE_ROW_BUCKETS  # capped by max_num_rows
     max_prefill_tokens: int = 2048        # real tokens per prefill step (chunked above it)
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)  # capped likewise
     max_prefill_rows: int = 8             # requests packed into one prefill step
