@@ -331,9 +331,17 @@ class Runner:
 
     def warmup(self, *, loop_counts=(), series=False, adaptive=False, weighted=False,
                threads=None) -> int:
-        """Precompile every decode and prefill bucket for each fused loop count (and max_loops);
+        """Precompile every step of `warmup_steps` (same options); returns the trace count."""
+        self.precompile(self.warmup_steps(loop_counts=loop_counts, series=series, adaptive=adaptive,
+                                          weighted=weighted), threads)
+        self.warm = True
+        return self.compilations
+
+    def warmup_steps(self, *, loop_counts=(), series=False, adaptive=False, weighted=False) -> list:
+        """(batch, kind) of every executable warm-up builds, one per executable, nothing
+        compiled: every decode and prefill bucket for each fused loop count (and max_loops);
         series: the one-loop decode kinds instead of the fused ones; adaptive, weighted (Ouro's
-        weighted exit): those kinds too."""
+        weighted exit): those kinds too. Sets the fused loop counts `dispatch` picks from."""
         todo = []  # (batch, kind)
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
         fused_kinds = [fused(n, a, self.unroll, w) for n in loop_counts for a in {False, adaptive}
@@ -351,9 +359,7 @@ class Runner:
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
                 todo.append((b, kind))
-        self.precompile(todo, threads)
-        self.warm = True
-        return self.compilations
+        return todo
 
     def precompile(self, steps, threads: int | None = None) -> None:
         """Ahead-of-time executables for (batch, kind) pairs: traces in turn, XLA compiles in

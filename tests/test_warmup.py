@@ -1,0 +1,62 @@
+"""Start-up cost guards, no accelerator and no XLA compile: the default engine's warm-up builds
+no more executables than the 8-row bucket floor gives (counted, not compiled), and a decode
+step lowered for CUDA (abstract weights, an abstract H200) holds one Mosaic GPU kernel per
+distinct KV shape, however many layers call it (a kernel per call site made XLA compile the
+same kernel once per layer at start-up); the probe's --lower-only mode end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loopjax import config as config_lib
+from loopjax.bench import warmup_probe
+from loopjax.engine import EngineConfig
+
+# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 8, 16, 32 and the six
+# prefill token buckets up to max_prefill_tokens 512. Raise only on purpose: each one is
+# another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
+DEFAULT_EXECUTABLES = 9
+
+
+@pytest.mark.parametrize("preset", ["ouro-1.4b", "huginn-0125"])
+def test_default_warmup_executable_count(preset):
+    engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(verbose=False))
+    steps = engine.runner.warmup_steps(**engine.warmup_options)
+    decode_rows = sorted({b.page_table.shape[0] for b, _ in steps if b.token_ids.shape[0] == b.page_table.shape[0]})
+    assert decode_rows == [8, 16, 32]  # nothing below 8 rows: a 1-row step runs padded to 8
+    assert len(steps) <= DEFAULT_EXECUTABLES, f"{len(steps)} warm-up executables by default"
+
+
+SMALL = dict(max_num_rows=8, decode_row_buckets=(8,), max_prefill_tokens=16,
+             prefill_token_buckets=(16,), max_context_len=256, num_pages=64, verbose=False,
+             attention_backend="pallas_mgpu")
+
+
+@pytest.mark.parametrize("preset, kernels", [("ouro-1.4b", 1),  # 24 layers, one KV shape
+                                             ("huginn-0125", 2)])  # 1-plane prelude/coda, 32-plane core
+def test_decode_step_shares_one_mosaic_kernel_per_kv_shape(preset, kernels):
+    with warmup_probe.cuda_target():
+        engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(**SMALL))
+        records = warmup_probe.lower_warmup(engine)
+    decode = [r for r in records if r["label"].startswith("decode")]
+    assert [r["label"] for r in decode] == [f"decode rows=8 width=16 loops={engine.max_loops}"]
+    assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == kernels
+    assert all(r["mosaic_calls"] == 0 for r in records if r not in decode)  # prefill: Triton
+
+
+def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
+    out = tmp_path / "probe.json"
+    assert warmup_probe.main(["ouro-tiny", "--lower-only", "--max-num-rows", "8",
+                              "--max-context-len", "64", "--out", str(out)]) == 0
+    results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
+    labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
+    decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
+    assert decode("default") == ["decode rows=8 width=4 loops=4"]
+    assert decode("old-buckets") == [f"decode rows={r} width=4 loops=4" for r in (1, 2, 4, 8)]
+    assert len(labels["default"]) == len(labels["old-buckets"]) - 3  # the same prefill buckets
+    assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
+    text = capsys.readouterr().out
+    assert "default: 7 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
+    assert "(1 mgpu)" in text
