@@ -14,6 +14,12 @@ process (no JAX or Mosaic cache carried from one to the other): the Engine is bu
 --decode-tokens tokens and its time per output token is the check that padding a 1-row step
 to the smallest bucket costs nothing.
 
+Options: --settings, --max-num-rows, --max-context-len, --kv-memory-bytes, --prompt-len,
+--decode-tokens, --engine-arg KEY=VALUE (any EngineConfig field, every setting; the setting's
+own buckets win), --out JSON. A long request (e.g. --max-context-len 4096 --prompt-len 3500)
+shows what a 1-row step pays in the 8-row bucket: the decode kernels split each row's context
+over fewer programs when the bucket has more rows.
+
 --lower-only needs no accelerator: the engine is built over abstract weights and pool
 (`jax.ShapeDtypeStruct`, nothing allocated) as the GPU would build it (attention and matmul
 'auto' resolved for a GPU, kernels not interpreted) and each warm-up executable is lowered
@@ -36,11 +42,13 @@ SETTINGS = {"default": {}, "old-buckets": {"decode_row_buckets": (1, 2, 4, 8, 16
 RESULT_TAG = "WARMUP_PROBE_RESULT "  # the line a per-setting child prints its JSON on
 
 
-def engine_config(setting: str, args, **extra):
+def engine_config(setting: str, args):
+    """The setting's EngineConfig: the probe's options, then --engine-arg, then the setting."""
     from loopjax.engine import EngineConfig
-    return EngineConfig(max_num_rows=args.max_num_rows, max_context_len=args.max_context_len,
-                        kv_memory_bytes=args.kv_memory_bytes, verbose=False,
-                        **SETTINGS[setting], **extra)
+    from loopjax.engine_args import engine_config_kwargs
+    options = dict(max_num_rows=args.max_num_rows, max_context_len=args.max_context_len,
+                   kv_memory_bytes=args.kv_memory_bytes, verbose=False)
+    return EngineConfig(**{**options, **engine_config_kwargs(args), **SETTINGS[setting]})
 
 
 @contextlib.contextmanager
@@ -116,6 +124,7 @@ def run_on_device(setting: str, args) -> dict:
     warmup_s = time.perf_counter() - start
     records = [{"label": t.label, "lower_s": t.lower_s, "compile_s": t.compile_s}
                for t in engine.runner.compile_times]
+    built = engine.runner.compilations
     prompt = np.random.default_rng(0).integers(3, model.cfg.vocab_size, args.prompt_len).tolist()
     engine.add_request(prompt, SamplingParams(max_tokens=args.decode_tokens, temperature=0.0,
                                               ignore_eos=True), "probe")
@@ -125,7 +134,7 @@ def run_on_device(setting: str, args) -> dict:
             stamps.append(time.perf_counter())
     tpot_ms = 1e3 * (stamps[-1] - stamps[1]) / max(1, len(stamps) - 2)  # after the first decode
     return {"setting": setting, "warmup_s": warmup_s, "executables": records,
-            "compilations_after": engine.runner.compilations, "one_request_tpot_ms": tpot_ms,
+            "compiles_in_request": engine.runner.compilations - built, "one_request_tpot_ms": tpot_ms,
             "decode_rows": list(engine.runner.buckets.decode_rows)}
 
 
@@ -157,7 +166,7 @@ def table(results: list[dict]) -> str:
                 f"{len(ex)} executables, lowering {sum(e['lower_s'] for e in ex):.1f} s"
                 + (f", compiles {sum(e['compile_s'] for e in ex):.1f} s summed over threads, "
                    f"warm-up wall {r['warmup_s']:.1f} s, decode rows {r['decode_rows']}, one request "
-                   f"{r['one_request_tpot_ms']:.2f} ms/token, {r['compilations_after']} compilations"
+                   f"{r['one_request_tpot_ms']:.2f} ms/token ({r['compiles_in_request']} compiles in it)"
                    if "warmup_s" in r else "")))
         summary.append(line)
     width = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -174,16 +183,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-memory-bytes", type=int, default=None)
     parser.add_argument("--prompt-len", type=int, default=512, help="the timed request's prompt")
     parser.add_argument("--decode-tokens", type=int, default=64, help="the timed request's output")
+    parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other EngineConfig field, for every setting (repeatable)")
     parser.add_argument("--lower-only", action="store_true",
                         help="no accelerator: lower each executable for CUDA, abstract weights")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child's setting
     parser.add_argument("--out", default=None, help="write the results as JSON here")
 
 
+PARSER = argparse.ArgumentParser(prog="python -m loopjax.bench.warmup_probe", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+add_arguments(PARSER)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m loopjax.bench.warmup_probe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
+    parser = PARSER
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
     run = run_lower_only if args.lower_only else run_on_device

@@ -24,7 +24,8 @@ DEFAULT_EXECUTABLES = 9
 def test_default_warmup_executable_count(preset):
     engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(verbose=False))
     steps = engine.runner.warmup_steps(**engine.warmup_options)
-    decode_rows = sorted({b.page_table.shape[0] for b, _ in steps if b.token_ids.shape[0] == b.page_table.shape[0]})
+    rows_tokens = [(b.page_table.shape[0], b.token_ids.shape[0]) for b, _ in steps]
+    decode_rows = sorted({r for r, n in rows_tokens if r == n})  # decode: one token per row
     assert decode_rows == [8, 16, 32]  # nothing below 8 rows: a 1-row step runs padded to 8
     assert len(steps) <= DEFAULT_EXECUTABLES, f"{len(steps)} warm-up executables by default"
 
@@ -60,3 +61,19 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "default: 7 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
     assert "(1 mgpu)" in text
+
+
+def test_probe_device_path_runs_on_cpu():
+    """The path the H200 runs (build the engine, time its warm-up, one request), in-process on
+    the CPU at tiny shapes: every executable listed, the request decoded without a compile."""
+    args = warmup_probe.PARSER.parse_args([
+        "ouro-tiny", "--max-num-rows", "8", "--max-context-len", "64", "--prompt-len", "8",
+        "--decode-tokens", "5", "--engine-arg", "max_prefill_tokens=16",
+        "--engine-arg", "prefill_token_buckets=[16]"])
+    result = warmup_probe.run_on_device("default", args)
+    assert [e["label"] for e in result["executables"]] == [
+        "decode rows=8 width=4 loops=4", "prefill rows=4 tokens=16 width=4 loops=4"]
+    assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
+    assert result["warmup_s"] > 0 and result["decode_rows"] == [8]
+    assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
+    assert "default: 2 executables" in warmup_probe.table([result])
