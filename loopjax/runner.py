@@ -362,14 +362,23 @@ class Runner:
         return todo
 
     def precompile(self, steps, threads: int | None = None) -> None:
-        """Ahead-of-time executables for (batch, kind) pairs: traces in turn, XLA compiles in
-        parallel threads (`threads`, default the CPU count), each timed (`compile_times`)."""
-        todo = {}  # key -> (jax Lowered, CompileTime so far)
+        """Ahead-of-time executables for (batch, kind) pairs: traced and lowered in turn, each
+        XLA compile started in a worker thread (`threads`, default the CPU count) as soon as its
+        step is lowered, so lowering overlaps compiling; each timed (`compile_times`)."""
+        todo = {}  # key -> (batch, kind), new shapes only
         for batch, kind in steps:
             key = self._key(batch, kind)
-            if key not in self._compiled and key not in todo:
-                todo[key] = self._lower(batch, kind)
-        built = compile_lowered([lowered for lowered, _ in todo.values()], threads or os.cpu_count() or 1)
-        for (key, (_, record)), (executable, seconds, hit) in zip(todo.items(), built):
+            if key not in self._compiled:
+                todo.setdefault(key, (batch, kind))
+        records = []  # CompileTime so far, in todo's order
+
+        def lowered_steps():
+            for batch, kind in todo.values():
+                lowered, record = self._lower(batch, kind)
+                records.append(record)
+                yield lowered
+
+        built = compile_lowered(lowered_steps(), threads or os.cpu_count() or 1)
+        for key, record, (executable, seconds, hit) in zip(todo, records, built, strict=True):
             self._compiled[key] = executable
             self.compile_times.append(dataclasses.replace(record, compile_s=seconds, cache_hit=hit))
