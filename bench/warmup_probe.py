@@ -24,7 +24,8 @@ over fewer programs when the bucket has more rows.
 (`jax.ShapeDtypeStruct`, nothing allocated) as the GPU would build it (attention and matmul
 'auto' resolved for a GPU, kernels not interpreted) and each warm-up executable is lowered
 for CUDA against an abstract H200, with the number of Mosaic GPU kernels in it (custom calls,
-distinct kernel hashes: XLA compiles one Mosaic kernel per distinct hash, one at a time).
+distinct kernel hashes: XLA compiles one Mosaic kernel per distinct hash, one at a time) and
+of Triton-lowered calls.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import re
 import subprocess
 import sys
 import time
+from collections import Counter
 from unittest import mock
 
 SETTINGS = {"default": {}, "old-buckets": {"decode_row_buckets": (1, 2, 4, 8, 16, 32, 64, 128)}}
@@ -87,6 +89,13 @@ def mosaic_kernels(stablehlo: str) -> tuple[int, int]:
     return stablehlo.count("custom_call @mosaic_gpu"), len(set(hashes))
 
 
+def triton_calls(stablehlo: str) -> dict[str, int]:
+    """Triton-lowered Pallas custom calls in a lowered module's text, by kernel name."""
+    calls = [line for line in stablehlo.splitlines() if "custom_call @__gpu$xla.gpu.triton" in line]
+    names = [re.search(r'name = "([^"]*)"', line) for line in calls]
+    return dict(Counter(m.group(1) if m else "?" for m in names))
+
+
 def lower_warmup(engine) -> list[dict]:
     """Each warm-up executable of `engine` (an abstract_engine) lowered for CUDA: its label,
     lowering seconds (trace included) and Mosaic kernels. Call inside `cuda_target()`."""
@@ -97,9 +106,11 @@ def lower_warmup(engine) -> list[dict]:
         lowered = runner._step.trace(runner.params, runner.state, batch, kind).lower(
             lowering_platforms=("cuda",))
         seconds = time.perf_counter() - start
-        calls, distinct = mosaic_kernels(lowered.as_text())
+        text = lowered.as_text()
+        calls, distinct = mosaic_kernels(text)
         records.append({"label": CompileTime.of(batch, kind, seconds).label, "lower_s": seconds,
-                        "mosaic_calls": calls, "mosaic_kernels": distinct})
+                        "mosaic_calls": calls, "mosaic_kernels": distinct,
+                        "triton_calls": triton_calls(text)})
     return records
 
 

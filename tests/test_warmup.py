@@ -2,7 +2,8 @@
 no more executables than the 8-row bucket floor gives (counted, not compiled), and a decode
 step lowered for CUDA (abstract weights, an abstract H200) holds one Mosaic GPU kernel per
 distinct KV shape, however many layers call it (a kernel per call site made XLA compile the
-same kernel once per layer at start-up); the probe's --lower-only mode end to end."""
+same kernel once per layer at start-up), a prefill step one Triton attention call per KV
+shape; the probe in both modes end to end."""
 
 from __future__ import annotations
 
@@ -37,14 +38,17 @@ SMALL = dict(max_num_rows=8, decode_row_buckets=(8,), max_prefill_tokens=16,
 
 @pytest.mark.parametrize("preset, kernels", [("ouro-1.4b", 1),  # 24 layers, one KV shape
                                              ("huginn-0125", 2)])  # 1-plane prelude/coda, 32-plane core
-def test_decode_step_shares_one_mosaic_kernel_per_kv_shape(preset, kernels):
+def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels):
+    """Decode: the Mosaic GPU kernel; prefill: the Triton flash kernel (16 tokens: XLA products)."""
     with warmup_probe.cuda_target():
         engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(**SMALL))
         records = warmup_probe.lower_warmup(engine)
     decode = [r for r in records if r["label"].startswith("decode")]
     assert [r["label"] for r in decode] == [f"decode rows=8 width=16 loops={engine.max_loops}"]
     assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == kernels
-    assert all(r["mosaic_calls"] == 0 for r in records if r not in decode)  # prefill: Triton
+    prefill = [r for r in records if r not in decode]
+    assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
+    assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
 
 
 def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
