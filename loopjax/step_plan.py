@@ -31,9 +31,10 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
 # Decode row counts compiled by default (each capped by max_num_rows). NOTE: none below 8: a
 # step of 1-7 rows runs padded to 8, which is not slower on the H200 (bench/RESULTS.md run 1:
 # weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products, 5.09 ms with the
-# streaming kernel; run 2, Ouro-1.4B at 512 tokens: 8 rows 8.86 ms vs 1 row 9.51 ms), and the
-# decode kernels stop at each row's length, so padding rows (length 0) read no KV. Three
-# executables fewer at start-up: in run 10 the 1-, 2- and 4-row ones were the slowest to build.
+# streaming kernel; run 2, Ouro-1.4B decode at 512 tokens: 8 real rows 8.86 ms with XLA
+# products vs 1 row 9.51 ms with the streaming kernel). The Pallas decode kernels stop at each
+# row's length: a padding token (position 0) reads a single block.
+# Three executables fewer at start-up (run 10: the 1-, 2- and 4-row ones were the slowest).
 DECODE_ROW_BUCKETS = (8, 16, 32, 64, 128)
 
 
