@@ -32,20 +32,23 @@ def test_default_warmup_executable_count(preset):
 
 
 SMALL = dict(max_num_rows=8, decode_row_buckets=(8,), max_prefill_tokens=16,
-             prefill_token_buckets=(16,), max_context_len=256, num_pages=64, verbose=False,
-             attention_backend="pallas_mgpu")
+             prefill_token_buckets=(16,), max_context_len=256, num_pages=64, verbose=False)
 
 
+@pytest.mark.parametrize("backend", ["pallas_mgpu", "pallas"])
 @pytest.mark.parametrize("preset, kernels", [("ouro-1.4b", 1),  # 24 layers, one KV shape
                                              ("huginn-0125", 2)])  # 1-plane prelude/coda, 32-plane core
-def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels):
-    """Decode: the Mosaic GPU kernel; prefill: the Triton flash kernel (16 tokens: XLA products)."""
+def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend):
+    """Decode: the Mosaic GPU or the Triton decode kernel; prefill: the Triton flash kernel."""
+    config = EngineConfig(**SMALL, attention_backend=backend)
     with warmup_probe.cuda_target():
-        engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(**SMALL))
+        engine = warmup_probe.abstract_engine(config_lib.preset(preset), config)
         records = warmup_probe.lower_warmup(engine)
     decode = [r for r in records if r["label"].startswith("decode")]
     assert [r["label"] for r in decode] == [f"decode rows=8 width=16 loops={engine.max_loops}"]
-    assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == kernels
+    mosaic = kernels if backend == "pallas_mgpu" else 0
+    assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == mosaic
+    assert decode[0]["triton_calls"].get("loopjax_paged_decode", 0) == kernels - mosaic
     prefill = [r for r in records if r not in decode]
     assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
     assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
