@@ -1,24 +1,20 @@
 """Start-up (warm-up) time per executable, the default decode buckets against the old ones:
 `python -m loopjax.bench.warmup_probe`.
 
-    python -m loopjax.bench.warmup_probe ouro-1.4b                 # on the GPU: one line a setting
+    python -m loopjax.bench.warmup_probe ouro-1.4b                 # on the GPU: a table of both
     python -m loopjax.bench.warmup_probe huginn-0125 --max-num-rows 32
     python -m loopjax.bench.warmup_probe ouro-1.4b --lower-only    # any host: lowering for CUDA only
 
 Settings: `default` (EngineConfig's decode_row_buckets) and `old-buckets` (1, 2, 4, ..., 128,
 the default before the 8-row floor), over the same engine options (--max-num-rows 128,
---max-context-len 1024: run 10's burst engine). On the device each setting runs in its own
-process (no JAX or Mosaic cache carried from one to the other): the Engine is built and timed
-(the warm-up wall time), every executable's lowering and XLA compile seconds
-(`Runner.compile_times`) are listed, then one request of --prompt-len tokens decodes
---decode-tokens tokens and its time per output token is the check that padding a 1-row step
-to the smallest bucket costs nothing.
-
-Options: --settings, --max-num-rows, --max-context-len, --kv-memory-bytes, --prompt-len,
---decode-tokens, --engine-arg KEY=VALUE (any EngineConfig field, every setting; the setting's
-own buckets win), --out JSON. A long request (e.g. --max-context-len 4096 --prompt-len 3500)
-shows what a 1-row step pays in the 8-row bucket: the decode kernels split each row's context
-over fewer programs when the bucket has more rows.
+--max-context-len 1024: run 10's burst engine; --engine-arg KEY=VALUE sets any other
+EngineConfig field for both). On the device each setting runs in its own process (no JAX or
+Mosaic cache carried from one to the other): the Engine is built and timed (the warm-up wall
+time), every executable's lowering and XLA compile seconds (`Runner.compile_times`) are
+listed, then one request of --prompt-len tokens decodes --decode-tokens tokens: its time per
+output token checks that a 1-row step padded to the smallest bucket costs nothing. A long
+request (--max-context-len 4096 --prompt-len 3500) is the hard case: the decode kernels split
+each row's context over fewer programs when the bucket has more rows.
 
 --lower-only needs no accelerator: the engine is built over abstract weights and pool
 (`jax.ShapeDtypeStruct`, nothing allocated) as the GPU would build it (attention and matmul
@@ -211,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = PARSER
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_args(argv)
+    if args.decode_tokens < 3:
+        parser.error("--decode-tokens must be at least 3 (the time per token skips the first decode)")
     run = run_lower_only if args.lower_only else run_on_device
     if args.one:
         print(RESULT_TAG + json.dumps(run(args.one, args)), flush=True)
