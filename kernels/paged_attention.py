@@ -293,11 +293,28 @@ def paged_attention(
         pages_per_block = 1 << (pages_per_block.bit_length() - 1)
     if not is_pow2(pages_per_block):
         raise ValueError(f"pages_per_block must be a power of two, got {pages_per_block}")
+    if num_splits is None:
+        num_splits = default_num_splits(n, hkv, -(-m // pages_per_block))
+    return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32).reshape(1), page_table,
+                        row_of_token, positions, pages_per_block=pages_per_block,
+                        num_splits=num_splits, num_warps=num_warps, num_stages=num_stages,
+                        interpret=interpret)
+
+
+# NOTE: jitted with every choice static, so the layers of a step (one call site each, all of
+# one shape) share one lowering of the kernel instead of one per layer.
+@functools.partial(jax.jit, static_argnames=("pages_per_block", "num_splits", "num_warps",
+                                             "num_stages", "interpret"))
+def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
+                 pages_per_block: int, num_splits: int, num_warps: int, num_stages: int,
+                 interpret: bool):
+    """The kernel and its split combine, for inputs `paged_attention` checked; plane [1]."""
+    n, hq, d = q.shape
+    hkv, m = k_cache.shape[1], page_table.shape[1]
+    g = hq // hkv
     m_pad = -(-m // pages_per_block) * pages_per_block
     if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).
         page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
-    if num_splits is None:
-        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
     kernel = functools.partial(_decode_kernel, pages_per_block=pages_per_block, num_splits=num_splits)
     if num_splits == 1:
         out_shape = [jax.ShapeDtypeStruct((n, hkv, g, d), q.dtype)]
@@ -316,15 +333,7 @@ def paged_attention(
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages),
         interpret=interpret,
         name="loopjax_paged_decode",
-    )(
-        jnp.asarray(plane, jnp.int32).reshape(1),
-        page_table,
-        row_of_token,
-        positions,
-        q.reshape(n, hkv, g, d),
-        k_cache,
-        v_cache,
-    )
+    )(plane, page_table, row_of_token, positions, q.reshape(n, hkv, g, d), k_cache, v_cache)
     if num_splits == 1:
         return outs[0].reshape(n, hq, d)
     return combine_splits(*outs).astype(q.dtype).reshape(n, hq, d)

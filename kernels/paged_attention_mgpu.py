@@ -219,6 +219,29 @@ def paged_attention_mgpu(
     if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
                          f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
+    if num_splits is None:
+        m_pad = -(-m // pages_per_block) * pages_per_block
+        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
+    return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32), page_table,
+                        row_of_token, positions, pages_per_block=pages_per_block,
+                        num_splits=num_splits, num_stages=num_stages, interpret=interpret)
+
+
+# NOTE: jitted with every choice static, so that the call sites of one step (a layer each,
+# all of one shape) share ONE lowering: JAX lowers a jitted function once per module and
+# calls it from each site. Unshared, each site ran the Mosaic GPU lowering (~0.3 s on a CPU)
+# and got its own kernel hash (Mosaic numbers every module it lowers), so XLA compiled the
+# kernel once per site at start-up, one compile at a time (jaxlib's Mosaic GPU kernel cache
+# compiles under a process-wide lock).
+@functools.partial(jax.jit, static_argnames=("pages_per_block", "num_splits", "num_stages", "interpret"))
+def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
+                 pages_per_block: int, num_splits: int, num_stages: int, interpret: bool):
+    """The kernel and its split combine, for inputs `paged_attention_mgpu` checked; plane: an
+    i32 scalar or [R, M] table."""
+    n, hq, d = q.shape
+    hkv, s, m = k_cache.shape[1], k_cache.shape[3], page_table.shape[1]
+    g, itemsize = hq // hkv, jnp.dtype(q.dtype).itemsize
+    block_k = pages_per_block * s
     m_pad = -(-m // pages_per_block) * pages_per_block
     # NOTE: a scalar plane stays a [1, 1] table: no [R, M] fill in XLA, no per-page plane loads.
     plane_table = jnp.asarray(plane, jnp.int32).reshape(jnp.shape(plane) or (1, 1))
@@ -226,11 +249,9 @@ def paged_attention_mgpu(
         page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
         if jnp.ndim(plane):
             plane_table = jnp.pad(plane_table, ((0, 0), (0, m_pad - m)))
-    if num_splits is None:
-        num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
     part = (num_splits, n, hkv, g)
     body = functools.partial(_decode_body, pages_per_block=pages_per_block,
-                                 num_splits=num_splits, num_stages=num_stages)
+                             num_splits=num_splits, num_stages=num_stages)
     swizzle = plmgpu.find_swizzle(d * itemsize * 8)
     # NOTE: swizzled slots: the WGMMA-layout register loads then avoid bank conflicts.
     transforms = (plmgpu.TilingTransform((8, swizzle // itemsize)),

@@ -132,7 +132,7 @@ def prefill_attention(
 ):
     """Pallas prefill attention (module docstring); the query-block table is computed
     on device from row_of_token, so the call stays one jitted step."""
-    n, hq, d, _, hkv, _, s, r, m = check_paged_inputs(
+    _, _, d, _, _, _, s, _, _ = check_paged_inputs(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
     require_scalar_plane(plane, "prefill")
@@ -140,7 +140,21 @@ def prefill_attention(
         raise ValueError(f"page_size {s}, block_q {block_q}, block_k {block_k}: powers of two, block_k >= S")
     if min(block_q, block_k) < 16 or min(sz for _, sz in pow2_chunks(d)) < 16:
         raise ValueError(f"tensor-core dots need block_q, block_k >= 16 and head_dim chunks >= 16 (D={d})")
-    interpret = resolve_interpret(interpret)
+    return _prefill_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32).reshape(1), page_table,
+                         row_of_token, positions, block_q=block_q, block_k=block_k,
+                         num_warps=num_warps, num_stages=num_stages,
+                         interpret=resolve_interpret(interpret))
+
+
+# NOTE: jitted with every choice static, so the layers of a prefill step (one call site each,
+# all of one shape) share one lowering of the kernel instead of one per layer (as
+# paged_attention_mgpu's `_decode_call`).
+@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "num_warps", "num_stages", "interpret"))
+def _prefill_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *, block_q: int,
+                  block_k: int, num_warps: int, num_stages: int, interpret: bool):
+    """The kernel, for inputs `prefill_attention` checked; plane [1]."""
+    n, hq, d = q.shape
+    hkv, s, m, r = k_cache.shape[1], k_cache.shape[3], page_table.shape[1], page_table.shape[0]
     pages_per_block = block_k // s
     m_pad = -(-m // pages_per_block) * pages_per_block
     if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).
@@ -154,15 +168,5 @@ def prefill_attention(
         compiler_params=compiler_params(num_warps, num_stages),
         interpret=interpret,
         name="loopjax_paged_prefill",
-    )(
-        starts,
-        ends,
-        jnp.asarray(plane, jnp.int32).reshape(1),
-        page_table,
-        row_of_token,
-        positions,
-        q.reshape(n, hq * d),
-        k_cache,
-        v_cache,
-    )
+    )(starts, ends, plane, page_table, row_of_token, positions, q.reshape(n, hq * d), k_cache, v_cache)
     return out.reshape(n, hq, d)

@@ -1,11 +1,12 @@
 """Building the runner's executables: parallel XLA compiles, their times, the persistent cache.
 
 The runner traces and lowers its steps one at a time in its own thread (a trace bumps its
-counters and may raise its compile guard); `compile_lowered` then compiles them in worker
-threads and times each in its thread. `CompileTime` records one executable: its shapes and
-kind, the lowering and compile seconds, and whether JAX's persistent compilation cache
-(`use_compilation_cache`, EngineConfig.compilation_cache_dir) supplied it instead; the cache
-is seen through its jax.monitoring hit event, recorded by the thread that loads the entry.
+counters and may raise its compile guard); `compile_lowered` compiles each in a worker
+thread as soon as it is lowered, while the next ones lower, and times each in its thread.
+`CompileTime` records one executable: its shapes and kind, the lowering and compile
+seconds, and whether JAX's persistent compilation cache (`use_compilation_cache`,
+EngineConfig.compilation_cache_dir) supplied it instead; the cache is seen through its
+jax.monitoring hit event, recorded by the thread that loads the entry.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,9 +63,11 @@ def compile_totals(times: list[CompileTime]) -> dict:
             "compile_cache_hits": sum(t.cache_hit for t in times)}
 
 
-def compile_lowered(lowered: list, threads: int) -> list[tuple[object, float, bool]]:
+def compile_lowered(lowered: Iterable, threads: int) -> list[tuple[object, float, bool]]:
     """(executable, compile seconds, cache hit) of each jax Lowered, compiled in up to
-    `threads` worker threads, each timed in its own thread."""
+    `threads` worker threads, each timed in its own thread. Each compile starts as soon as
+    `lowered` yields its step: a generator that lowers one step at a time overlaps the
+    lowering of the next steps (the calling thread, holding the GIL) with XLA's compiles."""
     hits = threading.local()  # persistent-cache loads recorded by this thread's current compile
 
     def on_event(event, **_):
@@ -77,7 +81,7 @@ def compile_lowered(lowered: list, threads: int) -> list[tuple[object, float, bo
 
     jax.monitoring.register_event_listener(on_event)
     try:
-        with ThreadPoolExecutor(max(1, min(len(lowered), threads))) as pool:
+        with ThreadPoolExecutor(max(1, threads)) as pool:  # map submits each step as it comes
             return list(pool.map(compile_one, lowered))
     finally:
         jax.monitoring.unregister_event_listener(on_event)

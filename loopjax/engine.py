@@ -38,6 +38,7 @@ from loopjax.runner import PendingStep, Runner
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
+from loopjax.step_plan import DECODE_ROW_BUCKETS
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class EngineConfig:
     num_pages: int | None = None          # KV pool pages; None: from kv_memory_bytes
     kv_memory_bytes: int | None = None    # pool budget; both None: max_num_rows full contexts
     max_num_rows: int = 32                # rows of a decode step (running requests)
-    decode_row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)
+    decode_row_buckets: tuple[int, ...] = DECODE_ROW_BUCKETS  # step_plan.py: why none below 8
     max_prefill_tokens: int = 512         # packed prompt tokens per prefill step (chunked above)
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     max_prefill_rows: int = 4             # prompts packed into one prefill step
@@ -130,11 +131,12 @@ class Engine:
                                                       for c in config.decode_context_buckets),
                              ops=matmul_ops(config.matmul), unroll=config.loop_unroll,
                              compilation_cache_dir=config.compilation_cache_dir)
+        # Runner.warmup / warmup_steps options: the executables this config compiles at start-up
+        self.warmup_options = dict(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
+                                   series=not config.fused_decode, adaptive=config.adaptive_exit,
+                                   weighted=config.enable_weighted_exit)
         if config.warmup:
-            self.runner.warmup(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
-                               series=not config.fused_decode, adaptive=config.adaptive_exit,
-                               weighted=config.enable_weighted_exit,
-                               threads=config.compile_threads)
+            self.runner.warmup(**self.warmup_options, threads=config.compile_threads)
         self._extra: dict[str, _Extra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))

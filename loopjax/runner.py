@@ -331,9 +331,17 @@ class Runner:
 
     def warmup(self, *, loop_counts=(), series=False, adaptive=False, weighted=False,
                threads=None) -> int:
-        """Precompile every decode and prefill bucket for each fused loop count (and max_loops);
+        """Precompile every step of `warmup_steps` (same options); returns the trace count."""
+        self.precompile(self.warmup_steps(loop_counts=loop_counts, series=series, adaptive=adaptive,
+                                          weighted=weighted), threads)
+        self.warm = True
+        return self.compilations
+
+    def warmup_steps(self, *, loop_counts=(), series=False, adaptive=False, weighted=False) -> list:
+        """(batch, kind) of every executable warm-up builds, one per executable, nothing
+        compiled: every decode and prefill bucket for each fused loop count (and max_loops);
         series: the one-loop decode kinds instead of the fused ones; adaptive, weighted (Ouro's
-        weighted exit): those kinds too."""
+        weighted exit): those kinds too. Sets the fused loop counts `dispatch` picks from."""
         todo = []  # (batch, kind)
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
         fused_kinds = [fused(n, a, self.unroll, w) for n in loop_counts for a in {False, adaptive}
@@ -351,19 +359,26 @@ class Runner:
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
                 todo.append((b, kind))
-        self.precompile(todo, threads)
-        self.warm = True
-        return self.compilations
+        return todo
 
     def precompile(self, steps, threads: int | None = None) -> None:
-        """Ahead-of-time executables for (batch, kind) pairs: traces in turn, XLA compiles in
-        parallel threads (`threads`, default the CPU count), each timed (`compile_times`)."""
-        todo = {}  # key -> (jax Lowered, CompileTime so far)
+        """Ahead-of-time executables for (batch, kind) pairs: traced and lowered in turn, each
+        XLA compile started in a worker thread (`threads`, default the CPU count) as soon as its
+        step is lowered, so lowering overlaps compiling; each timed (`compile_times`)."""
+        todo = {}  # key -> (batch, kind), new shapes only
         for batch, kind in steps:
             key = self._key(batch, kind)
-            if key not in self._compiled and key not in todo:
-                todo[key] = self._lower(batch, kind)
-        built = compile_lowered([lowered for lowered, _ in todo.values()], threads or os.cpu_count() or 1)
-        for (key, (_, record)), (executable, seconds, hit) in zip(todo.items(), built):
+            if key not in self._compiled:
+                todo.setdefault(key, (batch, kind))
+        records = []  # CompileTime so far, in todo's order
+
+        def lowered_steps():
+            for batch, kind in todo.values():
+                lowered, record = self._lower(batch, kind)
+                records.append(record)
+                yield lowered
+
+        built = compile_lowered(lowered_steps(), threads or os.cpu_count() or 1)
+        for key, record, (executable, seconds, hit) in zip(todo, records, built, strict=True):
             self._compiled[key] = executable
             self.compile_times.append(dataclasses.replace(record, compile_s=seconds, cache_hit=hit))

@@ -28,12 +28,21 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in buckets if b < limit} | {limit}))
 
 
+# Default decode row buckets. 2-7 rows run padded to 8, which is not slower on the H200 (run 1:
+# weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products; the Pallas decode
+# kernels stop at each row's length, so a padding token reads a single block). 1 row keeps its
+# own bucket: that is where `matmul='auto'` streams the weights (run 2, Huginn-0125 1 row: 34.9 ms
+# vs 51.2 ms with XLA products, 43.9 ms at 8 rows), i.e. single-request latency. Two executables
+# fewer at start-up than 1, 2, 4, 8, ... (run 10: the 1-, 2- and 4-row ones were the slowest).
+DECODE_ROW_BUCKETS = (1, 8, 16, 32, 64, 128)
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     page_size: int = 16                   # tokens per KV page
     num_pages: int = 1024                 # pages in the pool
     max_num_rows: int = 64                # admitted requests at once = rows of a decode step
-    decode_row_buckets: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128)  # capped by max_num_rows
+    decode_row_buckets: tuple[int, ...] = DECODE_ROW_BUCKETS  # capped by max_num_rows
     max_prefill_tokens: int = 2048        # real tokens per prefill step (chunked above it)
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)  # capped likewise
     max_prefill_rows: int = 8             # requests packed into one prefill step

@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 
 import loopjax
+from loopjax.compilation import compile_lowered
 from loopjax.engine import Engine, EngineConfig
 from loopjax.runner import fused
 from loopjax.sampling_params import SamplingParams
@@ -52,6 +54,30 @@ def test_a_step_compiled_after_start_up_is_timed_too(model):
     assert {t.label for t in times} == {"prefill rows=2 tokens=16 width=4 loops=4",
                                        "decode rows=1 width=4 loops=4"}
     assert all(t.seconds > 0 for t in times)
+
+
+def test_each_compile_starts_while_later_steps_still_lower():
+    """compile_lowered takes each step as the runner lowers it: the second step is lowered
+    (yielded) only once the first one's compile has started in a worker thread."""
+    started = threading.Event()
+
+    class Lowered:  # a jax Lowered stand-in
+        def __init__(self, name, on_compile=None):
+            self.name, self.on_compile = name, on_compile
+
+        def compile(self):
+            if self.on_compile:
+                self.on_compile.set()
+            return self.name
+
+    def lowered():
+        yield Lowered("first", on_compile=started)
+        assert started.wait(timeout=30), "the first compile had not started"
+        yield Lowered("second")
+
+    built = compile_lowered(lowered(), threads=2)
+    assert [exe for exe, _, _ in built] == ["first", "second"]
+    assert all(seconds >= 0 and not hit for _, seconds, hit in built)
 
 
 # A fresh process builds the engine with the cache folder argv[1], generates greedily and

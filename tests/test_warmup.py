@@ -1,0 +1,86 @@
+"""Start-up cost guards, no accelerator and no XLA compile: the default engine's warm-up builds
+no more executables than its row buckets (1, then 8 and up) give (counted, not compiled), and a decode
+step lowered for CUDA (abstract weights, an abstract H200) holds one Mosaic GPU kernel per
+distinct KV shape, however many layers call it (a kernel per call site made XLA compile the
+same kernel once per layer at start-up), a prefill step one Triton attention call per KV
+shape; the probe in both modes end to end."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from loopjax import config as config_lib
+from loopjax.bench import warmup_probe
+from loopjax.engine import EngineConfig
+
+# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32 and the six
+# prefill token buckets up to max_prefill_tokens 512. Raise only on purpose: each one is
+# another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
+DEFAULT_EXECUTABLES = 10
+
+
+@pytest.mark.parametrize("preset", ["ouro-1.4b", "huginn-0125"])
+def test_default_warmup_executable_count(preset):
+    engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(verbose=False))
+    steps = engine.runner.warmup_steps(**engine.warmup_options)
+    rows_tokens = [(b.page_table.shape[0], b.token_ids.shape[0]) for b, _ in steps]
+    decode_rows = sorted({r for r, n in rows_tokens if r == n})  # decode: one token per row
+    assert decode_rows == [1, 8, 16, 32]  # 2-7 rows run padded to 8; 1 row streams the weights
+    assert len(steps) <= DEFAULT_EXECUTABLES, f"{len(steps)} warm-up executables by default"
+
+
+SMALL = dict(max_num_rows=8, decode_row_buckets=(8,), max_prefill_tokens=16,
+             prefill_token_buckets=(16,), max_context_len=256, num_pages=64, verbose=False)
+
+
+@pytest.mark.parametrize("backend", ["pallas_mgpu", "pallas"])
+@pytest.mark.parametrize("preset, kernels", [("ouro-1.4b", 1),  # 24 layers, one KV shape
+                                             ("huginn-0125", 2)])  # 1-plane prelude/coda, 32-plane core
+def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend):
+    """Decode: the Mosaic GPU or the Triton decode kernel; prefill: the Triton flash kernel."""
+    config = EngineConfig(**SMALL, attention_backend=backend)
+    with warmup_probe.cuda_target():
+        engine = warmup_probe.abstract_engine(config_lib.preset(preset), config)
+        records = warmup_probe.lower_warmup(engine)
+    decode = [r for r in records if r["label"].startswith("decode")]
+    assert [r["label"] for r in decode] == [f"decode rows=8 width=16 loops={engine.max_loops}"]
+    mosaic = kernels if backend == "pallas_mgpu" else 0
+    assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == mosaic
+    assert decode[0]["triton_calls"].get("loopjax_paged_decode", 0) == kernels - mosaic
+    prefill = [r for r in records if r not in decode]
+    assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
+    assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
+
+
+def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
+    out = tmp_path / "probe.json"
+    assert warmup_probe.main(["ouro-tiny", "--lower-only", "--max-num-rows", "8",
+                              "--max-context-len", "64", "--out", str(out)]) == 0
+    results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
+    labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
+    decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
+    assert decode("default") == ["decode rows=8 width=4 loops=4"]
+    assert decode("old-buckets") == [f"decode rows={r} width=4 loops=4" for r in (1, 2, 4, 8)]
+    assert len(labels["default"]) == len(labels["old-buckets"]) - 3  # the same prefill buckets
+    assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
+    text = capsys.readouterr().out
+    assert "default: 7 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
+    assert "(1 mgpu)" in text
+
+
+def test_probe_device_path_runs_on_cpu():
+    """The path the H200 runs (build the engine, time its warm-up, one request), in-process on
+    the CPU at tiny shapes: every executable listed, the request decoded without a compile."""
+    args = warmup_probe.PARSER.parse_args([
+        "ouro-tiny", "--max-num-rows", "8", "--max-context-len", "64", "--prompt-len", "8",
+        "--decode-tokens", "5", "--engine-arg", "max_prefill_tokens=16",
+        "--engine-arg", "prefill_token_buckets=[16]"])
+    result = warmup_probe.run_on_device("default", args)
+    assert [e["label"] for e in result["executables"]] == [
+        "decode rows=8 width=4 loops=4", "prefill rows=4 tokens=16 width=4 loops=4"]
+    assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
+    assert result["warmup_s"] > 0 and result["decode_rows"] == [8]
+    assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
+    assert "default: 2 executables" in warmup_probe.table([result])
