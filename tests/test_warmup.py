@@ -61,12 +61,12 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
     labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
     decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
-    assert decode("default") == ["decode rows=8 width=4 loops=4"]
+    assert decode("default") == [f"decode rows={r} width=4 loops=4" for r in (1, 8)]
     assert decode("old-buckets") == [f"decode rows={r} width=4 loops=4" for r in (1, 2, 4, 8)]
-    assert len(labels["default"]) == len(labels["old-buckets"]) - 3  # the same prefill buckets
+    assert len(labels["default"]) == len(labels["old-buckets"]) - 2  # the same prefill buckets
     assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
     text = capsys.readouterr().out
-    assert "default: 7 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
+    assert "default: 8 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
     assert "(1 mgpu)" in text
 
 
@@ -79,8 +79,9 @@ def test_probe_device_path_runs_on_cpu():
         "--engine-arg", "prefill_token_buckets=[16]"])
     result = warmup_probe.run_on_device("default", args)
     assert [e["label"] for e in result["executables"]] == [
-        "decode rows=8 width=4 loops=4", "prefill rows=4 tokens=16 width=4 loops=4"]
+        "decode rows=1 width=4 loops=4", "decode rows=8 width=4 loops=4",
+        "prefill rows=4 tokens=16 width=4 loops=4"]
     assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
-    assert result["warmup_s"] > 0 and result["decode_rows"] == [8]
+    assert result["warmup_s"] > 0 and result["decode_rows"] == [1, 8]
     assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
-    assert "default: 2 executables" in warmup_probe.table([result])
+    assert "default: 3 executables" in warmup_probe.table([result])
