@@ -31,6 +31,7 @@ for spec in "$@"; do
     decode_width_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 32 --context 576 --backend xla,pallas --per-loop-rows 0 --page-width 576,1024 --out $OUT/decode_width_ouro.json" ;;
     decode_mgpu_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 32 --context 1024,4096 --backend pallas,pallas_mgpu,xla --per-loop-rows 0 --out $OUT/decode_mgpu_ouro.json" ;;
     decode_mgpu_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 32 --context 1024 --backend pallas,pallas_mgpu,xla --per-loop-rows 0 --out $OUT/decode_mgpu_huginn.json" ;;
+    burst32_ouro_shared) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --kv-layout shared --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro_shared.json" ;;
     burst32_ouro_sync) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-async-scheduling --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro_sync.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
   esac
