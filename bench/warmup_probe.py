@@ -5,7 +5,7 @@
     python -m loopjax.bench.warmup_probe huginn-0125 --max-num-rows 32
     python -m loopjax.bench.warmup_probe ouro-1.4b --lower-only    # any host: lowering for CUDA only
 
-Settings: `default` (EngineConfig's decode_row_buckets) and `old-buckets` (1, 2, 4, ..., 128,
+Settings: `default` (the engine's decode row buckets for the model) and `old-buckets` (1, 2, 4, ..., 128,
 the default before the 8-row floor), over the same engine options (--max-num-rows 128,
 --max-context-len 1024: run 10's burst engine; --engine-arg KEY=VALUE sets any other
 EngineConfig field for both). On the device each setting runs in its own process (no JAX or

@@ -38,7 +38,7 @@ from loopjax.runner import PendingStep, Runner
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
-from loopjax.step_plan import DECODE_ROW_BUCKETS
+from loopjax.step_plan import default_decode_row_buckets
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class EngineConfig:
     num_pages: int | None = None          # KV pool pages; None: from kv_memory_bytes
     kv_memory_bytes: int | None = None    # pool budget; both None: max_num_rows full contexts
     max_num_rows: int = 32                # rows of a decode step (running requests)
-    decode_row_buckets: tuple[int, ...] = DECODE_ROW_BUCKETS  # step_plan.py: why none below 8
+    decode_row_buckets: tuple[int, ...] | None = None  # None: step_plan.default_decode_row_buckets
     max_prefill_tokens: int = 512         # packed prompt tokens per prefill step (chunked above)
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     max_prefill_rows: int = 4             # prompts packed into one prefill step
@@ -113,7 +113,8 @@ class Engine:
         self.layout = layout
         self.scheduler = Scheduler(SchedulerConfig(
             page_size=config.page_size, num_pages=layout.num_pages, max_num_rows=config.max_num_rows,
-            decode_row_buckets=config.decode_row_buckets, max_prefill_tokens=config.max_prefill_tokens,
+            decode_row_buckets=config.decode_row_buckets or default_decode_row_buckets(cfg.family),
+            max_prefill_tokens=config.max_prefill_tokens,
             prefill_token_buckets=config.prefill_token_buckets,
             max_prefill_rows=config.max_prefill_rows, max_context_len=max_context,
             max_prefill_batches_before_decode=config.max_prefill_batches_before_decode,

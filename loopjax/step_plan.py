@@ -28,13 +28,21 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
     return tuple(sorted({b for b in buckets if b < limit} | {limit}))
 
 
-# Default decode row buckets. 2-7 rows run padded to 8, which is not slower on the H200 (run 1:
-# weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products; the Pallas decode
-# kernels stop at each row's length, so a padding token reads a single block). 1 row keeps its
-# own bucket: that is where `matmul='auto'` streams the weights (run 2, Huginn-0125 1 row: 34.9 ms
-# vs 51.2 ms with XLA products, 43.9 ms at 8 rows), i.e. single-request latency. Two executables
-# fewer at start-up than 1, 2, 4, 8, ... (run 10: the 1-, 2- and 4-row ones were the slowest).
+# Decode row buckets (each capped by max_num_rows). 2-7 rows run padded to 8, which is not slower
+# on the H200 (run 1: weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products;
+# the Pallas decode kernels stop at each row's length, so a padding token reads a single block).
+# Two executables fewer at start-up than 1, 2, 4, 8, ... (run 10: the 1-, 2- and 4-row ones were
+# the slowest). Whether 1 row keeps its own bucket (where `matmul='auto'` streams the weights)
+# depends on the model: see default_decode_row_buckets.
 DECODE_ROW_BUCKETS = (1, 8, 16, 32, 64, 128)
+
+
+def default_decode_row_buckets(family: str) -> tuple[int, ...]:
+    """The engine's decode row buckets for a model family, by single-request step time on the
+    H200: Ouro-1.4B runs 1 row fastest padded to 8 (run 10, context 512: 7.8 ms with XLA products
+    at 8 rows, 9.1 ms streaming at 1 row, 11.0 ms XLA at 1 row); Huginn-0125 at 1 row streaming
+    (run 2: 34.9 ms, vs 43.9 ms at 8 rows)."""
+    return DECODE_ROW_BUCKETS[1:] if family == "ouro" else DECODE_ROW_BUCKETS
 
 
 @dataclass(frozen=True)
