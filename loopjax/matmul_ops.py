@@ -7,8 +7,8 @@
 - 'auto': what was measured to win on the H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5
   vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at 8+ rows XLA as fast or faster): the streaming
   kernel as a plain product for decode steps of fewer than 8 rows on a GPU, the norms and
-  SiLU*up in XLA; XLA otherwise. The fused-norm prologue is not yet measured on the GPU, so
-  it stays out of 'auto' until it wins there (`python -m loopjax.bench.matmul`).
+  SiLU*up in XLA; XLA otherwise. The fused-norm prologue loses on the GPU (run 10: the
+  weights-only Ouro step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so it stays out of 'auto'.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_rows_below` wrapper.
 """
