@@ -29,6 +29,8 @@ from loopjax.server import create_app
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
+    ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
+    ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
@@ -53,6 +55,18 @@ def test_malformed_json_and_chat_errors(server, client):
     # ... and the server keeps serving.
     assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.total_tokens >= 3
     assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_body_that_is_not_a_json_object_is_400(server, client):
+    for raw, expect in ((b"[1, 2]", "the request body must be a JSON object, got list"),
+                        (b'"hello"', "the request body must be a JSON object, got str"),
+                        (b'{"prompt": "\xff"}', "malformed JSON body: 'utf-8' codec can't decode")):
+        r = httpx.post(server.url + "/v1/completions", content=raw,
+                       headers={"content-type": "application/json"}, timeout=30)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and message.startswith(expect) and "\n" not in message, message
+    # ... and the server keeps serving.
+    assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.prompt_tokens == 2
 
 
 def test_chat_without_template_is_400():
