@@ -69,6 +69,21 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
     assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.prompt_tokens == 2
 
 
+@pytest.mark.parametrize("extra, param, message", [
+    ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages",
+     "messages is too long: 605 tokens for a context of 512"),
+    ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
+     "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
+    ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
+])
+def test_bad_chat_requests_get_400(server, extra, param, message):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}], **extra}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and message in err["message"] and "\n" not in err["message"]
+
+
 def test_chat_without_template_is_400():
     bare = types.SimpleNamespace(tokenizer=None, chat_template=None,
                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
