@@ -96,6 +96,7 @@ class RequestParser:
     vocab_size: int | None = None  # token ids must lie in [0, vocab_size)
     max_context: int | None = None  # prompt + generation tokens the engine serves
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
+    max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -134,6 +135,12 @@ class RequestParser:
             raise bad_request(str(e), param_of(str(e), body)) from None
         if params.n > self.max_n:
             raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
+        if self.max_logprobs is not None and (params.logprobs or 0) > self.max_logprobs:
+            # NOTE: checked here, not left to the engine, so the error names the field sent (chat's
+            # top_logprobs becomes SamplingParams.logprobs).
+            field = "top_logprobs" if chat else "logprobs"
+            raise bad_request(f"{field} must be at most {self.max_logprobs} (this server's max_logprobs), "
+                              f"got {params.logprobs}", field)
         return params
 
     def _check_ids(self, ids, param: str) -> list[int]:

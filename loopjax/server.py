@@ -125,8 +125,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     # NOTE: the engine may serve less context than the model has (its scheduler's limit).
     sched = getattr(getattr(aengine.engine, "scheduler", None), "config", None)
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
+    max_logprobs = getattr(getattr(aengine.engine, "config", None), "max_logprobs", None)
     parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
-                           special_tokens(model), vocab_size, max_context, max_n)
+                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):

@@ -2,7 +2,7 @@
 --max-seconds guard cuts and skips runs, and the CLI runs end to end on the tiny preset
 in-process (a burst sweep without FastAPI/uvicorn/httpx importable, as on the GPU image; the
 sessions workload with --compare-prefix-cache). The run over HTTP against a live server is in
-test_server.py (it shares that module's server)."""
+test_server_metrics.py (it shares the session's live server, tests/conftest.py)."""
 
 from __future__ import annotations
 

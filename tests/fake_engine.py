@@ -1,0 +1,62 @@
+"""A fake Engine for the AsyncEngine and server tests: behaviour exact, no JAX, no compile.
+
+One token per step per request (token = previous + 1), one page each; it has the Engine's
+add_request / abort / step / has_unfinished / stats methods (async_engine.py's contract)
+and records which threads called it. Knobs: `fail_at_step` (that step raises, as a broken
+device would), `paused` (the loop accepts requests but never steps), `gate` (an Event that
+step() waits for)."""
+
+from __future__ import annotations
+
+import threading
+import time
+import types
+
+
+class FakeEngine:
+    """Exact stand-in: one token per step per request (token = previous + 1), 1 page each."""
+
+    def __init__(self, fail_at_step=None):
+        self.requests, self.steps, self.fail_at_step = {}, 0, fail_at_step
+        self.thread_ids = set()
+        self.paused = False  # while set, the loop accepts requests but never steps
+        self.gate = None  # a threading.Event step() waits for, when set
+
+    def add_request(self, prompt_ids, params, request_id=None):
+        self.thread_ids.add(threading.get_ident())
+        if not prompt_ids:
+            raise ValueError("prompt is empty")
+        self.requests[request_id] = types.SimpleNamespace(last=prompt_ids[-1], ids=[], max=params.max_tokens)
+        return request_id
+
+    def abort(self, request_id):
+        self.requests.pop(request_id)
+
+    def has_unfinished(self):
+        return bool(self.requests) and not self.paused
+
+    def stats(self):
+        return {"queue_len": 0, "running_rows": len(self.requests), "pages_used": len(self.requests),
+                "pages_free": 100 - len(self.requests)}
+
+    def step(self):
+        self.thread_ids.add(threading.get_ident())
+        self.steps += 1
+        if self.gate is not None:
+            self.gate.wait(10)
+        if self.steps == self.fail_at_step:
+            raise RuntimeError("device fell over")
+        time.sleep(0.002)
+        outs = []
+        for rid, r in list(self.requests.items()):
+            r.last += 1
+            r.ids.append(r.last)
+            done = len(r.ids) == r.max
+            outs.append(types.SimpleNamespace(request_id=rid, new_token_ids=[r.last], token_ids=list(r.ids),
+                                              finished=done, finish_reason="length" if done else None,
+                                              exit_loops=[4] * len(r.ids), logprobs=None,
+                                              top_logprobs=None,
+                                              metrics={"submissions": len(r.ids)}))
+            if done:
+                del self.requests[rid]
+        return outs

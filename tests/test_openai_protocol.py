@@ -1,0 +1,107 @@
+"""OpenAI request parsing (loopjax/openai_protocol.py) as a client sees it: every refused
+request is HTTP 400 with OpenAI's error JSON, a one-line message and `param` naming the
+field; chat needs a template and text needs a tokenizer; ChatML renders without jinja2."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import httpx
+import openai
+import pytest
+from fake_engine import FakeEngine
+from server_helpers import CHATML, MODEL_NAME, LiveServer
+
+from loopjax.openai_protocol import APIError, render_chat
+from loopjax.server import create_app
+
+
+@pytest.mark.parametrize("body, status, param, words", [
+    ({"model": "gpt-4", "prompt": [1, 2]}, 400, "model", "gpt-4"),
+    ({"prompt": [5, 6], "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
+    ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
+    ({"prompt": [5] * 600}, 400, "prompt", "too long"),
+    ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
+    ({"prompt": []}, 400, "prompt", "prompt"),
+    ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
+    ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
+    ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
+    ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
+    ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
+    ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
+    ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
+    ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
+    ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
+    ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
+    ({"prompt": [5], "n": 2, "best_of": 3}, 400, "best_of", "best_of must equal n (2)"),
+])
+def test_bad_requests_get_400(server, body, status, param, words):
+    r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and words in err["message"] and err["type"] == "invalid_request_error"
+    assert "\n" not in err["message"]
+
+
+def test_malformed_json_and_chat_errors(server, client):
+    r = httpx.post(server.url + "/v1/completions", content=b"{not json",
+                   headers={"content-type": "application/json"}, timeout=30)
+    assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError, match="messages"):
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "wizard", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="gpt-4"):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
+    # ... and the server keeps serving.
+    assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.total_tokens >= 3
+    assert httpx.get(server.url + "/health", timeout=10).json() == {"status": "ok"}
+
+
+def test_body_that_is_not_a_json_object_is_400(server, client):
+    for raw, expect in ((b"[1, 2]", "the request body must be a JSON object, got list"),
+                        (b'"hello"', "the request body must be a JSON object, got str"),
+                        (b'{"prompt": "\xff"}', "malformed JSON body: 'utf-8' codec can't decode")):
+        r = httpx.post(server.url + "/v1/completions", content=raw,
+                       headers={"content-type": "application/json"}, timeout=30)
+        message = r.json()["error"]["message"]
+        assert r.status_code == 400 and message.startswith(expect) and "\n" not in message, message
+    # ... and the server keeps serving.
+    assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.prompt_tokens == 2
+
+
+@pytest.mark.parametrize("extra, param, message", [
+    ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages",
+     "messages is too long: 605 tokens for a context of 512"),
+    ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
+     "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
+    ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
+])
+def test_bad_chat_requests_get_400(server, extra, param, message):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}], **extra}
+    r = httpx.post(server.url + "/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and message in err["message"] and "\n" not in err["message"]
+
+
+def test_chat_without_template_is_400():
+    bare = types.SimpleNamespace(tokenizer=None, chat_template=None,
+                                 cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=bare)) as live:
+        r = httpx.post(live.url + "/v1/chat/completions", timeout=30,
+                       json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 400 and "no chat template" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": MODEL_NAME, "prompt": "hi"})
+        assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "max_tokens": 3})
+        assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
+
+
+def test_chatml_fallback_without_jinja2(monkeypatch):
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    with_jinja = render_chat(CHATML, messages)
+    for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):
+        monkeypatch.setitem(sys.modules, name, None)  # `import jinja2` now raises ImportError
+    assert render_chat(CHATML, messages) == with_jinja
+    with pytest.raises(APIError, match="jinja2 is not installed"):
+        render_chat("{{ messages[0]['content'] }}", messages)

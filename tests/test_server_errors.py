@@ -1,0 +1,110 @@
+"""Failures while serving: a cancelled stream or a vanished client aborts its requests and
+frees their pages, a full queue answers 429 (also when it fills in the middle of an `n`
+fan-out), and after each the server keeps serving; a dead engine answers 503 everywhere."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from fake_engine import FakeEngine
+from server_helpers import MODEL_NAME, LiveServer, wait_idle
+
+from loopjax.server import create_app
+
+
+def test_cancelled_stream_frees_pages(client, server):
+    stream = client.completions.create(model=MODEL_NAME, prompt=list(range(10, 60)), max_tokens=400,
+                                       temperature=0, stream=True, extra_body={"ignore_eos": True})
+    got = 0
+    for chunk in stream:
+        got += len(chunk.choices[0].token_ids)
+        if got >= 2:
+            break
+    assert server.aengine.stats()["pages_used"] > 0  # the stats of the step before the last chunk
+    stream.close()
+    stats = wait_idle(server.aengine)
+    assert stats["pages_free"] > 0
+    assert server.aengine.metrics.aborted.value >= 1
+
+
+def test_client_gone_before_a_full_answer_aborts(server):
+    before = server.aengine.metrics.aborted.value
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/completions", timeout=httpx.Timeout(30, read=1.0),
+                   json={"prompt": [9, 8, 7], "max_tokens": 450, "ignore_eos": True})
+    deadline = time.time() + 20
+    while server.aengine.metrics.aborted.value == before:
+        assert time.time() < deadline, "the request of a vanished client was not aborted"
+        time.sleep(0.05)
+    wait_idle(server.aengine)
+
+
+def test_full_queue_gets_429(server, client):
+    server.aengine.max_waiting = 0
+    try:
+        with pytest.raises(openai.RateLimitError, match="retry later"):
+            client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2)
+    finally:
+        server.aengine.max_waiting = 256
+    assert server.aengine.metrics.rejected.value >= 1
+
+
+def test_full_queue_in_the_middle_of_n_frees_every_sample(server, client):
+    """n=3 over a prompt of more than one page: sample 0 is admitted and prefills, then the
+    queue (max 1 waiting) admits sample 1 and refuses sample 2. The client gets one 429; the
+    admitted samples are aborted, their pages go back and nobody is left waiting."""
+    aengine = server.aengine
+    prompt = [13 + (i * 11) % 200 for i in range(40)]
+    kw = dict(model=MODEL_NAME, prompt=prompt, n=3, temperature=1.0, seed=3, extra_body={"ignore_eos": True})
+    aborted, rejected = aengine.metrics.aborted.value, aengine.metrics.rejected.value
+    aengine.max_waiting = 1
+    try:
+        with pytest.raises(openai.RateLimitError, match="retry later"):
+            client.completions.create(max_tokens=300, **kw)
+    finally:
+        aengine.max_waiting = 256
+    stats = wait_idle(aengine)
+    assert stats["pages_free"] == stats["pages_total"]  # the pool is whole (parked cache pages count)
+    assert aengine.num_waiting == 0 and aengine.metrics.waiting.value == 0
+    assert (aengine.metrics.aborted.value - aborted, aengine.metrics.rejected.value - rejected) == (2, 1)
+    again = client.completions.create(max_tokens=4, **kw)  # ... and the server keeps serving
+    assert [c.index for c in again.choices] == [0, 1, 2] and again.usage.completion_tokens == 12
+
+
+def test_dead_engine_answers_503():
+    """A step that raises kills the engine loop: each open request gets a one-line 503 (a
+    stream: as its last event before [DONE], after the tokens it had), later requests get
+    503 and /health reports the engine dead."""
+    fake = FakeEngine(fail_at_step=4)  # steps 1-3 give each request a token, step 4 raises
+    fake.paused = True  # no step until both requests are admitted
+    app = create_app(fake, MODEL_NAME)
+    aengine = app.state.async_engine
+    with LiveServer(app) as live, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        url = live.url + "/v1/completions"
+        full = pool.submit(httpx.post, url, json={"prompt": [1], "max_tokens": 50}, timeout=30)
+        with httpx.stream("POST", url, json={"prompt": [100], "max_tokens": 50, "stream": True},
+                          timeout=30) as stream:
+            deadline = time.time() + 20
+            while aengine.num_waiting < 2:
+                assert time.time() < deadline, "the two requests were not admitted"
+                time.sleep(0.01)
+            fake.paused = False
+            events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]] == [101, 102, 103]
+        error = chunks[-1]["error"]
+        assert error["code"] == 503 and error["type"] == "server_error"
+        assert error["message"] == "engine step failed: RuntimeError: device fell over"
+        r = full.result()
+        assert r.status_code == 503 and r.json()["error"]["message"] == error["message"]
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 503
+        assert r.json()["error"]["message"] == "engine is not running (device fell over)"
+        health = httpx.get(live.url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "device fell over"}
