@@ -125,14 +125,23 @@ class RequestParser:
         return [self._chat_prompt(body)] if chat else self._completion_prompts(body)
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
-        """The request's SamplingParams (`n` included, capped at max_n)."""
-        if chat and self.max_context and all(body.get(k) is None
-                                             for k in ("max_tokens", "max_completion_tokens")):
-            body["max_tokens"] = self.max_context - len(prompts[0])  # OpenAI's chat default: until done
+        """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
+        request sets must fit the context after its longest prompt (400 otherwise, as vLLM and
+        OpenAI answer); the default one is cut to what fits."""
+        given = next((k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None), None)
+        room = self.max_context - max(map(len, prompts)) if self.max_context else None
+        if chat and room and given is None:
+            body["max_tokens"] = room  # OpenAI's chat default: until done
         try:
             params = SamplingParams.from_openai(body)
         except (ValueError, TypeError) as e:
             raise bad_request(str(e), param_of(str(e), body)) from None
+        if room is not None and params.max_tokens > room:
+            if given:
+                raise bad_request(f"{given}={params.max_tokens} does not fit: the prompt has "
+                                  f"{self.max_context - room} tokens of this server's context of "
+                                  f"{self.max_context}", given)
+            params = dataclasses.replace(params, max_tokens=room)
         if params.n > self.max_n:
             raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
         if self.max_logprobs is not None and (params.logprobs or 0) > self.max_logprobs:

@@ -13,7 +13,7 @@ import pytest
 from fake_engine import FakeEngine
 from server_helpers import CHATML, MODEL_NAME, LiveServer
 
-from loopjax.openai_protocol import APIError, render_chat
+from loopjax.openai_protocol import APIError, RequestParser, render_chat
 from loopjax.server import create_app
 
 
@@ -22,6 +22,8 @@ from loopjax.server import create_app
     ({"prompt": [5, 6], "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
     ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
     ({"prompt": [5] * 600}, 400, "prompt", "too long"),
+    ({"prompt": [5] * 500, "max_tokens": 100}, 400, "max_tokens",
+     "max_tokens=100 does not fit: the prompt has 500 tokens of this server's context of 512"),
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
@@ -82,6 +84,17 @@ def test_bad_chat_requests_get_400(server, extra, param, message):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and message in err["message"] and "\n" not in err["message"]
+
+
+def test_default_max_tokens_is_cut_to_the_context():
+    """Only a max_tokens the request sets is refused when it does not fit; the default (16 for
+    completions) is cut to the room left after the longest prompt."""
+    parser = RequestParser(MODEL_NAME, max_context=512)
+    long_prompt = [[5] * 505, [5] * 10]
+    assert parser.sampling({"prompt": long_prompt}, False, long_prompt).max_tokens == 7
+    assert parser.sampling({"prompt": [[5] * 10]}, False, [[5] * 10]).max_tokens == 16
+    with pytest.raises(APIError, match="max_completion_tokens=8 does not fit"):
+        parser.sampling({"max_completion_tokens": 8}, True, long_prompt[:1])
 
 
 def test_chat_without_template_is_400():
