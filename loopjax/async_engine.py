@@ -79,14 +79,15 @@ class RequestStream:
             self.closed = True
         return item
 
-    def close(self):
+    def close(self, *, stopped: bool = False):
         """Stop reading (a reader waiting now gets StopAsyncIteration); aborts the request if
-        the engine has not finished it."""
+        the engine has not finished it. stopped=True: the reader ended it normally (a stop
+        string matched): counted as finished, not as a client abort."""
         if not self.closed:
             self.closed = True
             self.queue.put_nowait(_CLOSED)
             if not self.finished:
-                self.owner.abort(self.request_id)
+                self.owner.abort(self.request_id, stopped=stopped)
 
 
 class AsyncEngine:
@@ -155,8 +156,9 @@ class AsyncEngine:
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         return stream
 
-    def abort(self, request_id: str):
-        """Drop a request; its pages go back before the engine's next step."""
+    def abort(self, request_id: str, *, stopped: bool = False):
+        """Drop a request; its pages go back before the engine's next step. stopped=True: it
+        ended normally (a stop string), so it counts as finished, not aborted."""
         stream = self._streams.pop(request_id, None)
         if stream is None:
             return
@@ -165,7 +167,7 @@ class AsyncEngine:
         stream.closed = True
         stream.queue.put_nowait(_CLOSED)
         stream.started.set()
-        self.metrics.aborted.inc()
+        (self.metrics.finished if stopped else self.metrics.aborted).inc()
         self._post(("abort", request_id))
 
     def stats(self) -> dict:

@@ -208,7 +208,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     continue
                 delta, num_new = c.update(out)
                 if c.finish_reason is not None and not out.finished:
-                    streams[i].close()  # a stop string matched: free the engine row now
+                    streams[i].close(stopped=True)  # a stop string matched: free the engine row now
                 yield c, delta, num_new
 
         if not body.get("stream"):

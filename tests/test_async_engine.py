@@ -36,6 +36,11 @@ def test_async_engine_contract():
         long = await aeng.submit([0], SamplingParams(max_tokens=10_000, temperature=0))
         await long.__anext__()
         long.close()  # abort: the fake engine drops it, its page goes back
+        assert (aeng.metrics.aborted.value, aeng.metrics.finished.value) == (1, 3)  # 3 ran to the end
+        ended = await aeng.submit([0], SamplingParams(max_tokens=10_000, temperature=0))
+        await ended.__anext__()
+        ended.close(stopped=True)  # the server matched a stop string: finished, not a client abort
+        assert (aeng.metrics.aborted.value, aeng.metrics.finished.value) == (1, 4)
         fake.paused = True
         queued = await aeng.submit([0], params)
         queued.close()  # aborted before any output: `started` still releases a waiter
