@@ -247,10 +247,8 @@ def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict
     _check_config(cfg, k)
     fused_silu = cfg.split_k == 1 and epilogue == "silu"
     cfg = _fit_stages(cfg, block_rows(m), 2 if fused_silu else 1, x.dtype.itemsize)
-    if norm_weight is None:
-        norm_eps = None
     return _kernel_call(x, w, residual, norm_weight, cfg=cfg, epilogue=epilogue,
-                        norm_eps=None if norm_eps is None else float(norm_eps),
+                        norm_eps=None if norm_weight is None else float(norm_eps),
                         interpret=resolve_interpret(interpret))
 
 
