@@ -21,7 +21,7 @@ each row's context over fewer programs when the bucket has more rows.
 'auto' resolved for a GPU, kernels not interpreted) and each warm-up executable is lowered
 for CUDA against an abstract H200, with the number of Mosaic GPU kernels in it (custom calls,
 distinct kernel hashes: XLA compiles one Mosaic kernel per distinct hash, one at a time) and
-of Triton-lowered calls.
+of Triton-lowered calls and distinct Triton kernels, by kernel name.
 """
 
 from __future__ import annotations
@@ -85,11 +85,30 @@ def mosaic_kernels(stablehlo: str) -> tuple[int, int]:
     return stablehlo.count("custom_call @mosaic_gpu"), len(set(hashes))
 
 
+_TRITON_CALL = re.compile(r"custom_call @__gpu\$xla\.gpu\.triton\([^)]*\)(.*)")
+
+
+def _triton_lines(stablehlo: str) -> list[tuple[str, str]]:
+    """(kernel name, kernel: its config, IR and operand types) of each Triton-lowered Pallas
+    custom call in a lowered module's text; the operands' SSA names are left out."""
+    found = []
+    for line in stablehlo.splitlines():
+        call = _TRITON_CALL.search(line)
+        if call:
+            name = re.search(r'name = "([^"]*)"', line)
+            found.append((name.group(1) if name else "?", call.group(1)))
+    return found
+
+
 def triton_calls(stablehlo: str) -> dict[str, int]:
-    """Triton-lowered Pallas custom calls in a lowered module's text, by kernel name."""
-    calls = [line for line in stablehlo.splitlines() if "custom_call @__gpu$xla.gpu.triton" in line]
-    names = [re.search(r'name = "([^"]*)"', line) for line in calls]
-    return dict(Counter(m.group(1) if m else "?" for m in names))
+    """Triton-lowered Pallas custom calls in a lowered module's text, by kernel name (a
+    jitted kernel function called from several sites is lowered, and counted, once)."""
+    return dict(Counter(name for name, _ in _triton_lines(stablehlo)))
+
+
+def triton_kernels(stablehlo: str) -> dict[str, int]:
+    """Distinct Triton kernels (config, IR, operand types) in a lowered module, by name."""
+    return dict(Counter(name for name, _ in set(_triton_lines(stablehlo))))
 
 
 def lower_warmup(engine) -> list[dict]:
@@ -106,7 +125,7 @@ def lower_warmup(engine) -> list[dict]:
         calls, distinct = mosaic_kernels(text)
         records.append({"label": CompileTime.of(batch, kind, seconds).label, "lower_s": seconds,
                         "mosaic_calls": calls, "mosaic_kernels": distinct,
-                        "triton_calls": triton_calls(text)})
+                        "triton_calls": triton_calls(text), "triton_kernels": triton_kernels(text)})
     return records
 
 

@@ -5,9 +5,13 @@ copies (num_stages tiles in flight) feeding wgmma with an fp32 accumulator. wgmm
 in 64s, so the row block is 64 (128 past 64 rows): TMA zero-fills the rows past M, and the
 [block_m, N] result is sliced to M rows. No masks: K must divide into block_k * split_k
 tiles and N into block_n columns (`mgpu_config` picks sizes that do for the real shapes).
+Checked at the call, then one jitted function with the configuration static (one lowering
+per configuration and shape in a step).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -59,6 +63,18 @@ def streaming_matmul_mgpu(
     if k % (bk * splits) or n % bn or not (is_pow2(bn) and is_pow2(bk) and min(bn, bk) >= 16):
         raise ValueError(f"Mosaic GPU tiles must divide the product: K={k} into block_k={bk} x "
                          f"split_k={splits}, N={n} into block_n={bn} (powers of two >= 16)")
+    return _kernel_call(x, w, cfg=cfg, interpret=interpret)
+
+
+# NOTE: jitted with the configuration static, so that the call sites of one step with the same
+# shapes share ONE lowering (and one Mosaic GPU kernel hash, so XLA compiles the kernel once,
+# not once per site), as kernels/paged_attention_mgpu.py's `_decode_call`.
+@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
+def _kernel_call(x, w, *, cfg: Config, interpret: bool):
+    """The kernel and its split-K reduction, for inputs and a configuration
+    `streaming_matmul_mgpu` checked."""
+    (m, k), n = x.shape, w.shape[1]
+    bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
     bm, steps, dtype = (64 if m <= 64 else 128), k // (bk * splits), x.dtype
     transforms = _mgpu_transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
 

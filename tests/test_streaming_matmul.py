@@ -323,6 +323,37 @@ def test_norm_prologue_lowers_for_cuda(m, k, n, product):
     assert "loopjax_streaming_matmul_norm" in text, (cfg, text[:200])
 
 
+def test_call_sites_share_one_lowering_per_config():
+    """Each variant called from two sites (two weights of one shape) lowers its kernel once:
+    both sites call one jitted function; a different configuration lowers its own."""
+    from loopjax.bench.warmup_probe import triton_calls, triton_kernels
+
+    def two_layers(x, w1, w2, r, nw, interpret):
+        out = []
+        for w in (w1, w2):
+            out += [sm.streaming_matmul(x, w, interpret=interpret),
+                    sm.streaming_matmul_add(x, w, r, interpret=interpret),
+                    sm.streaming_matmul_silu_mul(x, w, interpret=interpret),
+                    sm.streaming_matmul(x, w, norm_weight=nw, norm_eps=1e-6, interpret=interpret)]
+        # another configuration: its own kernel
+        out.append(sm.streaming_matmul(x, w1, block_n=32, interpret=interpret))
+        return out
+
+    text = _lower_cuda(two_layers, (2, 128), (128, 64), (128, 64), (2, 64), (128,))
+    names = ["none", "add", "silu", "norm_none"]
+    expected = {f"loopjax_streaming_matmul_{n}": 2 if n == "none" else 1 for n in names}
+    assert triton_calls(text) == triton_kernels(text) == expected
+
+
+def test_mgpu_call_sites_share_one_kernel():
+    """Mosaic GPU: two sites of one shape, one kernel hash (XLA compiles it once)."""
+    from loopjax.bench.warmup_probe import mosaic_kernels
+
+    text = _lower_cuda(lambda x, w1, w2, interpret: [smg.streaming_matmul_mgpu(x, w, interpret=interpret)
+                                                     for w in (w1, w2)], (1, 256), (256, 64), (256, 64))
+    assert mosaic_kernels(text) == (1, 1)
+
+
 def test_bench_smoke(capsys):
     """bench/matmul.py --smoke: every product row checks out (a fused-norm row for each
     norm-fed product), every decode variant runs, the kernel ones with the norm fused too."""

@@ -3,7 +3,8 @@ no more executables than its row buckets (1, then 8 and up) give (counted, not c
 step lowered for CUDA (abstract weights, an abstract H200) holds one Mosaic GPU kernel per
 distinct KV shape, however many layers call it (a kernel per call site made XLA compile the
 same kernel once per layer at start-up), a prefill step one Triton attention call per KV
-shape; the probe in both modes end to end."""
+shape, a 1-row decode step one Triton kernel per distinct weight-streaming product; the probe
+in both modes end to end."""
 
 from __future__ import annotations
 
@@ -53,6 +54,32 @@ def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend)
     prefill = [r for r in records if r not in decode]
     assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
     assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
+
+
+# Ouro-1.4B's distinct weight-streaming products at 1 row, by kernel name: 'auto' streams the
+# plain products (wqkv, wo, w_gate_up, w_down, lm_head), 'streaming' fuses the RMSNorm into
+# wqkv (norm_none) and w_gate_up (norm_silu, with SiLU*up).
+STREAMING_KERNELS = {
+    "auto": {"loopjax_streaming_matmul_none": 5},
+    "streaming": {"loopjax_streaming_matmul_none": 3, "loopjax_streaming_matmul_norm_none": 1,
+                  "loopjax_streaming_matmul_norm_silu": 1},
+}
+
+
+@pytest.mark.parametrize("matmul", ["auto", "streaming"])
+def test_decode_step_lowers_each_streaming_kernel_once(matmul):
+    """A 1-row decode step calls the weight-streaming matmul 97 times (4 products x 24 layers
+    and the head) but lowers each distinct kernel once: every call site of one configuration
+    calls the same lowered function (a kernel per call site made the lowering 2.5 s)."""
+    config = EngineConfig(**{**SMALL, "decode_row_buckets": (1,)}, matmul=matmul)
+    with warmup_probe.cuda_target():
+        engine = warmup_probe.abstract_engine(config_lib.preset("ouro-1.4b"), config)
+        records = warmup_probe.lower_warmup(engine)
+    for record in records:  # every step: as many Triton calls as distinct Triton kernels
+        assert record["triton_calls"] == record["triton_kernels"], record["label"]
+    [decode] = [r for r in records if r["label"] == "decode rows=1 width=16 loops=4"]
+    streaming = {k: v for k, v in decode["triton_calls"].items() if "streaming_matmul" in k}
+    assert streaming == STREAMING_KERNELS[matmul]
 
 
 def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
