@@ -231,8 +231,7 @@ class Buckets:
                 raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
             num_rows, num_tokens = fits[0]
         return build_step_batch(rows, decode=decode, num_rows=num_rows, num_tokens=num_tokens,
-                                max_pages=width,
-                                page_size=self.page_size, drop_slot=self.drop_slot,
+                                max_pages=width, page_size=self.page_size, drop_slot=self.drop_slot,
                                 loop_begin=loop_begin, loop_end=loop_end,
                                 pad_slot=self.pad_slot, hidden_size=self.hidden_size,
                                 adaptive=adaptive)
