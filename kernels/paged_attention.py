@@ -43,6 +43,7 @@ __all__ = [
     "paged_attention",
     "ref_paged_attention",
     "require_scalar_plane",
+    "shape_problem",
     "write_kv",
 ]
 
@@ -100,6 +101,14 @@ def require_scalar_plane(plane, kernel: str) -> None:
         raise ValueError(f"the Pallas {kernel} kernel reads one plane per call; a per-page plane "
                          "table (Ouro kv layout 'shared') needs attention backend 'xla', "
                          "'pallas_mgpu' or 'auto'")
+
+
+def shape_problem(group_size: int, page_size: int) -> str | None:
+    """Why the Triton decode kernel cannot take these shapes (a one-line error), or None."""
+    if not (is_pow2(group_size) and is_pow2(page_size)):
+        return (f"the Triton decode kernel needs power-of-two q heads per kv head (got "
+                f"{group_size}) and page_size (got {page_size})")
+    return None
 
 
 def _softmax_av(scores, mask, v_g, out_spec, dtype):
@@ -286,8 +295,9 @@ def paged_attention(
     require_scalar_plane(plane, "decode")
     g = hq // hkv
     interpret = resolve_interpret(interpret)
-    if not (is_pow2(g) and is_pow2(s)):
-        raise ValueError(f"Pallas kernel needs power-of-two q heads per kv head ({g}) and page_size ({s})")
+    problem = shape_problem(g, s)
+    if problem:
+        raise ValueError(problem)
     if pages_per_block is None:
         pages_per_block = max(1, min(m, 64 // s)) if s < 64 else 1
         pages_per_block = 1 << (pages_per_block.bit_length() - 1)

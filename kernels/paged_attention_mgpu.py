@@ -179,7 +179,16 @@ def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str 
     if page_size % 8 or row_bytes % 32:
         return (f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {page_size}) and "
                 f"head_dim rows of 32-byte multiples (got {head_dim} x {row_bytes // head_dim} bytes)")
+    slot_bytes = 2 * default_pages_per_block(page_size) * page_size * row_bytes  # K and V
+    if slot_bytes > SMEM_BYTES:
+        return (f"the Mosaic GPU kernel's smallest block of pages at page_size {page_size} "
+                f"(K and V: {slot_bytes} bytes) exceeds its {SMEM_BYTES} bytes of shared memory")
     return None
+
+
+def default_pages_per_block(page_size: int) -> int:
+    """The fewest pages whose keys fill whole tiles of ROWS (block_k = lcm(page_size, ROWS))."""
+    return ROWS // math.gcd(page_size, ROWS)
 
 
 def paged_attention_mgpu(
@@ -208,7 +217,7 @@ def paged_attention_mgpu(
         raise ValueError(problem)
     itemsize = jnp.dtype(q.dtype).itemsize
     if pages_per_block is None:
-        pages_per_block = ROWS // math.gcd(s, ROWS)
+        pages_per_block = default_pages_per_block(s)
     block_k = pages_per_block * s
     if pages_per_block < 1 or block_k % ROWS:
         raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "

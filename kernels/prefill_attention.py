@@ -28,7 +28,7 @@ from jax.experimental.pallas import triton as plgpu
 from ._common import compiler_params, is_pow2, load_tile, load_vec, pow2_chunks, resolve_interpret, store_tile
 from .paged_attention import check_paged_inputs, ref_paged_attention, require_scalar_plane
 
-__all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention"]
+__all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention", "shape_problem"]
 
 
 def ref_prefill_attention(q, k_cache, v_cache, plane, page_table, row_of_token, positions):
@@ -115,6 +115,17 @@ def _kernel(
             store_tile(o_ref, t0, h * d + off, (a / l_i[:, None]).astype(dtype), t1, sz)
 
 
+def shape_problem(page_size: int, head_dim: int, *, block_q: int = 64, block_k: int = 64) -> str | None:
+    """Why the kernel cannot take these shapes (a one-line error), or None when it can."""
+    if not (is_pow2(page_size) and is_pow2(block_q) and is_pow2(block_k) and block_k >= page_size):
+        return (f"the Triton prefill kernel needs powers of two for page_size ({page_size}), block_q "
+                f"({block_q}) and block_k ({block_k}), and block_k >= page_size")
+    if min(block_q, block_k) < 16 or min(size for _, size in pow2_chunks(head_dim)) < 16:
+        return (f"the Triton prefill kernel's tensor-core dots need block_q, block_k >= 16 and "
+                f"head_dim in power-of-two chunks of at least 16 (got head_dim {head_dim})")
+    return None
+
+
 def prefill_attention(
     q,  # [N, Hq, D]
     k_cache,  # [planes, Hkv, P, S, D]
@@ -136,10 +147,9 @@ def prefill_attention(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
     require_scalar_plane(plane, "prefill")
-    if not (is_pow2(s) and is_pow2(block_q) and is_pow2(block_k) and block_k >= s):
-        raise ValueError(f"page_size {s}, block_q {block_q}, block_k {block_k}: powers of two, block_k >= S")
-    if min(block_q, block_k) < 16 or min(sz for _, sz in pow2_chunks(d)) < 16:
-        raise ValueError(f"tensor-core dots need block_q, block_k >= 16 and head_dim chunks >= 16 (D={d})")
+    problem = shape_problem(s, d, block_q=block_q, block_k=block_k)
+    if problem:
+        raise ValueError(problem)
     return _prefill_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32).reshape(1), page_table,
                          row_of_token, positions, block_q=block_q, block_k=block_k,
                          num_warps=num_warps, num_stages=num_stages,

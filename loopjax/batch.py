@@ -3,8 +3,9 @@
 A step is a bucket of R rows (requests) and N packed tokens (prefill: prompt chunks of
 different lengths concatenated without padding between them; decode: N = R, one token per
 row). Padding rows/tokens beyond the real ones write to the drop slot, attend a harmless
-row-0 context and yield no token. Every array has a static shape fixed by the bucket, so one
-compiled function serves every step of that bucket.
+row-0 context and yield no token. Every array has a static shape fixed by the bucket, and the
+step's kind (`decode`) is a static field, so one compiled function serves every step of that
+bucket and kind (a prefill bucket of R tokens over R rows is still a prefill).
 
 The builder works on `RowInput`s (plain host data); the engine turns a scheduler plan into
 them. Shapes: R = rows bucket, N = token bucket, M = max pages per row, H = hidden size.
@@ -55,6 +56,9 @@ class StepBatch:
     exit_weighted: jax.Array     # [R] bool  Ouro weighted exit (read by weighted kinds only)
     page_plane: jax.Array        # [R, M] i32  Ouro 'shared': plane of a decode page, -1 full page
     write_plane: jax.Array       # [N] i32  Ouro 'shared': plane(s) a token writes (kv_cache.WRITE_*)
+    # static (pytree metadata: part of the jit key): a decode step, N = R and one token per
+    # row (the attention takes the decode kernels), else a prefill of packed prompt chunks
+    decode: bool = field(metadata=dict(static=True))
 
 
 @dataclass
@@ -95,15 +99,19 @@ class RowInput:
     decoded: bool = False         # the tokens are decoded tokens (a decode step's)
 
 
-def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, max_pages: int,
-                     page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
+def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_tokens: int,
+                     max_pages: int, page_size: int, drop_slot: int, loop_begin: int, loop_end: int,
                      pad_slot: int, hidden_size: int | None = None,
                      adaptive: bool = False) -> StepBatch:
     """Numpy StepBatch for `rows` padded to the bucket (num_rows, num_tokens).
 
+    decode: a decode step (num_tokens == num_rows, one token per row), else a prefill;
     pad_slot: the carry and token slot of padding rows (and of rows without one);
     hidden_size: set for Huginn (the init_* fields), None for Ouro; adaptive: fill `exit`
     (Huginn criteria)."""
+    if decode and (num_tokens != num_rows or any(len(r.token_ids) != 1 for r in rows)):
+        raise ValueError(f"a decode step feeds one token per row: {num_tokens} tokens over "
+                         f"{num_rows} rows, row lengths {[len(r.token_ids) for r in rows]}")
     if len(rows) > num_rows:
         raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
     total = sum(len(r.token_ids) for r in rows)
@@ -179,7 +187,7 @@ def build_step_batch(rows: list[RowInput], *, num_rows: int, num_tokens: int, ma
     return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
                      real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
                      sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
-                     exit_step, weighted, page_plane, write_plane)
+                     exit_step, weighted, page_plane, write_plane, decode)
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,
@@ -222,8 +230,8 @@ class Buckets:
             if not fits:
                 raise ValueError(f"prefill of {num_rows} rows / {num_tokens} tokens exceeds every bucket")
             num_rows, num_tokens = fits[0]
-        return build_step_batch(rows, num_rows=num_rows, num_tokens=num_tokens, max_pages=width,
-                                page_size=self.page_size, drop_slot=self.drop_slot,
+        return build_step_batch(rows, decode=decode, num_rows=num_rows, num_tokens=num_tokens,
+                                max_pages=width, page_size=self.page_size, drop_slot=self.drop_slot,
                                 loop_begin=loop_begin, loop_end=loop_end,
                                 pad_slot=self.pad_slot, hidden_size=self.hidden_size,
                                 adaptive=adaptive)

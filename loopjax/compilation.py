@@ -27,8 +27,9 @@ CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"  # jax.monitoring: an exec
 class CompileTime:
     """One executable the runner built: what it runs, and where its start-up time went."""
     rows: int            # R
-    tokens: int          # N (N = R: a decode shape; a prefill bucket of R tokens over R rows shares it)
+    tokens: int          # N (N = R for a decode)
     page_width: int      # M, pages per row in the page table
+    decode: bool         # a decode step (StepBatch.decode), else a prefill
     kind: object         # runner.StepKind of the executable
     lower_s: float       # trace + lowering to StableHLO, in the calling thread (one at a time)
     compile_s: float = 0.0   # XLA compile in its worker thread (wall seconds: parallel compiles
@@ -38,7 +39,7 @@ class CompileTime:
     @classmethod
     def of(cls, batch, kind, lower_s: float) -> CompileTime:  # batch: the step's StepBatch
         (rows, width), tokens = batch.page_table.shape, batch.token_ids.shape[0]
-        return cls(rows, tokens, width, kind, lower_s)
+        return cls(rows, tokens, width, batch.decode, kind, lower_s)
 
     @property
     def seconds(self) -> float:
@@ -48,7 +49,7 @@ class CompileTime:
     def label(self) -> str:
         """e.g. 'decode rows=32 width=256 loops=4 adaptive', 'prefill rows=4 tokens=512 ...'."""
         k = self.kind
-        shape = (f"decode rows={self.rows}" if self.tokens == self.rows
+        shape = (f"decode rows={self.rows}" if self.decode
                  else f"prefill rows={self.rows} tokens={self.tokens}")
         flags = [name for name, on in (("adaptive", k.adaptive), ("weighted", k.weighted),
                                        ("one-loop", k.save_carry), ("first", k.save_carry and k.first),

@@ -107,7 +107,7 @@ class Engine:
                                       num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
                                       default_tokens=config.max_num_rows * max_context)  # full contexts
-        kv_cache.check_attention_backend(layout, config.attention_backend)
+        kv_cache.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:
             print(layout.describe(), flush=True)
         self.layout = layout

@@ -87,7 +87,7 @@ def test_paged_backend_matches_dense_causal():
     params = SamplingParams(temperature=0.0, seed=0)
     from loopjax.batch import RowInput
     rows = [RowInput([1] * 6, 0, [5, 2], True, 4, params), RowInput([1] * 3, 0, [7], True, 4, params)]
-    batch = build_step_batch(rows, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
+    batch = build_step_batch(rows, decode=False, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
                              drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_slot=2)
     batch = jax_tree_asarray(batch)
     rng = np.random.default_rng(1)
@@ -120,10 +120,10 @@ def test_ouro_shared_layout_sizes_and_description():
     assert "160 tokens of capacity" in text and "640 decoded tokens of capacity" in text
     per_loop = kv_cache.make_layout(cfg, "per_loop", page_size=16, dtype=jnp.bfloat16, num_pages=10)
     assert per_loop.decode_page_planes == 0 and "decoded tokens" not in per_loop.describe()
-    with pytest.raises(ValueError, match="Pallas decode kernel"):
-        kv_cache.check_attention_backend(shared, "pallas")
-    kv_cache.check_attention_backend(shared, "auto")
-    kv_cache.check_attention_backend(shared, "pallas_mgpu")  # reads the per-page plane table
+    with pytest.raises(ValueError, match="per-page plane table, which the Triton decode kernel"):
+        kv_cache.check_attention_backend(shared, "pallas", cfg)
+    kv_cache.check_attention_backend(shared, "auto", cfg)
+    kv_cache.check_attention_backend(shared, "pallas_mgpu", cfg)  # reads the per-page plane table
 
 
 def test_ouro_shared_writes_and_reads_by_page_kind():
@@ -141,7 +141,7 @@ def test_ouro_shared_writes_and_reads_by_page_kind():
     rows = [RowInput([1], 5, [0, 2], True, 4, params, page_planes=[-1, 1], decoded=True),
             RowInput([1], 2, [1], True, 4, params, page_planes=[-1], decoded=True)]
     batch = jax_tree_asarray(build_step_batch(
-        rows, num_rows=2, num_tokens=2, max_pages=2, page_size=4, drop_slot=layout.drop_slot,
+        rows, decode=True, num_rows=2, num_tokens=2, max_pages=2, page_size=4, drop_slot=layout.drop_slot,
         loop_begin=0, loop_end=4, pad_slot=2))
     q, k, v = (jnp.asarray(rng.normal(size=(2, 4, 16)), jnp.float32) for _ in range(3))
     new, out = kv_cache.PagedAttention(layout, batch)(
@@ -175,6 +175,9 @@ def test_auto_attention_picks_by_phase_device_and_layout(monkeypatch):
     assert kv_cache._attention_fn("auto", True, ("pallas",)) is pa.paged_attention
     assert kv_cache._attention_fn("auto", True, ()) is pa.ref_paged_attention
     assert kv_cache._attention_fn("auto", False, ()) is pa.prefill_attention
+    # A page size the flash prefill kernel cannot take: 'auto' prefills with XLA.
+    assert kv_cache._attention_fn("auto", False, (), prefill_fits=False) is pa.ref_paged_attention
+    assert kv_cache._attention_fn("pallas", False) is pa.prefill_attention
     monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "cpu")
     assert kv_cache._attention_fn("auto", True) is pa.ref_paged_attention
     assert kv_cache._attention_fn("auto", False) is pa.ref_paged_attention
@@ -190,11 +193,105 @@ def test_decode_kernels_that_fit_follow_layout_and_shapes():
     def layout(kind="per_loop", page_size=8):
         return kv_cache.make_layout(cfg, kind, page_size=page_size, dtype=jnp.float32, num_pages=4)
 
-    q, k = jnp.zeros((2, 4, cfg.head_dim)), jnp.zeros((2, 2, cfg.head_dim))
-    assert fits(layout(), q, k) == ("pallas_mgpu", "pallas")
-    assert fits(layout(page_size=12), q, k) == ()
-    assert fits(layout(page_size=24), q, k) == ("pallas_mgpu",)
-    assert fits(layout(), jnp.zeros((2, 6, cfg.head_dim)), k) == ("pallas_mgpu",)
-    assert fits(layout(), jnp.zeros((2, 32, cfg.head_dim)), k) == ("pallas",)
-    assert fits(layout("shared"), q, k) == ("pallas_mgpu",)
-    assert fits(layout("shared", page_size=12), q, k) == ()
+    assert fits(layout(), 2) == ("pallas_mgpu", "pallas")
+    assert fits(layout(page_size=12), 2) == ()
+    assert fits(layout(page_size=24), 2) == ("pallas_mgpu",)
+    assert fits(layout(), 3) == ("pallas_mgpu",)
+    assert fits(layout(), 16) == ("pallas",)
+    assert fits(layout("shared"), 2) == ("pallas_mgpu",)
+    assert fits(layout("shared", page_size=12), 2) == ()
+    mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
+    assert mgpu.shape_problem(1, 16, 128, jnp.bfloat16) is None
+    # 56 tokens a page: the smallest block is lcm(56, 64) = 448 keys, 2 x 448 x 256 bytes of K/V
+    assert "exceeds its 204800 bytes of shared memory" in mgpu.shape_problem(1, 56, 128, jnp.bfloat16)
+    assert kv_cache.prefill_kernel_problem(layout()) is None
+    assert "page_size (128)" in kv_cache.prefill_kernel_problem(layout(page_size=128))
+    assert "page_size (24)" in kv_cache.prefill_kernel_problem(layout(page_size=24))
+
+
+def test_the_step_kind_reaches_the_attention(monkeypatch):
+    """A prefill of as many tokens as rows (N == R) is still a prefill: StepBatch.decode, a
+    static field its builder sets, reaches PagedAttention through the jitted step (traced
+    here, not compiled), and the two kinds of one shape are two executables."""
+    import jax
+
+    import loopjax
+    from loopjax.batch import greedy_row
+    from loopjax.compilation import CompileTime
+    from loopjax.runner import Runner, fused
+    model = loopjax.load("ouro-tiny", dtype="float32")
+    layout = kv_cache.make_layout(model.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8)
+    runner = Runner(model, layout, decode_rows=(2,), prefill_buckets=((2, 2),), max_pages=2,
+                    max_loops=4)
+    seen, real = [], kv_cache._attention_fn
+    monkeypatch.setattr(kv_cache, "_attention_fn",
+                        lambda backend, decode, *fits: seen.append(decode) or real(backend, decode, *fits))
+    rows = [greedy_row([5], 0, [1], loops=4), greedy_row([6], 0, [2], loops=4)]
+    batches = {}
+    for decode in (False, True):
+        seen.clear()
+        batch = batches[decode] = runner.make_batch(rows, decode=decode, loop_begin=0, loop_end=4)
+        assert batch.token_ids.shape == (2,) and batch.page_table.shape == (2, 2)
+        assert batch.decode is decode and jax.tree.map(jnp.asarray, batch).decode is decode
+        runner._step.trace(runner.params, runner.state, batch, fused(4))
+        assert len(seen) == model.cfg.num_layers and set(seen) == {decode}  # the loop traced once
+        label = CompileTime.of(batch, fused(4), 0.0).label
+        assert label.startswith("decode rows=2" if decode else "prefill rows=2 tokens=2"), label
+    assert runner._key(batches[False], fused(4)) != runner._key(batches[True], fused(4))
+    assert runner.compilations == 2
+
+
+def test_a_decode_batch_has_one_token_per_row():
+    from loopjax.batch import greedy_row
+    with pytest.raises(ValueError, match="one token per row"):
+        build_step_batch([greedy_row([5, 6], 0, [1], loops=4)], decode=True, num_rows=2, num_tokens=2,
+                         max_pages=1, page_size=8, drop_slot=64, loop_begin=0, loop_end=4, pad_slot=2)
+
+
+def _engine(cfg_changes: dict, **engine):
+    """An Engine (nothing compiled) over the tiny Ouro with `cfg_changes`, fp32 params."""
+    import dataclasses
+
+    import jax
+
+    from loopjax.engine import Engine, EngineConfig
+    from loopjax.model import Model
+    from loopjax.models import ouro
+    cfg = dataclasses.replace(config.preset("ouro-tiny"), **cfg_changes)
+    model = Model(cfg, ouro.init_params(cfg, jax.random.key(0), jnp.float32))
+    return Engine(model, EngineConfig(**{"page_size": 16, "max_num_rows": 2, "max_context_len": 64,
+                                         "verbose": False, "warmup": False, **engine}))
+
+
+@pytest.mark.parametrize("backend,cfg_changes,engine,cause", [
+    ("pallas_mgpu", dict(num_heads=16, num_kv_heads=1), {},
+     "the Mosaic GPU kernel takes at most 8 q heads per kv head, got 16"),
+    ("pallas_mgpu", {}, dict(page_size=12), "page_size a multiple of 8 (got 12)"),
+    ("pallas_mgpu", {}, dict(page_size=24), "the Triton prefill kernel needs powers of two"),
+    ("pallas", dict(num_heads=12, num_kv_heads=4), {},
+     "power-of-two q heads per kv head (got 3) and page_size (got 16)"),
+    ("pallas", {}, dict(page_size=24), "power-of-two q heads per kv head (got 1) and page_size (got 24)"),
+    ("pallas", {}, dict(kv_layout="shared"), "per-page plane table"),
+])
+def test_engine_build_refuses_a_misfit_explicit_backend(backend, cfg_changes, engine, cause):
+    """An explicit Pallas backend whose kernels cannot take the model's shapes fails at engine
+    build with one line naming the cause; 'auto' (only the kernels that fit) and 'xla' build."""
+    with pytest.raises(ValueError) as error:
+        _engine(cfg_changes, attention_backend=backend, **engine)
+    message = str(error.value)
+    assert "\n" not in message and cause in message, message
+    assert message.startswith(f"attention_backend {backend!r} cannot run this ouro model (")
+    assert message.endswith("; use 'auto' or 'xla'")
+    for fallback in ("auto", "xla"):
+        assert _engine(cfg_changes, attention_backend=fallback, **engine).runner is not None
+
+
+def test_engine_build_message_names_the_shapes():
+    with pytest.raises(ValueError) as error:
+        _engine(dict(num_heads=16, num_kv_heads=1), attention_backend="pallas_mgpu")
+    assert str(error.value) == (
+        "attention_backend 'pallas_mgpu' cannot run this ouro model (16 q heads per kv head, "
+        "head_dim 16, page_size 16, float32, kv layout 'per_loop'): the Mosaic GPU kernel takes "
+        "at most 8 q heads per kv head, got 16; use 'auto' or 'xla'")
+    engine = _engine(dict(num_heads=16, num_kv_heads=1), attention_backend="pallas")  # Triton fits G=16
+    assert engine.runner is not None

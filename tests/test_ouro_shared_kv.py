@@ -196,7 +196,7 @@ def test_decode_pages_fit_where_per_loop_preempts(model):
 
 
 def test_pallas_decode_refuses_the_shared_layout(model):
-    with pytest.raises(ValueError, match="Pallas decode kernel"):
+    with pytest.raises(ValueError, match="per-page plane table, which the Triton decode kernel"):
         Engine(model, EngineConfig(**{**SMALL, "warmup": False}, kv_layout="shared",
                                    attention_backend="pallas"))
 
