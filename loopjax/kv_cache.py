@@ -330,7 +330,7 @@ ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
 def decode_kernel_problems(layout: KVLayout, group_size: int) -> dict[str, str | None]:
     """Why each Pallas decode kernel cannot read this layout with `group_size` q heads per kv
     head (None: it can), fastest first on the H200 (bench/RESULTS.md run 10: Mosaic GPU
-    82-105% of the copy rate at 32-128 rows, Triton 29-41%). The Triton kernel takes no
+    57-105% of the copy rate at 32-128 rows, Triton 29-41%). The Triton kernel takes no
     per-page plane table (Ouro 'shared'); the Mosaic one does."""
     mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
     triton = importlib.import_module("loopjax.kernels.paged_attention")
@@ -375,8 +375,8 @@ def _attention_fn(backend: str, decode: bool, decode_fits: tuple[str, ...] = ("p
     """'xla': ref_paged_attention. 'pallas': the Triton decode kernel for decode steps; for
     prefill the kernels' prefill_attention. 'pallas_mgpu': the same with the Mosaic GPU
     decode kernel (kernels/paged_attention_mgpu.py). 'auto' picks per phase what won on the H200:
-    on a GPU the first decode kernel of `decode_fits` (run 10: Mosaic 2.2-2.6x Triton and
-    1.5-1.8x XLA at 8-128 rows; the Triton kernel beat XLA end to end because it stops at each
+    on a GPU the first decode kernel of `decode_fits` (run 10: Mosaic 1.6-3.2x Triton and
+    1.3-2.3x XLA at 8-128 rows; the Triton kernel beat XLA end to end because it stops at each
     row's length, run 9), XLA when none fits; the flash prefill kernel (1.7-11x, run 1) where
     it fits (`prefill_fits`), else XLA. XLA on CPU."""
     pa = importlib.import_module("loopjax.kernels.paged_attention")
