@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from engine_helpers import greedy
 
 import loopjax
 from loopjax.engine import Engine, EngineConfig
@@ -22,10 +23,6 @@ OURO = "tests/data/ouro"
 CONFIG = EngineConfig(page_size=8, num_pages=8, max_num_rows=4, decode_row_buckets=(4,),
                       max_prefill_tokens=32, prefill_token_buckets=(32,), max_prefill_rows=2,
                       max_context_len=48, max_logprobs=2, strict_compile=True, verbose=False)
-
-
-def greedy(max_tokens, **kw):
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
 
 
 def sampled(max_tokens, seed, **kw):

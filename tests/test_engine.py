@@ -8,6 +8,7 @@ from __future__ import annotations
 import jax
 import numpy as np
 import pytest
+from engine_helpers import greedy, run_all
 from safetensors.numpy import load_file
 
 import loopjax
@@ -21,25 +22,6 @@ PROMPTS = ("p0", "p1", "p2")
 SMALL = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
              prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64,
              strict_compile=True, verbose=False)
-
-
-def greedy(max_tokens, **kw):
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, **kw)
-
-
-def run_all(engine, arrivals=None):
-    """Step until done; arrivals {step: [(prompt, params, id)]} are added before that step.
-    Returns {id: final RequestOutput}."""
-    arrivals = dict(arrivals or {})
-    finals, step = {}, 0
-    while engine.has_unfinished() or arrivals:
-        for prompt, params, rid in arrivals.pop(step, []):
-            engine.add_request(prompt, params, rid)
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-        step += 1
-    return finals
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engine_helpers import run_requests
 
 import loopjax
 from loopjax.engine import Engine, EngineConfig
@@ -40,15 +41,6 @@ def reference(model, prompt, **rule):
     return tokens, loops
 
 
-def run_all(engine, requests):
-    for rid, (prompt, params) in requests.items():
-        engine.add_request(prompt, params, rid)
-    finals = {}
-    while engine.has_unfinished():
-        finals.update((o.request_id, o) for o in engine.step() if o.finished)
-    return finals
-
-
 @pytest.fixture(scope="module")
 def model():
     return loopjax.load(OURO)
@@ -71,7 +63,7 @@ def test_exit_step_and_weighted_equal_recompute(model, engine):
                 rules[f"step{k}-{mode}-{p}"] = dict(exit_step=k)
         requests[f"weighted-{p}"] = (prompt, greedy(exit_weighted=True))
         rules[f"weighted-{p}"] = dict(weighted=True)
-    finals = run_all(engine, requests)  # mixed batches: rows of every rule side by side
+    finals = run_requests(engine, requests)  # mixed batches: rows of every rule side by side
     for rid, (prompt, _) in requests.items():
         tokens, loops = reference(model, prompt, **rules[rid])
         assert finals[rid].token_ids == tokens, rid
@@ -111,7 +103,7 @@ def test_default_engine_compiles_no_weighted_step(model):
     with pytest.raises(ValueError, match="enable_weighted_exit"):
         engine.add_request(PROMPTS[0], greedy(exit_weighted=True))
     # exit_step in select mode runs in the default steps: nothing compiles (strict engine)
-    finals = run_all(engine, {"a": (PROMPTS[0], greedy(exit_step=1)), "b": (PROMPTS[1], greedy())})
+    finals = run_requests(engine, {"a": (PROMPTS[0], greedy(exit_step=1)), "b": (PROMPTS[1], greedy())})
     assert finals["a"].token_ids == reference(model, PROMPTS[0], exit_step=1)[0]
     assert finals["a"].exit_loops == [2] * NEW
     assert engine.stats()["compilations"] == compiled
@@ -125,6 +117,6 @@ def test_skip_runs_only_k_plus_one_loops(model, engine, monkeypatch):
             seen.extend(r.loops for r in rows)
         return dispatch(rows, decode=decode, **kw)
     monkeypatch.setattr(engine.runner, "dispatch", spy)
-    finals = run_all(engine, {"s": (PROMPTS[1], greedy(exit_step=1, exit_mode="skip"))})
+    finals = run_requests(engine, {"s": (PROMPTS[1], greedy(exit_step=1, exit_mode="skip"))})
     assert seen == [2] * (NEW - 1)  # decode tokens run loops 0..1 (the prompt runs every loop)
     assert finals["s"].token_ids == reference(model, PROMPTS[1], exit_step=1)[0]

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from engine_helpers import greedy, run_requests
 
 import loopjax
 from loopjax import cli
@@ -96,21 +97,6 @@ def rule_greedy(model, prompt, num_new: int, skip_at: int | None = None) -> list
     return tokens
 
 
-def greedy(max_tokens):
-    return SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
-
-
-def run_all(engine, requests):
-    for rid, (prompt, params) in requests.items():
-        engine.add_request(prompt, params, rid)
-    finals = {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            if out.finished:
-                finals[out.request_id] = out
-    return finals
-
-
 @pytest.fixture(scope="module")
 def model():
     return loopjax.load(OURO)
@@ -134,8 +120,8 @@ def engines(model):
 def test_shared_equals_the_rule_and_differs_from_per_loop(model, engines, prompts):
     ids, golden = prompts
     requests = {k: (p, greedy(NUM_NEW)) for k, p in ids.items()}
-    shared = run_all(engines["shared"], requests)
-    per_loop = run_all(engines["per_loop"], requests)
+    shared = run_requests(engines["shared"], requests)
+    per_loop = run_requests(engines["per_loop"], requests)
     for k in golden:
         assert per_loop[k].token_ids == golden[k], k
     for k, prompt in ids.items():
@@ -150,7 +136,7 @@ def test_skip_exit_keeps_the_loop_a_decoded_token_stopped_at(model, engines, pro
     ids, _ = prompts
     params = SamplingParams(max_tokens=NUM_NEW, temperature=0.0, ignore_eos=True,
                             exit_mode="skip", exit_step=1)
-    finals = run_all(engines["shared"], {k: (p, params) for k, p in ids.items()})
+    finals = run_requests(engines["shared"], {k: (p, params) for k, p in ids.items()})
     for k, prompt in ids.items():
         assert finals[k].token_ids == rule_greedy(model, prompt, NUM_NEW, skip_at=1), k
         assert finals[k].exit_loops == [2] * NUM_NEW
@@ -164,12 +150,12 @@ def test_prefix_hits_are_prompt_pages_only(model, engines, prompts):
     recomputed as prompt tokens either way)."""
     ids, _ = prompts
     cached = Engine(model, EngineConfig(**SMALL, kv_layout="shared", enable_prefix_caching=True))
-    first = run_all(cached, {"t1": (ids["p2"], greedy(12))})["t1"]
+    first = run_requests(cached, {"t1": (ids["p2"], greedy(12))})["t1"]
     turn2 = ids["p2"] + first.token_ids + [5, 6, 7]
-    second = run_all(cached, {"t2": (turn2, greedy(12))})["t2"]
+    second = run_requests(cached, {"t2": (turn2, greedy(12))})["t2"]
     stats = cached.stats()
     assert stats["prefix_cache_hit_pages"] == len(ids["p2"]) // SMALL["page_size"] == 2
-    assert second.token_ids == run_all(engines["shared"], {"t2": (turn2, greedy(12))})["t2"].token_ids
+    assert second.token_ids == run_requests(engines["shared"], {"t2": (turn2, greedy(12))})["t2"].token_ids
     assert second.token_ids == rule_greedy(model, turn2, 12)
     assert stats["pages_free"] == stats["pages_total"]
 
@@ -180,16 +166,16 @@ def test_decode_pages_fit_where_per_loop_preempts(model):
     cfg = {**SMALL, "num_pages": 12}
     requests = {f"r{i}": ([i + 1] * 8, greedy(40)) for i in range(4)}
     per_loop = Engine(model, EngineConfig(**cfg))
-    run_all(per_loop, requests)
+    run_requests(per_loop, requests)
     assert per_loop.stats()["preemptions"] > 0
     shared = Engine(model, EngineConfig(**cfg, kv_layout="shared"))
-    finals = run_all(shared, requests)
+    finals = run_requests(shared, requests)
     assert all(len(out.token_ids) == 40 for out in finals.values())
     assert shared.stats()["preemptions"] == 0 and shared.stats()["pages_free"] == 12
     # Longer prompts: 2 full + 5 decode pages each (8 + 20 / 4 = 13 > 12 pages), so shared
     # preempts too; recompute returns every page.
     more = {f"s{i}": ([i + 1] * 16, greedy(40)) for i in range(4)}
-    finals = run_all(shared, more)
+    finals = run_requests(shared, more)
     assert all(len(out.token_ids) == 40 for out in finals.values())
     stats = shared.stats()
     assert stats["preemptions"] > 0 and stats["pages_free"] == stats["pages_total"] == 12
