@@ -107,11 +107,15 @@ def _attn_check(kernel, ref, args, tol):
     return check
 
 
-def _bitwise_check(kernel, ref, args):
+def _bitwise_check(kernel, ref, arg_sets):
+    """Counts differing elements over every argument tuple of arg_sets (one per input draw)."""
     def check():
-        outs, wants = jax.tree.leaves(jax.jit(kernel)(*args)), jax.tree.leaves(jax.jit(ref)(*args))
-        bad = sum(int(jnp.sum(o != w)) for o, w in zip(outs, wants, strict=True))
-        total = sum(o.size for o in outs)
+        kernel_jit, ref_jit = jax.jit(kernel), jax.jit(ref)
+        bad = total = 0
+        for args in arg_sets:
+            outs, wants = jax.tree.leaves(kernel_jit(*args)), jax.tree.leaves(ref_jit(*args))
+            bad += sum(int(jnp.sum(o != w)) for o, w in zip(outs, wants, strict=True))
+            total += sum(o.size for o in outs)
         return "bitwise ok" if bad == 0 else f"MISMATCH {bad}/{total}"
 
     return check
@@ -217,83 +221,75 @@ def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
             del kc, vc
 
 
-def bench_pointwise(b: Bench, models, token_counts, dtype, interpret):
+def _pointwise_inputs(seed, n, hq, hkv, d, h, f, dtype):
+    ks = jax.random.split(jax.random.key(n + h + 1000 * seed), 6)
+    cos, sin = layers.rope_angles(jnp.arange(n) * 3 + 1, d, 10000.0)
+    return dict(
+        x=jax.random.normal(ks[0], (n, h), dtype),
+        res=jax.random.normal(ks[1], (n, h), dtype),
+        w=1 + 0.1 * jax.random.normal(ks[2], (h,), dtype),
+        gate_up=3 * jax.random.normal(ks[3], (n, 2 * f), dtype),
+        qkv=jax.random.normal(ks[4], (n, (hq + 2 * hkv) * d), dtype),
+        bias=0.1 * jax.random.normal(ks[5], (2, hq, d), dtype),
+        cos=cos,
+        sin=sin,
+    )
+
+
+def bench_pointwise(b: Bench, models, token_counts, dtype, interpret, seeds=1):
+    """Times each kernel and its XLA twin on the first input draw; the bitwise check covers
+    `seeds` draws (a 1-ulp difference in a row sum shows in ~1 row in 200 at H = 5280)."""
     for model, (hq, hkv, d, h, f, rope_style) in models.items():
         for n in token_counts:
-            key = jax.random.key(n + h)
-            ks = jax.random.split(key, 6)
-            x, res = jax.random.normal(ks[0], (n, h), dtype), jax.random.normal(ks[1], (n, h), dtype)
-            w = 1 + 0.1 * jax.random.normal(ks[2], (h,), dtype)
-            gate_up = 3 * jax.random.normal(ks[3], (n, 2 * f), dtype)
-            qkv = jax.random.normal(ks[4], (n, (hq + 2 * hkv) * d), dtype)
-            cos, sin = layers.rope_angles(jnp.arange(n) * 3 + 1, d, 10000.0)
-            bias = 0.1 * jax.random.normal(ks[5], (2, hq, d), dtype)
+            draws = [_pointwise_inputs(s, n, hq, hkv, d, h, f, dtype) for s in range(seeds)]
+
+            def arg_sets(*names):
+                return [tuple(dr[k] for k in names) for dr in draws]
+
             item = jnp.dtype(dtype).itemsize
-            cases = [
-                ("rms_norm", (x, w), 2 * n * h * item),
-                ("add_rms_norm", (x, res, w), 3 * n * h * item),
-                ("rms_norm_add", (x, res, w), 3 * n * h * item),
-            ]
-            for fn_name, args, nbytes in cases:
+            norm_bytes = n * h * item
+            for fn_name, names in (("rms_norm", ("x", "w")), ("add_rms_norm", ("x", "res", "w")),
+                                   ("rms_norm_add", ("x", "res", "w"))):
                 kern = functools.partial(getattr(K, fn_name), eps=1e-6, interpret=interpret)
                 ref = functools.partial(getattr(K, "ref_" + fn_name), eps=1e-6)
-                _pair(b, f"{fn_name} {model} N={n}", kern, ref, args, nbytes)
+                _pair(b, f"{fn_name} {model} N={n}", kern, ref, arg_sets(*names), len(names) * norm_bytes)
             silu_bytes = 3 * n * f * item
             for fn_name in ("silu_mul", "silu_f32_mul"):
                 kern = functools.partial(getattr(K, fn_name), interpret=interpret)
-                _pair(
-                    b, f"{fn_name} {model} N={n}", kern, getattr(K, "ref_" + fn_name), (gate_up,), silu_bytes
-                )
+                ref = getattr(K, "ref_" + fn_name)
+                _pair(b, f"{fn_name} {model} N={n}", kern, ref, arg_sets("gate_up"), silu_bytes)
             rope_bytes = 2 * n * (hq + hkv) * d * item
             # The literal per-op spellings, in case the GPU compiler keeps bf16 roundings that
             # XLA on CPU drops (the default spellings follow CPU XLA): whichever says "bitwise ok".
             literal = [
-                ("silu_mul", K.silu_mul, K.ref_silu_mul, (gate_up,), {}, silu_bytes),
-                (
-                    "add_rms_norm",
-                    K.add_rms_norm,
-                    K.ref_add_rms_norm,
-                    (x, res, w),
-                    dict(eps=1e-6),
-                    3 * n * h * item,
-                ),
+                ("silu_mul", K.silu_mul, K.ref_silu_mul, ("gate_up",), {}, silu_bytes),
+                ("add_rms_norm", K.add_rms_norm, K.ref_add_rms_norm, ("x", "res", "w"), dict(eps=1e-6),
+                 3 * norm_bytes),
             ]
+            rope_interleaved_args = ("qkv", "bias", "cos", "sin")
             if rope_style == "interleaved":
-                rope_args = (qkv, bias, cos, sin)
-                literal.append(
-                    (
-                        "rope_interleaved",
-                        K.rope_interleaved_qk,
-                        K.ref_rope_interleaved_qk,
-                        rope_args,
-                        {},
-                        rope_bytes,
-                    )
-                )
-            for fn_name, fn, ref, args, kw, nbytes in literal:
+                literal.append(("rope_interleaved", K.rope_interleaved_qk, K.ref_rope_interleaved_qk,
+                                rope_interleaved_args, {}, rope_bytes))
+            for fn_name, fn, ref, names, kw, nbytes in literal:
                 kern = functools.partial(fn, round_each_op=True, interpret=interpret, **kw)
-                check = _bitwise_check(kern, functools.partial(ref, **kw), args)
-                b.case(f"{fn_name} round_each_op {model} N={n}", "alt", kern, args, nbytes, check)
+                sets = arg_sets(*names)
+                check = _bitwise_check(kern, functools.partial(ref, **kw), sets)
+                b.case(f"{fn_name} round_each_op {model} N={n}", "alt", kern, sets[0], nbytes, check)
             if rope_style == "interleaved":
                 kern = functools.partial(K.rope_interleaved_qk, interpret=interpret)
-                _pair(
-                    b,
-                    f"rope_interleaved {model} N={n}",
-                    kern,
-                    K.ref_rope_interleaved_qk,
-                    (qkv, bias, cos, sin),
-                    rope_bytes,
-                )
+                _pair(b, f"rope_interleaved {model} N={n}", kern, K.ref_rope_interleaved_qk,
+                      arg_sets(*rope_interleaved_args), rope_bytes)
             else:
                 heads = dict(num_heads=hq, num_kv_heads=hkv)
                 kern = functools.partial(K.rope_rotate_half_qk, interpret=interpret, **heads)
                 ref = functools.partial(K.ref_rope_rotate_half_qk, **heads)
-                _pair(b, f"rope_rotate_half {model} N={n}", kern, ref, (qkv, cos, sin), rope_bytes)
+                _pair(b, f"rope_rotate_half {model} N={n}", kern, ref, arg_sets("qkv", "cos", "sin"), rope_bytes)
 
 
-def _pair(b: Bench, name, kern, ref, args, nbytes):
-    b.case(name, "pallas", kern, args, nbytes, _bitwise_check(kern, ref, args))
-    b.case(name, "xla_ref", ref, args, nbytes)
+def _pair(b: Bench, name, kern, ref, arg_sets, nbytes):
+    """Times kern and ref on arg_sets[0]; the kernel's bitwise check covers every set."""
+    b.case(name, "pallas", kern, arg_sets[0], nbytes, _bitwise_check(kern, ref, arg_sets))
+    b.case(name, "xla_ref", ref, arg_sets[0], nbytes)
 
 
 def _commit() -> str:
@@ -312,6 +308,8 @@ def main(argv=None):
     parser.add_argument(
         "--budget", type=float, default=TIME_BUDGET_S, help="seconds before cases are skipped"
     )
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="input draws the pointwise kernels' bitwise check covers")
     parser.add_argument(
         "--only",
         default="pointwise,decode,prefill",
@@ -331,7 +329,7 @@ def main(argv=None):
     b = Bench(args.smoke, iters, args.budget)
     sections = args.only.split(",")
     if "pointwise" in sections:
-        bench_pointwise(b, models, tokens, dtype, interpret)
+        bench_pointwise(b, models, tokens, dtype, interpret, args.seeds)
     if "decode" in sections:
         bench_decode(b, models, batches, contexts, dtype, interpret, page)
     if "prefill" in sections:

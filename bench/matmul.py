@@ -135,9 +135,10 @@ def _rel_err(a, b) -> float:
     return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30))
 
 
-def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, configs=None):
+def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, configs=None, norm=True):
     """Rows for one (product, M): XLA first, then the kernel with each config (default:
-    the one pick_config chooses; then Mosaic GPU, and the fused norm where a norm feeds it)."""
+    the one pick_config chooses; then Mosaic GPU, and with `norm` the fused norm where a norm
+    feeds it)."""
     key = jax.random.PRNGKey(k * 7 + n + m)
     wbytes = k * n * jnp.dtype(dtype).itemsize
     num = _num_buffers(wbytes, copy_rate, smoke)
@@ -167,7 +168,7 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
     plain = rows[1]  # NOTE: the Mosaic GPU variant and the fused norm use default tiles
     timed("mgpu", functools.partial(smg.streaming_matmul_mgpu, interpret=smoke),
           smg.mgpu_config(m, k, n), ref, t_xla)
-    if name.endswith(NORM_FED) and "us" in plain:
+    if norm and name.endswith(NORM_FED) and "us" in plain:
         nw = _random(jax.random.PRNGKey(k), (k,), dtype, 0.1) + 1
         fn = functools.partial(sm.streaming_matmul, norm_weight=nw, norm_eps=NORM_EPS,
                                interpret=smoke)
@@ -340,6 +341,8 @@ def main(argv=None) -> int:
     p.add_argument("--step-only", action="store_true", help="only the decode step")
     p.add_argument("--sweep", action="store_true", help="try several block sizes per case")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, interpret mode")
+    p.add_argument("--no-norm", action="store_true",
+                   help="products without the fused-norm rows (they lose; run 10 measured them)")
     p.add_argument("--max-seconds", type=float, default=200.0, help="time budget, seconds")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -370,7 +373,8 @@ def main(argv=None) -> int:
             configs = sweep_configs(m, k, n, dtype) if args.sweep else None
             try:
                 case = product_case(name, k, n, m, dtype=dtype, copy_rate=copy_rate,
-                                    smoke=args.smoke, rounds=rounds, calls=calls, configs=configs)
+                                    smoke=args.smoke, rounds=rounds, calls=calls, configs=configs,
+                                    norm=not args.no_norm)
             except Exception as e:  # noqa: BLE001
                 case = [dict(name=name, k=k, n=n, m=m, impl="xla", error=_short(e), cfg=None)]
             for r in case:

@@ -6,7 +6,8 @@
 
 x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
 One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
-tile (masked past H) so the sum of squares runs over the row in its natural order.
+tile (masked past H) and summed with the warps XLA's own Triton fusion uses, which fixes
+the f32 row sum's order (`default_num_warps`).
 The body spells every op in f32 with explicit roundings to the dtype where the jitted XLA
 twin rounds (measured on CPU; Triton applies no excess precision of its own).
 The `ref_` twins call layers.rms_norm.
@@ -94,9 +95,19 @@ def _rnd(x, dtype):
     return x.astype(dtype).astype(F32)
 
 
+def default_num_warps(h: int) -> int:
+    """The warps XLA gives the model's norm: on the H200 it runs as a Triton fusion with 4 warps
+    at H = 2048 and 8 at H = 5280 (optimized HLO, bench/RESULTS.md run 11). Triton's row sum
+    runs in an order set by the warp layout, so with the same warps the kernel's f32 sum is
+    XLA's, bit for bit (run 11: 0 of 10.8 M elements differ at 8 warps, 26-67 at 4)."""
+    return 8 if next_pow2(h) > 4096 else 4
+
+
 def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret, round_each_op=False):
     n, h = x.shape
     interpret = resolve_interpret(interpret)
+    if num_warps is None:
+        num_warps = default_num_warps(h)
     if block_rows is None:  # ~8K elements per program
         block_rows = max(1, min(next_pow2(n), 8192 // next_pow2(h)))
     kernel = functools.partial(
@@ -124,7 +135,7 @@ def rms_norm(
     eps: float,
     *,
     block_rows: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     interpret: bool | None = None,
 ):
     check_rms_norm_inputs(x, weight)
@@ -138,14 +149,13 @@ def add_rms_norm(
     eps: float,
     *,
     block_rows: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     round_each_op: bool | None = None,
     interpret: bool | None = None,
 ):
     """round_each_op=True rounds x + residual to the dtype (the literal jaxpr) instead of
     keeping it in f32 as XLA does on CPU. None: what XLA does where the kernel runs — rounded
-    on the GPU (bitwise on the H200, bench/results/run5; one shape still differs in 26 of
-    10.8 M elements: the row sum's order, bench/RESULTS.md run 10), f32 in interpret mode (bitwise on CPU)."""
+    on the GPU (bitwise on the H200, bench/RESULTS.md runs 5 and 11), f32 in interpret mode (bitwise on CPU)."""
     check_rms_norm_inputs(x, weight, residual)
     if round_each_op is None:
         round_each_op = not resolve_interpret(interpret)
@@ -159,7 +169,7 @@ def rms_norm_add(
     eps: float,
     *,
     block_rows: int | None = None,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     interpret: bool | None = None,
 ):
     check_rms_norm_inputs(x, weight, residual)
