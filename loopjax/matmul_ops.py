@@ -4,11 +4,13 @@
 - 'streaming': the Pallas weight-streaming kernel for every product up to 128 rows, with the
   RMSNorm fused into its prologue and SiLU*up into its epilogue where the model allows
   (kernels/streaming_matmul.py; plain XLA above 128 rows).
-- 'auto': what was measured to win on the H200 (bench/RESULTS.md run 2: 1 row Ouro-1.4B 9.5
-  vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; at 8+ rows XLA as fast or faster): the streaming
-  kernel as a plain product for decode steps of fewer than 8 rows on a GPU, the norms and
-  SiLU*up in XLA; XLA otherwise. The fused-norm prologue loses on the GPU (run 10: the
-  weights-only Ouro step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so it stays out of 'auto'.
+- 'auto': what was measured to win on the H200, product by product: the streaming kernel as a
+  plain product (norms and SiLU*up in XLA) for every product of a step of fewer than 8 rows
+  (run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; run 11's per-product
+  table: 1.1-4.0x XLA at 1 row), and at 8-32 rows for the weight shapes in
+  `STREAMING_WINS_8_TO_32` (run 11: Huginn's wo 2.8x, wqkv 1.05-1.11x); XLA otherwise. The
+  fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at 1
+  row, 7.3 vs 4.7 ms at 8), so it stays out of 'auto'.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_rows_below` wrapper.
 """
@@ -24,6 +26,9 @@ from loopjax import layers
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
+# Weight shapes [K, N] whose streaming product beat XLA at 8 and at 32 rows in the same run
+# (bench/RESULTS.md run 11; ties within 5% stay on XLA): Huginn-0125's wo and wqkv.
+STREAMING_WINS_8_TO_32 = frozenset({(5280, 5280), (5280, 15840)})
 
 
 def matmul_ops(name: str) -> Ops:
@@ -37,7 +42,7 @@ def matmul_ops(name: str) -> Ops:
                    norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
     measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
                    norm_linear_silu_mul=_norm_then_streaming_silu_mul)
-    return Ops(**{f.name: _rows_below(8, getattr(measured, f.name), getattr(XLA_OPS, f.name))
+    return Ops(**{f.name: _where_measured(getattr(measured, f.name), getattr(XLA_OPS, f.name))
                   for f in dataclasses.fields(Ops)})
 
 
@@ -53,10 +58,12 @@ def _norm_then_streaming_silu_mul(x, norm_weight, eps: float, w_gate_up):
 
 
 @functools.cache
-def _rows_below(max_rows: int, kernel, fallback):
-    """Op (x, *args): `kernel` when x has fewer than max_rows rows (a static shape), else
-    `fallback`. Cached so equal choices give one (hashable) function."""
+def _where_measured(kernel, fallback):
+    """Op (x, *args, w): `kernel` where it won on the H200 for x's rows and w's shape (static
+    shapes), else `fallback`. Cached so equal choices give one (hashable) function."""
 
     def pick(x, *args):
-        return kernel(x, *args) if x.shape[0] < max_rows else fallback(x, *args)
+        rows, weight_shape = x.shape[0], tuple(args[-1].shape)
+        wins = rows < 8 or (rows <= 32 and weight_shape in STREAMING_WINS_8_TO_32)
+        return kernel(x, *args) if wins else fallback(x, *args)
     return pick

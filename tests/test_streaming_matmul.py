@@ -149,23 +149,24 @@ def test_norm_drop_ins_dispatch_on_rows():
                                   layers.norm_linear(x, nw, 1e-6, w))
 
 
-def test_auto_ops_use_the_kernels_below_8_rows(monkeypatch):
-    """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows and
-    XLA from 8, with the norm in XLA (the measured configuration; the fused-norm prologue is
-    'streaming' only until it is measured); equal choices give equal (hashable) Ops."""
-    from loopjax.matmul_ops import matmul_ops
+def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
+    """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows; at
+    8-32 rows only the weight shapes listed as measured wins do, from 33 rows none; the norm
+    stays in XLA (the fused-norm prologue loses); equal choices give equal (hashable) Ops."""
+    from loopjax import matmul_ops as mo
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    ops, nw = matmul_ops("auto"), _norm_weight(32, F32)
-    assert matmul_ops("auto") == ops and hash(ops) == hash(matmul_ops("auto"))
-    assert matmul_ops("streaming").norm_linear is sm.streaming_norm_linear
-    for rows, kernel in ((7, True), (8, False)):
-        x, w, _ = _inputs(rows, 32, 16, F32)
+    monkeypatch.setattr(mo, "STREAMING_WINS_8_TO_32", frozenset({(32, 16)}))
+    ops, nw = mo.matmul_ops("auto"), _norm_weight(32, F32)
+    assert mo.matmul_ops("auto") == ops and hash(ops) == hash(mo.matmul_ops("auto"))
+    assert mo.matmul_ops("streaming").norm_linear is sm.streaming_norm_linear
+    for rows, n, kernel in ((7, 8, True), (8, 8, False), (8, 16, True), (32, 16, True), (33, 16, False)):
+        x, w, _ = _inputs(rows, 32, n, F32)
         for op, args in ((ops.linear, (x, w)), (ops.norm_linear, (x, nw, 1e-6, w)),
                          (ops.norm_linear_silu_mul, (x, nw, 1e-6, w))):
             eps_static = (2,) if len(args) == 4 else ()
             jaxpr = str(jax.make_jaxpr(op, static_argnums=eps_static)(*args))
-            assert ("pallas_call" in jaxpr) == kernel, (op, rows)
+            assert ("pallas_call" in jaxpr) == kernel, (op, rows, n)
             assert jaxpr.count("pallas_call") <= 1
     monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
     x, w, _ = _inputs(4, 32, 16, F32)

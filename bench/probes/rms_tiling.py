@@ -3,7 +3,10 @@ optimized HLO names `output_tiles` and `num_warps`); Triton's row-reduction orde
 the tile's layout, so the Pallas kernel is bitwise to XLA when it uses the same tile.
 Prints, per (H, N), XLA's chosen tile and warps, then mismatching elements of the Pallas
 norms vs the jitted XLA twins for each (block_rows, num_warps). Usage:
-  python -m loopjax.bench.probes.rms_tiling"""
+  python -m loopjax.bench.probes.rms_tiling
+  python -m loopjax.bench.probes.rms_tiling --cases 2048:128,2048:32 --names add_rms_norm
+(with --cases: mismatches only, add_rms_norm in both roundings of x + residual)"""
+import argparse
 import functools
 import json
 import re
@@ -41,7 +44,34 @@ def inputs(h, n, seed):
     return x, r, w
 
 
+def mismatches(cases, names, seeds=6):
+    configs = [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2)]
+    for h, n in cases:
+        for name in names:
+            xla_fn, kern_fn = TWINS[name]
+            rounds = (None, True, False) if name == "add_rms_norm" else (None,)
+            for rnd in rounds:
+                extra = {} if rnd is None else {"round_each_op": rnd}
+                counts = {c: 0 for c in configs}
+                for seed in range(seeds):
+                    x, r, w = inputs(h, n, seed)
+                    want = jax.jit(xla_fn)(x, r, w)
+                    for br, nw in configs:
+                        fn = functools.partial(kern_fn, block_rows=br, num_warps=nw, **extra)
+                        counts[(br, nw)] += int(jnp.sum(jax.jit(fn)(x, r, w) != want))
+                line = "  ".join(f"{br}x{nw}:{c}" for (br, nw), c in counts.items())
+                print(f"mismatch {name:13s} round={rnd} H={h} N={n:5d} (rows x warps): {line}", flush=True)
+
+
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--cases", default="", help="H:N pairs; only the mismatch counts")
+    ap.add_argument("--names", default=",".join(TWINS))
+    args = ap.parse_args()
+    if args.cases:
+        cases = [tuple(int(v) for v in c.split(":")) for c in args.cases.split(",")]
+        mismatches(cases, args.names.split(","))
+        return
     records = []
     for h in (5280, 2048):
         for n in (1, 2, 8, 32, 128, 512, 2048):
