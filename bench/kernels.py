@@ -243,7 +243,7 @@ def bench_pointwise(b: Bench, models, token_counts, dtype, interpret, seeds=1):
         for n in token_counts:
             draws = [_pointwise_inputs(s, n, hq, hkv, d, h, f, dtype) for s in range(seeds)]
 
-            def arg_sets(*names):
+            def arg_sets(*names, draws=draws):
                 return [tuple(dr[k] for k in names) for dr in draws]
 
             item = jnp.dtype(dtype).itemsize
@@ -283,7 +283,8 @@ def bench_pointwise(b: Bench, models, token_counts, dtype, interpret, seeds=1):
                 heads = dict(num_heads=hq, num_kv_heads=hkv)
                 kern = functools.partial(K.rope_rotate_half_qk, interpret=interpret, **heads)
                 ref = functools.partial(K.ref_rope_rotate_half_qk, **heads)
-                _pair(b, f"rope_rotate_half {model} N={n}", kern, ref, arg_sets("qkv", "cos", "sin"), rope_bytes)
+                _pair(b, f"rope_rotate_half {model} N={n}", kern, ref, arg_sets("qkv", "cos", "sin"),
+                      rope_bytes)
 
 
 def _pair(b: Bench, name, kern, ref, arg_sets, nbytes):

@@ -155,7 +155,8 @@ def add_rms_norm(
 ):
     """round_each_op=True rounds x + residual to the dtype (the literal jaxpr) instead of
     keeping it in f32 as XLA does on CPU. None: what XLA does where the kernel runs — rounded
-    on the GPU (bitwise on the H200, bench/RESULTS.md runs 5 and 11), f32 in interpret mode (bitwise on CPU)."""
+    on the GPU (bitwise on the H200, bench/RESULTS.md runs 5 and 11), f32 in interpret mode
+    (bitwise on CPU)."""
     check_rms_norm_inputs(x, weight, residual)
     if round_each_op is None:
         round_each_op = not resolve_interpret(interpret)

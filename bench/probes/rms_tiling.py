@@ -13,9 +13,11 @@ import re
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
 from loopjax import layers
 from loopjax.kernels import add_rms_norm, rms_norm, rms_norm_add
+from loopjax.kernels._common import compiler_params, load_tile, load_vec, next_pow2, store_tile
 
 EPS = 1e-6
 TWINS = {
@@ -44,12 +46,35 @@ def inputs(h, n, seed):
     return x, r, w
 
 
+def _native_add_kernel(x_ref, r_ref, w_ref, o_ref, *, block_rows):
+    """add_rms_norm with x + residual added in the dtype (Triton's bf16 add, one rounding)
+    rather than in f32 then rounded (two roundings)."""
+    n, h = x_ref.shape
+    width, r0 = next_pow2(h), pl.program_id(0) * block_rows
+    s = (load_tile(x_ref, r0, block_rows, 0, width, n, h)
+         + load_tile(r_ref, r0, block_rows, 0, width, n, h)).astype(jnp.float32)
+    mean = jnp.sum(s * s, axis=-1, keepdims=True) * jnp.float32(1.0 / h)
+    normed = (s * jax.lax.rsqrt(mean + EPS)).astype(x_ref.dtype).astype(jnp.float32)
+    w = load_vec(w_ref, 0, width, h)[None, :].astype(jnp.float32)
+    store_tile(o_ref, r0, 0, (w * normed).astype(x_ref.dtype), n, h)
+
+
+def native_add_rms_norm(x, r, w, *, block_rows, num_warps):
+    return pl.pallas_call(functools.partial(_native_add_kernel, block_rows=block_rows),
+                          out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype),
+                          grid=(pl.cdiv(x.shape[0], block_rows),),
+                          compiler_params=compiler_params(num_warps))(x, r, w)
+
+
 def mismatches(cases, names, seeds=6):
     configs = [(1, 4), (2, 4), (4, 4), (1, 8), (2, 8), (1, 2)]
     for h, n in cases:
         for name in names:
-            xla_fn, kern_fn = TWINS[name]
-            rounds = (None, True, False) if name == "add_rms_norm" else (None,)
+            if name == "add_rms_norm_native":
+                xla_fn, kern_fn, rounds = TWINS["add_rms_norm"][0], native_add_rms_norm, (None,)
+            else:
+                xla_fn, kern_fn = TWINS[name]
+                rounds = (None, True, False) if name == "add_rms_norm" else (None,)
             for rnd in rounds:
                 extra = {} if rnd is None else {"round_each_op": rnd}
                 counts = {c: 0 for c in configs}
