@@ -7,8 +7,8 @@
 - 'auto': what was measured to win on the H200, product by product: the streaming kernel as a
   plain product (norms and SiLU*up in XLA) for every product of a step of fewer than 8 rows
   (run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; run 11's per-product
-  table: 1.1-4.0x XLA at 1 row), and at 8-32 rows for the weight shapes in
-  `STREAMING_WINS_8_TO_32` (run 11: wqkv, wo, w_down of both models); XLA otherwise. The
+  table: 1.1-4.0x XLA at 1 row), and from 8 rows for the weight shapes and row counts in
+  `STREAMING_MAX_ROWS` (run 11: wqkv, wo, w_down of both models); XLA otherwise. The
   fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at 1
   row, 7.3 vs 4.7 ms at 8), so it stays out of 'auto'.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
@@ -26,11 +26,13 @@ from loopjax import layers
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
-# Weight shapes [K, N] whose streaming product (TUNED configs) beat XLA by >= 5% at 8 and at
-# 32 rows in the same run (bench/RESULTS.md run 11): Ouro-1.4B's wqkv, wo, w_down (1.07-1.52x)
-# and Huginn-0125's wqkv, wo, w_down (1.05-2.86x). w_gate_up and lm_head tie (0.97-1.05x).
-STREAMING_WINS_8_TO_32 = frozenset({(2048, 6144), (2048, 2048), (5632, 2048),
-                                    (5280, 15840), (5280, 5280), (17920, 5280)})
+# Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
+# from 8 rows up, from bench/RESULTS.md run 11: each beat XLA by >= 5% per product at 8 and 32
+# rows; in the whole decode step the Huginn-0125 three (wqkv, wo, w_down) gain 12-15% at 8 and
+# 32 rows, the Ouro-1.4B three 4.6% at 8 rows and -1.2% at 32, so Ouro's stop at 8.
+# w_gate_up and lm_head tie per product (0.97-1.05x) and stay on XLA from 8 rows.
+STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
+                      (2048, 6144): 8, (2048, 2048): 8, (5632, 2048): 8}
 
 
 def matmul_ops(name: str) -> Ops:
@@ -66,6 +68,6 @@ def _where_measured(kernel, fallback):
 
     def pick(x, *args):
         rows, weight_shape = x.shape[0], tuple(args[-1].shape)
-        wins = rows < 8 or (rows <= 32 and weight_shape in STREAMING_WINS_8_TO_32)
+        wins = rows < 8 or rows <= STREAMING_MAX_ROWS.get(weight_shape, 0)
         return kernel(x, *args) if wins else fallback(x, *args)
     return pick

@@ -150,13 +150,13 @@ def test_norm_drop_ins_dispatch_on_rows():
 
 
 def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
-    """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows; at
-    8-32 rows only the weight shapes listed as measured wins do, from 33 rows none; the norm
+    """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows; from
+    8 rows only the weight shapes listed as measured wins do, up to their listed rows; the norm
     stays in XLA (the fused-norm prologue loses); equal choices give equal (hashable) Ops."""
     from loopjax import matmul_ops as mo
 
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
-    monkeypatch.setattr(mo, "STREAMING_WINS_8_TO_32", frozenset({(32, 16)}))
+    monkeypatch.setattr(mo, "STREAMING_MAX_ROWS", {(32, 16): 32})
     ops, nw = mo.matmul_ops("auto"), _norm_weight(32, F32)
     assert mo.matmul_ops("auto") == ops and hash(ops) == hash(mo.matmul_ops("auto"))
     assert mo.matmul_ops("streaming").norm_linear is sm.streaming_norm_linear
