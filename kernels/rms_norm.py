@@ -1,16 +1,17 @@
 """Fused RMSNorm kernels, bitwise twins of loopjax.layers.rms_norm (same casts, same order):
 
     rms_norm(x, weight, eps)                 = layers.rms_norm(x, weight, eps)
-    add_rms_norm(x, residual, weight, eps)   = layers.rms_norm(x + residual, weight, eps)  (Huginn)
-    rms_norm_add(x, residual, weight, eps)   = residual + layers.rms_norm(x, weight, eps)  (Ouro)
+    add_rms_norm(x, residual, weight, eps)   = layers.add_rms_norm: rms_norm(x + residual)  (Huginn)
+    rms_norm_add(x, residual, weight, eps)   = layers.rms_norm_add: residual + rms_norm(x)  (Ouro)
 
 x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
 One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
 tile (masked past H) and summed with the warps XLA's own Triton fusion uses, which fixes
 the f32 row sum's order (`default_num_warps`).
-The body spells every op in f32 with explicit roundings to the dtype where the jitted XLA
-twin rounds (measured on CPU; Triton applies no excess precision of its own).
-The `ref_` twins call layers.rms_norm.
+The body spells every op in f32 with explicit roundings to the dtype where the jaxpr rounds,
+as XLA compiles the twin under layers.IDENTITY_COMPILER_OPTIONS (no excess precision; Triton
+applies none of its own).
+The `ref_` twins call the layers functions the models use.
 """
 
 from __future__ import annotations
@@ -57,12 +58,12 @@ def ref_rms_norm(x, weight, eps: float):
 
 def ref_add_rms_norm(x, residual, weight, eps: float):
     check_rms_norm_inputs(x, weight, residual)
-    return layers.rms_norm(x + residual, weight, eps)
+    return layers.add_rms_norm(x, residual, weight, eps)
 
 
 def ref_rms_norm_add(x, residual, weight, eps: float):
     check_rms_norm_inputs(x, weight, residual)
-    return residual + layers.rms_norm(x, weight, eps)
+    return layers.rms_norm_add(x, residual, weight, eps)
 
 
 def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each_op: bool, interpret: bool):
@@ -77,7 +78,7 @@ def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each
     if residual is not None:
         res = load_tile(res_ref, r0, block_rows, 0, width, n, h).astype(F32)
     if residual == "before":
-        # NOTE: XLA keeps the bf16 sum that feeds rms_norm's f32 cast in f32 (excess precision).
+        # NOTE: XLA with excess precision (its default) keeps this bf16 sum in f32 on CPU.
         xf = _rnd(xf + res, dt) if round_each_op else xf + res
     w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)  # [1, W]
     # NOTE: XLA's algebraic simplifier turns mean's "/ h" into "* f32(1/h)" (seen in the H200's
@@ -150,16 +151,13 @@ def add_rms_norm(
     *,
     block_rows: int | None = None,
     num_warps: int | None = None,
-    round_each_op: bool | None = None,
+    round_each_op: bool = True,
     interpret: bool | None = None,
 ):
-    """round_each_op=True rounds x + residual to the dtype (the literal jaxpr) instead of
-    keeping it in f32 as XLA does on CPU. None: what XLA does where the kernel runs — rounded
-    on the GPU (bitwise on the H200, bench/RESULTS.md runs 5 and 11), f32 in interpret mode
-    (bitwise on CPU)."""
+    """round_each_op (default) rounds x + residual to the dtype, as the jaxpr says and as XLA
+    does under layers.IDENTITY_COMPILER_OPTIONS (the models' compile options) on CPU and GPU;
+    False keeps the sum in f32, as XLA's default excess precision does on CPU."""
     check_rms_norm_inputs(x, weight, residual)
-    if round_each_op is None:
-        round_each_op = not resolve_interpret(interpret)
     return _call(x, residual, weight, eps, "before", block_rows, num_warps, interpret, round_each_op)
 
 

@@ -2,14 +2,15 @@
 
     rope_rotate_half_qk(qkv, cos, sin, num_heads=, num_kv_heads=) -> (q, k)      (Ouro)
         qkv [N, (Hq + 2*Hkv) * D], columns [q | k | v], head-major inside each;
-        q = layers.rope_rotate_half(q heads, cos, sin), k likewise.
+        = layers.rope_rotate_half_qk (q = layers.rope_rotate_half(q heads, cos, sin), k likewise).
     rope_interleaved_qk(qkv, qk_bias, cos, sin) -> (q, k)                          (Huginn)
         qkv [N, 3 * Hq * D] as above with Hkv = Hq; qk_bias [2, Hq, D];
-        q = layers.rope_interleaved(q heads + qk_bias[0], cos, sin), k with qk_bias[1].
+        = layers.rope_interleaved_qk (q = rope_interleaved(q heads + qk_bias[0]), k with [1]).
 
 cos, sin [N, D/2] fp32 (layers.rope_angles); q [N, Hq, D], k [N, Hkv, D] in qkv's dtype.
 v stays a slice of qkv. The body spells every op in f32 with explicit roundings to the
-dtype where the jitted XLA twin rounds (measured on CPU; Triton adds no excess precision).
+dtype where the jaxpr rounds (XLA under layers.IDENTITY_COMPILER_OPTIONS; Triton adds no
+excess precision).
 One program per (row block, q-or-k head); q and k heads are contiguous in qkv, so head j
 starts at column j * D for both.
 """
@@ -57,25 +58,15 @@ def check_rope_inputs(qkv, cos, sin, num_heads: int, num_kv_heads: int, qk_bias=
     return n, d
 
 
-def _split_qk(qkv, num_heads, num_kv_heads, d):
-    n = qkv.shape[0]
-    q = qkv[:, : num_heads * d].reshape(n, num_heads, d)
-    k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].reshape(n, num_kv_heads, d)
-    return q, k
-
-
 def ref_rope_rotate_half_qk(qkv, cos, sin, *, num_heads: int, num_kv_heads: int):
-    _, d = check_rope_inputs(qkv, cos, sin, num_heads, num_kv_heads)
-    q, k = _split_qk(qkv, num_heads, num_kv_heads, d)
-    return layers.rope_rotate_half(q, cos, sin), layers.rope_rotate_half(k, cos, sin)
+    check_rope_inputs(qkv, cos, sin, num_heads, num_kv_heads)
+    return layers.rope_rotate_half_qk(qkv, cos, sin, num_heads, num_kv_heads)
 
 
 def ref_rope_interleaved_qk(qkv, qk_bias, cos, sin):
     h = qk_bias.shape[1] if qk_bias.ndim == 3 else -1
-    _, d = check_rope_inputs(qkv, cos, sin, h, h, qk_bias)
-    q, k = _split_qk(qkv, h, h, d)
-    bias = qk_bias.astype(qkv.dtype)
-    return layers.rope_interleaved(q + bias[0], cos, sin), layers.rope_interleaved(k + bias[1], cos, sin)
+    check_rope_inputs(qkv, cos, sin, h, h, qk_bias)
+    return layers.rope_interleaved_qk(qkv, qk_bias, cos, sin)
 
 
 def _rnd(x, dtype):
@@ -96,8 +87,9 @@ def _rotate_half(x_ref, cos_ref, sin_ref, r0, col, bn, half, w2):
 
 def _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, bn, d, w, round_each_op):
     """Rows r0.. of head j at column `col`: [BN, W] f32 pairs of layers.rope_interleaved
-    applied to x + bias. NOTE: XLA keeps that bf16 sum in f32 (it feeds an f32 cast);
-    round_each_op=True rounds it as the jaxpr literally says."""
+    applied to x + bias. round_each_op rounds that bf16 sum as the jaxpr says (XLA under
+    layers.IDENTITY_COMPILER_OPTIONS); False keeps it in f32, as XLA's default excess
+    precision does on CPU (it feeds an f32 cast)."""
     n, dt = x_ref.shape[0], x_ref.dtype
     x = load_tile(x_ref, r0, bn, col, w, n, d).astype(F32)
     b = load_tile(bias_ref, j, 1, 0, w, bias_ref.shape[0], d).astype(F32)  # [1, W]
@@ -197,13 +189,10 @@ def rope_interleaved_qk(
     *,
     block_rows: int | None = None,
     num_warps: int = 4,
-    round_each_op: bool | None = None,
+    round_each_op: bool = True,
     interpret: bool | None = None,
 ):
-    """round_each_op=True: see _interleaved. None: rounded on the GPU (bitwise with XLA on
-    the H200, bench/results/run5), unrounded in interpret mode (bitwise with XLA on CPU)."""
-    if round_each_op is None:
-        round_each_op = not resolve_interpret(interpret)
+    """round_each_op: see _interleaved (default: rounded, as the models compile)."""
     h = qk_bias.shape[1] if qk_bias.ndim == 3 else -1
     _, d = check_rope_inputs(qkv, cos, sin, h, h, qk_bias)
     if qk_bias.dtype != qkv.dtype:

@@ -47,7 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import exits
-from loopjax.layers import causal_attention, rms_norm, rope_angles
+from loopjax.layers import IDENTITY_COMPILER_OPTIONS, causal_attention, rms_norm, rope_angles
 from loopjax.models import huginn, ouro
 
 CACHE_RULES = ("full", "latest-m4", "compress-sK", "latest-m4-compress-sK")
@@ -265,7 +265,7 @@ def ouro_layout(cfg, max_len: int) -> StoreLayout:
     return StoreLayout((cfg.total_ut_steps,) * n, max_len, cfg.num_kv_heads, cfg.head_dim)
 
 
-@partial(jax.jit, static_argnames=("cfg", "layout"), compiler_options=ouro.IDENTITY_COMPILER_OPTIONS)
+@partial(jax.jit, static_argnames=("cfg", "layout"), compiler_options=IDENTITY_COMPILER_OPTIONS)
 def _ouro_loop(params, cfg, layout, kv, x, positions, depth, ex, threshold):
     """One Ouro loop over this call's tokens ("last exited" reads), then the exit rule."""
     cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_theta)
@@ -275,7 +275,7 @@ def _ouro_loop(params, cfg, layout, kv, x, positions, depth, ex, threshold):
     return h, kv, ex
 
 
-@partial(jax.jit, compiler_options=ouro.IDENTITY_COMPILER_OPTIONS)
+@partial(jax.jit, compiler_options=IDENTITY_COMPILER_OPTIONS)
 def _ouro_head(params, hidden):
     return ouro.lm_head(params, hidden).astype(jnp.float32)
 

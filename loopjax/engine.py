@@ -33,6 +33,7 @@ from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
+from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling_params import SamplingParams
@@ -59,6 +60,7 @@ class EngineConfig:
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
     attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas' | 'pallas_mgpu'
     matmul: str = "auto"                  # 'auto' (measured) | 'xla' | 'streaming' (Pallas, <= 128 rows)
+    pointwise: str = "xla"                # 'xla' | 'pallas' (bitwise-equal kernels; pointwise_ops.py)
     loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
     max_prefill_batches_before_decode: int = 1
@@ -130,7 +132,8 @@ class Engine:
                              strict=config.strict_compile,
                              decode_page_widths=tuple(-(-c // config.page_size)
                                                       for c in config.decode_context_buckets),
-                             ops=matmul_ops(config.matmul), unroll=config.loop_unroll,
+                             ops=with_pointwise(matmul_ops(config.matmul), config.pointwise),
+                             unroll=config.loop_unroll,
                              compilation_cache_dir=config.compilation_cache_dir)
         # Runner.warmup / warmup_steps options: the executables this config compiles at start-up
         self.warmup_options = dict(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),

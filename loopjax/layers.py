@@ -22,6 +22,13 @@ from typing import Any, Protocol
 import jax
 import jax.numpy as jnp
 
+# XLA's default excess precision lets a bf16 result feed an fp32 convert unrounded (e.g. a
+# product's output into the next RMSNorm: the H200's decode step summed wo's split-K partials
+# in f32 straight into the norm, bench/RESULTS.md run 11), which breaks bf16 identity with the
+# reference. Every jitted path of the models compiles with it off (the identity forward and
+# the engine's steps), so XLA rounds exactly where op-by-op execution does.
+IDENTITY_COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
+
 
 def rms_norm(x, weight, eps: float):
     """weight * (x.f32 * rsqrt(mean(x.f32^2) + eps)).astype(x.dtype): cast back *before* the
@@ -29,6 +36,16 @@ def rms_norm(x, weight, eps: float):
     xf = x.astype(jnp.float32)
     normed = xf * jax.lax.rsqrt(jnp.mean(xf * xf, axis=-1, keepdims=True) + eps)
     return weight * normed.astype(x.dtype)
+
+
+def rms_norm_add(x, residual, weight, eps: float):
+    """residual + rms_norm(x): Ouro's sandwich norm closing a branch (x is the branch output)."""
+    return residual + rms_norm(x, weight, eps)
+
+
+def add_rms_norm(x, residual, weight, eps: float):
+    """rms_norm(x + residual): Huginn's sandwich norm of the residual sum."""
+    return rms_norm(x + residual, weight, eps)
 
 
 def linear(x, w):
@@ -85,6 +102,31 @@ def rope_interleaved(x, cos, sin):
     return out.reshape(x.shape).astype(x.dtype)
 
 
+def split_qk(qkv, num_heads: int, num_kv_heads: int):
+    """q [N, Hq, D], k [N, Hkv, D] of a fused projection qkv [N, (Hq + 2*Hkv) * D], columns
+    [q | k | v], head-major inside each."""
+    n = qkv.shape[0]
+    d = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
+    q = qkv[:, : num_heads * d].reshape(n, num_heads, d)
+    k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].reshape(n, num_kv_heads, d)
+    return q, k
+
+
+def rope_rotate_half_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """Ouro's RoPE of the q and k heads of a fused projection (split_qk): (q, k)."""
+    q, k = split_qk(qkv, num_heads, num_kv_heads)
+    return rope_rotate_half(q, cos, sin), rope_rotate_half(k, cos, sin)
+
+
+def rope_interleaved_qk(qkv, qk_bias, cos, sin):
+    """Huginn's q and k of a fused projection [N, 3 * H * D]: qk_bias [2, H, D] (cast to
+    qkv's dtype) added before the interleaved RoPE, as the reference does: (q, k)."""
+    h = qk_bias.shape[1]
+    q, k = split_qk(qkv, h, h)
+    bias = qk_bias.astype(qkv.dtype)
+    return rope_interleaved(q + bias[0], cos, sin), rope_interleaved(k + bias[1], cos, sin)
+
+
 def repeat_kv(k, num_heads: int):
     """GQA: kv head j serves query heads j*g .. j*g+g-1 (repeat-interleave, not tiling)."""
     group = num_heads // k.shape[-2]
@@ -124,16 +166,22 @@ class DenseCausal:
 
 @dataclass(frozen=True)
 class Ops:
-    """The dense products a layer runs, so a step can swap in a device kernel where it wins
-    (the weight-streaming matmul of `loopjax.kernels.streaming_matmul` for decode on GPU)
-    without a second model definition. Each field keeps the signature of its XLA default
-    here; frozen and made of functions, so it is hashable and can be a static jit argument.
-    The norm_* ops are the products fed directly by an RMSNorm (the kernel fuses the norm
-    into its prologue, and the SiLU*up into its epilogue)."""
+    """The ops of a layer that a device kernel may run instead of XLA, so a step can swap one
+    in without a second model definition: the dense products (the weight-streaming matmul of
+    `loopjax.kernels.streaming_matmul`, loopjax/matmul_ops.py) and the pointwise chains (the
+    bitwise-equal Pallas kernels, loopjax/pointwise_ops.py). Each field keeps the signature of
+    its XLA default here; frozen and made of functions, so it is hashable and can be a static
+    jit argument. The norm_* ops are the products fed directly by an RMSNorm (a kernel may
+    fuse the norm into its prologue, and the SiLU*up into its epilogue)."""
 
     linear: Callable = linear
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
+    rms_norm: Callable = rms_norm
+    rms_norm_add: Callable = rms_norm_add
+    add_rms_norm: Callable = add_rms_norm
+    rope_rotate_half_qk: Callable = rope_rotate_half_qk
+    rope_interleaved_qk: Callable = rope_interleaved_qk
 
 
 XLA_OPS = Ops()

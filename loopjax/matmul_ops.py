@@ -17,7 +17,6 @@ module-level function or a cached `_rows_below` wrapper.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import jax
@@ -26,6 +25,7 @@ from loopjax import layers
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
+PRODUCTS = ("linear", "norm_linear", "norm_linear_silu_mul")  # the Ops fields chosen here
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up, from bench/RESULTS.md run 11: each beat XLA by >= 5% per product at 8 and 32
 # rows; in the whole decode step the Huginn-0125 three (wqkv, wo, w_down) gain 12-15% at 8 and
@@ -46,8 +46,8 @@ def matmul_ops(name: str) -> Ops:
                    norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
     measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
                    norm_linear_silu_mul=_norm_then_streaming_silu_mul)
-    return Ops(**{f.name: _where_measured(getattr(measured, f.name), getattr(XLA_OPS, f.name))
-                  for f in dataclasses.fields(Ops)})
+    return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name))
+                  for name in PRODUCTS})
 
 
 def _norm_then_streaming(x, norm_weight, eps: float, w):

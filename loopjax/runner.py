@@ -35,7 +35,7 @@ from loopjax import kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput, StepResult
 from loopjax.compilation import CompileTime, compile_lowered, use_compilation_cache
 from loopjax.kv_cache import DeviceState
-from loopjax.layers import XLA_OPS, Ops, rms_norm, rope_angles
+from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, Ops, rms_norm, rope_angles
 from loopjax.sampling import sample
 
 
@@ -268,7 +268,8 @@ class Runner:
             return step(params, state, batch, cfg=self.cfg, layout=layout, backend=backend,
                         kind=kind, num_top_logprobs=num_top_logprobs, ops=ops)
 
-        self._step = jax.jit(traced, static_argnums=3, donate_argnums=1)
+        self._step = jax.jit(traced, static_argnums=3, donate_argnums=1,
+                             compiler_options=IDENTITY_COMPILER_OPTIONS)
 
     def make_batch(self, rows: list[RowInput], *, decode: bool, loop_begin: int, loop_end: int,
                    adaptive: bool = False, **bucket):

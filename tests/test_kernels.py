@@ -189,6 +189,9 @@ def test_query_blocks_cut_runs_and_block_size():
 
 
 # ------------------------------------------------------------------ pointwise: bitwise
+# The twins compile as the models' steps do (layers.IDENTITY_COMPILER_OPTIONS: no excess
+# precision), the XLA path the kernels must equal bit for bit.
+_jit_twin = functools.partial(jax.jit, compiler_options=layers.IDENTITY_COMPILER_OPTIONS)
 
 
 @pytest.mark.parametrize(
@@ -199,7 +202,7 @@ def test_rms_norm_bitwise(n, h, dtype):
     x, res, w = _rand(rs, (n, h), dtype, 3.0), _rand(rs, (n, h), dtype), _rand(rs, (h,), dtype)
     for name, args in (("rms_norm", (x, w)), ("add_rms_norm", (x, res, w)), ("rms_norm_add", (x, res, w))):
         kern = jax.jit(functools.partial(getattr(K, name), eps=1e-6, interpret=True))
-        ref = jax.jit(functools.partial(getattr(K, "ref_" + name), eps=1e-6))
+        ref = _jit_twin(functools.partial(getattr(K, "ref_" + name), eps=1e-6))
         _same(kern(*args), ref(*args))
 
 
@@ -211,7 +214,7 @@ def test_silu_mul_bitwise(n, f, dtype, blocks):
     gate_up = _rand(np.random.default_rng(f), (n, 2 * f), dtype, 4.0)
     for name in ("silu_mul", "silu_f32_mul"):
         kern = jax.jit(functools.partial(getattr(K, name), interpret=True, **blocks))
-        _same(kern(gate_up), jax.jit(getattr(K, "ref_" + name))(gate_up))
+        _same(kern(gate_up), _jit_twin(getattr(K, "ref_" + name))(gate_up))
 
 
 def test_silu_gpu_spelling_matches_jitted_twins():
@@ -241,13 +244,13 @@ def test_rope_bitwise(n, hq, hkv, d, dtype, block_rows):
     heads = dict(num_heads=hq, num_kv_heads=hkv)
     kern = jax.jit(functools.partial(K.rope_rotate_half_qk, block_rows=block_rows, interpret=True, **heads))
     for a, b in zip(
-        kern(qkv, cos, sin), jax.jit(functools.partial(K.ref_rope_rotate_half_qk, **heads))(qkv, cos, sin)
+        kern(qkv, cos, sin), _jit_twin(functools.partial(K.ref_rope_rotate_half_qk, **heads))(qkv, cos, sin)
     ):
         _same(a, b)
     if hq == hkv:
         bias = _rand(rs, (2, hq, d), dtype)
         kern = jax.jit(functools.partial(K.rope_interleaved_qk, block_rows=block_rows, interpret=True))
-        for a, b in zip(kern(qkv, bias, cos, sin), jax.jit(K.ref_rope_interleaved_qk)(qkv, bias, cos, sin)):
+        for a, b in zip(kern(qkv, bias, cos, sin), _jit_twin(K.ref_rope_interleaved_qk)(qkv, bias, cos, sin)):
             _same(a, b)
 
 
@@ -377,8 +380,9 @@ def _finish(engine):
 
 
 @pytest.mark.parametrize("family", ["ouro", "huginn"])
-def test_engine_golden_greedy_tokens_with_pallas_attention(family):
-    """The paged decode and prefill kernels (interpret mode) leave the golden tokens as they are."""
+def test_engine_golden_greedy_tokens_with_the_kernels_on(family):
+    """The paged decode and prefill kernels and the pointwise kernels (RMSNorm, RoPE, SiLU*up;
+    interpret mode) leave the golden tokens as they are."""
     from safetensors.numpy import load_file
 
     import loopjax
@@ -388,7 +392,7 @@ def test_engine_golden_greedy_tokens_with_pallas_attention(family):
     greedy = functools.partial(SamplingParams, temperature=0.0, ignore_eos=True)
     if family == "ouro":
         model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
-        engine = Engine(model, EngineConfig(attention_backend="pallas", **ENGINE_SMALL))
+        engine = Engine(model, EngineConfig(attention_backend="pallas", pointwise="pallas", **ENGINE_SMALL))
         for k in ("p0", "p1", "p2"):
             engine.add_request(ref[f"{k}_input_ids"].tolist(), greedy(max_tokens=24), k)
         finals = _finish(engine)
@@ -398,7 +402,8 @@ def test_engine_golden_greedy_tokens_with_pallas_attention(family):
         path = "tests/data/huginn/huginn_shape_242"
         gen = load_file(f"{path}/generate.safetensors")
         prompt = load_file(f"{path}/inputs.safetensors")["prompt_ids"][0].tolist()
-        engine = Engine(loopjax.load(path), EngineConfig(attention_backend="pallas", **ENGINE_SMALL))
+        engine = Engine(loopjax.load(path), EngineConfig(attention_backend="pallas", pointwise="pallas",
+                                                         **ENGINE_SMALL))
         rid = engine.add_request(prompt, greedy(max_tokens=8), initial_state=gen["gen_init_states"][0])
         assert _finish(engine)[rid].token_ids == gen["gen_tokens"][0].tolist()
 

@@ -27,7 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import HuginnConfig
-from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles, rope_interleaved
+from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles
 
 # ---------------------------------------------------------------- params
 
@@ -87,12 +87,10 @@ def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, d
     """attn(norm_1(x)) [N, H]; x is the block input (norm_1 feeds wqkv directly)."""
     n = x.shape[0]
     qkv = ops.norm_linear(x, layer["norm_1"], cfg.norm_eps, layer["wqkv"])
-    qkv = qkv.reshape(n, 3, cfg.num_heads, cfg.head_dim)
-    bias = layer["qk_bias"].astype(x.dtype)
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
-    q = rope_interleaved(qkv[:, 0] + bias[0], cos, sin)
-    k = rope_interleaved(qkv[:, 1] + bias[1], cos, sin)
-    kv, out = attn(kv, layer_id, depth, q, k, qkv[:, 2])
+    q, k = ops.rope_interleaved_qk(qkv, layer["qk_bias"], cos, sin)
+    v = qkv[:, 2 * cfg.num_heads * cfg.head_dim:].reshape(n, cfg.num_heads, cfg.head_dim)
+    kv, out = attn(kv, layer_id, depth, q, k, v)
     return ops.linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
 
 
@@ -106,8 +104,8 @@ def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth
     """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
     eps = cfg.norm_eps
     out, kv = _attention(layer, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
-    x = rms_norm(out + x, layer["norm_2"], eps)
-    x = rms_norm(_mlp(layer, cfg, x, ops) + x, layer["norm_4"], eps)
+    x = ops.add_rms_norm(out, x, layer["norm_2"], eps)
+    x = ops.add_rms_norm(_mlp(layer, cfg, x, ops), x, layer["norm_4"], eps)
     return x, kv
 
 
@@ -145,11 +143,11 @@ def lm_head(params, x):
 def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv, ops=XLA_OPS):
     """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype."""
     with jax.named_scope("huginn_coda"):
-        x = rms_norm(s, params["ln_f"], cfg.norm_eps)
+        x = ops.rms_norm(s, params["ln_f"], cfg.norm_eps)
         base = cfg.num_prelude_layers + cfg.num_core_layers
         for i, layer in enumerate(params["coda"]):
             x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + i, 0, ops)
-        x = rms_norm(x, params["ln_f"], cfg.norm_eps)
+        x = ops.rms_norm(x, params["ln_f"], cfg.norm_eps)
         return lm_head(params, x), kv
 
 

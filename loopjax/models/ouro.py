@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import OuroConfig
-from loopjax.layers import XLA_OPS, DenseCausal, linear, rms_norm, rope_angles, rope_rotate_half, silu_mul
+from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, DenseCausal, linear, rope_angles, silu_mul
 
 # Std of the normal the random (benchmark) weights are drawn from (HF's initializer_range).
 INIT_STD = 0.02
@@ -91,17 +91,15 @@ def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops
     q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     with jax.named_scope("attention"):
         qkv = ops.norm_linear(x, lp["attn_norm"], eps, lp["wqkv"])
-        q = qkv[:, :q_dim].reshape(n, cfg.num_heads, cfg.head_dim)
-        k = qkv[:, q_dim:q_dim + kv_dim].reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k = ops.rope_rotate_half_qk(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads)
         v = qkv[:, q_dim + kv_dim:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
-        q, k = rope_rotate_half(q, cos, sin), rope_rotate_half(k, cos, sin)
         kv, out = attn(kv, layer_id, depth, q, k, v)
         out = ops.linear(out.reshape(n, q_dim), lp["wo"])
-        x = x + rms_norm(out, lp["attn_norm_2"], eps)
+        x = ops.rms_norm_add(out, x, lp["attn_norm_2"], eps)
     with jax.named_scope("mlp"):
         act = ops.norm_linear_silu_mul(x, lp["mlp_norm"], eps, lp["w_gate_up"])
         out = ops.linear(act, lp["w_down"])
-        x = x + rms_norm(out, lp["mlp_norm_2"], eps)
+        x = ops.rms_norm_add(out, x, lp["mlp_norm_2"], eps)
     return x, kv
 
 
@@ -112,7 +110,7 @@ def loop(params, cfg: OuroConfig, x, cos, sin, attn, kv, depth, ops=XLA_OPS):
     for layer_id, lp in enumerate(params["layers"]):
         with jax.named_scope(f"layer_{layer_id}"):
             x, kv = _layer(lp, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
-    return rms_norm(x, params["norm"], cfg.rms_norm_eps), kv
+    return ops.rms_norm(x, params["norm"], cfg.rms_norm_eps), kv
 
 
 def gate_logits(params, h):
@@ -268,10 +266,6 @@ class OuroOutput:
     exit_loop: jax.Array    # [T] int32, the loop selected (L - 1 for weighted exit)
 
 
-# NOTE: XLA's default excess precision lets a bf16 result feed an fp32 convert unrounded
-# (e.g. the residual add into rms_norm), which breaks bf16 identity with the reference;
-# turning it off makes the jitted forward round exactly where op-by-op execution does.
-IDENTITY_COMPILER_OPTIONS = {"xla_allow_excess_precision": False}
 
 
 @functools.partial(jax.jit, static_argnums=(1, 3), compiler_options=IDENTITY_COMPILER_OPTIONS)

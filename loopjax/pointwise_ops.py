@@ -1,0 +1,71 @@
+"""Which implementation a step's pointwise chains use (`EngineConfig.pointwise`): RMSNorm,
+the residual norms, RoPE of q and k, SiLU*up.
+
+- 'xla' (default): the jitted XLA ops of loopjax/layers.py, fused by XLA into its own kernels.
+- 'pallas': the Pallas kernels of loopjax/kernels (rms_norm, rope, silu_mul; interpret mode on
+  a CPU), each bitwise equal to its XLA twin, so switching them on changes no bit of a step's
+  output (tests/test_pointwise_ops.py on CPU; bench/RESULTS.md runs 5 and 11 on the H200).
+  The products are the matmul choice's plain products with the norm before them and the
+  SiLU*up after them on the kernels (a streaming matmul's fused prologue/epilogue is not used).
+  Not the default: no kernel beats XLA's own fusion standalone on the H200 (run 5), and each
+  is one more kernel per op where XLA fuses several.
+Ops must stay hashable and equal across calls (a static jit argument): every op here is a
+module-level function or a cached composition.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+from loopjax.layers import Ops
+
+POINTWISE = ("xla", "pallas")
+
+
+def with_pointwise(ops: Ops, name: str) -> Ops:
+    """`ops` with its pointwise chains on the implementation `name`."""
+    if name not in POINTWISE:
+        raise ValueError(f"unknown pointwise {name!r}; choose 'xla' or 'pallas'")
+    if name == "xla":
+        return ops
+    from loopjax import kernels
+
+    return dataclasses.replace(
+        ops,
+        rms_norm=kernels.rms_norm,
+        rms_norm_add=kernels.rms_norm_add,
+        add_rms_norm=kernels.add_rms_norm,
+        rope_rotate_half_qk=_rope_rotate_half_qk,
+        rope_interleaved_qk=kernels.rope_interleaved_qk,
+        norm_linear=_kernel_norm_then(ops.linear),
+        norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
+    )
+
+
+def _rope_rotate_half_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    from loopjax import kernels
+
+    return kernels.rope_rotate_half_qk(qkv, cos, sin, num_heads=num_heads, num_kv_heads=num_kv_heads)
+
+
+@functools.cache
+def _kernel_norm_then(linear):
+    """norm_linear: the RMSNorm kernel, then `linear`."""
+    from loopjax import kernels
+
+    def norm_linear(x, norm_weight, eps: float, w):
+        return linear(kernels.rms_norm(x, norm_weight, eps), w)
+    return norm_linear
+
+
+@functools.cache
+def _kernel_norm_then_silu_mul(linear):
+    """norm_linear_silu_mul: the RMSNorm kernel, `linear` into [N, 2F] ([gate | up]), the
+    SiLU*up kernel."""
+    from loopjax import kernels
+
+    def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):
+        gate_up = linear(kernels.rms_norm(x, norm_weight, eps), w_gate_up)
+        return kernels.silu_mul(gate_up)
+    return norm_linear_silu_mul
