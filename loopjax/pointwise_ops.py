@@ -3,8 +3,10 @@ the residual norms, RoPE of q and k, SiLU*up.
 
 - 'xla' (default): the jitted XLA ops of loopjax/layers.py, fused by XLA into its own kernels.
 - 'pallas': the Pallas kernels of loopjax/kernels (rms_norm, rope, silu_mul; interpret mode on
-  a CPU), each bitwise equal to its XLA twin, so switching them on changes no bit of a step's
-  output (tests/test_pointwise_ops.py on CPU; bench/RESULTS.md runs 5 and 11 on the H200).
+  a CPU), each bitwise equal to its XLA twin (bench/RESULTS.md runs 5 and 11 on the H200), so
+  switching them on leaves a bf16 model's layers bit-for-bit unchanged (tests/
+  test_pointwise_ops.py; in f32 on a CPU, XLA computes Ouro's RoPE inside its fusion 1 ulp
+  apart from the same ops alone).
   The products are the matmul choice's plain products with the norm before them and the
   SiLU*up after them on the kernels (a streaming matmul's fused prologue/epilogue is not used).
   Not the default: no kernel beats XLA's own fusion standalone on the H200 (run 5), and each
