@@ -13,6 +13,7 @@ for spec in "$@"; do
   name=${spec%%:*}; limit=${spec##*:}
   case $name in
     kernels) cmd="python3 -m loopjax.bench.kernels --out $OUT/kernels.json" ;;
+    pointwise) cmd="python3 -m loopjax.bench.kernels --only pointwise --seeds 6 --out $OUT/pointwise.json" ;;
     attn_decode) cmd="python3 -m loopjax.bench.kernels --only decode --budget $((limit - 30)) --out $OUT/attn_decode.json" ;;
     attn_sweep) cmd="python3 -m loopjax.bench.kernels --only sweep --budget $((limit - 30)) --out $OUT/attn_sweep.json" ;;
     matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
