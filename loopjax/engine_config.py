@@ -1,0 +1,44 @@
+"""EngineConfig: the engine's options (frozen; one field per option, each with its default and
+a one-line contract). `loopjax.engine_args` turns every field into a command-line flag; the
+Engine (loopjax/engine.py) reads them once at build time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    page_size: int = 16
+    num_pages: int | None = None          # KV pool pages; None: from kv_memory_bytes
+    kv_memory_bytes: int | None = None    # pool budget; both None: max_num_rows full contexts
+    max_num_rows: int = 32                # rows of a decode step (running requests)
+    decode_row_buckets: tuple[int, ...] | None = None  # None: step_plan.default_decode_row_buckets
+    max_prefill_tokens: int = 512         # packed prompt tokens per prefill step (chunked above)
+    prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
+    max_prefill_rows: int = 4             # prompts packed into one prefill step
+    max_context_len: int | None = None    # prompt + output; None: min(model context, 4096)
+    decode_context_buckets: tuple[int, ...] = ()  # decode contexts compiled besides the max
+    kv_layout: str = "per_loop"           # 'per_loop' | 'shared' (docs/semantics.md, Cache layouts)
+    shared_kv_slots: int = 8              # K of the shared ring (Huginn)
+    max_loops: int | None = None          # deepest loop a request may ask; None: model default
+    loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
+    attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas' | 'pallas_mgpu'
+    matmul: str = "auto"                  # 'auto' (measured) | 'xla' | 'streaming' (Pallas, <= 128 rows)
+    pointwise: str = "xla"                # 'xla' | 'pallas' (bitwise-equal kernels; pointwise_ops.py)
+    loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
+    fused_decode: bool = True             # all loops of a fixed-depth decode in one submission
+    max_prefill_batches_before_decode: int = 1
+    prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
+    enable_prefix_caching: bool = False   # share KV pages of common prefixes (Huginn: s0 by seed)
+    max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
+    adaptive_exit: bool = False           # also compile the adaptive (while_loop) steps at start-up
+    enable_weighted_exit: bool = False    # Ouro: compile the weighted-exit steps (exit_weighted)
+    huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'
+    huginn_seed: int = 0                  # seed of the position-keyed s0
+    strict_compile: bool = False          # raise if anything compiles after warm-up
+    warmup: bool = True                   # compile every bucket at start-up
+    compile_threads: int | None = None    # parallel XLA compiles at warm-up (None: CPU count)
+    compilation_cache_dir: str | None = None  # JAX's persistent compile cache (process-wide JAX state)
+    verbose: bool = True                  # print the pool at start-up
+    async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
