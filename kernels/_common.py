@@ -6,6 +6,8 @@ are covered by power-of-two column chunks, and row tails by masked loads and sto
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
@@ -84,3 +86,14 @@ def resolve_interpret(interpret: bool | None) -> bool:
 
 def compiler_params(num_warps: int = 4, num_stages: int = 2):
     return plgpu.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+
+
+def one_lowering_per_config(*static_argnames: str):
+    """Decorator for a kernel's call: jit it with its configuration arguments static, so the
+    call sites of one step with the same shapes and configuration (a layer each) share ONE
+    lowering (JAX lowers a jitted function once per module and calls it from each site).
+    Unshared, every site lowered its own kernel (a 1-row Ouro-1.4B decode step: 97 Triton
+    kernels for 5 distinct products), and every Mosaic GPU site got its own kernel hash, so XLA
+    compiled the same kernel once per site at start-up under jaxlib's process-wide Mosaic
+    lock (warm-up 148.6 -> 23.7 s on the H200, bench/RESULTS.md run 10)."""
+    return functools.partial(jax.jit, static_argnames=static_argnames)

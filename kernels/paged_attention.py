@@ -35,7 +35,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._common import is_pow2, pow2_chunks, resolve_interpret
+from ._common import is_pow2, one_lowering_per_config, pow2_chunks, resolve_interpret
 
 __all__ = [
     "check_paged_inputs",
@@ -311,10 +311,7 @@ def paged_attention(
                         interpret=interpret)
 
 
-# NOTE: jitted with every choice static, so the layers of a step (one call site each, all of
-# one shape) share one lowering of the kernel instead of one per layer.
-@functools.partial(jax.jit, static_argnames=("pages_per_block", "num_splits", "num_warps",
-                                             "num_stages", "interpret"))
+@one_lowering_per_config("pages_per_block", "num_splits", "num_warps", "num_stages", "interpret")
 def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
                  pages_per_block: int, num_splits: int, num_warps: int, num_stages: int,
                  interpret: bool):

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
-from ._common import resolve_interpret
+from ._common import one_lowering_per_config, resolve_interpret
 from .paged_attention import check_paged_inputs, combine_splits, default_num_splits
 
 __all__ = ["paged_attention_mgpu", "shape_problem"]
@@ -236,13 +236,7 @@ def paged_attention_mgpu(
                         num_splits=num_splits, num_stages=num_stages, interpret=interpret)
 
 
-# NOTE: jitted with every choice static, so that the call sites of one step (a layer each,
-# all of one shape) share ONE lowering: JAX lowers a jitted function once per module and
-# calls it from each site. Unshared, each site ran the Mosaic GPU lowering (~0.3 s on a CPU)
-# and got its own kernel hash (Mosaic numbers every module it lowers), so XLA compiled the
-# kernel once per site at start-up, one compile at a time (jaxlib's Mosaic GPU kernel cache
-# compiles under a process-wide lock).
-@functools.partial(jax.jit, static_argnames=("pages_per_block", "num_splits", "num_stages", "interpret"))
+@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "interpret")
 def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
                  pages_per_block: int, num_splits: int, num_stages: int, interpret: bool):
     """The kernel and its split combine, for inputs `paged_attention_mgpu` checked; plane: an

@@ -25,7 +25,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ._common import compiler_params, is_pow2, load_tile, load_vec, pow2_chunks, resolve_interpret, store_tile
+from ._common import (
+    compiler_params,
+    is_pow2,
+    load_tile,
+    load_vec,
+    one_lowering_per_config,
+    pow2_chunks,
+    resolve_interpret,
+    store_tile,
+)
 from .paged_attention import check_paged_inputs, ref_paged_attention, require_scalar_plane
 
 __all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention", "shape_problem"]
@@ -156,10 +165,7 @@ def prefill_attention(
                          interpret=resolve_interpret(interpret))
 
 
-# NOTE: jitted with every choice static, so the layers of a prefill step (one call site each,
-# all of one shape) share one lowering of the kernel instead of one per layer (as
-# paged_attention_mgpu's `_decode_call`).
-@functools.partial(jax.jit, static_argnames=("block_q", "block_k", "num_warps", "num_stages", "interpret"))
+@one_lowering_per_config("block_q", "block_k", "num_warps", "num_stages", "interpret")
 def _prefill_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *, block_q: int,
                   block_k: int, num_warps: int, num_stages: int, interpret: bool):
     """The kernel, for inputs `prefill_attention` checked; plane [1]."""

@@ -52,7 +52,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from loopjax import layers
 
-from ._common import load_tile, next_pow2, resolve_interpret
+from ._common import load_tile, next_pow2, one_lowering_per_config, resolve_interpret
 from .silu_mul import _silu
 from .streaming_config import (  # noqa: F401  (the kernel's configuration and validation)
     MAX_ROWS,
@@ -252,11 +252,7 @@ def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict
                         interpret=resolve_interpret(interpret))
 
 
-# NOTE: jitted with every choice static, so that the call sites of one step with the same
-# shapes and configuration (a layer each) share ONE lowering: JAX lowers a jitted function
-# once per module and calls it from each site. Unshared, a 1-row Ouro-1.4B decode step
-# lowered 97 Triton kernels for 5 distinct products.
-@functools.partial(jax.jit, static_argnames=("cfg", "epilogue", "norm_eps", "interpret"))
+@one_lowering_per_config("cfg", "epilogue", "norm_eps", "interpret")
 def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
                  norm_eps: float | None, interpret: bool):
     """The kernel and its split-K reduction and epilogue, for inputs `_call` checked and the

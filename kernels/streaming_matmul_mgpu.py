@@ -11,14 +11,12 @@ per configuration and shape in a step).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
-from ._common import is_pow2, resolve_interpret
+from ._common import is_pow2, one_lowering_per_config, resolve_interpret
 from .streaming_config import NUM_SMS, Config, check_matmul_inputs
 
 __all__ = ["mgpu_config", "streaming_matmul_mgpu"]
@@ -66,10 +64,7 @@ def streaming_matmul_mgpu(
     return _kernel_call(x, w, cfg=cfg, interpret=interpret)
 
 
-# NOTE: jitted with the configuration static, so that the call sites of one step with the same
-# shapes share ONE lowering (and one Mosaic GPU kernel hash, so XLA compiles the kernel once,
-# not once per site), as kernels/paged_attention_mgpu.py's `_decode_call`.
-@functools.partial(jax.jit, static_argnames=("cfg", "interpret"))
+@one_lowering_per_config("cfg", "interpret")
 def _kernel_call(x, w, *, cfg: Config, interpret: bool):
     """The kernel and its split-K reduction, for inputs and a configuration
     `streaming_matmul_mgpu` checked."""
