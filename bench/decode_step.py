@@ -55,7 +55,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--page-width", default="",
                         help="comma-separated page-table widths in tokens, each >= every context "
                              "(default: the context)")
-    parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming")
+    parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming, auto")
+    parser.add_argument("--pointwise", default="xla", help="comma-separated: xla, pallas")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
@@ -105,6 +106,7 @@ def bench_model(model, args, backend: str, records: list) -> None:
 def _bench_context(model, args, backend: str, context: int, width: int, first: bool,
                    records: list) -> None:
     from loopjax.matmul_ops import matmul_ops
+    from loopjax.pointwise_ops import with_pointwise
     from loopjax.runner import Runner
 
     cfg = model.cfg
@@ -116,7 +118,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
     table_pages = -(-width // args.page_size)  # the runner's only page-table width
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=table_pages, max_loops=loops, backend=backend,
-                    ops=matmul_ops(args.current_matmul))
+                    ops=with_pointwise(matmul_ops(args.current_matmul), args.current_pointwise))
     cases = {rows: _cases(runner, decode_rows(rows, pages_per_row, num_pages, context, loops), args, loops,
                           cfg.family, rows in per_loop_rows) for rows in rows_list}
     # Every shape compiles ahead, XLA compiles in parallel threads (the slow part on the GPU).
@@ -124,6 +126,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
                        for step in steps])
     for rows in rows_list:
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
+                    pointwise=args.current_pointwise,
                     layout=args.layout, rows=rows,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -175,7 +178,7 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
 
 def _print(records: list[dict]) -> None:
     for r in records:
-        print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['variant']:>8} rows {r['rows']:>4} "
+        print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} {r['variant']:>8} rows {r['rows']:>4} "
               f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
@@ -198,8 +201,9 @@ def run(args: argparse.Namespace) -> int:
         args.current_preset = preset
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
-                args.current_matmul = matmul
-                bench_model(model, args, backend, records)
+                for pointwise in args.pointwise.split(","):
+                    args.current_matmul, args.current_pointwise = matmul, pointwise
+                    bench_model(model, args, backend, records)
         del model
         gc.collect()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
