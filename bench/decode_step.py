@@ -72,6 +72,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bandwidth", type=float, default=4.1e12, help="bytes/s of the roofline")
     parser.add_argument("--dtype", default=None, help="default: bf16 (fp32 for tiny presets)")
     parser.add_argument("--smoke", action="store_true", help="tiny presets, small sizes (CPU)")
+    parser.add_argument("--trace", default=None,
+                        help="also trace 3 fused steps per case under this folder and print the "
+                             "kernels (count and µs per step)")
     parser.add_argument("--out", default=None, help="write the records as JSON here")
 
 
@@ -142,6 +145,8 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
             run = lambda steps=steps, outs=outs: [outs.append(runner.submit(b, k)) or  # noqa: E731
                                                   jax.block_until_ready(outs[-1]) for b, k in steps]
             record = _record(base, name, time_calls(run, args.iters), len(steps))
+            if args.trace and name == "fused":
+                record["trace"] = _trace(run, f"{args.trace}/{_case_tag(record)}")
             if name == "adaptive":  # random weights exit arbitrarily: report the loops
                 record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:rows]))
             records.append(record)
@@ -168,6 +173,33 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
     return cases
 
 
+TRACED_STEPS = 3
+
+
+def _case_tag(r: dict) -> str:
+    return f"{r['preset']}_{r['backend']}_{r['matmul']}_{r['pointwise']}_r{r['rows']}_c{r['context']}"
+
+
+def _trace(run, trace_dir: str) -> dict:
+    """Kernels of TRACED_STEPS steps (jax.profiler), printed per step: where a step's time goes."""
+    from loopjax.bench.trace_summary import device_summary, format_device_summary, load_trace_events
+
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
+        for _ in range(TRACED_STEPS):
+            run()
+    summary = device_summary(load_trace_events(trace_dir), top=40)
+    if summary is None:
+        print(f"trace: no device kernels in {trace_dir}", flush=True)
+        return {}
+    for ranked in (summary["top_kernels"], summary["top_kernel_groups"]):
+        for k in ranked:  # per step, not per traced span
+            k["per_step_count"], k["per_step_us"] = k["count"] / TRACED_STEPS, k["total_us"] / TRACED_STEPS
+    print(format_device_summary(summary), flush=True)
+    return summary
+
+
 def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:
     median = statistics.median(times) * 1e6
     return {**base, "variant": variant, "submissions_per_token": submissions,
@@ -178,7 +210,8 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
 
 def _print(records: list[dict]) -> None:
     for r in records:
-        print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} {r['variant']:>8} rows {r['rows']:>4} "
+        print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} "
+              f"{r['variant']:>8} rows {r['rows']:>4} "
               f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"

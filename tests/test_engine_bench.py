@@ -8,11 +8,16 @@ from loopjax.bench import decode_step
 def test_decode_step_smoke(tmp_path):
     out = tmp_path / "decode.json"
     rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
+                           "--pointwise", "xla,pallas", "--trace", str(tmp_path / "trace"),
                            "--out", str(out)])
     assert rc == 0
     records = json.loads(out.read_text())["records"]
-    assert [(r["variant"], r["rows"], r["submissions_per_token"]) for r in records] == [
-        ("fused", 2, 1), ("per_loop", 2, 4)]
+    assert [(r["pointwise"], r["variant"], r["rows"], r["submissions_per_token"]) for r in records] == [
+        ("xla", "fused", 2, 1), ("xla", "per_loop", 2, 4),
+        ("pallas", "fused", 2, 1), ("pallas", "per_loop", 2, 4)]
+    # --trace: the fused step was traced (a CPU trace holds no GPU kernels: an empty summary)
+    assert all(("trace" in r) == (r["variant"] == "fused") for r in records)
+    assert list((tmp_path / "trace").iterdir())
     for r in records:
         assert r["median_us"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes"] > 0
         assert 0 < r["roofline_pct"] < 100
