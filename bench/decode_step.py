@@ -24,6 +24,7 @@ copy rate); `roofline_pct` = roofline time / measured time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import math
 import statistics
@@ -57,6 +58,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the context)")
     parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming, auto")
     parser.add_argument("--pointwise", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--streaming-rows", default="",
+                        help="';'-separated experiments with matmul 'auto', each adding entries "
+                             "KxN:rows to matmul_ops.STREAMING_MAX_ROWS (e.g. 'base;2048x2048:32'; "
+                             "'base': the table as it is)")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
@@ -130,6 +135,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
     for rows in rows_list:
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     pointwise=args.current_pointwise,
+                    streaming_extra=args.current_streaming_extra,
                     layout=args.layout, rows=rows,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -208,11 +214,38 @@ def _record(base: dict, variant: str, times: list[float], submissions: int) -> d
             "roofline_pct": 100.0 * base["roofline_us"] / median}
 
 
+def _streaming_experiments(spec: str) -> list[dict]:
+    """'base;2048x2048:32,5632x2048:32' -> [{}, {(2048, 2048): 32, (5632, 2048): 32}]."""
+    experiments = []
+    for part in (spec or "base").split(";"):
+        entries = {}
+        for item in filter(None, part.strip().removeprefix("base").split(",")):
+            shape, rows = item.split(":")
+            k, n = shape.split("x")
+            entries[(int(k), int(n))] = int(rows)
+        experiments.append(entries)
+    return experiments
+
+
+@contextlib.contextmanager
+def _streaming_rows_added(extra: dict):
+    """An experiment of this benchmark only: matmul 'auto' also streams these weight shapes
+    up to these rows (the module's table is restored after)."""
+    from loopjax import matmul_ops
+    saved = matmul_ops.STREAMING_MAX_ROWS
+    matmul_ops.STREAMING_MAX_ROWS = {**saved, **extra}
+    try:
+        yield
+    finally:
+        matmul_ops.STREAMING_MAX_ROWS = saved
+
+
 def _print(records: list[dict]) -> None:
     for r in records:
         print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} "
               f"{r['variant']:>8} rows {r['rows']:>4} "
-              f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
+              + (f"+streaming {r['streaming_extra']} " if r["streaming_extra"] != "-" else "")
+              + f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
               + (f"  mean loops {r['mean_loops']:.2f}" if "mean_loops" in r else "")
@@ -235,8 +268,12 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    args.current_matmul, args.current_pointwise = matmul, pointwise
-                    bench_model(model, args, backend, records)
+                    for extra in _streaming_experiments(args.streaming_rows):
+                        args.current_matmul, args.current_pointwise = matmul, pointwise
+                        args.current_streaming_extra = ",".join(
+                            f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
+                        with _streaming_rows_added(extra):
+                            bench_model(model, args, backend, records)
         del model
         gc.collect()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)

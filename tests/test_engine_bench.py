@@ -40,3 +40,18 @@ def test_decode_step_page_width_below_the_context_is_one_line(capsys):
     rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--context", "32", "--page-width", "64,16"])
     err = capsys.readouterr().err
     assert rc == 2 and "--page-width 16 is below the context 32" in err and err.count("\n") == 1
+
+
+def test_decode_step_streaming_experiments(tmp_path):
+    """--streaming-rows: each experiment adds weight shapes to matmul 'auto's table for its
+    run only (on CPU 'auto' is XLA, so only the bookkeeping is checked here)."""
+    from loopjax import matmul_ops
+    table = dict(matmul_ops.STREAMING_MAX_ROWS)
+    out = tmp_path / "decode.json"
+    rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
+                           "--per-loop-rows", "", "--matmul", "auto",
+                           "--streaming-rows", "base;64x192:8,96x64:32", "--out", str(out)])
+    assert rc == 0 and matmul_ops.STREAMING_MAX_ROWS == table
+    records = json.loads(out.read_text())["records"]
+    assert [r["streaming_extra"] for r in records] == ["-", "64x192:8,96x64:32"]
+    assert decode_step._streaming_experiments("base;1x2:3") == [{}, {(1, 2): 3}]
