@@ -16,7 +16,8 @@ def test_decode_step_smoke(tmp_path):
         ("xla", "fused", 2, 1), ("xla", "per_loop", 2, 4),
         ("pallas", "fused", 2, 1), ("pallas", "per_loop", 2, 4)]
     # --trace: the fused step was traced (a CPU trace holds no GPU kernels: an empty summary)
-    assert all(("trace" in r) == (r["variant"] == "fused") for r in records)
+    assert all(("trace" in r) == ("pipelined_us" in r) == (r["variant"] == "fused") for r in records)
+    assert all(r["pipelined_us"] > 0 for r in records if r["variant"] == "fused")
     assert list((tmp_path / "trace").iterdir())
     for r in records:
         assert r["median_us"] > 0 and r["weight_bytes"] > 0 and r["kv_bytes"] > 0
