@@ -127,7 +127,8 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
     the TOP_K_CAP largest values (what `lax.top_k` returns); 2) otherwise from the full
     descending sort. Branch-free (see `sample`): one sort of every row per step feeds paths 1
     and 2 (its first TOP_K_CAP columns are the top-k values) and the batch's path is selected.
-    On the H200 the sort of [128, 65536] f32 costs ~0.6 ms (`lax.top_k` of 128 as much).
+    On the H200 the sort of [128, 65536] f32 costs ~0.4 ms (`sort_descending`; `lax.top_k` of
+    128 as much as the float-comparator sort, ~0.6 ms).
     """
     vocab = scaled.shape[-1]
     top_k = jnp.where((batch.top_k <= 0) | (batch.top_k >= vocab), 0, batch.top_k)
@@ -136,7 +137,7 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
     capped = (top_k > 0) & (top_k <= TOP_K_CAP)
     cap = min(TOP_K_CAP, vocab)
     row_max = jnp.max(scaled, axis=-1, keepdims=True)
-    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    sorted_desc = sort_descending(scaled)
     from_top_k = _topk_topp_threshold(sorted_desc[:, :cap], top_k, batch.top_p)
     from_sort = _topk_topp_threshold(sorted_desc, top_k, batch.top_p)
     thr = jnp.where(~jnp.any(filtering), -jnp.inf,
@@ -144,6 +145,22 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
     # min-p: p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p); log(0) = -inf keeps all.
     min_p_thr = row_max + jnp.log(batch.min_p)[:, None]
     return jnp.maximum(thr, min_p_thr)
+
+
+def sort_descending(x: jax.Array) -> jax.Array:
+    """x [R, V] f32 sorted descending along V, through int32 keys in float order: an integer
+    sort has a plain comparator, which XLA:GPU hands to CUB's radix sort at large sizes (run 12,
+    H200: [128, 49152] 288 vs 495 µs for `-jnp.sort(-x)`, whose NaN-canonicalizing float
+    comparator it cannot; 5% faster at 8-32 rows). Same values, but -0.0 sorts below +0.0
+    (equal as floats, so the thresholds built from it are unchanged)."""
+    keys = _float_order_keys(jax.lax.bitcast_convert_type(-x, jnp.int32))
+    return -jax.lax.bitcast_convert_type(_float_order_keys(jnp.sort(keys, axis=-1)), jnp.float32)
+
+
+def _float_order_keys(bits):
+    """f32 bit patterns <-> int32 keys whose signed order is the floats' order (an
+    involution: negative floats flip their magnitude bits)."""
+    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
 
 
 def _topk_topp_threshold(sorted_desc, top_k, top_p):

@@ -351,3 +351,17 @@ def test_from_openai_rejects_bad_fields(body, msg):
     with pytest.raises(ValueError) as err:
         SamplingParams.from_openai(body)
     assert str(err.value).startswith(msg) and "\n" not in str(err.value)
+
+
+def test_sort_descending_matches_numpy_on_every_kind_of_float():
+    """The int-key sort gives numpy's descending order (as values) for negatives, positives,
+    both zeros, ties, infinities and denormals."""
+    from loopjax.sampling import sort_descending
+
+    rs = np.random.default_rng(3)
+    x = rs.standard_normal((3, 257)).astype(np.float32) * 10
+    x[0, :6] = [0.0, -0.0, np.inf, -np.inf, 1e-42, -1e-42]
+    x[1, :50] = 2.5  # ties
+    x[2] = -np.abs(x[2])  # all negative
+    got = np.asarray(jax.jit(sort_descending)(jnp.asarray(x)))
+    np.testing.assert_array_equal(got, -np.sort(-x, axis=-1))
