@@ -32,17 +32,10 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
 # on the H200 (run 1: weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products;
 # the Pallas decode kernels stop at each row's length, so a padding token reads a single block).
 # Two executables fewer at start-up than 1, 2, 4, 8, ... (run 10: the 1-, 2- and 4-row ones were
-# the slowest). Whether 1 row keeps its own bucket (where `matmul='auto'` streams the weights)
-# depends on the model: see default_decode_row_buckets.
+# the slowest). One row keeps its own bucket, where `matmul='auto'` streams every product: the
+# device step is 11% shorter than padded to 8 rows for Ouro-1.4B (run 12, context 512, steps
+# back to back as the engine runs them: 6.0 vs 6.8 ms) and 9% for Huginn-0125 (30.2 vs 33.0 ms).
 DECODE_ROW_BUCKETS = (1, 8, 16, 32, 64, 128)
-
-
-def default_decode_row_buckets(family: str) -> tuple[int, ...]:
-    """The engine's decode row buckets for a model family, by single-request step time on the
-    H200: Ouro-1.4B runs 1 row fastest padded to 8 (run 10, context 512: 7.8 ms with XLA products
-    at 8 rows, 9.1 ms streaming at 1 row, 11.0 ms XLA at 1 row); Huginn-0125 at 1 row streaming
-    (run 11: 32.1 ms, vs 34.9 ms at 8 rows, both with matmul='auto')."""
-    return DECODE_ROW_BUCKETS[1:] if family == "ouro" else DECODE_ROW_BUCKETS
 
 
 @dataclass(frozen=True)

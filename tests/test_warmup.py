@@ -16,7 +16,7 @@ from loopjax import config as config_lib
 from loopjax.bench import warmup_probe
 from loopjax.engine import EngineConfig
 
-# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows (1,) 8, 16, 32 and the six
+# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32 and the six
 # prefill token buckets up to max_prefill_tokens 512. Raise only on purpose: each one is
 # another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
 DEFAULT_EXECUTABLES = 10
@@ -27,8 +27,8 @@ def test_default_warmup_executable_count(preset):
     engine = warmup_probe.abstract_engine(config_lib.preset(preset), EngineConfig(verbose=False))
     steps = engine.runner.warmup_steps(**engine.warmup_options)
     decode_rows = sorted({b.page_table.shape[0] for b, _ in steps if b.decode})
-    # 2-7 rows run padded to 8; Huginn's single request streams the weights at 1 row
-    assert decode_rows == ([8, 16, 32] if preset.startswith("ouro") else [1, 8, 16, 32])
+    # 2-7 rows run padded to 8; a single request streams the weights at 1 row
+    assert decode_rows == [1, 8, 16, 32]
     assert len(steps) <= DEFAULT_EXECUTABLES, f"{len(steps)} warm-up executables by default"
 
 
@@ -88,12 +88,12 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
     labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
     decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
-    assert decode("default") == ["decode rows=8 width=4 loops=4"]  # Ouro: 1 row runs padded to 8
+    assert decode("default") == [f"decode rows={r} width=4 loops=4" for r in (1, 8)]  # 2-7 pad to 8
     assert decode("old-buckets") == [f"decode rows={r} width=4 loops=4" for r in (1, 2, 4, 8)]
-    assert len(labels["default"]) == len(labels["old-buckets"]) - 3  # the same prefill buckets
+    assert len(labels["default"]) == len(labels["old-buckets"]) - 2  # the same prefill buckets
     assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
     text = capsys.readouterr().out
-    assert "default: 7 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
+    assert "default: 8 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
     assert "(1 mgpu)" in text
 
 
@@ -106,8 +106,9 @@ def test_probe_device_path_runs_on_cpu():
         "--engine-arg", "prefill_token_buckets=[16]"])
     result = warmup_probe.run_on_device("default", args)
     assert [e["label"] for e in result["executables"]] == [
-        "decode rows=8 width=4 loops=4", "prefill rows=4 tokens=16 width=4 loops=4"]
+        "decode rows=1 width=4 loops=4", "decode rows=8 width=4 loops=4",
+        "prefill rows=4 tokens=16 width=4 loops=4"]
     assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
-    assert result["warmup_s"] > 0 and result["decode_rows"] == [8]
+    assert result["warmup_s"] > 0 and result["decode_rows"] == [1, 8]
     assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
-    assert "default: 2 executables" in warmup_probe.table([result])
+    assert "default: 3 executables" in warmup_probe.table([result])
