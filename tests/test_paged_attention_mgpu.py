@@ -273,15 +273,15 @@ def test_engine_backend_keeps_golden_greedy_tokens():
     tiny Ouro's golden greedy tokens as they are, and with Ouro's 'shared' layout (decode
     steps reading a per-page plane table) gives the tokens of backend 'xla'."""
     import loopjax
-    from loopjax import kv_cache
+    from loopjax import attention_backend
     from loopjax.engine import Engine, EngineConfig
     from loopjax.sampling_params import SamplingParams
 
     small = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
                  prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False)
     model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
-    assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
-    assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
+    assert attention_backend.attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
+    assert attention_backend.attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
     prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
     prompts["page"] = prompts["p2"][:8]  # its first decoded token opens a decode page
 
