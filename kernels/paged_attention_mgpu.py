@@ -4,6 +4,19 @@ decode's one token per row and any N), a second backend beside the Triton kernel
 an i32 scalar or, as for the ref, an [R, M] i32 table of the plane each page is read from
 (Ouro's 'shared' KV layout): each page's TMA copy reads its own plane.
 
+Two entry points over one kernel body:
+- `paged_attention_mgpu(q, k_cache, v_cache, plane, ...) -> out`: attends a pool whose step
+  K/V is already written (`write_kv`).
+- `paged_attention_mgpu_write(q, k_new, v_new, write_slots, k_cache, v_cache, plane, ...) ->
+  (out, k_cache, v_cache)`: writes the step's K/V itself, then attends; the result of
+  `write_kv` then `ref_paged_attention` (the pool bitwise). It saves a decode step the two
+  XLA scatter kernels per layer (a few us of fixed cost each on the H200). The pools are
+  aliased in and out (XLA updates them in place). Contract on values besides the module
+  contract of paged_attention.py: write_slots[n] is either the drop slot (>= P * S: nothing
+  written, as write_kv's mode="drop") or the slot of key positions[n] of row row_of_token[n],
+  and no token reads a slot another token writes (decode: one token per row, and a row's
+  newest key lies in a page no other row reads); plane is an i32 scalar.
+
 One program (one warpgroup) per (token, kv head, context split). It streams its row's K/V
 pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
 tile: one TMA copy into a swizzled smem slot) through `num_stages` slots, a block of
@@ -17,13 +30,14 @@ dtype, scaled in it); like the Triton kernel, probabilities stay in fp32 (the re
 normalized probs, which an online softmax cannot). Where G * D <= 128 (Ouro, Huginn: G = 1)
 each of the 64 key lanes of a tile keeps its own running max, sum and [D] accumulator, so
 the loop has no cross-warp reduction; the lanes merge once at the end. Larger G reduce
-every tile (registers). Each split writes an unnormalized fp32 partial (acc, max, sum),
-combined in XLA as the Triton kernel does (`combine_splits`).
+every tile (registers). With one context split the kernel writes the normalized output in
+q's dtype (acc / sum: `combine_splits`' arithmetic for one split, so no XLA combine kernel
+runs); with more, each split writes an unnormalized fp32 partial (acc, max, sum), combined
+in XLA as the Triton kernel does (`combine_splits`).
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -32,24 +46,28 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import one_lowering_per_config, resolve_interpret
-from .paged_attention import check_paged_inputs, combine_splits, default_num_splits
+from .paged_attention import check_paged_inputs, check_write_inputs, combine_splits, default_num_splits
 
-__all__ = ["paged_attention_mgpu", "shape_problem"]
+__all__ = ["paged_attention_mgpu", "paged_attention_mgpu_write", "shape_problem"]
 
 ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
 ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [64] vectors: one entry per key of a tile
 COL_LAYOUT = plmgpu.Layout.WGMMA.reduce(0)  # [D] vectors: one entry per head-dim lane
 SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
 LANE_ACC_MAX = 128  # G * D up to which every key lane keeps its own [D] accumulator
-NEG = -1e30  # finite "no key yet" max of a key lane (exp(NEG - NEG) = 1, not NaN)
+NEG = -1e30  # finite "no key yet" running max (exp(NEG - NEG) = 1, not NaN; exp(NEG - m) = 0)
+
+
+def _round_scores(scores, dtype, scale):
+    """causal_attention's roundings of f32 q.k products: rounded to the activation dtype,
+    scaled in it, back to f32."""
+    return (scores.astype(dtype) * scale).astype(jnp.float32)
 
 
 def _scores(q, k, valid, dtype, scale):
-    """[64] f32 scores of q [D] against a key tile k [64, D], with causal_attention's
-    roundings (rounded to the activation dtype, scaled in it); invalid keys -inf."""
+    """[64] f32 scores of q [D] against a key tile k [64, D]; invalid keys -inf."""
     scores = jnp.sum(k * jax.lax.broadcast_in_dim(q, k.shape, (1,)), axis=1)
-    scores = (scores.astype(dtype) * scale).astype(jnp.float32)
-    return jnp.where(valid, scores, -jnp.inf)
+    return jnp.where(valid, _round_scores(scores, dtype, scale), -jnp.inf)
 
 
 def _lane_update(state, scores, v):
@@ -71,12 +89,23 @@ def _lane_finish(state):
 
 
 def _tile_update(state, scores, v):
-    """One online-softmax state per q head: m, l scalars, acc [D], reduced every tile."""
+    """One online-softmax state per q head: m, l scalars, acc [D], reduced every tile.
+    NOTE: m starts at NEG, not -inf: a tile of no valid key (a writing program whose only key
+    is the new one) then leaves the state as it is instead of making it NaN."""
     m_prev, l_prev, acc = state
-    m_next = jnp.maximum(m_prev, jnp.max(scores))  # finite: a program's first key is valid
+    m_next = jnp.maximum(m_prev, jnp.max(scores))
     corr, p = jnp.exp(m_prev - m_next), jnp.exp(scores - m_next)
     return m_next, l_prev * corr + jnp.sum(p), acc * corr + jnp.sum(
         jax.lax.broadcast_in_dim(p, v.shape, (0,)) * v, axis=0)
+
+
+def _fold_key(state, score, v):
+    """Fold one key (score f32 scalar, -inf: no key, the state stays bitwise as it is; v [D]
+    f32) into a merged state (m, l scalars, acc [D])."""
+    m_prev, l_prev, acc = state
+    m_next = jnp.maximum(m_prev, score)
+    corr, p = jnp.exp(m_prev - m_next), jnp.exp(score - m_next)
+    return m_next, l_prev * corr + p, acc * corr + p * v
 
 
 def _decode_body(
@@ -85,11 +114,11 @@ def _decode_body(
     row_ref,  # [N] i32
     pos_ref,  # [N] i32
     q_ref,  # [N, Hkv, G, D]
-    k_ref,  # [planes, Hkv, P, S, D]
+    k_ref,  # [planes, Hkv, P, S, D] (written in place when new_refs)
     v_ref,  # [planes, Hkv, P, S, D]
-    acc_ref,  # [splits, N, Hkv, G, D] f32 unnormalized
-    m_ref,  # [splits, N, Hkv, G] f32 running max
-    l_ref,  # [splits, N, Hkv, G] f32 running sum
+    new_refs,  # () or (slot_ref [N] i32, k_new_ref [N, Hkv, D], v_new_ref [N, Hkv, D])
+    out_refs,  # (out [N, Hkv, G, D] q dtype,) if normalize, else the split partials:
+    #            (acc [splits, N, Hkv, G, D] f32 unnormalized, m, l [splits, N, Hkv, G] f32)
     k_smem,  # [stages, block_k, D]
     v_smem,  # [stages, block_k, D]
     ready,  # one barrier per slot: its K and V pages have landed
@@ -97,6 +126,7 @@ def _decode_body(
     pages_per_block: int,
     num_splits: int,
     num_stages: int,
+    normalize: bool,
 ):
     n, h, split = (jax.lax.axis_index(a) for a in ("token", "head", "split"))
     g, d = q_ref.shape[2], q_ref.shape[3]
@@ -114,6 +144,13 @@ def _decode_body(
     start = split * per_split
     steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
     scale = jnp.asarray(d**-0.5, dtype)
+    pool_ctx = ctx  # keys read from the pool: 0..pool_ctx - 1
+    if new_refs:
+        slot_ref, k_new_ref, v_new_ref = new_refs
+        slot = slot_ref[n]
+        owner = (steps > 0) & (start + steps == num_blocks)  # this split holds key positions[n]
+        writes = slot < k_ref.shape[2] * s  # the drop slot writes nothing: the pool key is read
+        pool_ctx = ctx - writes.astype(jnp.int32)
 
     def pages_of(step):  # (plane, page) per page of block start + step (clamped; past the end: not fetched)
         first = jnp.minimum(start + step, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
@@ -133,6 +170,20 @@ def _decode_body(
     # NOTE: q is read once, straight from gmem (Mosaic's vectorized loads are smem-only).
     qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
           for j in range(g)]  # G x [D]
+    if new_refs:
+        # NOTE: the split holding key positions[n] writes the new K/V with a plain register
+        # store (not a TMA copy) and takes the new key from registers, never from the pool: the
+        # store and this program's TMA loads of the same page then need no ordering (the key is
+        # masked out of what the loads bring), and a [D] row costs no smem slot, fence or
+        # barrier. No other program reads the slot (the contract).
+        k_new = plmgpu.load(k_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
+        v_new = plmgpu.load(v_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
+
+        @pl.when(owner & writes)
+        def _():
+            page, offset = jax.lax.div(slot, s), jax.lax.rem(slot, s)
+            k_ref[plane, h, page, offset] = k_new
+            v_ref[plane, h, page, offset] = v_new
 
     def body(step, carry):
         slot = jax.lax.rem(step, num_stages)
@@ -145,7 +196,7 @@ def _decode_body(
             key_pos = (start + step) * block_k + t * ROWS + plmgpu.broadcasted_iota(
                 jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
             k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-            scores = [_scores(qj, k, key_pos < ctx, dtype, scale) for qj in qs]
+            scores = [_scores(qj, k, key_pos < pool_ctx, dtype, scale) for qj in qs]
             # NOTE: V is loaded once K is dead: [64, D] f32 tiles are D / 2 registers a thread.
             v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
             update = _lane_update if lanes else _tile_update
@@ -162,13 +213,22 @@ def _decode_body(
         init = (plmgpu.layout_cast(jnp.full((ROWS,), NEG, jnp.float32), ROW_LAYOUT),
                 zeros((ROWS,), ROW_LAYOUT), zeros((ROWS, d), plmgpu.Layout.WGMMA))
     else:
-        init = (jnp.float32(-jnp.inf), jnp.float32(0), zeros((d,), COL_LAYOUT))
+        init = (jnp.float32(NEG), jnp.float32(0), zeros((d,), COL_LAYOUT))
     carry = jax.lax.fori_loop(0, steps, body, [init] * g)
     for j, state in enumerate(carry):
-        m_i, l_i, acc = _lane_finish(state) if lanes else state
-        acc_ref[split, n, h, j] = acc
-        m_ref[split, n, h, j] = m_i
-        l_ref[split, n, h, j] = l_i
+        state = _lane_finish(state) if lanes else state
+        if new_refs:  # the new key, in its owner only (elsewhere -inf: a no-op)
+            score = _round_scores(jnp.sum(qs[j] * k_new.astype(jnp.float32)), dtype, scale)
+            state = _fold_key(state, jnp.where(owner & writes, score, -jnp.inf),
+                              v_new.astype(jnp.float32))
+        m_i, l_i, acc = state
+        if normalize:  # NOTE: combine_splits for one split: weight exp(m - m) = 1, acc / l
+            out_refs[0][n, h, j] = (acc / l_i).astype(out_refs[0].dtype)
+        else:
+            acc_ref, m_ref, l_ref = out_refs
+            acc_ref[split, n, h, j] = acc
+            m_ref[split, n, h, j] = m_i
+            l_ref[split, n, h, j] = l_i
 
 
 def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str | None:
@@ -191,28 +251,14 @@ def default_pages_per_block(page_size: int) -> int:
     return ROWS // math.gcd(page_size, ROWS)
 
 
-def paged_attention_mgpu(
-    q,  # [N, Hq, D] (decode: N == R, one token per row)
-    k_cache,  # [planes, Hkv, P, S, D]
-    v_cache,  # [planes, Hkv, P, S, D]
-    plane,  # i32 scalar, or [R, M] i32: page_table[r, j] read from plane plane[r, j]
-    page_table,  # [R, M] i32
-    row_of_token,  # [N] i32
-    positions,  # [N] i32
-    *,
-    pages_per_block: int | None = None,
-    num_splits: int | None = None,
-    num_stages: int | None = None,
-    interpret: bool | None = None,
-):
-    """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
-    contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
+def _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
+            pages_per_block, num_splits, num_stages, interpret) -> dict:
+    """Checks the attention inputs and fills in the configuration -> the static keyword
+    arguments of `_decode_call` / `_write_call`."""
     n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
         q, k_cache, v_cache, plane, page_table, row_of_token, positions
     )
-    g = hq // hkv
-    interpret = resolve_interpret(interpret)
-    problem = shape_problem(g, s, d, q.dtype)
+    problem = shape_problem(hq // hkv, s, d, q.dtype)
     if problem:
         raise ValueError(problem)
     itemsize = jnp.dtype(q.dtype).itemsize
@@ -231,16 +277,88 @@ def paged_attention_mgpu(
     if num_splits is None:
         m_pad = -(-m // pages_per_block) * pages_per_block
         num_splits = default_num_splits(n, hkv, m_pad // pages_per_block)
+    return dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
+                normalize=num_splits == 1, interpret=resolve_interpret(interpret))
+
+
+def paged_attention_mgpu(
+    q,  # [N, Hq, D] (decode: N == R, one token per row)
+    k_cache,  # [planes, Hkv, P, S, D]
+    v_cache,  # [planes, Hkv, P, S, D]
+    plane,  # i32 scalar, or [R, M] i32: page_table[r, j] read from plane plane[r, j]
+    page_table,  # [R, M] i32
+    row_of_token,  # [N] i32
+    positions,  # [N] i32
+    *,
+    pages_per_block: int | None = None,
+    num_splits: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool | None = None,
+):
+    """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
+    contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
+    config = _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
+                     pages_per_block=pages_per_block, num_splits=num_splits,
+                     num_stages=num_stages, interpret=interpret)
     return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32), page_table,
-                        row_of_token, positions, pages_per_block=pages_per_block,
-                        num_splits=num_splits, num_stages=num_stages, interpret=interpret)
+                        row_of_token, positions, **config)
 
 
-@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "interpret")
-def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
-                 pages_per_block: int, num_splits: int, num_stages: int, interpret: bool):
-    """The kernel and its split combine, for inputs `paged_attention_mgpu` checked; plane: an
-    i32 scalar or [R, M] table."""
+def paged_attention_mgpu_write(
+    q,  # [N, Hq, D] (decode: N == R, one token per row)
+    k_new,  # [N, Hkv, D] the step's keys, pool dtype
+    v_new,  # [N, Hkv, D] the step's values, pool dtype
+    write_slots,  # [N] i32: page * S + offset of token n's key positions[n]; >= P * S: drop
+    k_cache,  # [planes, Hkv, P, S, D]
+    v_cache,  # [planes, Hkv, P, S, D]
+    plane,  # i32 scalar: the plane written and read
+    page_table,  # [R, M] i32
+    row_of_token,  # [N] i32
+    positions,  # [N] i32
+    *,
+    pages_per_block: int | None = None,
+    num_splits: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool | None = None,
+):
+    """write_kv then paged_attention_mgpu in one kernel -> (out [N, Hq, D], k_cache,
+    v_cache): the pools bitwise those of write_kv, out that of ref_paged_attention over them
+    (to fp32-accumulation tolerance); see the module docstring for the contract. Donate the
+    pools (or let them die here) so that XLA updates them in place."""
+    check_write_inputs(k_cache, v_cache, plane, write_slots, k_new, v_new)
+    if write_slots.shape != positions.shape:
+        raise ValueError(f"write_slots must be int32 [{positions.shape[0]}] (one per token), got "
+                         f"{write_slots.dtype}{write_slots.shape}")
+    config = _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
+                     pages_per_block=pages_per_block, num_splits=num_splits,
+                     num_stages=num_stages, interpret=interpret)
+    return _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, jnp.asarray(plane, jnp.int32),
+                       page_table, row_of_token, positions, **config)
+
+
+@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "normalize", "interpret")
+def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, **config):
+    """The kernel (and its split combine) for inputs `_config` checked; plane: an i32 scalar
+    or [R, M] table."""
+    return _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, (), **config)
+
+
+@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "normalize", "interpret")
+def _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, plane, page_table, row_of_token,
+                positions, **config):
+    """The writing kernel for checked inputs; plane: an i32 scalar. The pools enter as refs,
+    which the kernel call turns into input/output aliases (in-place updates)."""
+    k_ref, v_ref = jax.new_ref(k_cache), jax.new_ref(v_cache)
+    out = _attend(q, k_ref, v_ref, plane, page_table, row_of_token, positions,
+                  (write_slots, k_new, v_new), **config)
+    return out, k_ref[...], v_ref[...]
+
+
+def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new, *,
+            pages_per_block: int, num_splits: int, num_stages: int, normalize: bool,
+            interpret: bool):
+    """One kernel call: new = () (attend only) or (write_slots, k_new, v_new) (write, then
+    attend); k_cache, v_cache: arrays, or refs when written."""
     n, hq, d = q.shape
     hkv, s, m = k_cache.shape[1], k_cache.shape[3], page_table.shape[1]
     g, itemsize = hq // hkv, jnp.dtype(q.dtype).itemsize
@@ -253,8 +371,14 @@ def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions
         if jnp.ndim(plane):
             plane_table = jnp.pad(plane_table, ((0, 0), (0, m_pad - m)))
     part = (num_splits, n, hkv, g)
-    body = functools.partial(_decode_body, pages_per_block=pages_per_block,
-                             num_splits=num_splits, num_stages=num_stages)
+    config = dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
+                  normalize=normalize)
+    num_in, num_out = 7 + len(new), 1 if normalize else 3
+
+    def body(*refs):
+        ins, outs, scratch = refs[:num_in], refs[num_in:num_in + num_out], refs[num_in + num_out:]
+        _decode_body(*ins[:7], ins[7:], outs, *scratch, **config)
+
     swizzle = plmgpu.find_swizzle(d * itemsize * 8)
     # NOTE: swizzled slots: the WGMMA-layout register loads then avoid bank conflicts.
     transforms = (plmgpu.TilingTransform((8, swizzle // itemsize)),
@@ -264,14 +388,21 @@ def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions
         plmgpu.SMEM((num_stages, block_k, d), q.dtype, transforms=transforms),
         plmgpu.Barrier(num_arrivals=2 * pages_per_block, num_barriers=num_stages),
     ]
-    acc, m_s, l_s = plmgpu.kernel(
+    if normalize:
+        out_type = [jax.ShapeDtypeStruct((n, hkv, g, d), q.dtype)]
+    else:
+        out_type = [jax.ShapeDtypeStruct((*part, d), jnp.float32),
+                    jax.ShapeDtypeStruct(part, jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32)]
+    outs = plmgpu.kernel(
         body,
-        out_type=[jax.ShapeDtypeStruct((*part, d), jnp.float32),
-                  jax.ShapeDtypeStruct(part, jnp.float32), jax.ShapeDtypeStruct(part, jnp.float32)],
+        out_type=out_type,
         scratch_types=scratch,
         grid=(n, hkv, num_splits),
         grid_names=("token", "head", "split"),
+        kernel_name="loopjax_paged_decode_write" if new else "loopjax_paged_decode",
         interpret=plmgpu.InterpretGPUParams() if interpret else None,
-    )(plane_table, page_table, row_of_token, positions,
-      q.reshape(n, hkv, g, d), k_cache, v_cache)
-    return combine_splits(acc, m_s, l_s).astype(q.dtype).reshape(n, hq, d)
+    )(plane_table, page_table, row_of_token, positions, q.reshape(n, hkv, g, d), k_cache, v_cache,
+      *new)
+    if normalize:
+        return outs[0].reshape(n, hq, d)
+    return combine_splits(*outs).astype(q.dtype).reshape(n, hq, d)

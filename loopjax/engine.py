@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from loopjax import kv_cache
+from loopjax import attention_backend, kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
@@ -67,14 +67,14 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
-        if config.attention_backend not in kv_cache.ATTENTION_BACKENDS:
+        if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
-                             f"choose one of {', '.join(kv_cache.ATTENTION_BACKENDS)}")
+                             f"choose one of {', '.join(attention_backend.ATTENTION_BACKENDS)}")
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size, dtype=model.dtype,
                                       num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
                                       default_tokens=config.max_num_rows * max_context)  # full contexts
-        kv_cache.check_attention_backend(layout, config.attention_backend, cfg)
+        attention_backend.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:
             print(layout.describe(), flush=True)
         self.layout = layout

@@ -26,12 +26,8 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
-`ref_paged_attention` (backend 'xla') or the Pallas kernels (backend 'pallas': the decode
-kernel for decode steps, `StepBatch.decode`, prefill_attention for packed prompts;
-'pallas_mgpu': the Mosaic GPU decode kernel instead; 'auto': the fastest that fits, see
-`_attention_fn`). `check_attention_backend` refuses, at engine build, an explicit Pallas
-backend whose kernels cannot take the model's shapes (`decode_kernel_problems`,
-`prefill_kernel_problem`: the kernels' own `shape_problem` rules).
+the implementation `attention_backend.py` picks for the step (XLA's `ref_paged_attention`
+or a Pallas kernel).
 "Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
 exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
 kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
@@ -43,7 +39,6 @@ every step donates and returns.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopjax import attention_backend
 from loopjax.kernels.paged_attention import write_kv
 
 LAYOUTS = ("per_loop", "shared")
@@ -289,28 +285,30 @@ class PagedAttention:
         return PagedAttention(self.layout, self.batch, self.backend, mask)
 
     def __call__(self, kv: KVPool, layer_id: int, depth, q, k, v):
-        plane = self.layout.plane(layer_id, depth)
-        slots = self.batch.slot_mapping
+        plane, batch = self.layout.plane(layer_id, depth), self.batch
+        slots = batch.slot_mapping
         if self.write_mask is not None:
             slots = jnp.where(self.write_mask, slots, self.layout.drop_slot)
         k, v = k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype)
-        decode = self.batch.decode  # static: the step's kind, set by its builder (not N == R)
-        read_plane = plane
-        if self.layout.decode_page_planes:
-            k_layer, v_layer = write_shared(kv.k[layer_id], kv.v[layer_id], plane, slots,
-                                            self.batch.write_plane, self.layout.drop_slot, k, v)
-            if decode:  # NOTE: prefill rows hold only full pages: the loop's plane is right
-                table = self.batch.page_plane
-                read_plane = jnp.where(table >= 0, table, plane).astype(jnp.int32)
-        else:
-            k_layer, v_layer = write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v)
-        kv = kv.replace_layer(layer_id, k_layer, v_layer)
-        group_size = q.shape[1] // k.shape[1]
-        attend = _attention_fn(self.backend, decode, _decode_kernels_that_fit(self.layout, group_size),
-                               prefill_kernel_problem(self.layout) is None)
-        out = attend(q, k_layer, v_layer, read_plane, self.batch.page_table,
-                     self.batch.row_of_token, self.batch.positions)
-        return kv, out.astype(q.dtype)
+        decode = batch.decode  # static: the step's kind, set by its builder (not N == R)
+        attend = attention_backend.step_attention_fn(self.backend, decode, self.layout,
+                                                     q.shape[1] // k.shape[1])
+        k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v)
+        out = attend(q, k_layer, v_layer, read_plane, batch.page_table, batch.row_of_token,
+                     batch.positions)
+        return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
+
+    def _write(self, kv: KVPool, layer_id: int, plane, slots, k, v):
+        """(k_layer, v_layer) with the step's K/V written, and the plane (scalar or [R, M]
+        table) the attention reads."""
+        if not self.layout.decode_page_planes:
+            return *write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v), plane
+        k_layer, v_layer = write_shared(kv.k[layer_id], kv.v[layer_id], plane, slots,
+                                        self.batch.write_plane, self.layout.drop_slot, k, v)
+        if not self.batch.decode:  # NOTE: prefill rows hold only full pages: the loop's plane is right
+            return k_layer, v_layer, plane
+        table = self.batch.page_plane
+        return k_layer, v_layer, jnp.where(table >= 0, table, plane).astype(jnp.int32)
 
 
 def write_shared(k_cache, v_cache, plane, slots, token_planes, drop_slot: int, k, v):
@@ -322,76 +320,3 @@ def write_shared(k_cache, v_cache, plane, slots, token_planes, drop_slot: int, k
     hit = (tp == planes) | (tp == WRITE_EVERY_PLANE) | ((tp == WRITE_LOOP_PLANE) & (planes == plane))
     targets = jnp.where(hit, slots[None, :], drop_slot)  # [planes, N]
     return write_plane(k_cache, planes, targets, k), write_plane(v_cache, planes, targets, v)
-
-
-ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
-
-
-def decode_kernel_problems(layout: KVLayout, group_size: int) -> dict[str, str | None]:
-    """Why each Pallas decode kernel cannot read this layout with `group_size` q heads per kv
-    head (None: it can), fastest first on the H200 (bench/RESULTS.md run 10: Mosaic GPU
-    57-105% of the copy rate at 32-128 rows, Triton 29-41%). The Triton kernel takes no
-    per-page plane table (Ouro 'shared'); the Mosaic one does."""
-    mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
-    triton = importlib.import_module("loopjax.kernels.paged_attention")
-    if layout.decode_page_planes:
-        triton_problem = ("Ouro kv layout 'shared' reads decode pages through a per-page plane "
-                          "table, which the Triton decode kernel does not take")
-    else:
-        triton_problem = triton.shape_problem(group_size, layout.page_size)
-    return {"pallas_mgpu": mgpu.shape_problem(group_size, layout.page_size, layout.head_dim, layout.dtype),
-            "pallas": triton_problem}
-
-
-def prefill_kernel_problem(layout: KVLayout) -> str | None:
-    """Why the Triton prefill kernel (both Pallas backends' prefill) cannot read this layout."""
-    prefill = importlib.import_module("loopjax.kernels.prefill_attention")
-    return prefill.shape_problem(layout.page_size, layout.head_dim)
-
-
-def _decode_kernels_that_fit(layout: KVLayout, group_size: int) -> tuple[str, ...]:
-    """The Pallas decode kernels that can read this layout, fastest first."""
-    return tuple(name for name, problem in decode_kernel_problems(layout, group_size).items()
-                 if problem is None)
-
-
-def check_attention_backend(layout: KVLayout, backend: str, cfg) -> None:
-    """At engine build: one line when an explicit Pallas backend cannot run this model's
-    attention (else a kernel would refuse it at warm-up, naming only its own arguments).
-    'auto' takes only kernels that fit and 'xla' reads anything: both always pass."""
-    if backend not in ("pallas", "pallas_mgpu"):
-        return
-    group_size = cfg.num_heads // cfg.num_kv_heads
-    problem = decode_kernel_problems(layout, group_size)[backend] or prefill_kernel_problem(layout)
-    if problem:
-        raise ValueError(f"attention_backend {backend!r} cannot run this {cfg.family} model "
-                         f"({group_size} q heads per kv head, head_dim {layout.head_dim}, page_size "
-                         f"{layout.page_size}, {layout.dtype.name}, kv layout {layout.kind!r}): "
-                         f"{problem}; use 'auto' or 'xla'")
-
-
-def _attention_fn(backend: str, decode: bool, decode_fits: tuple[str, ...] = ("pallas_mgpu", "pallas"),
-                  prefill_fits: bool = True):
-    """'xla': ref_paged_attention. 'pallas': the Triton decode kernel for decode steps; for
-    prefill the kernels' prefill_attention. 'pallas_mgpu': the same with the Mosaic GPU
-    decode kernel (kernels/paged_attention_mgpu.py). 'auto' picks per phase what won on the H200:
-    on a GPU the first decode kernel of `decode_fits` (run 10: Mosaic 1.6-3.2x Triton and
-    1.3-2.3x XLA at 8-128 rows; the Triton kernel beat XLA end to end because it stops at each
-    row's length, run 9), XLA when none fits; the flash prefill kernel (1.7-11x, run 1) where
-    it fits (`prefill_fits`), else XLA. XLA on CPU."""
-    pa = importlib.import_module("loopjax.kernels.paged_attention")
-    if backend == "auto":
-        if jax.default_backend() != "gpu":
-            return pa.ref_paged_attention
-        if not decode:
-            return pa.prefill_attention if prefill_fits else pa.ref_paged_attention
-        backend = decode_fits[0] if decode_fits else "xla"
-    if backend == "xla":
-        return pa.ref_paged_attention
-    if backend in ("pallas", "pallas_mgpu"):
-        if decode and backend == "pallas_mgpu":
-            return importlib.import_module("loopjax.kernels.paged_attention_mgpu").paged_attention_mgpu
-        if decode:
-            return pa.paged_attention
-        return pa.prefill_attention
-    raise ValueError(f"unknown attention backend {backend!r}; choose one of {', '.join(ATTENTION_BACKENDS)}")

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopjax import config, kv_cache
+from loopjax import attention_backend, config, kv_cache
 from loopjax.batch import build_step_batch
 from loopjax.layers import causal_attention
 from loopjax.sampling_params import SamplingParams
@@ -121,9 +121,9 @@ def test_ouro_shared_layout_sizes_and_description():
     per_loop = kv_cache.make_layout(cfg, "per_loop", page_size=16, dtype=jnp.bfloat16, num_pages=10)
     assert per_loop.decode_page_planes == 0 and "decoded tokens" not in per_loop.describe()
     with pytest.raises(ValueError, match="per-page plane table, which the Triton decode kernel"):
-        kv_cache.check_attention_backend(shared, "pallas", cfg)
-    kv_cache.check_attention_backend(shared, "auto", cfg)
-    kv_cache.check_attention_backend(shared, "pallas_mgpu", cfg)  # reads the per-page plane table
+        attention_backend.check_attention_backend(shared, "pallas", cfg)
+    attention_backend.check_attention_backend(shared, "auto", cfg)
+    attention_backend.check_attention_backend(shared, "pallas_mgpu", cfg)  # reads the per-page plane table
 
 
 def test_ouro_shared_writes_and_reads_by_page_kind():
@@ -170,25 +170,25 @@ def test_auto_attention_picks_by_phase_device_and_layout(monkeypatch):
     pa = importlib.import_module("loopjax.kernels.paged_attention")
     mgpu = importlib.import_module("loopjax.kernels.paged_attention_mgpu")
 
-    monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "gpu")
-    assert kv_cache._attention_fn("auto", True) is mgpu.paged_attention_mgpu
-    assert kv_cache._attention_fn("auto", True, ("pallas",)) is pa.paged_attention
-    assert kv_cache._attention_fn("auto", True, ()) is pa.ref_paged_attention
-    assert kv_cache._attention_fn("auto", False, ()) is pa.prefill_attention
+    monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "gpu")
+    assert attention_backend.attention_fn("auto", True) is mgpu.paged_attention_mgpu
+    assert attention_backend.attention_fn("auto", True, ("pallas",)) is pa.paged_attention
+    assert attention_backend.attention_fn("auto", True, ()) is pa.ref_paged_attention
+    assert attention_backend.attention_fn("auto", False, ()) is pa.prefill_attention
     # A page size the flash prefill kernel cannot take: 'auto' prefills with XLA.
-    assert kv_cache._attention_fn("auto", False, (), prefill_fits=False) is pa.ref_paged_attention
-    assert kv_cache._attention_fn("pallas", False) is pa.prefill_attention
-    monkeypatch.setattr(kv_cache.jax, "default_backend", lambda: "cpu")
-    assert kv_cache._attention_fn("auto", True) is pa.ref_paged_attention
-    assert kv_cache._attention_fn("auto", False) is pa.ref_paged_attention
-    assert kv_cache._attention_fn("xla", True) is pa.ref_paged_attention
+    assert attention_backend.attention_fn("auto", False, (), prefill_fits=False) is pa.ref_paged_attention
+    assert attention_backend.attention_fn("pallas", False) is pa.prefill_attention
+    monkeypatch.setattr(attention_backend.jax, "default_backend", lambda: "cpu")
+    assert attention_backend.attention_fn("auto", True) is pa.ref_paged_attention
+    assert attention_backend.attention_fn("auto", False) is pa.ref_paged_attention
+    assert attention_backend.attention_fn("xla", True) is pa.ref_paged_attention
 
 
 def test_decode_kernels_that_fit_follow_layout_and_shapes():
     """Which decode kernels can read a layout: Mosaic needs page_size % 8 and G <= 8, Triton
     power-of-two G and page size and no per-page plane table (Ouro 'shared')."""
     cfg = config.preset("ouro-tiny")
-    fits = kv_cache._decode_kernels_that_fit
+    fits = attention_backend.decode_kernels_that_fit
 
     def layout(kind="per_loop", page_size=8):
         return kv_cache.make_layout(cfg, kind, page_size=page_size, dtype=jnp.float32, num_pages=4)
@@ -204,9 +204,9 @@ def test_decode_kernels_that_fit_follow_layout_and_shapes():
     assert mgpu.shape_problem(1, 16, 128, jnp.bfloat16) is None
     # 56 tokens a page: the smallest block is lcm(56, 64) = 448 keys, 2 x 448 x 256 bytes of K/V
     assert "exceeds its 204800 bytes of shared memory" in mgpu.shape_problem(1, 56, 128, jnp.bfloat16)
-    assert kv_cache.prefill_kernel_problem(layout()) is None
-    assert "page_size (128)" in kv_cache.prefill_kernel_problem(layout(page_size=128))
-    assert "page_size (24)" in kv_cache.prefill_kernel_problem(layout(page_size=24))
+    assert attention_backend.prefill_kernel_problem(layout()) is None
+    assert "page_size (128)" in attention_backend.prefill_kernel_problem(layout(page_size=128))
+    assert "page_size (24)" in attention_backend.prefill_kernel_problem(layout(page_size=24))
 
 
 def test_the_step_kind_reaches_the_attention(monkeypatch):
@@ -223,8 +223,8 @@ def test_the_step_kind_reaches_the_attention(monkeypatch):
     layout = kv_cache.make_layout(model.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8)
     runner = Runner(model, layout, decode_rows=(2,), prefill_buckets=((2, 2),), max_pages=2,
                     max_loops=4)
-    seen, real = [], kv_cache._attention_fn
-    monkeypatch.setattr(kv_cache, "_attention_fn",
+    seen, real = [], attention_backend.attention_fn
+    monkeypatch.setattr(attention_backend, "attention_fn",
                         lambda backend, decode, *fits: seen.append(decode) or real(backend, decode, *fits))
     rows = [greedy_row([5], 0, [1], loops=4), greedy_row([6], 0, [2], loops=4)]
     batches = {}

@@ -1,8 +1,10 @@
 """Mosaic GPU paged decode attention: its CPU interpreter vs ref_paged_attention (fp32 and
 bf16, page and block boundaries, rows of different lengths, split contexts, pipeline slots
-reused, GQA, head_dim 96, per-page plane tables), bad inputs, the kernel lowered for CUDA on
-this CPU host at the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering
-error fails CI), and the engine backend (per_loop and Ouro 'shared' layouts)."""
+reused, GQA, head_dim 96, per-page plane tables); the writing entry point vs write_kv then
+ref_paged_attention (the pool bitwise); the in-kernel normalization of one split bitwise equal
+to the partials + combine_splits; bad inputs; both entry points lowered for CUDA on this CPU
+host at the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering error fails
+CI), and the engine backend (per_loop and Ouro 'shared' layouts)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,9 @@ import pytest
 from jax._src.mesh import AbstractDevice, AbstractMesh
 from jax.sharding import use_abstract_mesh
 
-from loopjax.kernels.paged_attention import ref_paged_attention
-from loopjax.kernels.paged_attention_mgpu import paged_attention_mgpu
+from loopjax.kernels import paged_attention_mgpu as mgpu
+from loopjax.kernels.paged_attention import ref_paged_attention, write_kv
+from loopjax.kernels.paged_attention_mgpu import paged_attention_mgpu, paged_attention_mgpu_write
 from loopjax.kernels.prefill_attention import prefill_attention
 
 F32, BF16 = jnp.float32, jnp.bfloat16
@@ -71,6 +74,57 @@ def test_reads_the_given_plane():
         np.testing.assert_allclose(out, ref_paged_attention(q, kc, vc, jnp.int32(p), pt, rows, pos),
                                    atol=ATOL[F32], rtol=0)
     assert not np.allclose(outs[0], outs[1])
+
+
+def _write_case(case):
+    """A CASES case plus the step's new K/V and its slots: each token writes key positions[n]
+    of its row (a page's first or last key, the first key at all: nothing else to attend),
+    except token 3 (the row's last key, where there is one), which has the drop slot and so
+    attends the pool's entry there: its new V is 100x, so taking it moves out far past ATOL."""
+    n, hq, hkv, d, s, m, dtype, splits, ppb, stages = case
+    rs = np.random.default_rng(n * 100 + d + s)
+    q, kc, vc, pt, pos = _case(rs, n, hq, hkv, d, s, m, dtype)
+    rows = jnp.asarray(rs.permutation(n), jnp.int32)
+    slots = pt[rows, pos // s] * s + pos % s
+    drop = np.arange(n) == 3
+    slots = jnp.where(drop, kc.shape[2] * s, slots).astype(jnp.int32)
+    k_new, v_new = (jnp.asarray(rs.standard_normal((n, hkv, d)), dtype) for _ in range(2))
+    v_new = jnp.where(drop[:, None, None], 100 * v_new, v_new)
+    config = dict(num_splits=splits, pages_per_block=ppb, num_stages=stages)
+    return (q, k_new, v_new, slots, kc, vc, jnp.int32(1), pt, rows, pos), config, drop
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c[:7])))
+def test_write_matches_write_kv_then_ref(case):
+    """paged_attention_mgpu_write == write_kv then ref_paged_attention: the pools bitwise
+    (nothing but the written slots changes; the drop slot writes nothing), out to tolerance."""
+    args, config, drop = _write_case(case)
+    q, k_new, v_new, slots, kc, vc, plane, pt, rows, pos = args
+    fn = jax.jit(functools.partial(paged_attention_mgpu_write, interpret=True, **config))
+    out, k_out, v_out = fn(*args)
+    k_ref, v_ref = write_kv(kc, vc, plane, slots, k_new, v_new)
+    np.testing.assert_array_equal(np.asarray(k_out), np.asarray(k_ref))
+    np.testing.assert_array_equal(np.asarray(v_out), np.asarray(v_ref))
+    ref = ref_paged_attention(q, k_ref, v_ref, plane, pt, rows, pos)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(ref, np.float32),
+                               atol=ATOL[case[6]], rtol=0)
+
+
+@pytest.mark.parametrize("case", [CASES[2], CASES[3]], ids=["lanes", "tiles"])
+def test_one_split_normalizes_in_kernel_bitwise(case):
+    """With one context split the kernel writes acc / sum in q's dtype: bitwise the partials
+    (acc, max, sum) + combine_splits of the same kernel (per-key-lane and per-tile softmax)."""
+    args, config, _ = _write_case(case)
+    q, k_new, v_new, slots, kc, vc, plane, pt, rows, pos = args
+    config = mgpu._config(q, kc, vc, plane, pt, rows, pos, interpret=True, **config)
+    assert config["num_splits"] == 1 and config["normalize"]
+    partials = {**config, "normalize": False}
+    fused = mgpu._write_call(*args, **config)[0]
+    np.testing.assert_array_equal(np.asarray(fused), np.asarray(mgpu._write_call(*args, **partials)[0]))
+    read = (q, kc, vc, plane, pt, rows, pos)
+    np.testing.assert_array_equal(np.asarray(mgpu._decode_call(*read, **config)),
+                                  np.asarray(mgpu._decode_call(*read, **partials)))
 
 
 PLANE_TABLE_CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block
@@ -136,6 +190,28 @@ def test_bad_inputs_raise():
     _bad("shared memory", q, kc, vc, plane, pt, rows, pos, num_stages=8, pages_per_block=16)
 
 
+def _bad_write(match, *args, **kwargs):
+    with pytest.raises(ValueError, match=match) as err:
+        paged_attention_mgpu_write(*args, interpret=True, **kwargs)
+    assert "\n" not in str(err.value)
+
+
+def test_write_bad_inputs_raise():
+    rs = np.random.default_rng(0)
+    q, kc, vc, pt, pos = _case(rs, 2, 2, 2, 64, 16, 4, BF16)
+    rows, plane = jnp.arange(2, dtype=jnp.int32), jnp.int32(0)
+    new, slots = q.reshape(2, 2, 64), pos
+    _bad_write("slot_mapping must be int32", q, new, new, slots.astype(F32), kc, vc, plane, pt, rows, pos)
+    _bad_write("k must be \\[2, 2, 64\\]", q, new[:, :1], new, slots, kc, vc, plane, pt, rows, pos)
+    _bad_write("v dtype float32 != pool dtype bfloat16", q, new, new.astype(F32), slots, kc, vc, plane,
+               pt, rows, pos)
+    _bad_write("plane must be a scalar", q, new, new, slots, kc, vc, jnp.zeros(pt.shape, jnp.int32),
+               pt, rows, pos)
+    _bad_write("write_slots must be int32 \\[1\\]", q[:1], new, new, slots, kc, vc, plane, pt, rows[:1],
+               pos[:1])
+    _bad_write("at most 8 q heads", q.repeat(9, 1), new, new, slots, kc, vc, plane, pt, rows, pos)
+
+
 # ------------------------------------------------------------------- CUDA lowering on CPU
 
 H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
@@ -143,23 +219,35 @@ MODELS = {"ouro": (16, 16, 128), "huginn": (55, 55, 96), "gqa8": (32, 4, 128)}  
 
 
 def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16, plane_table=False):
+    """StableHLO of fn (paged_attention_mgpu, or paged_attention_mgpu_write with its pools
+    donated, as a step donates them) for CUDA at these shapes."""
     max_pages = context // page_size
     pool = jax.ShapeDtypeStruct((4, hkv, rows * max_pages + 8, page_size, d), dtype)
     i32 = functools.partial(jax.ShapeDtypeStruct, dtype=jnp.int32)
     plane = i32((rows, max_pages) if plane_table else ())
-    args = (jax.ShapeDtypeStruct((rows, hq, d), dtype), pool, pool, plane,
-            i32((rows, max_pages)), i32((rows,)), i32((rows,)))
+    q, new = jax.ShapeDtypeStruct((rows, hq, d), dtype), jax.ShapeDtypeStruct((rows, hkv, d), dtype)
+    table = (i32((rows, max_pages)), i32((rows,)), i32((rows,)))
+    writes = getattr(fn, "func", fn) is paged_attention_mgpu_write
+    args = (q, new, new, i32((rows,)), pool, pool) if writes else (q, pool, pool)
+    args = (*args, plane, *table)
     with use_abstract_mesh(H200):
         gpu_fn = functools.partial(fn, interpret=False)  # the default on a CPU host is interpret mode
-        return jax.jit(gpu_fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        return jax.jit(gpu_fn, donate_argnums=(4, 5) if writes else ()).trace(*args).lower(
+            lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("rows, context", [(32, 1024), (1, 4096)])
 def test_lowers_for_cuda(model, rows, context):
-    """Real decode shapes, default configs (1 row: the context split across programs)."""
+    """Real decode shapes, default configs (32 rows: one split, normalized in the kernel; 1 row:
+    the context split across programs), both entry points: the writing one is the one kernel
+    of its call (no scatter), its two pools aliased in and out."""
     text = _lower_cuda(paged_attention_mgpu, rows, *MODELS[model], context)
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
+    text = _lower_cuda(paged_attention_mgpu_write, rows, *MODELS[model], context)
+    assert text.count("stablehlo.custom_call @mosaic_gpu") == 1 and "stablehlo.scatter" not in text
+    [call] = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+    assert call.count("output_operand_alias<") == 2, call
 
 
 @pytest.mark.parametrize("rows, context", [(32, 1024), (3, 1008)])
@@ -185,15 +273,15 @@ def test_engine_backend_keeps_golden_greedy_tokens():
     tiny Ouro's golden greedy tokens as they are, and with Ouro's 'shared' layout (decode
     steps reading a per-page plane table) gives the tokens of backend 'xla'."""
     import loopjax
-    from loopjax import kv_cache
+    from loopjax import attention_backend
     from loopjax.engine import Engine, EngineConfig
     from loopjax.sampling_params import SamplingParams
 
     small = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
                  prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64, verbose=False)
     model, ref = loopjax.load("tests/data/ouro"), np.load("tests/data/ouro/reference_fp32.npz")
-    assert kv_cache._attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
-    assert kv_cache._attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
+    assert attention_backend.attention_fn("pallas_mgpu", decode=True) is paged_attention_mgpu
+    assert attention_backend.attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
     prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
     prompts["page"] = prompts["p2"][:8]  # its first decoded token opens a decode page
 
