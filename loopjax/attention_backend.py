@@ -5,7 +5,8 @@ that an explicit Pallas backend can read the model's KV layout.
 Backends: 'xla' (`ref_paged_attention`), 'pallas' (the Triton decode kernel for decode steps,
 `StepBatch.decode`, `prefill_attention` for packed prompts), 'pallas_mgpu' (the Mosaic GPU
 decode kernel instead of the Triton one) and 'auto' (per phase, the fastest that fits; see
-`attention_fn`). Kernel modules are imported when first chosen.
+`attention_fn`). A decode step on the Mosaic GPU kernel also writes its K/V in that kernel
+(`write_attention_fn`). Kernel modules are imported when first chosen.
 """
 
 from __future__ import annotations
@@ -94,3 +95,13 @@ def step_attention_fn(backend: str, decode: bool, layout, group_size: int):
     return attention_fn(backend, decode, decode_kernels_that_fit(layout, group_size),
                         prefill_kernel_problem(layout) is None)
 
+
+def write_attention_fn(attend, layout):
+    """The kernel that writes a decode step's K/V and attends in one call, where the step's
+    attention function is `attend`, or None (write_kv first, then attend). Only the Mosaic GPU
+    decode kernel has one (`paged_attention_mgpu_write`: no XLA scatter kernels), and only for
+    layouts without per-page plane tables (Ouro 'shared' writes a token into several planes)."""
+    mgpu = importlib.import_module(_MGPU)
+    if attend is mgpu.paged_attention_mgpu and not layout.decode_page_planes:
+        return mgpu.paged_attention_mgpu_write
+    return None

@@ -27,7 +27,8 @@ Planes per cache layer ("packed depth planes": no plane is allocated that no loo
 `PagedAttention` is the model's attention backend (`layers.AttentionBackend`): it maps
 (layer, depth) to a plane, writes the step's K/V at the step's slots, then attends through
 the implementation `attention_backend.py` picks for the step (XLA's `ref_paged_attention`
-or a Pallas kernel).
+or a Pallas kernel); a decode step on the Mosaic GPU kernel writes and attends in that one
+kernel (`attention_backend.write_attention_fn`).
 "Last exited" (`fill_last_exited`): a token that stopped at loop e < max (adaptive skip,
 exit traces) gets its loop-e KV copied into its deeper planes of the looped layers, so the
 kernels need no per-token plane choice. `DeviceState` = the pool + the per-request carry
@@ -270,8 +271,8 @@ class PagedAttention:
 
     Closes over the step's metadata (the StepBatch): traced slot_mapping [N], page_table
     [R, max_pages], row_of_token [N], positions [N], and its static `decode`, which picks the
-    decode or the prefill kernel. Writes first, so a token attends to its own K/V, then
-    attends plane `layout.plane(layer_id, depth)`."""
+    decode or the prefill kernel. Writes first (or in the attention kernel itself), so a
+    token attends to its own K/V, then attends plane `layout.plane(layer_id, depth)`."""
 
     def __init__(self, layout: KVLayout, batch, backend: str = "xla", write_mask=None):
         self.layout = layout
@@ -293,9 +294,14 @@ class PagedAttention:
         decode = batch.decode  # static: the step's kind, set by its builder (not N == R)
         attend = attention_backend.step_attention_fn(self.backend, decode, self.layout,
                                                      q.shape[1] // k.shape[1])
-        k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v)
-        out = attend(q, k_layer, v_layer, read_plane, batch.page_table, batch.row_of_token,
-                     batch.positions)
+        write_attend = attention_backend.write_attention_fn(attend, self.layout)
+        if write_attend is not None:  # NOTE: one kernel writes the K/V and attends (no scatters)
+            out, k_layer, v_layer = write_attend(q, k, v, slots, kv.k[layer_id], kv.v[layer_id], plane,
+                                                 batch.page_table, batch.row_of_token, batch.positions)
+        else:
+            k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v)
+            out = attend(q, k_layer, v_layer, read_plane, batch.page_table, batch.row_of_token,
+                         batch.positions)
         return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
 
     def _write(self, kv: KVPool, layer_id: int, plane, slots, k, v):

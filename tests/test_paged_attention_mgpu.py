@@ -4,7 +4,7 @@ reused, GQA, head_dim 96, per-page plane tables); the writing entry point vs wri
 ref_paged_attention (the pool bitwise); the in-kernel normalization of one split bitwise equal
 to the partials + combine_splits; bad inputs; both entry points lowered for CUDA on this CPU
 host at the real Ouro-1.4B and Huginn-0125 decode shapes (so a Mosaic GPU lowering error fails
-CI), and the engine backend (per_loop and Ouro 'shared' layouts)."""
+CI), and the engine backend (per_loop: the writing kernel; Ouro 'shared': write_kv + attend)."""
 
 from __future__ import annotations
 
@@ -268,10 +268,12 @@ def test_configs_lower_for_cuda(config):
 # ------------------------------------------------------------------- engine backend
 
 
-def test_engine_backend_keeps_golden_greedy_tokens():
-    """attention_backend='pallas_mgpu' (its decode steps in the CPU interpreter) leaves the
-    tiny Ouro's golden greedy tokens as they are, and with Ouro's 'shared' layout (decode
-    steps reading a per-page plane table) gives the tokens of backend 'xla'."""
+def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
+    """attention_backend='pallas_mgpu' with the pointwise kernels on (every kernel in its CPU
+    interpreter) leaves the tiny Ouro's golden greedy tokens (those of backend 'xla') as they
+    are, its decode steps writing K/V in the attention kernel (per_loop layout); with Ouro's
+    'shared' layout (decode steps reading a per-page plane table: write_kv, then the kernel)
+    it gives the tokens of backend 'xla'."""
     import loopjax
     from loopjax import attention_backend
     from loopjax.engine import Engine, EngineConfig
@@ -284,9 +286,12 @@ def test_engine_backend_keeps_golden_greedy_tokens():
     assert attention_backend.attention_fn("pallas_mgpu", decode=False) is prefill_attention  # Triton's
     prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
     prompts["page"] = prompts["p2"][:8]  # its first decoded token opens a decode page
+    fused_layers = []  # one entry per layer call traced through the writing kernel
+    monkeypatch.setattr(mgpu, "paged_attention_mgpu_write",
+                        lambda *a, **k: fused_layers.append(1) or paged_attention_mgpu_write(*a, **k))
 
-    def greedy(backend, requests, max_tokens, **layout):
-        engine = Engine(model, EngineConfig(attention_backend=backend, **small, **layout))
+    def greedy(backend, requests, max_tokens, **config):
+        engine = Engine(model, EngineConfig(attention_backend=backend, **small, **config))
         for k in requests:
             engine.add_request(prompts[k], SamplingParams(temperature=0.0, ignore_eos=True,
                                                           max_tokens=max_tokens), k)
@@ -295,10 +300,12 @@ def test_engine_backend_keeps_golden_greedy_tokens():
             finals.update((o.request_id, o.token_ids) for o in engine.step() if o.finished)
         return finals
 
-    tokens = greedy("pallas_mgpu", ("p0", "p1"), 12)
+    tokens = greedy("pallas_mgpu", ("p0", "p1"), 12, pointwise="pallas")
     for k in ("p0", "p1"):
         assert tokens[k] == ref[f"{k}_greedy_tokens"].tolist()[:12], k
+    assert fused_layers, "the per_loop decode steps did not take the writing kernel"
+    fused_layers.clear()
     # NOTE: 5 tokens (4 decode steps, each seconds in the interpreter) reach a decode page.
     shared = [greedy(backend, ("p2", "page"), 5, kv_layout="shared", warmup=False)
               for backend in ("pallas_mgpu", "xla")]
-    assert shared[0] == shared[1]
+    assert shared[0] == shared[1] and not fused_layers
