@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import itertools
 import math
 import statistics
 import sys
@@ -58,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "(default: the context)")
     parser.add_argument("--matmul", default="xla", help="comma-separated: xla, streaming, auto")
     parser.add_argument("--pointwise", default="xla", help="comma-separated: xla, pallas")
+    parser.add_argument("--attn-write", default="kernel",
+                        help="comma-separated experiments: kernel (the engine's: the Mosaic decode "
+                             "kernel writes the step's K/V), xla (XLA scatters, then attention)")
+    parser.add_argument("--attn-splits", default="auto",
+                        help="comma-separated experiments: auto (the kernel's heuristic) or a fixed "
+                             "number of context splits of the Mosaic decode attention")
     parser.add_argument("--streaming-rows", default="",
                         help="';'-separated experiments with matmul 'auto', each adding entries "
                              "KxN:rows to matmul_ops.STREAMING_MAX_ROWS (e.g. 'base;2048x2048:32'; "
@@ -136,6 +143,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     pointwise=args.current_pointwise,
                     streaming_extra=args.current_streaming_extra,
+                    attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
                     layout=args.layout, rows=rows,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -242,6 +250,26 @@ def _streaming_experiments(spec: str) -> list[dict]:
 
 
 @contextlib.contextmanager
+def _attention_experiment(write: str, splits: str):
+    """An experiment of this benchmark only: 'xla' writes the step's K/V with XLA scatters
+    before the attention kernel (the path before run 12); a number fixes the Mosaic decode
+    kernel's context splits (capped by its blocks)."""
+    from loopjax import attention_backend
+    from loopjax.kernels import paged_attention_mgpu as mgpu
+    if write not in ("kernel", "xla") or not (splits == "auto" or splits.isdigit()):
+        raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r}")
+    saved = attention_backend.write_attention_fn, mgpu.default_num_splits
+    if write == "xla":
+        attention_backend.write_attention_fn = lambda attend, layout: None
+    if splits != "auto":
+        mgpu.default_num_splits = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
+    try:
+        yield
+    finally:
+        attention_backend.write_attention_fn, mgpu.default_num_splits = saved
+
+
+@contextlib.contextmanager
 def _streaming_rows_added(extra: dict):
     """An experiment of this benchmark only: matmul 'auto' also streams these weight shapes
     up to these rows (the module's table is restored after)."""
@@ -259,6 +287,8 @@ def _print(records: list[dict]) -> None:
         print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} "
               f"{r['variant']:>8} rows {r['rows']:>4} "
               + (f"+streaming {r['streaming_extra']} " if r["streaming_extra"] != "-" else "")
+              + ("" if r["attn_write"] == "kernel" else "xla-write ")
+              + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
               + f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
@@ -284,11 +314,14 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    for extra in _streaming_experiments(args.streaming_rows):
+                    for extra, write, splits in itertools.product(
+                            _streaming_experiments(args.streaming_rows), args.attn_write.split(","),
+                            args.attn_splits.split(",")):
                         args.current_matmul, args.current_pointwise = matmul, pointwise
                         args.current_streaming_extra = ",".join(
                             f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
-                        with _streaming_rows_added(extra):
+                        args.current_attn = (write, splits)
+                        with _streaming_rows_added(extra), _attention_experiment(write, splits):
                             bench_model(model, args, backend, records)
         del model
         gc.collect()

@@ -51,8 +51,10 @@ def test_decode_step_streaming_experiments(tmp_path):
     out = tmp_path / "decode.json"
     rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
                            "--per-loop-rows", "", "--matmul", "auto",
-                           "--streaming-rows", "base;64x192:8,96x64:32", "--out", str(out)])
+                           "--streaming-rows", "base;64x192:8,96x64:32", "--attn-write", "kernel,xla",
+                           "--out", str(out)])
     assert rc == 0 and matmul_ops.STREAMING_MAX_ROWS == table
     records = json.loads(out.read_text())["records"]
-    assert [r["streaming_extra"] for r in records] == ["-", "64x192:8,96x64:32"]
+    assert [(r["streaming_extra"], r["attn_write"]) for r in records] == [
+        ("-", "kernel"), ("-", "xla"), ("64x192:8,96x64:32", "kernel"), ("64x192:8,96x64:32", "xla")]
     assert decode_step._streaming_experiments("base;1x2:3") == [{}, {(1, 2): 3}]
