@@ -6,9 +6,9 @@ python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
 ds() { tag=$1; lim=$2; shift 2
   timeout $lim python3 -m loopjax.bench.decode_step --backend pallas_mgpu --matmul auto --per-loop-rows 0 --context 512 "$@" --out $OUT/$tag.json > /tmp/$tag.log 2>&1
   echo "== $tag rc=$? $*"; grep " rows " /tmp/$tag.log | cut -c1-200; }
-ds o_splits 170 --preset ouro-1.4b --rows 1,8 --iters 20 --attn-splits auto,1,2,4
-ds o_splits2k 90 --preset ouro-1.4b --rows 1,8 --context 2048 --iters 20 --attn-splits auto,1,2
-ds h_splits 130 --preset huginn-0125 --rows 1,8 --attn-splits auto,1,3
+ds o_splits 140 --preset ouro-1.4b --rows 1,8 --iters 20 --attn-splits auto,1,2
+ds o_splits2k 80 --preset ouro-1.4b --rows 1,8 --context 2048 --iters 20 --attn-splits auto,1
+ds h_splits 100 --preset huginn-0125 --rows 1,8 --attn-splits auto,1
 bc() { tag=$1; lim=$2; shift 2
   timeout $lim python3 -m loopjax.bench.cli "$@" --workload burst -P 512 -O 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-progress --max-seconds $((lim - 20)) --out $OUT/$tag.json > /tmp/$tag.log 2>&1
   echo "== $tag rc=$? $*"; grep "burst on\|engine ready" /tmp/$tag.log | cut -c1-250; }
