@@ -258,15 +258,15 @@ def _attention_experiment(write: str, splits: str):
     from loopjax.kernels import paged_attention_mgpu as mgpu
     if write not in ("kernel", "xla") or not (splits == "auto" or splits.isdigit()):
         raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r}")
-    saved = attention_backend.write_attention_fn, mgpu.default_num_splits
+    saved = attention_backend.write_attention_fn, mgpu.mosaic_num_splits
     if write == "xla":
         attention_backend.write_attention_fn = lambda attend, layout: None
     if splits != "auto":
-        mgpu.default_num_splits = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
+        mgpu.mosaic_num_splits = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
     try:
         yield
     finally:
-        attention_backend.write_attention_fn, mgpu.default_num_splits = saved
+        attention_backend.write_attention_fn, mgpu.mosaic_num_splits = saved
 
 
 @contextlib.contextmanager

@@ -309,3 +309,14 @@ def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
     shared = [greedy(backend, ("p2", "page"), 5, kv_layout="shared", warmup=False)
               for backend in ("pallas_mgpu", "xla")]
     assert shared[0] == shared[1] and not fused_layers
+
+
+def test_default_splits_one_from_a_program_per_sm():
+    """One context split from ONE_SPLIT_PROGRAMS (token, kv head) programs (measured faster in
+    the step, and no combine kernel); fewer programs keep the shared split heuristic."""
+    from loopjax.kernels import paged_attention_mgpu as mgpu
+    from loopjax.kernels.paged_attention import default_num_splits
+
+    assert mgpu.mosaic_num_splits(8, 16, 32) == 1 and mgpu.mosaic_num_splits(3, 55, 32) == 1
+    assert mgpu.mosaic_num_splits(1, 16, 32) == default_num_splits(1, 16, 32) == 17
+    assert mgpu.mosaic_num_splits(7, 16, 32) == default_num_splits(7, 16, 32) == 3

@@ -16,10 +16,10 @@ from loopjax import config as config_lib
 from loopjax.bench import warmup_probe
 from loopjax.engine import EngineConfig
 
-# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32 and the six
-# prefill token buckets up to max_prefill_tokens 512. Raise only on purpose: each one is
+# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32 and the eight
+# prefill token buckets up to max_prefill_tokens 2048. Raise only on purpose: each one is
 # another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
-DEFAULT_EXECUTABLES = 10
+DEFAULT_EXECUTABLES = 12
 
 
 @pytest.mark.parametrize("preset", ["ouro-1.4b", "huginn-0125"])
@@ -93,7 +93,7 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     assert len(labels["default"]) == len(labels["old-buckets"]) - 2  # the same prefill buckets
     assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
     text = capsys.readouterr().out
-    assert "default: 8 executables" in text and "old-buckets: 10 executables" in text  # + 6 prefill
+    assert "default: 10 executables" in text and "old-buckets: 12 executables" in text  # + 8 prefill
     assert "(1 mgpu)" in text
 
 
