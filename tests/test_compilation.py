@@ -133,3 +133,32 @@ def test_the_cache_folder_is_an_engine_flag():
     assert "--compilation-cache-dir" in parser.format_help()
     args = parser.parse_args(["--compilation-cache-dir", "/tmp/jax-cache"])
     assert engine_config_kwargs(args) == {"compilation_cache_dir": "/tmp/jax-cache"}
+
+
+def test_warmup_runs_each_executable_once_and_leaves_the_pool_as_it_was(model, monkeypatch):
+    """Warm-up runs every compiled step once (padding rows only, so no request pays an
+    executable's first run); padding writes no real KV slot, and it is no workload submission."""
+    import jax
+    import numpy as np
+
+    from loopjax.kv_cache import allocate_state
+    from loopjax.runner import Runner
+
+    submitted = []
+    real_submit = Runner.submit
+    monkeypatch.setattr(Runner, "submit", lambda self, batch, kind: submitted.append(
+        self._key(batch, kind)) or real_submit(self, batch, kind))
+    engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
+    runner = engine.runner
+    assert sorted(map(str, submitted)) == sorted(map(str, runner._compiled)) and len(submitted) == 3
+    assert runner.submissions == 0
+    pool = jax.tree_util.tree_leaves(runner.state.kv)
+    assert len(pool) == 2 * model.cfg.num_layers
+    for cache in pool:  # every slot of the pool belongs to some request: still zero
+        assert not np.any(np.asarray(cache, np.float32))
+    fresh = allocate_state(model.cfg, engine.layout, SMALL["max_num_rows"], pool[0].dtype)
+    carry, fresh_carry = (jax.tree_util.tree_leaves(c) for c in (runner.state.carry, fresh.carry))
+    for value, before in zip(carry, fresh_carry, strict=True):  # the requests' carry slots: untouched
+        if np.ndim(value) and value.shape[0] == SMALL["max_num_rows"] + 1:
+            np.testing.assert_array_equal(np.asarray(value)[:-1], np.asarray(before)[:-1])
+    assert any(np.ndim(v) and v.shape[0] == SMALL["max_num_rows"] + 1 for v in carry)
