@@ -108,9 +108,10 @@ _CACHE: dict = {}
 
 def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
                            loops: int | None = None) -> dict:
-    """Engine options sized to one batch of prompts (two compiled buckets per loop count)."""
+    """Engine options sized to one batch of prompts (two compiled buckets per loop count); the
+    prefill chunk is capped like the engine's (EngineConfig.max_prefill_tokens, run 12)."""
     rows = min(32, 1 << max(0, len(prompt_lens) - 1).bit_length())
-    chunk = min(512, 1 << max(4, (sum(prompt_lens) - 1).bit_length()))
+    chunk = min(EngineConfig.max_prefill_tokens, 1 << max(4, (sum(prompt_lens) - 1).bit_length()))
     context = 1 << max(6, (max(prompt_lens) + max_new_tokens - 1).bit_length())
     return {"max_num_rows": rows, "decode_row_buckets": (rows,), "max_prefill_tokens": chunk,
             "prefill_token_buckets": (chunk,), "max_prefill_rows": min(4, rows),
