@@ -255,7 +255,7 @@ def _attention_experiment(write: str, splits: str):
     before the attention kernel (the path before run 12); a number fixes the Mosaic decode
     kernel's context splits (capped by its blocks)."""
     from loopjax import attention_backend
-    from loopjax.kernels import paged_attention_mgpu as mgpu
+    from loopjax.kernels import paged_attention_mgpu_config as mgpu
     if write not in ("kernel", "xla") or not (splits == "auto" or splits.isdigit()):
         raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r}")
     saved = attention_backend.write_attention_fn, mgpu.mosaic_num_splits

@@ -34,26 +34,25 @@ every tile (registers). With one context split the kernel writes the normalized 
 q's dtype (acc / sum: `combine_splits`' arithmetic for one split, so no XLA combine kernel
 runs); with more, each split writes an unnormalized fp32 partial (acc, max, sum), combined
 in XLA as the Triton kernel does (`combine_splits`).
+
+Shapes taken, block / stage / split defaults and the call's checks: paged_attention_mgpu_config.py.
 """
 
 from __future__ import annotations
-
-import math
 
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
-from ._common import one_lowering_per_config, resolve_interpret
-from .paged_attention import check_paged_inputs, check_write_inputs, combine_splits, default_num_splits
+from ._common import one_lowering_per_config
+from .paged_attention import check_write_inputs, combine_splits
+from .paged_attention_mgpu_config import ROWS, settle_config, shape_problem
 
 __all__ = ["paged_attention_mgpu", "paged_attention_mgpu_write", "shape_problem"]
 
-ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
 ROW_LAYOUT = plmgpu.Layout.WGMMA.reduce(1)  # [64] vectors: one entry per key of a tile
 COL_LAYOUT = plmgpu.Layout.WGMMA.reduce(0)  # [D] vectors: one entry per head-dim lane
-SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
 LANE_ACC_MAX = 128  # G * D up to which every key lane keeps its own [D] accumulator
 NEG = -1e30  # finite "no key yet" running max (exp(NEG - NEG) = 1, not NaN; exp(NEG - m) = 0)
 
@@ -231,70 +230,6 @@ def _decode_body(
             l_ref[split, n, h, j] = l_i
 
 
-def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str | None:
-    """Why the kernel cannot take these shapes (a one-line error), or None when it can."""
-    if group_size > 8:
-        return f"the Mosaic GPU kernel takes at most 8 q heads per kv head, got {group_size}"
-    row_bytes = head_dim * jnp.dtype(dtype).itemsize
-    if page_size % 8 or row_bytes % 32:
-        return (f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {page_size}) and "
-                f"head_dim rows of 32-byte multiples (got {head_dim} x {row_bytes // head_dim} bytes)")
-    slot_bytes = 2 * default_pages_per_block(page_size) * page_size * row_bytes  # K and V
-    if slot_bytes > SMEM_BYTES:
-        return (f"the Mosaic GPU kernel's smallest block of pages at page_size {page_size} "
-                f"(K and V: {slot_bytes} bytes) exceeds its {SMEM_BYTES} bytes of shared memory")
-    return None
-
-
-def default_pages_per_block(page_size: int) -> int:
-    """The fewest pages whose keys fill whole tiles of ROWS (block_k = lcm(page_size, ROWS))."""
-    return ROWS // math.gcd(page_size, ROWS)
-
-
-ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
-
-
-def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
-    """Context splits by default: one from ONE_SPLIT_PROGRAMS (token, kv head) programs, about
-    one per SM of the H200's 132 (run 12, in the decode step: Ouro-1.4B 8 rows x 16 heads,
-    6.10 vs 6.64 ms per step with the shared heuristic's 3 splits at context 512, 8.31 vs
-    8.88 ms at 2048; one split also needs no combine kernel); fewer programs keep the shared
-    heuristic (Ouro-1.4B 1 row x 2048: 6.34 ms with its 17 splits, 7.24 with one)."""
-    if n * hkv >= ONE_SPLIT_PROGRAMS:
-        return 1
-    return default_num_splits(n, hkv, max_blocks)
-
-
-def _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
-            pages_per_block, num_splits, num_stages, interpret) -> dict:
-    """Checks the attention inputs and fills in the configuration -> the static keyword
-    arguments of `_decode_call` / `_write_call`."""
-    n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
-        q, k_cache, v_cache, plane, page_table, row_of_token, positions
-    )
-    problem = shape_problem(hq // hkv, s, d, q.dtype)
-    if problem:
-        raise ValueError(problem)
-    itemsize = jnp.dtype(q.dtype).itemsize
-    if pages_per_block is None:
-        pages_per_block = default_pages_per_block(s)
-    block_k = pages_per_block * s
-    if pages_per_block < 1 or block_k % ROWS:
-        raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "
-                         f"{pages_per_block} x {s}")
-    slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
-    if num_stages is None:  # NOTE: up to 3 slots in half the smem: two programs per SM
-        num_stages = max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
-    if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
-        raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
-                         f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
-    if num_splits is None:
-        m_pad = -(-m // pages_per_block) * pages_per_block
-        num_splits = mosaic_num_splits(n, hkv, m_pad // pages_per_block)
-    return dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
-                normalize=num_splits == 1, interpret=resolve_interpret(interpret))
-
-
 def paged_attention_mgpu(
     q,  # [N, Hq, D] (decode: N == R, one token per row)
     k_cache,  # [planes, Hkv, P, S, D]
@@ -311,7 +246,7 @@ def paged_attention_mgpu(
 ):
     """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
     contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
-    config = _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
+    config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
                      num_stages=num_stages, interpret=interpret)
     return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32), page_table,
@@ -343,7 +278,7 @@ def paged_attention_mgpu_write(
     if write_slots.shape != positions.shape:
         raise ValueError(f"write_slots must be int32 [{positions.shape[0]}] (one per token), got "
                          f"{write_slots.dtype}{write_slots.shape}")
-    config = _config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
+    config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
                      num_stages=num_stages, interpret=interpret)
     return _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, jnp.asarray(plane, jnp.int32),
@@ -352,7 +287,7 @@ def paged_attention_mgpu_write(
 
 @one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "normalize", "interpret")
 def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, **config):
-    """The kernel (and its split combine) for inputs `_config` checked; plane: an i32 scalar
+    """The kernel (and its split combine) for inputs `settle_config` checked; plane: an i32 scalar
     or [R, M] table."""
     return _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, (), **config)
 

@@ -117,7 +117,7 @@ def test_one_split_normalizes_in_kernel_bitwise(case):
     (acc, max, sum) + combine_splits of the same kernel (per-key-lane and per-tile softmax)."""
     args, config, _ = _write_case(case)
     q, k_new, v_new, slots, kc, vc, plane, pt, rows, pos = args
-    config = mgpu._config(q, kc, vc, plane, pt, rows, pos, interpret=True, **config)
+    config = mgpu.settle_config(q, kc, vc, plane, pt, rows, pos, interpret=True, **config)
     assert config["num_splits"] == 1 and config["normalize"]
     partials = {**config, "normalize": False}
     fused = mgpu._write_call(*args, **config)[0]
@@ -311,7 +311,7 @@ def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
 def test_default_splits_one_from_a_program_per_sm():
     """One context split from ONE_SPLIT_PROGRAMS (token, kv head) programs (measured faster in
     the step, and no combine kernel); fewer programs keep the shared split heuristic."""
-    from loopjax.kernels import paged_attention_mgpu as mgpu
+    from loopjax.kernels import paged_attention_mgpu_config as mgpu
     from loopjax.kernels.paged_attention import default_num_splits
 
     assert mgpu.mosaic_num_splits(8, 16, 32) == 1 and mgpu.mosaic_num_splits(3, 55, 32) == 1
