@@ -224,12 +224,14 @@ def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
 
 
 def _pointwise_inputs(seed, n, hq, hkv, d, h, f, dtype):
-    ks = jax.random.split(jax.random.key(n + h + 1000 * seed), 6)
+    ks = jax.random.split(jax.random.key(n + h + 1000 * seed), 8)
     cos, sin = layers.rope_angles(jnp.arange(n) * 3 + 1, d, 10000.0)
     return dict(
         x=jax.random.normal(ks[0], (n, h), dtype),
         res=jax.random.normal(ks[1], (n, h), dtype),
         w=1 + 0.1 * jax.random.normal(ks[2], (h,), dtype),
+        w2=1 + 0.1 * jax.random.normal(ks[6], (h,), dtype),
+        partials=jax.random.normal(ks[7], (8, n, h), jnp.float32),  # a split-K product's
         gate_up=3 * jax.random.normal(ks[3], (n, 2 * f), dtype),
         qkv=jax.random.normal(ks[4], (n, (hq + 2 * hkv) * d), dtype),
         bias=0.1 * jax.random.normal(ks[5], (2, hq, d), dtype),
@@ -255,6 +257,12 @@ def bench_pointwise(b: Bench, models, token_counts, dtype, interpret, seeds=1):
                 kern = functools.partial(getattr(K, fn_name), eps=1e-6, interpret=interpret)
                 ref = functools.partial(getattr(K, "ref_" + fn_name), eps=1e-6)
                 _pair(b, f"{fn_name} {model} N={n}", kern, ref, arg_sets(*names), len(names) * norm_bytes)
+            for y in ("x", "partials"):  # the product's output, or its split-K partials
+                kern = functools.partial(K.norm_add_norm, eps=1e-6, interpret=interpret)
+                ref = functools.partial(K.ref_norm_add_norm, eps=1e-6)
+                nbytes = (4 if y == "x" else 3) * norm_bytes + (8 * n * h * 4 if y == "partials" else 0)
+                _pair(b, f"norm_add_norm({y}) {model} N={n}", kern, ref,
+                      arg_sets(y, "res", "w", "w2"), nbytes)
             silu_bytes = 3 * n * f * item
             for fn_name in ("silu_mul", "silu_f32_mul"):
                 kern = functools.partial(getattr(K, fn_name), interpret=interpret)

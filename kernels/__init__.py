@@ -8,15 +8,26 @@ kernels (rms_norm, rope, silu_mul) spell the twin's ops and casts to be bitwise 
 
 from .paged_attention import paged_attention, ref_paged_attention, write_kv
 from .prefill_attention import prefill_attention, ref_prefill_attention
-from .rms_norm import add_rms_norm, ref_add_rms_norm, ref_rms_norm, ref_rms_norm_add, rms_norm, rms_norm_add
+from .rms_norm import (
+    add_rms_norm,
+    norm_add_norm,
+    ref_add_rms_norm,
+    ref_norm_add_norm,
+    ref_rms_norm,
+    ref_rms_norm_add,
+    rms_norm,
+    rms_norm_add,
+)
 from .rope import ref_rope_interleaved_qk, ref_rope_rotate_half_qk, rope_interleaved_qk, rope_rotate_half_qk
 from .silu_mul import ref_silu_f32_mul, ref_silu_mul, silu_f32_mul, silu_mul
 
 __all__ = [
     "add_rms_norm",
+    "norm_add_norm",
     "paged_attention",
     "prefill_attention",
     "ref_add_rms_norm",
+    "ref_norm_add_norm",
     "ref_paged_attention",
     "ref_prefill_attention",
     "ref_rms_norm",

@@ -3,6 +3,9 @@
     rms_norm(x, weight, eps)                 = layers.rms_norm(x, weight, eps)
     add_rms_norm(x, residual, weight, eps)   = layers.add_rms_norm: rms_norm(x + residual)  (Huginn)
     rms_norm_add(x, residual, weight, eps)   = layers.rms_norm_add: residual + rms_norm(x)  (Ouro)
+    norm_add_norm(y, residual, weight, next_weight, eps) -> (h, rms_norm(h, next_weight))
+        with h = rms_norm_add(y, residual, weight): the norms of layers.linear_norm_add_norm
+        after its product, in one kernel; y may be the product's split-K fp32 partials
 
 x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
 One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
@@ -31,6 +34,8 @@ F32 = jnp.float32
 __all__ = [
     "add_rms_norm",
     "check_rms_norm_inputs",
+    "norm_add_norm",
+    "ref_norm_add_norm",
     "ref_add_rms_norm",
     "ref_rms_norm",
     "ref_rms_norm_add",
@@ -66,6 +71,63 @@ def ref_rms_norm_add(x, residual, weight, eps: float):
     return layers.rms_norm_add(x, residual, weight, eps)
 
 
+def sum_partials(y, dtype):
+    """The product a norm_add_norm takes: y itself ([N, H] in dtype), or its split-K fp32
+    partials [S, N, H] summed in order s = 0..S-1 in f32 and rounded once to dtype."""
+    if y.ndim == 2:
+        return y
+    total = y[0]
+    for part in y[1:]:
+        total = total + part
+    return total.astype(dtype)
+
+
+def ref_norm_add_norm(y, residual, weight, next_weight, eps: float):
+    check_norm_add_norm_inputs(y, residual, weight, next_weight)
+    h = layers.rms_norm_add(sum_partials(y, residual.dtype), residual, weight, eps)
+    return h, layers.rms_norm(h, next_weight, eps)
+
+
+def check_norm_add_norm_inputs(y, residual, weight, next_weight):
+    check_rms_norm_inputs(residual, weight)
+    check_rms_norm_inputs(residual, next_weight)
+    want = (residual.shape, residual.dtype)
+    if y.ndim == 3 and (y.shape[1:], y.dtype) != (residual.shape, jnp.float32):
+        raise ValueError(f"split-K partials must be float32[S, {residual.shape[0]}, {residual.shape[1]}], "
+                         f"got {y.dtype}{y.shape}")
+    if y.ndim != 3 and (y.shape, y.dtype) != want:
+        raise ValueError(f"y must match residual ({residual.dtype}{residual.shape}) or be its "
+                         f"float32[S, N, H] partials, got {y.dtype}{y.shape}")
+
+
+def _normalize(xf, w, h: int, eps: float, dt):
+    """rms_norm's body on an f32 tile [BN, W] (0 past the row) and weight [1, W]: the f32
+    statistics, the normalized row rounded to dt before the weight multiply, rounded again."""
+    # NOTE: XLA's algebraic simplifier turns mean's "/ h" into "* f32(1/h)" (seen in the H200's
+    # optimized HLO, run 10); dividing differs from it in ~1e-5 of rows at non-power-of-two h.
+    mean = jnp.sum(xf * xf, axis=-1, keepdims=True) * jnp.float32(1.0 / h)
+    return _rnd(w * _rnd(xf * jax.lax.rsqrt(mean + eps), dt), dt)
+
+
+def _norm_add_norm_kernel(y_ref, res_ref, w_ref, w_next_ref, h_ref, hn_ref, *, eps: float,
+                          block_rows: int, num_partials: int, interpret: bool):
+    # y [S * N, H] f32 (S partial planes, one after the other) or [N, H]; residual, outs [N, H]
+    n, h = res_ref.shape
+    dt = res_ref.dtype
+    width = h if interpret else next_pow2(h)
+    r0 = pl.program_id(0) * block_rows
+    y = load_tile(y_ref, r0, block_rows, 0, width, n, h).astype(F32)  # [BN, W], 0 past the row
+    for s in range(1, num_partials):  # planes past the first: rows s*N + r0 ... below (s+1)*N
+        y = y + load_tile(y_ref, s * n + r0, block_rows, 0, width, (s + 1) * n, h)
+    y = _rnd(y, dt)
+    res = load_tile(res_ref, r0, block_rows, 0, width, n, h).astype(F32)
+    w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)
+    w_next = load_vec(w_next_ref, 0, width, h)[None, :].astype(F32)
+    out = _rnd(res + _normalize(y, w, h, eps, dt), dt)
+    store_tile(h_ref, r0, 0, out.astype(dt), n, h)
+    store_tile(hn_ref, r0, 0, _normalize(out, w_next, h, eps, dt).astype(dt), n, h)
+
+
 def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each_op: bool, interpret: bool):
     # refs: x [N, H], (residual [N, H]), weight [H], out [N, H]
     x_ref, res_ref, w_ref, o_ref = refs if residual else (refs[0], None, *refs[1:])
@@ -81,11 +143,7 @@ def _kernel(*refs, eps: float, block_rows: int, residual: str | None, round_each
         # NOTE: XLA with excess precision (its default) keeps this bf16 sum in f32 on CPU.
         xf = _rnd(xf + res, dt) if round_each_op else xf + res
     w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)  # [1, W]
-    # NOTE: XLA's algebraic simplifier turns mean's "/ h" into "* f32(1/h)" (seen in the H200's
-    # optimized HLO, run 10); dividing differs from it in ~1e-5 of rows at non-power-of-two h.
-    mean = jnp.sum(xf * xf, axis=-1, keepdims=True) * jnp.float32(1.0 / h)
-    normed = xf * jax.lax.rsqrt(mean + eps)
-    out = _rnd(w * _rnd(normed, dt), dt)  # normed rounded before the weight multiply
+    out = _normalize(xf, w, h, eps, dt)
     if residual == "after":
         out = _rnd(res + out, dt)
     store_tile(o_ref, r0, 0, out.astype(dt), n, h)
@@ -104,13 +162,17 @@ def default_num_warps(h: int) -> int:
     return 8 if next_pow2(h) > 4096 else 4
 
 
+def _block_rows(n: int, h: int) -> int:
+    return max(1, min(next_pow2(n), 8192 // next_pow2(h)))  # ~8K elements per program
+
+
 def _call(x, residual, weight, eps, mode, block_rows, num_warps, interpret, round_each_op=False):
     n, h = x.shape
     interpret = resolve_interpret(interpret)
     if num_warps is None:
         num_warps = default_num_warps(h)
-    if block_rows is None:  # ~8K elements per program
-        block_rows = max(1, min(next_pow2(n), 8192 // next_pow2(h)))
+    if block_rows is None:
+        block_rows = _block_rows(n, h)
     kernel = functools.partial(
         _kernel,
         eps=eps,
@@ -173,3 +235,33 @@ def rms_norm_add(
 ):
     check_rms_norm_inputs(x, weight, residual)
     return _call(x, residual, weight, eps, "after", block_rows, num_warps, interpret)
+
+
+def norm_add_norm(
+    y,  # [N, H] a product's output, or its split-K partials float32[S, N, H]
+    residual,  # [N, H]
+    weight,  # [H]: the norm of y
+    next_weight,  # [H]: the norm of the sum
+    eps: float,
+    *,
+    num_warps: int | None = None,
+    interpret: bool | None = None,
+):
+    """(h, rms_norm(h, next_weight)) for h = residual + rms_norm(y, weight) -> two [N, H]: Ouro's
+    norms after a branch's last product and before the next branch's first, one kernel where
+    XLA runs four or five (the partials' sum, two row statistics, the scalings)."""
+    check_norm_add_norm_inputs(y, residual, weight, next_weight)
+    n, h = residual.shape
+    interpret = resolve_interpret(interpret)
+    block_rows = _block_rows(n, h)
+    kernel = functools.partial(_norm_add_norm_kernel, eps=eps, block_rows=block_rows,
+                               num_partials=y.shape[0] if y.ndim == 3 else 1, interpret=interpret)
+    out = jax.ShapeDtypeStruct(residual.shape, residual.dtype)
+    return pl.pallas_call(
+        kernel,
+        out_shape=(out, out),
+        grid=(pl.cdiv(n, block_rows),),
+        compiler_params=compiler_params(num_warps or default_num_warps(h)),
+        interpret=interpret,
+        name="loopjax_norm_add_norm",
+    )(y.reshape(-1, h), residual, weight, next_weight)

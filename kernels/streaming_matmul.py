@@ -79,9 +79,11 @@ __all__ = [
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
+    "ref_streaming_matmul_norm_add_norm",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_add",
+    "streaming_matmul_norm_add_norm",
     "streaming_linear",
     "streaming_matmul_silu_mul",
     "streaming_norm_linear",
@@ -110,6 +112,11 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=No
     check_matmul_inputs(x, w_gate_up, gate_up=True, norm_weight=norm_weight, norm_eps=norm_eps)
     gate, up = jnp.split(layers.linear(_ref_input(x, norm_weight, norm_eps), w_gate_up), 2, axis=-1)
     return layers.silu_mul(gate, up)
+
+
+def ref_streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    check_matmul_inputs(x, w, residual)
+    return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -247,6 +254,7 @@ def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict
     _check_config(cfg, k)
     fused_silu = cfg.split_k == 1 and epilogue == "silu"
     cfg = _fit_stages(cfg, block_rows(m), 2 if fused_silu else 1, x.dtype.itemsize)
+    residual = residual if epilogue == "add" else None
     return _kernel_call(x, w, residual, norm_weight, cfg=cfg, epilogue=epilogue,
                         norm_eps=None if norm_weight is None else float(norm_eps),
                         interpret=resolve_interpret(interpret))
@@ -263,14 +271,14 @@ def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
     block_m = block_rows(m)
     fused = cfg.split_k == 1
     n_out = n_w // 2 if (fused and epilogue == "silu") else n_w
-    kernel_epilogue = epilogue if fused else "none"
+    kernel_epilogue = epilogue if fused and epilogue != "partials" else "none"
     if fused:
         out_shape = jax.ShapeDtypeStruct((m, n_out), x.dtype)
     else:
         out_shape = jax.ShapeDtypeStruct((cfg.split_k, m, n_out), jnp.float32)
     kernel = functools.partial(_kernel, block_m=block_m, cfg=cfg, epilogue=kernel_epilogue,
                                norm_eps=norm_eps, interpret=interpret)
-    operands = (x, w) + ((residual,) if kernel_epilogue == "add" else ())
+    operands = (x, w) + ((residual,) if kernel_epilogue == "add" else ())  # "partials": none
     if norm_eps is not None:
         operands += (norm_weight.reshape(1, k),)  # NOTE: 2-D for the tile loads (a bitcast)
     prologue = "_norm" if norm_eps is not None else ""
@@ -282,7 +290,7 @@ def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
         interpret=interpret,
         name=f"loopjax_streaming_matmul{prologue}_{epilogue}",
     )(*operands)
-    if fused:
+    if fused or epilogue == "partials":
         return out
     # NOTE: split-K: XLA fuses the partial sum, the rounding and the epilogue in one kernel.
     y = jnp.sum(out, axis=0).astype(x.dtype)
@@ -353,6 +361,31 @@ def streaming_matmul_silu_mul(
                  _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
 
 
+def streaming_matmul_norm_add_norm(
+    x,  # [M, K]
+    w,  # [K, N]
+    residual,  # [M, N], x's dtype
+    norm_weight,  # [N]: the norm of the product
+    next_norm_weight,  # [N]: the norm of the sum
+    eps: float,
+    *,
+    block_n: int | None = None,
+    block_k: int | None = None,
+    split_k: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int | None = None,
+    interpret: bool | None = None,
+):
+    """layers.linear_norm_add_norm -> (h, rms_norm(h, next_norm_weight)), two [M, N]: the
+    product's output (or, split along K, its fp32 partials) goes to kernels/rms_norm.py's
+    `norm_add_norm`, which sums, normalizes, adds and normalizes again in one kernel."""
+    from .rms_norm import norm_add_norm
+
+    product = _call(x, w, residual, "partials", interpret,
+                    _overrides(block_n, block_k, split_k, num_warps, num_stages))
+    return norm_add_norm(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)
+
+
 # ------------------------------------------------------------------- drop-ins for layers.Ops
 # The kernel at 1..128 rows, XLA above (prefill, where the weights are no longer the cost);
 # default block sizes. Each keeps the signature of its layers.py namesake.
@@ -376,3 +409,13 @@ def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_
     if not _few_rows(x):
         return layers.norm_linear_silu_mul(x, norm_weight, eps, w_gate_up)
     return streaming_matmul_silu_mul(x, w_gate_up, norm_weight=norm_weight, norm_eps=eps)
+
+
+def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
+    return streaming_matmul_silu_mul(x, w_gate_up) if _few_rows(x) else layers.linear_silu_mul(x, w_gate_up)
+
+
+def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    if not _few_rows(x):
+        return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    return streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)

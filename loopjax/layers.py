@@ -63,8 +63,22 @@ def norm_linear(x, norm_weight, eps: float, w):
 def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):
     """The MLP's activation silu_mul(gate, up) of norm_linear(x, ..., w_gate_up) [N, 2F],
     columns [gate | up] -> [N, F]."""
-    gate, up = jnp.split(norm_linear(x, norm_weight, eps, w_gate_up), 2, axis=-1)
+    return linear_silu_mul(rms_norm(x, norm_weight, eps), w_gate_up)
+
+
+def linear_silu_mul(x, w_gate_up):
+    """silu_mul(gate, up) of linear(x, w_gate_up) [N, 2F], columns [gate | up] -> [N, F]."""
+    gate, up = jnp.split(linear(x, w_gate_up), 2, axis=-1)
     return silu_mul(gate, up)
+
+
+def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    """Ouro's sandwich norm closing a branch, then the next branch's input norm, as one op:
+    (h, rms_norm(h, next_norm_weight)) for h = residual + rms_norm(linear(x, w), norm_weight).
+    One op so that a kernel can take the product's split-K partials and run the sum, both
+    norms and the add in one pass (kernels/rms_norm.py `norm_add_norm`)."""
+    h = rms_norm_add(linear(x, w), residual, norm_weight, eps)
+    return h, rms_norm(h, next_norm_weight, eps)
 
 
 def silu_mul(gate, up):
@@ -172,11 +186,14 @@ class Ops:
     bitwise-equal Pallas kernels, loopjax/pointwise_ops.py). Each field keeps the signature of
     its XLA default here; frozen and made of functions, so it is hashable and can be a static
     jit argument. The norm_* ops are the products fed directly by an RMSNorm (a kernel may
-    fuse the norm into its prologue, and the SiLU*up into its epilogue)."""
+    fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
+    is a product with the norms after it (a kernel may take its split-K partials)."""
 
     linear: Callable = linear
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
+    linear_silu_mul: Callable = linear_silu_mul
+    linear_norm_add_norm: Callable = linear_norm_add_norm
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add
     add_rms_norm: Callable = add_rms_norm

@@ -25,7 +25,9 @@ from loopjax import layers
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
-PRODUCTS = ("linear", "norm_linear", "norm_linear_silu_mul")  # the Ops fields chosen here
+# The Ops fields chosen here -> the position of the weight among the arguments after x.
+PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
+            "linear_norm_add_norm": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up, from bench/RESULTS.md run 11: each beat XLA by >= 5% per product at 8 and 32
 # rows; in the whole decode step the Huginn-0125 three (wqkv, wo, w_down) gain 12-15% at 8 and
@@ -43,11 +45,15 @@ def matmul_ops(name: str) -> Ops:
     from loopjax.kernels import streaming_matmul as sm
     if name == "streaming":
         return Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
-                   norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul)
+                   norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul,
+                   linear_silu_mul=sm.streaming_linear_silu_mul,
+                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
     measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
-                   norm_linear_silu_mul=_norm_then_streaming_silu_mul)
-    return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name))
-                  for name in PRODUCTS})
+                   norm_linear_silu_mul=_norm_then_streaming_silu_mul,
+                   linear_silu_mul=sm.streaming_linear_silu_mul,
+                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
+    return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name), weight_arg)
+                  for name, weight_arg in PRODUCTS.items()})
 
 
 def _norm_then_streaming(x, norm_weight, eps: float, w):
@@ -62,12 +68,13 @@ def _norm_then_streaming_silu_mul(x, norm_weight, eps: float, w_gate_up):
 
 
 @functools.cache
-def _where_measured(kernel, fallback):
-    """Op (x, *args, w): `kernel` where it won on the H200 for x's rows and w's shape (static
-    shapes), else `fallback`. Cached so equal choices give one (hashable) function."""
+def _where_measured(kernel, fallback, weight_arg: int):
+    """Op (x, *args) with the weight at args[weight_arg]: `kernel` where it won on the H200
+    for x's rows and the weight's shape (static shapes), else `fallback`. Cached so equal
+    choices give one (hashable) function."""
 
     def pick(x, *args):
-        rows, weight_shape = x.shape[0], tuple(args[-1].shape)
+        rows, weight_shape = x.shape[0], tuple(args[weight_arg].shape)
         wins = rows < 8 or rows <= STREAMING_MAX_ROWS.get(weight_shape, 0)
         return kernel(x, *args) if wins else fallback(x, *args)
     return pick

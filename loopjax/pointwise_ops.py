@@ -42,6 +42,8 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         rope_interleaved_qk=kernels.rope_interleaved_qk,
         norm_linear=_kernel_norm_then(ops.linear),
         norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
+        linear_silu_mul=_then_kernel_silu_mul(ops.linear),
+        linear_norm_add_norm=_then_kernel_norm_add_norm(ops.linear),
     )
 
 
@@ -71,3 +73,23 @@ def _kernel_norm_then_silu_mul(linear):
         gate_up = linear(kernels.rms_norm(x, norm_weight, eps), w_gate_up)
         return kernels.silu_mul(gate_up)
     return norm_linear_silu_mul
+
+
+@functools.cache
+def _then_kernel_silu_mul(linear):
+    """linear_silu_mul: `linear` into [N, 2F] ([gate | up]), then the SiLU*up kernel."""
+    from loopjax import kernels
+
+    def linear_silu_mul(x, w_gate_up):
+        return kernels.silu_mul(linear(x, w_gate_up))
+    return linear_silu_mul
+
+
+@functools.cache
+def _then_kernel_norm_add_norm(linear):
+    """linear_norm_add_norm: `linear`, then the norm_add_norm kernel (both norms, the add)."""
+    from loopjax import kernels
+
+    def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+        return kernels.norm_add_norm(linear(x, w), residual, norm_weight, next_norm_weight, eps)
+    return linear_norm_add_norm

@@ -85,32 +85,38 @@ def embed(params, ids):
 _silu_mul = silu_mul
 
 
-def _layer(lp, cfg: OuroConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
-    """One sandwich-norm decoder layer: x + norm_2(attn(norm(x))), then the same for the MLP."""
+def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, layer_id: int, depth, ops):
+    """One sandwich-norm decoder layer: x + norm_2(attn(norm(x))), then the same for the MLP.
+    x_normed = rms_norm(x, attn_norm) comes in with x, and the layer hands on (x, rms_norm(x,
+    next_norm)): each branch's closing norms and the next branch's input norm are one op
+    (ops.linear_norm_add_norm), which a kernel runs in one pass."""
     n, eps = x.shape[0], cfg.rms_norm_eps
     q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     with jax.named_scope("attention"):
-        qkv = ops.norm_linear(x, lp["attn_norm"], eps, lp["wqkv"])
+        qkv = ops.linear(x_normed, lp["wqkv"])
         q, k = ops.rope_rotate_half_qk(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads)
         v = qkv[:, q_dim + kv_dim:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
         kv, out = attn(kv, layer_id, depth, q, k, v)
-        out = ops.linear(out.reshape(n, q_dim), lp["wo"])
-        x = ops.rms_norm_add(out, x, lp["attn_norm_2"], eps)
+        x, x_normed = ops.linear_norm_add_norm(out.reshape(n, q_dim), lp["wo"], x,
+                                               lp["attn_norm_2"], lp["mlp_norm"], eps)
     with jax.named_scope("mlp"):
-        act = ops.norm_linear_silu_mul(x, lp["mlp_norm"], eps, lp["w_gate_up"])
-        out = ops.linear(act, lp["w_down"])
-        x = ops.rms_norm_add(out, x, lp["mlp_norm_2"], eps)
-    return x, kv
+        act = ops.linear_silu_mul(x_normed, lp["w_gate_up"])
+        x, x_normed = ops.linear_norm_add_norm(act, lp["w_down"], x, lp["mlp_norm_2"], next_norm, eps)
+    return x, x_normed, kv
 
 
 def loop(params, cfg: OuroConfig, x, cos, sin, attn, kv, depth, ops=XLA_OPS):
     """One loop: every layer once (unrolled; layer l uses cache layer l), then the final norm.
     x [N, H]; cos, sin [N, D/2] fp32 from `rope_angles`; depth = loop index (may be traced).
     Returns (h, kv): h is this loop's exit candidate and the next loop's input."""
-    for layer_id, lp in enumerate(params["layers"]):
+    layers = params["layers"]
+    next_norms = [lp["attn_norm"] for lp in layers[1:]] + [params["norm"]]
+    x_normed = ops.rms_norm(x, layers[0]["attn_norm"], cfg.rms_norm_eps)
+    for layer_id, (lp, next_norm) in enumerate(zip(layers, next_norms)):
         with jax.named_scope(f"layer_{layer_id}"):
-            x, kv = _layer(lp, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
-    return ops.rms_norm(x, params["norm"], cfg.rms_norm_eps), kv
+            x, x_normed, kv = _layer(lp, cfg, x, x_normed, next_norm, cos, sin, attn, kv,
+                                     layer_id, depth, ops)
+    return x_normed, kv  # the last layer's next norm is the final norm
 
 
 def gate_logits(params, h):

@@ -1,0 +1,55 @@
+"""Probe: one Ouro loop (every layer, dense causal attention over the rows) at the real
+shapes with random bf16 weights, on each layers.Ops a step can use, against XLA's ops:
+the pointwise kernels must be bitwise (as on CPU, tests/test_pointwise_ops.py), the
+weight-streaming products (matmul 'auto', 'streaming') within bf16 rounding of a different
+f32 summation order. Prints per rows: differing elements and the largest |difference|
+relative to the output's largest |value|.
+
+    python -m loopjax.bench.probes.ops_check [--preset ouro-1.4b] [--rows 1,8,32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from loopjax.config import preset
+from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, DenseCausal, rope_angles
+from loopjax.matmul_ops import matmul_ops
+from loopjax.models import ouro
+from loopjax.pointwise_ops import with_pointwise
+
+
+def _loop(params, x, *, cfg, ops):
+    cos, sin = rope_angles(jnp.arange(x.shape[0]), cfg.head_dim, cfg.rope_theta)
+    return ouro.loop(params, cfg, x, cos, sin, DenseCausal(), None, 0, ops)[0]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="ouro-1.4b")
+    parser.add_argument("--rows", default="1,8,32")
+    args = parser.parse_args(argv)
+    cfg = preset(args.preset)
+    params = ouro.init_params(cfg, jax.random.key(0), jnp.bfloat16)
+    variants = {"matmul auto": matmul_ops("auto"), "matmul streaming": matmul_ops("streaming"),
+                "pointwise pallas": with_pointwise(XLA_OPS, "pallas")}
+    run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops), compiler_options=IDENTITY_COMPILER_OPTIONS)
+           for name, ops in {"xla": XLA_OPS, **variants}.items()}
+    for rows in map(int, args.rows.split(",")):
+        x = jax.random.normal(jax.random.key(rows), (rows, cfg.hidden_size), jnp.bfloat16)
+        want = run["xla"](params, x).astype(jnp.float32)
+        scale = float(jnp.max(jnp.abs(want)))
+        for name in variants:
+            got = run[name](params, x).astype(jnp.float32)
+            diff = int(jnp.sum(got != want))
+            rel = float(jnp.max(jnp.abs(got - want))) / scale
+            print(f"{args.preset} rows {rows:4d} {name:<18} differing {diff:7d}/{want.size}  "
+                  f"max |diff| / max |out| {rel:.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
