@@ -253,7 +253,10 @@ def norm_add_norm(
     check_norm_add_norm_inputs(y, residual, weight, next_weight)
     n, h = residual.shape
     interpret = resolve_interpret(interpret)
-    block_rows = _block_rows(n, h)
+    # NOTE: one row per program: at decode's few rows the partials (S * H fp32 per row) are
+    # the bytes, and one program per row spreads them over SMs (4 rows per program ran the
+    # 8-row Ouro-1.4B step 3.6% slower than XLA's kernels, bench/RESULTS.md run 13).
+    block_rows = 1
     kernel = functools.partial(_norm_add_norm_kernel, eps=eps, block_rows=block_rows,
                                num_partials=y.shape[0] if y.ndim == 3 else 1, interpret=interpret)
     out = jax.ShapeDtypeStruct(residual.shape, residual.dtype)
