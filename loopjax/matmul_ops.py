@@ -4,13 +4,14 @@
 - 'streaming': the Pallas weight-streaming kernel for every product up to 128 rows, with the
   RMSNorm fused into its prologue and SiLU*up into its epilogue where the model allows
   (kernels/streaming_matmul.py; plain XLA above 128 rows).
-- 'auto': what was measured to win on the H200, product by product: the streaming kernel as a
-  plain product (norms and SiLU*up in XLA) for every product of a step of fewer than 8 rows
-  (run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms, Huginn-0125 34.9 vs 51.2 ms; run 11's per-product
-  table: 1.1-4.0x XLA at 1 row), and from 8 rows for the weight shapes and row counts in
-  `STREAMING_MAX_ROWS` (run 11: wqkv, wo, w_down of both models); XLA otherwise. The
-  fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at 1
-  row, 7.3 vs 4.7 ms at 8), so it stays out of 'auto'.
+- 'auto': what was measured to win on the H200, product by product: the streaming kernel for
+  every product of a step of fewer than 8 rows (run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms,
+  Huginn-0125 34.9 vs 51.2 ms; run 11's per-product table: 1.1-4.0x XLA at 1 row), and from 8
+  rows for the weight shapes and row counts in `STREAMING_MAX_ROWS`; XLA otherwise. Where a
+  product streams, SiLU*up runs in its epilogue (linear_silu_mul) and the norms after it run
+  on its split-K partials in one kernel (linear_norm_add_norm; run 13: the 1-row Ouro-1.4B step
+  5,745 -> 4,969 us). The fused-norm prologue loses on the GPU (run 10: the weights-only Ouro
+  step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_rows_below` wrapper.
 """
@@ -29,12 +30,13 @@ MATMULS = ("auto", "xla", "streaming")
 PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
             "linear_norm_add_norm": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
-# from 8 rows up, from bench/RESULTS.md run 11: each beat XLA by >= 5% per product at 8 and 32
-# rows; in the whole decode step the Huginn-0125 three (wqkv, wo, w_down) gain 12-15% at 8 and
-# 32 rows, the Ouro-1.4B three 4.6% at 8 rows and -1.2% at 32, so Ouro's stop at 8.
-# w_gate_up and lm_head tie per product (0.97-1.05x) and stay on XLA from 8 rows.
+# from 8 rows up. Huginn-0125 (run 11): wqkv, wo, w_down each beat XLA by >= 5% per product at
+# 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
+# (0.97-1.05x) and stay on XLA. Ouro-1.4B (run 13, with the split-K partials going to the
+# norm_add_norm kernel): all four products on the kernel give the fastest step at 8, 16 and
+# 32 rows (5,780 / 6,760 / 8,877 us vs 5,873 / 7,088 / 9,116 with only the old 8-row three).
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
-                      (2048, 6144): 8, (2048, 2048): 8, (5632, 2048): 8}
+                      (2048, 6144): 32, (2048, 2048): 32, (5632, 2048): 32, (2048, 11264): 32}
 
 
 def matmul_ops(name: str) -> Ops:

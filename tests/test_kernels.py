@@ -206,6 +206,27 @@ def test_rms_norm_bitwise(n, h, dtype):
         _same(kern(*args), ref(*args))
 
 
+@pytest.mark.parametrize("n,h,dtype,num_partials", [(1, 2048, BF16, 8), (5, 96, BF16, 0), (3, 200, F32, 3),
+                                                  (9, 5280, BF16, 1), (4, 64, F32, 0)])
+def test_norm_add_norm_bitwise(n, h, dtype, num_partials):
+    """Both outputs of the fused norms equal the model's ops, on a product's output or on its
+    split-K partials (summed in order, rounded once)."""
+    rs = np.random.default_rng(n * h)
+    y = (_rand(rs, (num_partials, n, h), F32, 2.0) if num_partials else _rand(rs, (n, h), dtype, 3.0))
+    res, w, w_next = _rand(rs, (n, h), dtype), _rand(rs, (h,), dtype), _rand(rs, (h,), dtype)
+    got = jax.jit(functools.partial(K.norm_add_norm, eps=1e-6, interpret=True))(y, res, w, w_next)
+    want = _jit_twin(functools.partial(K.ref_norm_add_norm, eps=1e-6))(y, res, w, w_next)
+    def model_math(y_sum, res, w, w_next):
+        h_sum = layers.rms_norm_add(y_sum, res, w, 1e-6)
+        return h_sum, layers.rms_norm(h_sum, w_next, 1e-6)
+
+    y_sum = y if y.ndim == 2 else functools.reduce(jnp.add, y).astype(dtype)
+    for a, b, c in zip(got, want, _jit_twin(model_math)(y_sum, res, w, w_next), strict=True):
+        _same(a, b)
+        _same(b, c)  # the twin is the model's math
+    assert not np.array_equal(np.asarray(got[0]), np.asarray(got[1]))
+
+
 @pytest.mark.parametrize(
     "n,f,dtype,blocks",
     [(1, 16, F32, {}), (5, 96, BF16, {}), (9, 100, BF16, dict(block_rows=4, block_cols=32))],
@@ -299,6 +320,12 @@ def test_bad_inputs_raise():
         K.rms_norm(z((2, 8)), z((9,)), 1e-6)
     with pytest.raises(ValueError, match="residual"):
         K.ref_add_rms_norm(z((2, 8)), z((3, 8)), z((8,)), 1e-6)
+    with pytest.raises(ValueError, match="split-K partials must be float32"):
+        K.norm_add_norm(z((2, 3, 8), BF16), z((3, 8), BF16), z((8,), BF16), z((8,), BF16), 1e-6)
+    with pytest.raises(ValueError, match="y must match residual"):
+        K.ref_norm_add_norm(z((3, 9)), z((3, 8)), z((8,)), z((8,)), 1e-6)
+    with pytest.raises(ValueError, match="weight"):
+        K.norm_add_norm(z((3, 8)), z((3, 8)), z((8,)), z((7,)), 1e-6)
     with pytest.raises(ValueError, match="gate_up"):
         K.silu_mul(z((2, 7)))
     with pytest.raises(ValueError, match="qkv width"):
@@ -338,6 +365,11 @@ def _lowering_cases():
             f"rms_norm-{model}",
             functools.partial(K.add_rms_norm, eps=1e-6),
             (S((7, h), BF16),) * 2 + (S((h,), BF16),),
+        )
+        yield (
+            f"norm_add_norm-{model}",
+            functools.partial(K.norm_add_norm, eps=1e-6),
+            (S((8, 7, h), F32), S((7, h), BF16), S((h,), BF16), S((h,), BF16)),
         )
         yield f"silu-{model}", K.silu_mul, (S((7, 2 * f), BF16),)
         yield f"silu_f32-{model}", K.silu_f32_mul, (S((7, 2 * f), BF16),)

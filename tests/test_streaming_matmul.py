@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -90,6 +91,38 @@ def test_epilogues(split_k):
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_norm_add_norm_epilogue(split_k):
+    """The product's output (split 1) or its fp32 partials (split 3) go to the norm_add_norm
+    kernel: (h, rms_norm(h)) of layers.linear_norm_add_norm within a product's rounding, and
+    no XLA reduction of the partials runs between the two kernels."""
+    m, k, n = 3, 96, 40
+    x, w, r = _inputs(m, k, n, BF16, seed=split_k)
+    nw, nw_next = _norm_weight(n, BF16, seed=1), _norm_weight(n, BF16, seed=2)
+    kw = dict(block_n=16, block_k=16, split_k=split_k, interpret=True)
+    got = sm.streaming_matmul_norm_add_norm(x, w, r, nw, nw_next, 1e-6, **kw)
+    want = sm.ref_streaming_matmul_norm_add_norm(x, w, r, nw, nw_next, 1e-6)
+    floor = 2.0**-7  # a product's last bit, through the norm and the add
+    for a, b in zip(got, want, strict=True):
+        _assert_close(a, b, BF16, ulps=2, floor=floor)
+    assert not np.allclose(np.asarray(got[0], np.float32), np.asarray(got[1], np.float32), atol=0.1)
+    closed = jax.make_jaxpr(functools.partial(sm.streaming_matmul_norm_add_norm, eps=1e-6, **kw))(
+        x, w, r, nw, nw_next)
+    outside = _primitives_outside_kernels(closed.jaxpr)
+    assert outside.count("pallas_call") == 2 and "reduce_sum" not in outside, outside
+
+
+def _primitives_outside_kernels(jaxpr) -> list[str]:
+    """The primitives a jaxpr runs, inside nested jits but not inside Pallas kernels."""
+    names = []
+    for eqn in jaxpr.eqns:
+        names.append(eqn.primitive.name)
+        if eqn.primitive.name != "pallas_call":
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                names += _primitives_outside_kernels(sub)
+    return names
+
+
 def _norm_weight(k, dtype, seed=0):
     rng = np.random.default_rng(seed)
     return jnp.asarray(1 + 0.2 * rng.standard_normal(k, dtype=np.float32)).astype(dtype)
@@ -170,6 +203,13 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
             jaxpr = str(jax.make_jaxpr(op, static_argnums=eps_static)(*args))
             assert ("pallas_call" in jaxpr) == kernel, (op, rows, n)
             assert jaxpr.count("pallas_call") <= 1
+    for rows, n, kernel in ((7, 8, True), (8, 8, False), (32, 16, True), (33, 16, False)):
+        x, w, r = _inputs(rows, 32, n, F32)  # w [32, n]: the product's weight; r [rows, n]
+        jaxpr = str(jax.make_jaxpr(ops.linear_silu_mul)(x, w))
+        assert ("pallas_call" in jaxpr) == kernel, ("linear_silu_mul", rows, n)
+        jaxpr = str(jax.make_jaxpr(ops.linear_norm_add_norm, static_argnums=5)(
+            x, w, r, _norm_weight(n, F32), _norm_weight(n, F32, seed=1), 1e-6))
+        assert jaxpr.count("pallas_call") == (2 if kernel else 0), ("linear_norm_add_norm", rows, n)
     monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
     x, w, _ = _inputs(4, 32, 16, F32)
     unfused = sm.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)

@@ -37,7 +37,8 @@ def main(argv=None):
     params = ouro.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     variants = {"matmul auto": matmul_ops("auto"), "matmul streaming": matmul_ops("streaming"),
                 "pointwise pallas": with_pointwise(XLA_OPS, "pallas")}
-    run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops), compiler_options=IDENTITY_COMPILER_OPTIONS)
+    run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops),
+                         compiler_options=IDENTITY_COMPILER_OPTIONS)
            for name, ops in {"xla": XLA_OPS, **variants}.items()}
     for rows in map(int, args.rows.split(",")):
         x = jax.random.normal(jax.random.key(rows), (rows, cfg.hidden_size), jnp.bfloat16)
