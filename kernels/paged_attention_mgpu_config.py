@@ -37,17 +37,20 @@ def default_pages_per_block(page_size: int) -> int:
 
 
 ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
+FEW_PROGRAMS_TARGET = 64  # below that: split the context until about this many programs run
 
 
 def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     """Context splits by default: one from ONE_SPLIT_PROGRAMS (token, kv head) programs, about
     one per SM of the H200's 132 (run 12, in the decode step: Ouro-1.4B 8 rows x 16 heads,
     6.10 vs 6.64 ms per step with the shared heuristic's 3 splits at context 512, 8.31 vs
-    8.88 ms at 2048; one split also needs no combine kernel); fewer programs keep the shared
-    heuristic (Ouro-1.4B 1 row x 2048: 6.34 ms with its 17 splits, 7.24 with one)."""
+    8.88 ms at 2048; one split also needs no combine kernel). Fewer programs split the context
+    until ~FEW_PROGRAMS_TARGET run (run 13, Ouro-1.4B 1 row x 16 heads: 4 splits 4.87 / 5.24 ms
+    per step at context 512 / 2048, against 4.94 / 5.56 with the shared heuristic's 8 / 17
+    splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two; longer contexts are not measured)."""
     if n * hkv >= ONE_SPLIT_PROGRAMS:
         return 1
-    return default_num_splits(n, hkv, max_blocks)
+    return default_num_splits(n, hkv, max_blocks, target_programs=FEW_PROGRAMS_TARGET)
 
 
 def settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,

@@ -34,9 +34,11 @@ PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_
 # 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
 # (0.97-1.05x) and stay on XLA. Ouro-1.4B (run 13, with the split-K partials going to the
 # norm_add_norm kernel): all four products on the kernel give the fastest step at 8, 16 and
-# 32 rows (5,780 / 6,760 / 8,877 us vs 5,873 / 7,088 / 9,116 with only the old 8-row three).
+# 32 rows (5,780 / 6,760 / 8,877 us vs 5,873 / 7,088 / 9,116 with only the old 8-row three);
+# at 64 and 128 rows wo and w_down alone (12,074 / 18,457 us vs XLA's 12,249 / 19,166; all
+# four: 12,148 / 19,311).
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
-                      (2048, 6144): 32, (2048, 2048): 32, (5632, 2048): 32, (2048, 11264): 32}
+                      (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
 
 
 def matmul_ops(name: str) -> Ops:
