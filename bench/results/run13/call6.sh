@@ -1,0 +1,12 @@
+# Run 13 call 6: the session's final defaults (fused norms, Ouro products streamed to 32 rows
+# and wo / w_down to 128, ~64 attention programs below 128): steps and bursts.
+set -u
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+bc() { tag=$1; lim=$2; shift 2
+  timeout $lim python3 -m loopjax.bench.cli "$@" --workload burst -P 512 -O 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-progress --max-seconds $((lim - 20)) --out $OUT/$tag.json > /tmp/$tag.log 2>&1
+  echo "== $tag rc=$? $*"; grep "burst on\|engine ready" /tmp/$tag.log | cut -c1-250; }
+timeout 130 python3 -m loopjax.bench.decode_step --preset ouro-1.4b --backend pallas_mgpu --matmul auto --per-loop-rows 0 --context 512,2048 --rows 1,8,32,128 --iters 20 --out $OUT/o_steps.json > /tmp/o_steps.log 2>&1; echo "== o_steps rc=$?"; grep " rows " /tmp/o_steps.log | cut -c1-200
+bc b_ouro 160 ouro-1.4b -C 32 32 128 --max-num-rows 128
+bc b_ouro1 70 ouro-1.4b -C 1
+cd /tmp && tar czf $OUT/logs.tgz *.log
