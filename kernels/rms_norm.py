@@ -27,7 +27,15 @@ from jax.experimental import pallas as pl
 
 from loopjax import layers
 
-from ._common import compiler_params, load_tile, load_vec, next_pow2, resolve_interpret, store_tile
+from ._common import (
+    compiler_params,
+    load_tile,
+    load_vec,
+    next_pow2,
+    one_lowering_per_config,
+    resolve_interpret,
+    store_tile,
+)
 
 F32 = jnp.float32
 
@@ -251,8 +259,16 @@ def norm_add_norm(
     norms after a branch's last product and before the next branch's first, one kernel where
     XLA runs four or five (the partials' sum, two row statistics, the scalings)."""
     check_norm_add_norm_inputs(y, residual, weight, next_weight)
+    return _norm_add_norm_call(y, residual, weight, next_weight, eps=float(eps),
+                               num_warps=num_warps or default_num_warps(residual.shape[1]),
+                               interpret=resolve_interpret(interpret))
+
+
+@one_lowering_per_config("eps", "num_warps", "interpret")
+def _norm_add_norm_call(y, residual, weight, next_weight, *, eps: float, num_warps: int, interpret: bool):
+    """The kernel for checked inputs: one lowering per shape and configuration, shared by
+    every call site of a step (kernels/_common.py)."""
     n, h = residual.shape
-    interpret = resolve_interpret(interpret)
     # NOTE: one row per program: at decode's few rows the partials (S * H fp32 per row) are
     # the bytes, and one program per row spreads them over SMs (4 rows per program ran the
     # 8-row Ouro-1.4B step 3.6% slower than XLA's kernels, bench/RESULTS.md run 13).
@@ -264,7 +280,7 @@ def norm_add_norm(
         kernel,
         out_shape=(out, out),
         grid=(pl.cdiv(n, block_rows),),
-        compiler_params=compiler_params(num_warps or default_num_warps(h)),
+        compiler_params=compiler_params(num_warps),
         interpret=interpret,
         name="loopjax_norm_add_norm",
     )(y.reshape(-1, h), residual, weight, next_weight)
