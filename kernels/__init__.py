@@ -9,10 +9,8 @@ kernels (rms_norm, rope, silu_mul) spell the twin's ops and casts to be bitwise 
 from .paged_attention import paged_attention, ref_paged_attention, write_kv
 from .prefill_attention import prefill_attention, ref_prefill_attention
 from .rms_norm import (
-    add_norm_norm,
     add_rms_norm,
     norm_add_norm,
-    ref_add_norm_norm,
     ref_add_rms_norm,
     ref_norm_add_norm,
     ref_rms_norm,
@@ -24,12 +22,10 @@ from .rope import ref_rope_interleaved_qk, ref_rope_rotate_half_qk, rope_interle
 from .silu_mul import ref_silu_f32_mul, ref_silu_mul, silu_f32_mul, silu_mul
 
 __all__ = [
-    "add_norm_norm",
     "add_rms_norm",
     "norm_add_norm",
     "paged_attention",
     "prefill_attention",
-    "ref_add_norm_norm",
     "ref_add_rms_norm",
     "ref_norm_add_norm",
     "ref_paged_attention",

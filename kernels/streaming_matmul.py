@@ -79,12 +79,10 @@ __all__ = [
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
-    "ref_streaming_matmul_add_norm_norm",
     "ref_streaming_matmul_norm_add_norm",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_add",
-    "streaming_matmul_add_norm_norm",
     "streaming_matmul_norm_add_norm",
     "streaming_linear",
     "streaming_matmul_silu_mul",
@@ -119,11 +117,6 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=No
 def ref_streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     check_matmul_inputs(x, w, residual)
     return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-
-
-def ref_streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    check_matmul_inputs(x, w, residual)
-    return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -383,42 +376,14 @@ def streaming_matmul_norm_add_norm(
     num_stages: int | None = None,
     interpret: bool | None = None,
 ):
-    """layers.linear_norm_add_norm (Ouro) -> (h, rms_norm(h, next_norm_weight)), two [M, N]:
-    the product's output (or, split along K, its fp32 partials) goes to kernels/rms_norm.py's
+    """layers.linear_norm_add_norm -> (h, rms_norm(h, next_norm_weight)), two [M, N]: the
+    product's output (or, split along K, its fp32 partials) goes to kernels/rms_norm.py's
     `norm_add_norm`, which sums, normalizes, adds and normalizes again in one kernel."""
     from .rms_norm import norm_add_norm
 
-    return _product_then(norm_add_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret,
-                         _overrides(block_n, block_k, split_k, num_warps, num_stages))
-
-
-def streaming_matmul_add_norm_norm(
-    x,  # [M, K]
-    w,  # [K, N]
-    residual,  # [M, N], x's dtype
-    norm_weight,  # [N]: the norm of the sum product + residual
-    next_norm_weight,  # [N]: the norm of that
-    eps: float,
-    *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    interpret: bool | None = None,
-):
-    """layers.linear_add_norm_norm (Huginn), as `streaming_matmul_norm_add_norm` with the
-    kernel `add_norm_norm`."""
-    from .rms_norm import add_norm_norm
-
-    return _product_then(add_norm_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret,
-                         _overrides(block_n, block_k, split_k, num_warps, num_stages))
-
-
-def _product_then(norms, x, w, residual, norm_weight, next_norm_weight, eps, interpret, overrides):
-    """The kernel's product (its fp32 partials when split along K), then `norms` on it."""
-    product = _call(x, w, residual, "partials", interpret, overrides)
-    return norms(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)
+    product = _call(x, w, residual, "partials", interpret,
+                    _overrides(block_n, block_k, split_k, num_warps, num_stages))
+    return norm_add_norm(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)
 
 
 # ------------------------------------------------------------------- drop-ins for layers.Ops
@@ -454,9 +419,3 @@ def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
     return streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-
-
-def streaming_linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    if not _few_rows(x):
-        return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-    return streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)

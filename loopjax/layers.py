@@ -81,14 +81,6 @@ def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: flo
     return h, rms_norm(h, next_norm_weight, eps)
 
 
-def linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    """Huginn's sandwich norm closing the attention, then the MLP's input norm, as one op:
-    (h, rms_norm(h, next_norm_weight)) for h = rms_norm(linear(x, w) + residual, norm_weight)
-    (a kernel may take the product's split-K partials: kernels/rms_norm.py `add_norm_norm`)."""
-    h = add_rms_norm(linear(x, w), residual, norm_weight, eps)
-    return h, rms_norm(h, next_norm_weight, eps)
-
-
 def silu_mul(gate, up):
     """SiLU(gate) * up. torch computes a bf16 silu in fp32 and rounds once (jax.nn.silu on bf16
     would round after each of its exp/add/divide), then multiplies by up in the activation dtype."""
@@ -195,15 +187,13 @@ class Ops:
     its XLA default here; frozen and made of functions, so it is hashable and can be a static
     jit argument. The norm_* ops are the products fed directly by an RMSNorm (a kernel may
     fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
-    and linear_add_norm_norm are products with the norms after them (a kernel may take their
-    split-K partials)."""
+    is a product with the norms after it (a kernel may take its split-K partials)."""
 
     linear: Callable = linear
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
     linear_silu_mul: Callable = linear_silu_mul
     linear_norm_add_norm: Callable = linear_norm_add_norm
-    linear_add_norm_norm: Callable = linear_add_norm_norm
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add
     add_rms_norm: Callable = add_rms_norm

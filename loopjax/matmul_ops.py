@@ -9,10 +9,9 @@
   Huginn-0125 34.9 vs 51.2 ms; run 11's per-product table: 1.1-4.0x XLA at 1 row), and from 8
   rows for the weight shapes and row counts in `STREAMING_MAX_ROWS`; XLA otherwise. Where a
   product streams, SiLU*up runs in its epilogue (linear_silu_mul) and the norms after it run
-  on its split-K partials in one kernel (linear_norm_add_norm, linear_add_norm_norm; run 13:
-  the 1-row Ouro-1.4B step 5,745 -> 4,969 us). The fused-norm prologue loses on the GPU
-  (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so
-  norm_linear* keep the norm in XLA.
+  on its split-K partials in one kernel (linear_norm_add_norm; run 13: the 1-row Ouro-1.4B step
+  5,745 -> 4,969 us). The fused-norm prologue loses on the GPU (run 10: the weights-only Ouro
+  step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_rows_below` wrapper.
 """
@@ -29,7 +28,7 @@ from loopjax.layers import XLA_OPS, Ops
 MATMULS = ("auto", "xla", "streaming")
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
 PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
-            "linear_norm_add_norm": 0, "linear_add_norm_norm": 0}
+            "linear_norm_add_norm": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up. Huginn-0125 (run 11): wqkv, wo, w_down each beat XLA by >= 5% per product at
 # 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
@@ -52,13 +51,11 @@ def matmul_ops(name: str) -> Ops:
         return Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
                    norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul,
                    linear_silu_mul=sm.streaming_linear_silu_mul,
-                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm,
-                   linear_add_norm_norm=sm.streaming_linear_add_norm_norm)
+                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
     measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
                    norm_linear_silu_mul=_norm_then_streaming_silu_mul,
                    linear_silu_mul=sm.streaming_linear_silu_mul,
-                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm,
-                   linear_add_norm_norm=sm.streaming_linear_add_norm_norm)
+                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
     return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 

@@ -44,7 +44,6 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
         linear_silu_mul=_then_kernel_silu_mul(ops.linear),
         linear_norm_add_norm=_then_kernel_norm_add_norm(ops.linear),
-        linear_add_norm_norm=_then_kernel_add_norm_norm(ops.linear),
     )
 
 
@@ -94,13 +93,3 @@ def _then_kernel_norm_add_norm(linear):
     def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
         return kernels.norm_add_norm(linear(x, w), residual, norm_weight, next_norm_weight, eps)
     return linear_norm_add_norm
-
-
-@functools.cache
-def _then_kernel_add_norm_norm(linear):
-    """linear_add_norm_norm: `linear`, then the add_norm_norm kernel (the add, both norms)."""
-    from loopjax import kernels
-
-    def linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-        return kernels.add_norm_norm(linear(x, w), residual, norm_weight, next_norm_weight, eps)
-    return linear_add_norm_norm

@@ -84,27 +84,28 @@ def init_params(cfg: HuginnConfig, key, dtype=jnp.bfloat16):
 # ---------------------------------------------------------------- blocks
 
 def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
-    """attn(norm_1(x)) before its output projection [N, H]; x is the block input (norm_1
-    feeds wqkv directly)."""
+    """attn(norm_1(x)) [N, H]; x is the block input (norm_1 feeds wqkv directly)."""
     n = x.shape[0]
     qkv = ops.norm_linear(x, layer["norm_1"], cfg.norm_eps, layer["wqkv"])
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
     q, k = ops.rope_interleaved_qk(qkv, layer["qk_bias"], cos, sin)
     v = qkv[:, 2 * cfg.num_heads * cfg.head_dim:].reshape(n, cfg.num_heads, cfg.head_dim)
     kv, out = attn(kv, layer_id, depth, q, k, v)
-    return out.reshape(n, cfg.hidden_size), kv
+    return ops.linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
+
+
+def _mlp(layer, cfg: HuginnConfig, x, ops):
+    """mlp(norm_3(x)) [N, H]; w_gate_up's columns are [gate | up]."""
+    act = ops.norm_linear_silu_mul(x, layer["norm_3"], cfg.norm_eps, layer["w_gate_up"])
+    return ops.linear(act, layer["w_down"])
 
 
 def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
-    """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone.
-    wo's product, norm_2 of the sum and the MLP's input norm_3 are one op
-    (ops.linear_add_norm_norm, which a kernel runs in one pass); w_gate_up's columns are
-    [gate | up]."""
+    """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
     eps = cfg.norm_eps
     out, kv = _attention(layer, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
-    x, x_normed = ops.linear_add_norm_norm(out, layer["wo"], x, layer["norm_2"], layer["norm_3"], eps)
-    act = ops.linear_silu_mul(x_normed, layer["w_gate_up"])
-    x = ops.add_rms_norm(ops.linear(act, layer["w_down"]), x, layer["norm_4"], eps)
+    x = ops.add_rms_norm(out, x, layer["norm_2"], eps)
+    x = ops.add_rms_norm(_mlp(layer, cfg, x, ops), x, layer["norm_4"], eps)
     return x, kv
 
 
