@@ -36,6 +36,7 @@ for spec in "$@"; do
     burst32_ouro_sync) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-async-scheduling --max-seconds $((limit - 20)) --no-progress --out $OUT/burst32_ouro_sync.json" ;;
     attn_write_check) cmd="python3 -m loopjax.bench.probes.attn_write_check" ;;
     sort_probe) cmd="python3 -m loopjax.bench.probes.sort_probe" ;;
+    ops_check) cmd="python3 -m loopjax.bench.probes.ops_check --rows 1,8" ;;
     steps_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32 --context 512 --backend pallas_mgpu --matmul auto --per-loop-rows 0 --iters 20 --out $OUT/steps_ouro.json" ;;
     steps_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512 --backend pallas_mgpu --matmul auto --per-loop-rows 0 --out $OUT/steps_huginn.json" ;;
     *) echo "unknown benchmark $name"; continue ;;
