@@ -3,7 +3,8 @@ Installed as `loopjax.kernels`; see docs/design.md for the KV pool and attention
 
 GPU backend: Triton-lowered `pl.pallas_call` (jax 0.11.2); `interpret=True` runs a kernel
 on CPU. Attention kernels match their twin to fp32-accumulation tolerance; the pointwise
-kernels (rms_norm, rope, silu_mul) spell the twin's ops and casts to be bitwise equal.
+kernels (rms_norm, norm_add_norm, rope, silu_mul) spell the twin's ops and casts to be
+bitwise equal.
 """
 
 from .paged_attention import paged_attention, ref_paged_attention, write_kv
