@@ -38,7 +38,7 @@ Block sizes come from `TUNED` (data: (K, N, block_m) -> Config, measured by
 keyword arguments override both. The inputs are checked and the configuration settled at
 the call; the kernel runs in one jitted function with the configuration static, so the
 call sites of a step with the same shapes and configuration share one lowering. The
-drop-ins at the end are the `layers.Ops` entries.
+`layers.Ops` entries built on them live in loopjax/matmul_ops.py.
 """
 
 from __future__ import annotations
@@ -84,10 +84,7 @@ __all__ = [
     "streaming_matmul",
     "streaming_matmul_add",
     "streaming_matmul_norm_add_norm",
-    "streaming_linear",
     "streaming_matmul_silu_mul",
-    "streaming_norm_linear",
-    "streaming_norm_linear_silu_mul",
 ]
 
 # ------------------------------------------------------------------------------ references
@@ -384,38 +381,3 @@ def streaming_matmul_norm_add_norm(
     product = _call(x, w, residual, "partials", interpret,
                     _overrides(block_n, block_k, split_k, num_warps, num_stages))
     return norm_add_norm(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)
-
-
-# ------------------------------------------------------------------- drop-ins for layers.Ops
-# The kernel at 1..128 rows, XLA above (prefill, where the weights are no longer the cost);
-# default block sizes. Each keeps the signature of its layers.py namesake.
-
-
-def _few_rows(x) -> bool:
-    return x.ndim == 2 and x.shape[0] <= MAX_ROWS
-
-
-def streaming_linear(x, w):  # x [M, K]; w [K, N]
-    return streaming_matmul(x, w) if _few_rows(x) else layers.linear(x, w)
-
-
-def streaming_norm_linear(x, norm_weight, eps: float, w):  # x [M, K]; norm_weight [K]; w [K, N]
-    if not _few_rows(x):
-        return layers.norm_linear(x, norm_weight, eps, w)
-    return streaming_matmul(x, w, norm_weight=norm_weight, norm_eps=eps)
-
-
-def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_gate_up [K, 2F]
-    if not _few_rows(x):
-        return layers.norm_linear_silu_mul(x, norm_weight, eps, w_gate_up)
-    return streaming_matmul_silu_mul(x, w_gate_up, norm_weight=norm_weight, norm_eps=eps)
-
-
-def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
-    return streaming_matmul_silu_mul(x, w_gate_up) if _few_rows(x) else layers.linear_silu_mul(x, w_gate_up)
-
-
-def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    if not _few_rows(x):
-        return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-    return streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)

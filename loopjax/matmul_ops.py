@@ -13,7 +13,7 @@
   5,745 -> 4,969 us). The fused-norm prologue loses on the GPU (run 10: the weights-only Ouro
   step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
-module-level function or a cached `_rows_below` wrapper.
+module-level function or a cached `_where_measured` wrapper.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import functools
 import jax
 
 from loopjax import layers
+from loopjax.kernels import streaming_matmul as sm
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
@@ -46,23 +47,21 @@ def matmul_ops(name: str) -> Ops:
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
     if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
         return XLA_OPS
-    from loopjax.kernels import streaming_matmul as sm
     if name == "streaming":
-        return Ops(linear=sm.streaming_linear, norm_linear=sm.streaming_norm_linear,
-                   norm_linear_silu_mul=sm.streaming_norm_linear_silu_mul,
-                   linear_silu_mul=sm.streaming_linear_silu_mul,
-                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
-    measured = Ops(linear=sm.streaming_linear, norm_linear=_norm_then_streaming,
+        return Ops(linear=streaming_linear, norm_linear=streaming_norm_linear,
+                   norm_linear_silu_mul=streaming_norm_linear_silu_mul,
+                   linear_silu_mul=streaming_linear_silu_mul,
+                   linear_norm_add_norm=streaming_linear_norm_add_norm)
+    measured = Ops(linear=streaming_linear, norm_linear=_norm_then_streaming,
                    norm_linear_silu_mul=_norm_then_streaming_silu_mul,
-                   linear_silu_mul=sm.streaming_linear_silu_mul,
-                   linear_norm_add_norm=sm.streaming_linear_norm_add_norm)
+                   linear_silu_mul=streaming_linear_silu_mul,
+                   linear_norm_add_norm=streaming_linear_norm_add_norm)
     return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 
 
 def _norm_then_streaming(x, norm_weight, eps: float, w):
     """layers.norm_linear with the product on the streaming kernel, the norm in XLA."""
-    from loopjax.kernels.streaming_matmul import streaming_linear
     return streaming_linear(layers.rms_norm(x, norm_weight, eps), w)
 
 
@@ -82,3 +81,40 @@ def _where_measured(kernel, fallback, weight_arg: int):
         wins = rows < 8 or rows <= STREAMING_MAX_ROWS.get(weight_shape, 0)
         return kernel(x, *args) if wins else fallback(x, *args)
     return pick
+
+
+# ------------------------------------------------ the streaming kernel as layers.Ops entries
+# The kernel at 1..MAX_ROWS rows, XLA above (prefill, where the weights are no longer the
+# cost); default block sizes. Each keeps the signature of its layers.py namesake.
+
+
+def _few_rows(x) -> bool:
+    return x.ndim == 2 and x.shape[0] <= sm.MAX_ROWS
+
+
+def streaming_linear(x, w):  # x [M, K]; w [K, N]
+    return sm.streaming_matmul(x, w) if _few_rows(x) else layers.linear(x, w)
+
+
+def streaming_norm_linear(x, norm_weight, eps: float, w):  # x [M, K]; norm_weight [K]; w [K, N]
+    if not _few_rows(x):
+        return layers.norm_linear(x, norm_weight, eps, w)
+    return sm.streaming_matmul(x, w, norm_weight=norm_weight, norm_eps=eps)
+
+
+def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_gate_up [K, 2F]
+    if not _few_rows(x):
+        return layers.norm_linear_silu_mul(x, norm_weight, eps, w_gate_up)
+    return sm.streaming_matmul_silu_mul(x, w_gate_up, norm_weight=norm_weight, norm_eps=eps)
+
+
+def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
+    if not _few_rows(x):
+        return layers.linear_silu_mul(x, w_gate_up)
+    return sm.streaming_matmul_silu_mul(x, w_gate_up)
+
+
+def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    if not _few_rows(x):
+        return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    return sm.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)

@@ -16,6 +16,7 @@ from jax._src.mesh import AbstractDevice, AbstractMesh
 from jax.sharding import use_abstract_mesh
 
 from loopjax import layers
+from loopjax import matmul_ops as mo
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_mgpu as smg
 
@@ -175,10 +176,10 @@ def test_norm_drop_ins_dispatch_on_rows():
         x, w, _ = _inputs(m, 32, 16, F32)
         return "pallas_call" in str(jax.make_jaxpr(fn, static_argnums=2)(x, nw, 1e-6, w))
 
-    for fn in (sm.streaming_norm_linear, sm.streaming_norm_linear_silu_mul):
+    for fn in (mo.streaming_norm_linear, mo.streaming_norm_linear_silu_mul):
         assert has_kernel(fn, 3) and has_kernel(fn, 128) and not has_kernel(fn, 129)
     x, w, _ = _inputs(129, 32, 16, F32)
-    np.testing.assert_array_equal(sm.streaming_norm_linear(x, nw, 1e-6, w),
+    np.testing.assert_array_equal(mo.streaming_norm_linear(x, nw, 1e-6, w),
                                   layers.norm_linear(x, nw, 1e-6, w))
 
 
@@ -186,13 +187,11 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
     """matmul_ops('auto') on a GPU: every product runs the streaming kernel below 8 rows; from
     8 rows only the weight shapes listed as measured wins do, up to their listed rows; the norm
     stays in XLA (the fused-norm prologue loses); equal choices give equal (hashable) Ops."""
-    from loopjax import matmul_ops as mo
-
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(mo, "STREAMING_MAX_ROWS", {(32, 16): 32})
     ops, nw = mo.matmul_ops("auto"), _norm_weight(32, F32)
     assert mo.matmul_ops("auto") == ops and hash(ops) == hash(mo.matmul_ops("auto"))
-    assert mo.matmul_ops("streaming").norm_linear is sm.streaming_norm_linear
+    assert mo.matmul_ops("streaming").norm_linear is mo.streaming_norm_linear
     for name in ("rms_norm", "rms_norm_add", "add_rms_norm", "rope_rotate_half_qk", "rope_interleaved_qk"):
         assert getattr(ops, name) is getattr(layers.XLA_OPS, name), name  # products only
     for rows, n, kernel in ((7, 8, True), (8, 8, False), (8, 16, True), (32, 16, True), (33, 16, False)):
@@ -212,7 +211,7 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
         assert jaxpr.count("pallas_call") == (2 if kernel else 0), ("linear_norm_add_norm", rows, n)
     monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
     x, w, _ = _inputs(4, 32, 16, F32)
-    unfused = sm.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)
+    unfused = mo.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)
     assert jnp.array_equal(jax.jit(ops.norm_linear, static_argnums=2)(x, nw, 1e-6, w), unfused)
 
 
@@ -220,11 +219,11 @@ def test_streaming_linear_dispatches_on_rows():
     """The drop-in linear: the kernel up to 128 rows, plain XLA above."""
     def has_kernel(m):
         x, w, _ = _inputs(m, 32, 16, F32)
-        return "pallas_call" in str(jax.make_jaxpr(sm.streaming_linear)(x, w))
+        return "pallas_call" in str(jax.make_jaxpr(mo.streaming_linear)(x, w))
 
     assert has_kernel(3) and has_kernel(128) and not has_kernel(129)
     x, w, _ = _inputs(129, 32, 16, F32)
-    np.testing.assert_array_equal(sm.streaming_linear(x, w), layers.linear(x, w))
+    np.testing.assert_array_equal(mo.streaming_linear(x, w), layers.linear(x, w))
 
 
 def test_epilogue_refs_are_the_model_math():
