@@ -70,8 +70,7 @@ def _kernel_norm_then_silu_mul(linear):
     from loopjax import kernels
 
     def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):
-        gate_up = linear(kernels.rms_norm(x, norm_weight, eps), w_gate_up)
-        return kernels.silu_mul(gate_up)
+        return _then_kernel_silu_mul(linear)(kernels.rms_norm(x, norm_weight, eps), w_gate_up)
     return norm_linear_silu_mul
 
 
