@@ -44,6 +44,7 @@ from loopjax.bench.common import (
     time_calls,
     write_json,
 )
+from loopjax.bench.trace_summary import trace_runs
 
 SMOKE = dict(preset="ouro-tiny,huginn-tiny", rows="1,2", context="32", iters=3, per_loop_rows="2",
              kv_gb=0.01, page_size=8)
@@ -163,7 +164,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
                 record["pipelined_us"] = _pipelined_seconds(runner, steps, args.iters) * 1e6
                 record["pipelined_roofline_pct"] = 100.0 * base["roofline_us"] / record["pipelined_us"]
             if args.trace and name == "fused":
-                record["trace"] = _trace(run, f"{args.trace}/{_case_tag(record)}")
+                record["trace"] = trace_runs(run, f"{args.trace}/{_case_tag(record)}", TRACED_STEPS)
             if name == "adaptive":  # random weights exit arbitrarily: report the loops
                 record["mean_loops"] = float(np.mean(np.asarray(outs[-1].exit_loops)[:rows]))
             records.append(record)
@@ -206,26 +207,6 @@ def _pipelined_seconds(runner, steps, iters: int) -> float:
 
 def _case_tag(r: dict) -> str:
     return f"{r['preset']}_{r['backend']}_{r['matmul']}_{r['pointwise']}_r{r['rows']}_c{r['context']}"
-
-
-def _trace(run, trace_dir: str) -> dict:
-    """Kernels of TRACED_STEPS steps (jax.profiler), printed per step: where a step's time goes."""
-    from loopjax.bench.trace_summary import device_summary, format_device_summary, load_trace_events
-
-    options = jax.profiler.ProfileOptions()
-    options.python_tracer_level = 0
-    with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
-        for _ in range(TRACED_STEPS):
-            run()
-    summary = device_summary(load_trace_events(trace_dir), top=40)
-    if summary is None:
-        print(f"trace: no device kernels in {trace_dir}", flush=True)
-        return {}
-    for ranked in (summary["top_kernels"], summary["top_kernel_groups"]):
-        for k in ranked:  # per step, not per traced span
-            k["per_step_count"], k["per_step_us"] = k["count"] / TRACED_STEPS, k["total_us"] / TRACED_STEPS
-    print(format_device_summary(summary), flush=True)
-    return summary
 
 
 def _record(base: dict, variant: str, times: list[float], submissions: int) -> dict:

@@ -39,6 +39,7 @@ except ImportError:  # NOTE: a checkout run with PYTHONPATH=. (kernels/ not inst
     import kernels as K
 # NOTE: not re-exported by the package (it imports the Mosaic GPU backend): loaded by path.
 MGPU = importlib.import_module(f"{K.__name__}.paged_attention_mgpu")
+KV_WRITE = importlib.import_module(f"{K.__name__}.kv_write")
 
 COPY_RATE = 4.1e12  # bytes/s, device-to-device copy on the H200 (docs/h200.md)
 TIME_BUDGET_S = 280.0  # later cases print "skipped"; run sections apart with --only
@@ -223,6 +224,27 @@ def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
             del kc, vc
 
 
+def check_kv_write(models, token_counts, dtype, interpret, page_size):
+    """The Pallas KV write kernel against XLA's scatter on this device (bitwise: both copy),
+    prompts' tokens in consecutive slots of scattered pages, a few dropped. Not timed here:
+    a timing loop would have to carry the pools, and XLA copies them there; the kernel's cost
+    is measured inside prefill steps (`python -m loopjax.bench.prefill --trace`)."""
+    for model, (_, hkv, d, *_) in models.items():
+        for n in token_counts:
+            key = jax.random.key(n)
+            pages = -(-n // page_size)
+            shape = (4, hkv, pages + 1, page_size, d)
+            page_of = jax.random.permutation(key, pages + 1)[:pages].astype(jnp.int32)
+            t = jnp.arange(n, dtype=jnp.int32)
+            slots = page_of[t // page_size] * page_size + t % page_size
+            slots = jnp.where(t % 97 == 5, (pages + 1) * page_size, slots)  # the drop slot
+            k, v, kc, vc = (jax.random.normal(jax.random.fold_in(key, i), s, dtype)
+                            for i, s in enumerate(((n, hkv, d), (n, hkv, d), shape, shape)))
+            kern = functools.partial(KV_WRITE.write_kv_kernel, interpret=interpret)
+            check = _bitwise_check(kern, K.write_kv, [(kc, vc, jnp.int32(2), slots, k, v)])
+            print(f"{f'kv_write {model} N={n}':<44} {'pallas':<10} {check()}")
+
+
 def _pointwise_inputs(seed, n, hq, hkv, d, h, f, dtype):
     ks = jax.random.split(jax.random.key(n + h + 1000 * seed), 8)
     cos, sin = layers.rope_angles(jnp.arange(n) * 3 + 1, d, 10000.0)
@@ -325,8 +347,8 @@ def main(argv=None):
                         help="input draws the pointwise kernels' bitwise check covers")
     parser.add_argument(
         "--only",
-        default="pointwise,decode,prefill",
-        help="comma list of sections: pointwise,decode,prefill,sweep",
+        default="pointwise,decode,prefill,kv_write",
+        help="comma list of sections: pointwise,decode,prefill,kv_write,sweep",
     )
     args = parser.parse_args(argv)
     dtype = jnp.bfloat16
@@ -347,6 +369,8 @@ def main(argv=None):
         bench_decode(b, models, batches, contexts, dtype, interpret, page)
     if "prefill" in sections:
         bench_prefill(b, models, prefill_shapes, dtype, interpret, page)
+    if "kv_write" in sections:
+        check_kv_write(models, (32, 2048) if not args.smoke else (5, 40), dtype, interpret, page)
     if "sweep" in sections:  # not in the default run: `--only sweep`
         if args.smoke:
             sweep_cases, configs, mgpu_configs = [(3, 40)], [(1, 4, None), (2, 2, 1)], [(8, 2, None)]

@@ -58,6 +58,7 @@ from loopjax.bench.common import (
     run_interruptible,
     write_json,
 )
+from loopjax.bench.trace_summary import trace_runs
 
 SMOKE = dict(preset="ouro-tiny,huginn-tiny", shapes="1x32,2x16", huginn_shapes="2x16", iters=2,
              page_size=8, startup_config="small", steady_requests=2, steady_prompt_len=20,
@@ -91,6 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steady-prompt-len", type=int, default=200)
     parser.add_argument("--max-seconds", type=float, default=150.0,
                         help="start no new case once this much time is spent (or would be)")
+    parser.add_argument("--trace", default=None,
+                        help="also trace 2 steps of each shape under this folder and print their kernels")
     parser.add_argument("--smoke", action="store_true", help="tiny presets, small sizes (CPU)")
     parser.add_argument("--out", default=None, help="write the records as JSON here")
 
@@ -225,6 +228,9 @@ def time_shape(model, case: ShapeCase, args, budget: Budget, records: list) -> N
                "tokens_per_s": case.tokens / median, "tflops": flops / median / 1e12,
                "pct_peak": 100.0 * flops / median / (args.peak_tflops * 1e12),
                "compiles_during": runner.compilations - compiled}
+        if args.trace:
+            tag = f"{case.preset}_{case.backend}_{case.rows}x{case.prompt_len}"
+            rec["trace"] = trace_runs(run, f"{args.trace}/{tag}", 2)
     except Exception as e:  # noqa: BLE001  (one failed case, e.g. out of memory, must not end the run)
         rec = {**base, "error": error_text(e), "median_ms": math.nan}
     took = time.perf_counter() - start

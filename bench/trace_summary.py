@@ -137,3 +137,25 @@ def format_device_summary(s: dict, kinds: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+
+
+def trace_runs(run, trace_dir: str, num_runs: int) -> dict:
+    """Calls run() num_runs times under jax.profiler and prints the kernels per run: where
+    one run's (one step's) time goes. Returns the summary with per-run counts and times
+    (`per_step_count`, `per_step_us`), or {} when the trace holds no device kernels."""
+    import jax
+
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0
+    with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
+        for _ in range(num_runs):
+            run()
+    summary = device_summary(load_trace_events(trace_dir), top=40)
+    if summary is None:
+        print(f"trace: no device kernels in {trace_dir}", flush=True)
+        return {}
+    for ranked in (summary["top_kernels"], summary["top_kernel_groups"]):
+        for k in ranked:
+            k["per_step_count"], k["per_step_us"] = k["count"] / num_runs, k["total_us"] / num_runs
+    print(format_device_summary(summary), flush=True)
+    return summary

@@ -176,20 +176,25 @@ def check_write_inputs(k_cache, v_cache, plane, slot_mapping, k, v):
         raise ValueError(f"plane must be a scalar, got shape {jnp.shape(plane)}")
 
 
+def write_plane(cache, plane, slots, new):
+    """cache [planes, Hkv, P, S, D]; new [N, Hkv, D] stored at (plane, slots[N]); slots past
+    the end (the drop slot P * S) are dropped. plane [P', 1] with slots [P', N] stores new in
+    P' planes at once. Contract: no real (plane, slot) repeats within one call (a token owns
+    its slot; padding and masked tokens all go to the out-of-bounds drop slot)."""
+    planes, hkv, p, s, d = cache.shape
+    flat = cache.reshape(planes, hkv, p * s, d)  # merging P, S is a bitcast
+    # NOTE: unique_indices (true by the contract) lets XLA:GPU store without atomics.
+    flat = flat.at[plane, :, slots].set(new.astype(cache.dtype), mode="drop", unique_indices=True)
+    return flat.reshape(cache.shape)
+
+
 def write_kv(k_cache, v_cache, plane, slot_mapping, k, v):
     """Scatter k, v [N, Hkv, D] into plane `plane` of the pool at flat slots
     slot_mapping [N] i32 (page * S + offset); slot P * S (padding) is dropped.
     Returns (k_cache, v_cache); donate the pool so XLA updates it in place."""
     check_write_inputs(k_cache, v_cache, plane, slot_mapping, k, v)
-    planes, hkv, p, s, d = k_cache.shape
     plane = jnp.asarray(plane, jnp.int32)
-
-    def put(cache, new):
-        flat = cache.reshape(planes, hkv, p * s, d)  # merging P, S is a bitcast
-        flat = flat.at[plane, :, slot_mapping].set(new, mode="drop")  # update [N, Hkv, D]
-        return flat.reshape(cache.shape)
-
-    return put(k_cache, k), put(v_cache, v)
+    return write_plane(k_cache, plane, slot_mapping, k), write_plane(v_cache, plane, slot_mapping, v)
 
 
 # ----------------------------------------------------------------------------------------

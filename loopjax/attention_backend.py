@@ -96,6 +96,16 @@ def step_attention_fn(backend: str, decode: bool, layout, group_size: int):
                         prefill_kernel_problem(layout) is None)
 
 
+def kv_write_fn(attend):
+    """How a step whose attention function is `attend` writes its K/V before attending: XLA's
+    scatter (`paged_attention.write_kv`) beside XLA's attention, the Pallas write kernel
+    (`kernels/kv_write.py`, the same copy) beside a Pallas attention kernel."""
+    pa = importlib.import_module(_PA)
+    if attend is pa.ref_paged_attention:
+        return pa.write_kv
+    return importlib.import_module("loopjax.kernels.kv_write").write_kv_kernel
+
+
 def write_attention_fn(attend, layout):
     """The kernel that writes a decode step's K/V and attends in one call, where the step's
     attention function is `attend`, or None (write_kv first, then attend). Only the Mosaic GPU

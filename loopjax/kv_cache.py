@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import attention_backend
-from loopjax.kernels.paged_attention import write_kv
+from loopjax.kernels.paged_attention import write_plane
 
 LAYOUTS = ("per_loop", "shared")
 DEFAULT_KV_BYTES = 16 * 2**30  # pool cap of make_layout's default size (default_tokens)
@@ -218,15 +218,6 @@ def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
     return DeviceState(allocate(layout), carry, jnp.zeros(rows, jnp.int32))
 
 
-def write_plane(cache, plane, slots, new):
-    """cache [planes, Hkv, P, S, D]; new [N, Hkv, D] stored at (plane, slots[N]); slots past
-    the end are dropped. plane [P', 1] with slots [P', N] stores new in P' planes at once."""
-    planes, hkv, pages, size, d = cache.shape
-    flat = cache.reshape(planes, hkv, pages * size, d)
-    flat = flat.at[plane, :, slots].set(new.astype(cache.dtype), mode="drop")
-    return flat.reshape(cache.shape)
-
-
 def read_plane(cache, plane, slots):
     """[N, Hkv, D]: the entries of plane `plane` at slots[N] (slots must be real)."""
     planes, hkv, pages, size, d = cache.shape
@@ -299,16 +290,17 @@ class PagedAttention:
             out, k_layer, v_layer = write_attend(q, k, v, slots, kv.k[layer_id], kv.v[layer_id], plane,
                                                  batch.page_table, batch.row_of_token, batch.positions)
         else:
-            k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v)
+            k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v, attend)
             out = attend(q, k_layer, v_layer, read_plane, batch.page_table, batch.row_of_token,
                          batch.positions)
         return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
 
-    def _write(self, kv: KVPool, layer_id: int, plane, slots, k, v):
-        """(k_layer, v_layer) with the step's K/V written, and the plane (scalar or [R, M]
-        table) the attention reads."""
+    def _write(self, kv: KVPool, layer_id: int, plane, slots, k, v, attend):
+        """(k_layer, v_layer) with the step's K/V written (as fits `attend`), and the plane
+        (scalar or [R, M] table) the attention reads."""
         if not self.layout.decode_page_planes:
-            return *write_kv(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v), plane
+            write = attention_backend.kv_write_fn(attend)
+            return *write(kv.k[layer_id], kv.v[layer_id], plane, slots, k, v), plane
         k_layer, v_layer = write_shared(kv.k[layer_id], kv.v[layer_id], plane, slots,
                                         self.batch.write_plane, self.layout.drop_slot, k, v)
         if not self.batch.decode:  # NOTE: prefill rows hold only full pages: the loop's plane is right

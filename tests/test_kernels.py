@@ -20,6 +20,8 @@ from loopjax import kernels as K
 from loopjax import layers
 from loopjax.kernels.prefill_attention import query_blocks
 
+KV_WRITE = importlib.import_module("loopjax.kernels.kv_write")
+
 F32, BF16 = jnp.float32, jnp.bfloat16
 ATOL = {F32: 2e-5, BF16: 3e-2}
 
@@ -90,6 +92,27 @@ def test_write_kv_slots_planes_and_padding():
     _same(k2, jnp.asarray(exp_k))
     assert (np.asarray(v2[2, :, 1, 1]) == np.asarray(v[0])).all()
     _same(v2[:2], vc[:2])
+
+
+@pytest.mark.parametrize("planes, hkv, pages, page_size, d, n, dtype", [
+    (3, 2, 5, 4, 8, 7, F32),  # fewer tokens than a program's block
+    (2, 3, 12, 4, 96, 40, BF16),  # Huginn's head_dim, two token blocks
+])
+def test_write_kv_kernel_is_write_kv(planes, hkv, pages, page_size, d, n, dtype):
+    """The Pallas write kernel stores exactly what XLA's scatter stores: real slots written in
+    the given plane, the drop slot (and every other entry) untouched."""
+    rs = np.random.default_rng(2)
+    kc, vc = _pool(rs, planes, hkv, pages, page_size, d, dtype)
+    k, v = _rand(rs, (n, hkv, d), dtype), _rand(rs, (n, hkv, d), dtype)
+    drop = pages * page_size
+    slots = np.asarray(rs.permutation(drop)[:n], np.int32)
+    slots[::3] = drop  # padding tokens
+    args = (jnp.int32(planes - 1), jnp.asarray(slots), k, v)
+    got = jax.jit(KV_WRITE.write_kv_kernel, donate_argnums=(0, 1))(jnp.array(kc), jnp.array(vc), *args)
+    want = K.write_kv(kc, vc, *args)
+    for g, w, before in zip(got, want, (kc, vc), strict=True):
+        _same(g, w)
+        assert (np.asarray(g) != np.asarray(before)).any()
 
 
 # ------------------------------------------------------------------ paged decode kernel
@@ -383,6 +406,9 @@ def _lowering_cases():
                 K.rope_interleaved_qk,
                 (S((7, 3 * hq * d), BF16), S((2, hq, d), BF16), cs, cs),
             )
+        pool, new, i32 = S((4, hkv, 512, 16, d), BF16), S((300, hkv, d), BF16), jnp.int32
+        write_args = (pool, pool, S((), i32), S((300,), i32), new, new)
+        yield f"kv_write-{model}", KV_WRITE.write_kv_kernel, write_args
     yield "decode-gqa4-f32", K.paged_attention, _attn_shapes(4, 8, 2, 16, dtype=F32)
 
 
