@@ -138,13 +138,18 @@ def rope_rotate_half_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int):
     return rope_rotate_half(q, cos, sin), rope_rotate_half(k, cos, sin)
 
 
-def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
-    """Ouro's attention inputs from its fused projection, one op so that a kernel can apply
-    the RoPE in the product's epilogue: (q, k, v) = rope_rotate_half_qk(qkv) and qkv's v
-    heads, for qkv = linear(x, w_qkv) [N, (Hq + 2*Hkv) * D]. x [N, H]; cos, sin [N, D/2] fp32."""
-    qkv = linear(x, w_qkv)
+def rope_rotate_half_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """Ouro's attention inputs of a fused projection: rope_rotate_half_qk's (q, k), and v
+    (split_qkv, not rotated)."""
     q, k = rope_rotate_half_qk(qkv, cos, sin, num_heads, num_kv_heads)
     return q, k, split_qkv(qkv, num_heads, num_kv_heads)[2]
+
+
+def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """rope_rotate_half_qkv(linear(x, w_qkv)) -> (q, k, v): one op so that a kernel can run
+    the RoPE in the product's epilogue and write q, k, v. x [N, H]; w_qkv [H, (Hq + 2*Hkv)
+    * D]; cos, sin [N, D/2] fp32."""
+    return rope_rotate_half_qkv(linear(x, w_qkv), cos, sin, num_heads, num_kv_heads)
 
 
 def rope_interleaved_qk(qkv, qk_bias, cos, sin):
