@@ -221,3 +221,16 @@ def test_ouro_layers_on_the_streaming_ops():
     want = jax.jit(functools.partial(_ouro_loop, cfg=cfg, ops=layers.XLA_OPS),
                    compiler_options=IDENTITY_COMPILER_OPTIONS)(params, x)
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_bench_smoke(capsys):
+    """bench/matmul_rope.py --smoke: XLA, the plain kernel + XLA's RoPE, and the fused kernel
+    at each block_n dividing D/2 (16 and 32; not 64) run and check out against XLA."""
+    from loopjax.bench import matmul_rope
+
+    assert matmul_rope.main(["--smoke", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("smoke.")]
+    assert [line.split()[3] for line in rows] == ["xla", "pallas+xla_rope", "rope", "rope"]
+    assert all(" ok" in line for line in rows) and "ERROR" not in out and "BAD" not in out
+    assert " x1.00 " in rows[1] and "n16 k" in rows[2] and "n32 k" in rows[3]
