@@ -145,6 +145,7 @@ def test_bad_inputs_raise():
         _bad(fn, "1..128 rows", jnp.zeros((129, 32), BF16), w, cos, sin, **heads)
     _bad(smr.streaming_matmul_rope_qkv, "block_n must divide D/2 = 16", x, w, cos, sin, block_n=32, **heads)
     _bad(smr.streaming_matmul_rope_qkv, "power of two", x, w, cos, sin, block_n=8, **heads)
+    _bad(smr.streaming_matmul_rope_qkv, "split_k must be in", x, w, cos, sin, split_k=0, **heads)
 
 
 # ------------------------------------------------------------------- CUDA lowering on CPU
