@@ -17,6 +17,7 @@ for spec in "$@"; do
     attn_decode) cmd="python3 -m loopjax.bench.kernels --only decode --budget $((limit - 30)) --out $OUT/attn_decode.json" ;;
     attn_sweep) cmd="python3 -m loopjax.bench.kernels --only sweep --budget $((limit - 30)) --out $OUT/attn_sweep.json" ;;
     matmul) cmd="python3 -m loopjax.bench.matmul --max-seconds $((limit - 30))" ;;
+    matmul_rope) cmd="python3 -m loopjax.bench.matmul_rope" ;;
     decode_ouro) cmd="python3 -m loopjax.bench.decode_step --preset ouro-1.4b --rows 1,8,32,128 --context 512,2048 --backend xla --matmul xla,streaming --per-loop-rows 1,32 --out $OUT/decode_ouro.json" ;;
     decode_huginn) cmd="python3 -m loopjax.bench.decode_step --preset huginn-0125 --rows 1,8,32 --context 512 --backend xla --matmul xla,streaming --per-loop-rows 1 --out $OUT/decode_huginn.json" ;;
     burst_ouro) cmd="python3 -m loopjax.bench.cli ouro-1.4b --workload burst -P 512 -O 128 -C 32 128 --max-num-rows 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --max-seconds $((limit - 20)) --no-progress --out $OUT/burst_ouro.json" ;;

@@ -74,15 +74,22 @@ def _rnd(x, dtype):
     return x.astype(dtype).astype(F32)
 
 
+def _rotated_halves(x1, x2, cos, sin, dt):
+    """f32 halves (x1*c + (-x2)*s, x2*c + x1*s) of a head's halves x1, x2 (f32 values of dt)
+    and f32 cos, sin of one shape, c and s rounded to dt and every op rounded, as
+    layers.rope_rotate_half computes in dt (also the qkv product's RoPE epilogue,
+    kernels/streaming_matmul_rope.py)."""
+    c, s = _rnd(cos, dt), _rnd(sin, dt)
+    return _rnd(_rnd(x1 * c, dt) + _rnd(-x2 * s, dt), dt), _rnd(_rnd(x2 * c, dt) + _rnd(x1 * s, dt), dt)
+
+
 def _rotate_half(x_ref, cos_ref, sin_ref, r0, col, bn, half, w2):
-    """Rows r0.. of the head at column `col`: f32 halves (x1*c + (-x2)*s, x2*c + x1*s)
-    [BN, W2], c and s rounded to the dtype and every op rounded, as layers.rope_rotate_half."""
+    """Rows r0.. of the head at column `col`: _rotated_halves [BN, W2]."""
     n, dt = x_ref.shape[0], x_ref.dtype
     x1 = load_tile(x_ref, r0, bn, col, w2, n, half).astype(F32)
     x2 = load_tile(x_ref, r0, bn, col + half, w2, n, half).astype(F32)
-    c = _rnd(load_tile(cos_ref, r0, bn, 0, w2, n, half), dt)
-    s = _rnd(load_tile(sin_ref, r0, bn, 0, w2, n, half), dt)
-    return _rnd(_rnd(x1 * c, dt) + _rnd(-x2 * s, dt), dt), _rnd(_rnd(x2 * c, dt) + _rnd(x1 * s, dt), dt)
+    cos, sin = (load_tile(a, r0, bn, 0, w2, n, half) for a in (cos_ref, sin_ref))
+    return _rotated_halves(x1, x2, cos, sin, dt)
 
 
 def _interleaved(x_ref, bias_ref, cos_ref, sin_ref, r0, j, col, bn, d, w, round_each_op):

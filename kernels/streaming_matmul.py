@@ -21,6 +21,8 @@ Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
     streaming_matmul_silu_mul(x, w_gate_up [K, 2F])  = layers.silu_mul(gate, up)
 with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md); SiLU in
 fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_mul.py).
+Ouro's RoPE epilogue (q, k, v of the qkv product): kernels/streaming_matmul_rope.py, on
+this kernel's K loop (`_accumulate`).
 
 Fused RMSNorm prologue (any of the three, `norm_weight=[K], norm_eps=eps`): the product
 takes layers.rms_norm(x, norm_weight, eps) instead of x. Each program first computes the
@@ -173,27 +175,17 @@ def _normalize(xt, inv, nw):
     return (nw.astype(f32) * normed.astype(f32)).astype(dt)
 
 
-def _kernel(
-    x_ref,  # [M, K]
-    w_ref,  # [K, N_w]   (N_w = N, or 2F for the SiLU epilogues: columns [gate | up])
-    *refs,  # r_ref [M, N] if epilogue == "add"; nw_ref [1, K] if norm_eps is not None;
-    #         then o_ref [M, N] dtype or [S, M, N] f32
-    block_m: int,
-    cfg: Config,
-    epilogue: str,  # "none" | "add" | "silu"
-    norm_eps: float | None,  # None: no RMSNorm prologue
-    interpret: bool,
-):
-    r_ref = refs[0] if epilogue == "add" else None
-    nw_ref = refs[-2] if norm_eps is not None else None
-    o_ref = refs[-1]
+def _accumulate(x_ref, w_ref, nw_ref, col_offsets, col_limit, *, block_m: int, cfg: Config,
+                norm_eps: float | None, interpret: bool):
+    """This program's share of x @ w (its K split, program_id(1)): one fp32 [block_m, block_n]
+    accumulator per weight column tile w[:, off:off+block_n], off in col_offsets (the SiLU and
+    RoPE epilogues stream two tiles at once). col_limit = (c, n): local column i of every tile
+    counts while c + i < n (a masked last column block), or None. nw_ref [1, K]: the RMSNorm
+    prologue's weight (norm_eps), or None."""
     m, k = x_ref.shape
-    n = o_ref.shape[-1]  # output columns (F for the SiLU epilogues)
     bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
-    j, s = pl.program_id(0), pl.program_id(1)
-    c0 = pl.multiple_of(j * bn, bn)
-    col_offsets = (c0, c0 + n) if epilogue == "silu" else (c0,)  # gate, up
-    x_rows_masked, cols_masked = m < block_m, n % bn != 0
+    s, x_rows_masked = pl.program_id(1), m < block_m
+    c0, cols = (0, None) if col_limit is None else (col_limit[0], (0, col_limit[1]))
     inv_rms = None if nw_ref is None else _inv_rms_rows(x_ref, block_m, norm_eps, interpret)
 
     num_full = k // bk  # unmasked K tiles; the K tail (k % bk) is one masked tile
@@ -210,7 +202,7 @@ def _kernel(
         if inv_rms is not None:  # NOTE: a tile only runs past K when K < bk (then k0 = 0)
             nm = _mask((1, bk), 0, None, k0, (0, k)) if k < bk else None
             xt = _normalize(xt, inv_rms, _load(nw_ref, 0, 1, k0, bk, nm, False))
-        wm = _mask((bk, bn), k0, k_range, c0, (0, n) if cols_masked else None, ok)
+        wm = _mask((bk, bn), k0, k_range, c0, cols, ok)
         wts = [_load(w_ref, k0, bk, off, bn, wm, True) for off in col_offsets]  # [bk, bn] each
         return tuple(a + jnp.dot(xt, wt, preferred_element_type=jnp.float32)
                      for a, wt in zip(accs, wts, strict=True))
@@ -224,11 +216,34 @@ def _kernel(
         # NOTE: the tail tile ends at K (overlapping the last full tile, whose rows it masks)
         # so that no slice leaves the array; only the last split counts it.
         accs = step(accs, max(k - bk, 0), (num_full * bk, k))
+    return accs
+
+
+def _kernel(
+    x_ref,  # [M, K]
+    w_ref,  # [K, N_w]   (N_w = N, or 2F for the SiLU epilogues: columns [gate | up])
+    *refs,  # r_ref [M, N] if epilogue == "add"; nw_ref [1, K] if norm_eps is not None;
+    #         then o_ref [M, N] dtype or [S, M, N] f32
+    block_m: int,
+    cfg: Config,
+    epilogue: str,  # "none" | "add" | "silu"
+    norm_eps: float | None,  # None: no RMSNorm prologue
+    interpret: bool,
+):
+    r_ref = refs[0] if epilogue == "add" else None
+    nw_ref = refs[-2] if norm_eps is not None else None
+    o_ref = refs[-1]
+    m, n, bn = x_ref.shape[0], o_ref.shape[-1], cfg.block_n  # n: output columns (F for SiLU)
+    c0 = pl.multiple_of(pl.program_id(0) * bn, bn)
+    col_offsets = (c0, c0 + n) if epilogue == "silu" else (c0,)  # gate, up
+    x_rows_masked, cols_masked = m < block_m, n % bn != 0
+    accs = _accumulate(x_ref, w_ref, nw_ref, col_offsets, (c0, n) if cols_masked else None,
+                       block_m=block_m, cfg=cfg, norm_eps=norm_eps, interpret=interpret)
 
     out_mask = _mask((block_m, bn), 0, (0, m) if x_rows_masked else None, c0, (0, n) if cols_masked else None)
     window = (pl.ds(0, block_m), pl.ds(c0, bn))
-    if splits > 1:  # fp32 partials; the caller reduces and applies the epilogue
-        plgpu.store(o_ref.at[(s, *window)], accs[0], mask=out_mask)
+    if cfg.split_k > 1:  # fp32 partials; the caller reduces and applies the epilogue
+        plgpu.store(o_ref.at[(pl.program_id(1), *window)], accs[0], mask=out_mask)
         return
     dtype = o_ref.dtype
     out = accs[0].astype(dtype)

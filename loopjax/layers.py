@@ -116,20 +116,40 @@ def rope_interleaved(x, cos, sin):
     return out.reshape(x.shape).astype(x.dtype)
 
 
-def split_qk(qkv, num_heads: int, num_kv_heads: int):
-    """q [N, Hq, D], k [N, Hkv, D] of a fused projection qkv [N, (Hq + 2*Hkv) * D], columns
-    [q | k | v], head-major inside each."""
+def split_qkv(qkv, num_heads: int, num_kv_heads: int):
+    """q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D] of a fused projection qkv [N, (Hq + 2*Hkv)
+    * D], columns [q | k | v], head-major inside each."""
     n = qkv.shape[0]
     d = qkv.shape[1] // (num_heads + 2 * num_kv_heads)
     q = qkv[:, : num_heads * d].reshape(n, num_heads, d)
     k = qkv[:, num_heads * d : (num_heads + num_kv_heads) * d].reshape(n, num_kv_heads, d)
-    return q, k
+    v = qkv[:, (num_heads + num_kv_heads) * d :].reshape(n, num_kv_heads, d)
+    return q, k, v
+
+
+def split_qk(qkv, num_heads: int, num_kv_heads: int):
+    """q, k of split_qkv (the heads RoPE rotates)."""
+    return split_qkv(qkv, num_heads, num_kv_heads)[:2]
 
 
 def rope_rotate_half_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int):
     """Ouro's RoPE of the q and k heads of a fused projection (split_qk): (q, k)."""
     q, k = split_qk(qkv, num_heads, num_kv_heads)
     return rope_rotate_half(q, cos, sin), rope_rotate_half(k, cos, sin)
+
+
+def rope_rotate_half_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """Ouro's attention inputs of a fused projection: rope_rotate_half_qk's (q, k), and v
+    (split_qkv, not rotated)."""
+    q, k = rope_rotate_half_qk(qkv, cos, sin, num_heads, num_kv_heads)
+    return q, k, split_qkv(qkv, num_heads, num_kv_heads)[2]
+
+
+def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    """rope_rotate_half_qkv(linear(x, w_qkv)) -> (q, k, v): one op so that a kernel can run
+    the RoPE in the product's epilogue and write q, k, v. x [N, H]; w_qkv [H, (Hq + 2*Hkv)
+    * D]; cos, sin [N, D/2] fp32."""
+    return rope_rotate_half_qkv(linear(x, w_qkv), cos, sin, num_heads, num_kv_heads)
 
 
 def rope_interleaved_qk(qkv, qk_bias, cos, sin):
@@ -187,17 +207,19 @@ class Ops:
     its XLA default here; frozen and made of functions, so it is hashable and can be a static
     jit argument. The norm_* ops are the products fed directly by an RMSNorm (a kernel may
     fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
-    is a product with the norms after it (a kernel may take its split-K partials)."""
+    is a product with the norms after it (a kernel may take its split-K partials);
+    linear_rope_rotate_half_qkv a product with Ouro's RoPE after it (a kernel may run the
+    RoPE in its epilogue and write q, k, v)."""
 
     linear: Callable = linear
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
     linear_silu_mul: Callable = linear_silu_mul
     linear_norm_add_norm: Callable = linear_norm_add_norm
+    linear_rope_rotate_half_qkv: Callable = linear_rope_rotate_half_qkv
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add
     add_rms_norm: Callable = add_rms_norm
-    rope_rotate_half_qk: Callable = rope_rotate_half_qk
     rope_interleaved_qk: Callable = rope_interleaved_qk
 
 

@@ -2,16 +2,19 @@
 
 - 'xla': XLA's dot for every product (layers.XLA_OPS).
 - 'streaming': the Pallas weight-streaming kernel for every product up to 128 rows, with the
-  RMSNorm fused into its prologue and SiLU*up into its epilogue where the model allows
-  (kernels/streaming_matmul.py; plain XLA above 128 rows).
+  RMSNorm fused into its prologue, and SiLU*up or Ouro's RoPE into its epilogue, where the
+  model allows (kernels/streaming_matmul.py, streaming_matmul_rope.py; plain XLA above 128
+  rows).
 - 'auto': what was measured to win on the H200, product by product: the streaming kernel for
   every product of a step of fewer than 8 rows (run 2: 1 row Ouro-1.4B 9.5 vs 11.6 ms,
   Huginn-0125 34.9 vs 51.2 ms; run 11's per-product table: 1.1-4.0x XLA at 1 row), and from 8
   rows for the weight shapes and row counts in `STREAMING_MAX_ROWS`; XLA otherwise. Where a
   product streams, SiLU*up runs in its epilogue (linear_silu_mul) and the norms after it run
   on its split-K partials in one kernel (linear_norm_add_norm; run 13: the 1-row Ouro-1.4B step
-  5,745 -> 4,969 us). The fused-norm prologue loses on the GPU (run 10: the weights-only Ouro
-  step 6.9 vs 5.1 ms at 1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
+  5,745 -> 4,969 us), and Ouro's RoPE runs in the qkv product's epilogue, which writes q, k, v
+  (linear_rope_rotate_half_qkv: two XLA kernels a layer fewer; not measured yet). The
+  fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at
+  1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """
@@ -24,12 +27,13 @@ import jax
 
 from loopjax import layers
 from loopjax.kernels import streaming_matmul as sm
+from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
 PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
-            "linear_norm_add_norm": 0}
+            "linear_norm_add_norm": 0, "linear_rope_rotate_half_qkv": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up. Huginn-0125 (run 11): wqkv, wo, w_down each beat XLA by >= 5% per product at
 # 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
@@ -51,11 +55,13 @@ def matmul_ops(name: str) -> Ops:
         return Ops(linear=streaming_linear, norm_linear=streaming_norm_linear,
                    norm_linear_silu_mul=streaming_norm_linear_silu_mul,
                    linear_silu_mul=streaming_linear_silu_mul,
-                   linear_norm_add_norm=streaming_linear_norm_add_norm)
+                   linear_norm_add_norm=streaming_linear_norm_add_norm,
+                   linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     measured = Ops(linear=streaming_linear, norm_linear=_norm_then_streaming,
                    norm_linear_silu_mul=_norm_then_streaming_silu_mul,
                    linear_silu_mul=streaming_linear_silu_mul,
-                   linear_norm_add_norm=streaming_linear_norm_add_norm)
+                   linear_norm_add_norm=streaming_linear_norm_add_norm,
+                   linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 
@@ -118,3 +124,10 @@ def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
     return sm.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+
+
+def streaming_linear_rope_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+    if not _few_rows(x):  # x [M, K]; w_qkv [K, (Hq + 2*Hkv) * D]; cos, sin [M, D/2] f32
+        return layers.linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads, num_kv_heads)
+    return smr.streaming_matmul_rope_qkv(x, w_qkv, cos, sin, num_heads=num_heads,
+                                         num_kv_heads=num_kv_heads)

@@ -8,7 +8,8 @@ the residual norms, RoPE of q and k, SiLU*up.
   test_pointwise_ops.py; in f32 on a CPU, XLA computes Ouro's RoPE inside its fusion 1 ulp
   apart from the same ops alone).
   The products are the matmul choice's plain products with the norm before them and the
-  SiLU*up after them on the kernels (a streaming matmul's fused prologue/epilogue is not used).
+  SiLU*up or the RoPE after them on the kernels (a streaming matmul's fused prologue/epilogue
+  is not used).
   Not the default: no kernel beats XLA's own fusion standalone on the H200 (run 5), and each
   is one more kernel per op where XLA fuses several.
 Ops must stay hashable and equal across calls (a static jit argument): every op here is a
@@ -20,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+from loopjax import layers
 from loopjax.layers import Ops
 
 POINTWISE = ("xla", "pallas")
@@ -38,19 +40,26 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         rms_norm=kernels.rms_norm,
         rms_norm_add=kernels.rms_norm_add,
         add_rms_norm=kernels.add_rms_norm,
-        rope_rotate_half_qk=_rope_rotate_half_qk,
         rope_interleaved_qk=kernels.rope_interleaved_qk,
         norm_linear=_kernel_norm_then(ops.linear),
         norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
         linear_silu_mul=_then_kernel_silu_mul(ops.linear),
         linear_norm_add_norm=_then_kernel_norm_add_norm(ops.linear),
+        linear_rope_rotate_half_qkv=_then_kernel_rope(ops.linear),
     )
 
 
-def _rope_rotate_half_qk(qkv, cos, sin, num_heads: int, num_kv_heads: int):
+@functools.cache
+def _then_kernel_rope(linear):
+    """linear_rope_rotate_half_qkv: `linear` into qkv [N, (Hq + 2*Hkv) * D], then the
+    rotate-half RoPE kernel for q and k; v is qkv's slice (layers.split_qkv)."""
     from loopjax import kernels
 
-    return kernels.rope_rotate_half_qk(qkv, cos, sin, num_heads=num_heads, num_kv_heads=num_kv_heads)
+    def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+        qkv = linear(x, w_qkv)
+        q, k = kernels.rope_rotate_half_qk(qkv, cos, sin, num_heads=num_heads, num_kv_heads=num_kv_heads)
+        return q, k, layers.split_qkv(qkv, num_heads, num_kv_heads)[2]
+    return linear_rope_rotate_half_qkv
 
 
 @functools.cache

@@ -411,6 +411,26 @@ def test_streaming_matmul_ops_keep_golden_tokens(ouro_model, ouro_ref):
         Engine(ouro_model, EngineConfig(**SMALL, matmul="cublas"))
 
 
+def test_streaming_matmul_ops_fuse_ouro_rope(ouro_model):
+    """The golden checkpoint's D = 16 keeps the RoPE out of the qkv product (D/2 is below a
+    Triton dot tile); at D = 32 with GQA (random weights) the product writes q, k, v itself
+    (tests/test_streaming_matmul_rope.py): the XLA products' tokens, and their log-probs up
+    to fp32 accumulation order."""
+    import dataclasses
+
+    from loopjax.model import Model
+    from loopjax.models import ouro
+    cfg = dataclasses.replace(ouro_model.cfg, head_dim=32, num_kv_heads=2)
+    model = Model(cfg=cfg, params=ouro.init_params(cfg, jax.random.key(0), np.float32))
+    outs = {}
+    for matmul in ("streaming", "xla"):
+        engine = _one_row_engine(model, matmul, max_logprobs=1)
+        rid = engine.add_request(list(range(3, 12)), greedy(3, logprobs=0))
+        outs[matmul] = run_all(engine)[rid]
+    assert outs["streaming"].token_ids == outs["xla"].token_ids
+    np.testing.assert_allclose(outs["streaming"].logprobs, outs["xla"].logprobs, rtol=1e-4, atol=1e-5)
+
+
 def test_streaming_matmul_ops_keep_huginn_golden_tokens(huginn):
     """Huginn with matmul='streaming' (norm_1 -> wqkv and norm_3 -> w_gate_up fused): the
     golden tokens, and the chosen tokens' log-probs of the XLA products up to fp32

@@ -47,6 +47,20 @@ def test_choices_and_errors():
         with_pointwise(XLA_OPS, "triton")
 
 
+def test_rope_follows_the_matmul_choices_plain_product():
+    """'pallas' over matmul 'streaming': linear_rope_rotate_half_qkv is the plain streaming
+    product, then the rope kernel (not the product's fused RoPE epilogue), v a slice of it."""
+    from loopjax.matmul_ops import matmul_ops
+
+    ops = with_pointwise(matmul_ops("streaming"), "pallas")
+    x = jax.random.normal(jax.random.key(0), (3, 64), jnp.float32)
+    w = jax.random.normal(jax.random.key(1), (64, 4 * 32), jnp.float32)
+    cos, sin = rope_angles(jnp.arange(3) + 9, 32, 10000.0)
+    jaxpr = str(jax.make_jaxpr(ops.linear_rope_rotate_half_qkv, static_argnums=(4, 5))(x, w, cos, sin, 2, 1))
+    assert "loopjax_rope_qk" in jaxpr and "loopjax_streaming_matmul_none" in jaxpr
+    assert "loopjax_streaming_matmul_rope" not in jaxpr
+
+
 def _kernel_calls(jaxpr) -> int:
     """Pallas kernel calls a jaxpr makes, counting each call of a nested jitted function."""
     return sum(1 if eqn.primitive.name == "pallas_call"
@@ -58,7 +72,8 @@ def _kernel_calls(jaxpr) -> int:
 def test_every_pointwise_op_runs_on_a_kernel(family):
     """The model's jaxpr with the kernels on has a pallas_call per pointwise op, and none with XLA:
     Ouro: the first layer's attn norm, then per layer rope, the residual + mlp norms, silu, the
-    residual + next norms (the last layer's next norm is the final norm)."""
+    residual + next norms (the last layer's next norm is the final norm). The rope kernel runs
+    inside linear_rope_rotate_half_qkv, after the product."""
     cfg = preset(f"{family}-tiny")
     mod, fn = (ouro, _ouro_loop) if family == "ouro" else (huginn, _huginn_pass)
     params = mod.init_params(cfg, jax.random.key(0), jnp.float32)

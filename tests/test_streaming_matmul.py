@@ -192,7 +192,7 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
     ops, nw = mo.matmul_ops("auto"), _norm_weight(32, F32)
     assert mo.matmul_ops("auto") == ops and hash(ops) == hash(mo.matmul_ops("auto"))
     assert mo.matmul_ops("streaming").norm_linear is mo.streaming_norm_linear
-    for name in ("rms_norm", "rms_norm_add", "add_rms_norm", "rope_rotate_half_qk", "rope_interleaved_qk"):
+    for name in ("rms_norm", "rms_norm_add", "add_rms_norm", "rope_interleaved_qk"):
         assert getattr(ops, name) is getattr(layers.XLA_OPS, name), name  # products only
     for rows, n, kernel in ((7, 8, True), (8, 8, False), (8, 16, True), (32, 16, True), (33, 16, False)):
         x, w, _ = _inputs(rows, 32, n, F32)

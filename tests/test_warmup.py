@@ -56,12 +56,13 @@ def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend)
 
 
 # Ouro-1.4B's distinct weight-streaming products at 1 row, by kernel name: both matmuls stream
-# wqkv and lm_head as plain products (none), w_gate_up with SiLU*up in the epilogue (silu), wo
-# and w_down into their split-K partials for the norm_add_norm kernel (partials); 'streaming'
-# streams the same products ('auto' is every product below 8 rows).
+# wqkv with the RoPE in its epilogue (rope), lm_head as a plain product (none), w_gate_up with
+# SiLU*up in the epilogue (silu), wo and w_down into their split-K partials for the
+# norm_add_norm kernel (partials); 'streaming' streams the same products ('auto' is every
+# product below 8 rows).
 STREAMING_KERNELS = {
-    "loopjax_streaming_matmul_none": 2, "loopjax_streaming_matmul_silu": 1,
-    "loopjax_streaming_matmul_partials": 2,
+    "loopjax_streaming_matmul_rope": 1, "loopjax_streaming_matmul_none": 1,
+    "loopjax_streaming_matmul_silu": 1, "loopjax_streaming_matmul_partials": 2,
 }
 # A kernel function's call whose outputs are partly unused is lowered as a pruned copy (JAX
 # drops the unused results): the last layer's norm_add_norm, whose residual sum no one reads.

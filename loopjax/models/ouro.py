@@ -91,11 +91,10 @@ def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, laye
     next_norm)): each branch's closing norms and the next branch's input norm are one op
     (ops.linear_norm_add_norm), which a kernel runs in one pass."""
     n, eps = x.shape[0], cfg.rms_norm_eps
-    q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    q_dim = cfg.num_heads * cfg.head_dim
     with jax.named_scope("attention"):
-        qkv = ops.linear(x_normed, lp["wqkv"])
-        q, k = ops.rope_rotate_half_qk(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads)
-        v = qkv[:, q_dim + kv_dim:].reshape(n, cfg.num_kv_heads, cfg.head_dim)
+        q, k, v = ops.linear_rope_rotate_half_qkv(x_normed, lp["wqkv"], cos, sin, cfg.num_heads,
+                                                  cfg.num_kv_heads)
         kv, out = attn(kv, layer_id, depth, q, k, v)
         x, x_normed = ops.linear_norm_add_norm(out.reshape(n, q_dim), lp["wo"], x,
                                                lp["attn_norm_2"], lp["mlp_norm"], eps)
