@@ -19,10 +19,10 @@ same product); a v head's are stored as they are. Each program stores into the a
 head belongs to (q [M, Hq*D], k and v [M, Hkv*D], reshaped here, a bitcast): one [M, W]
 output sliced afterwards would cost XLA a copy kernel per slice.
 
-block_n: by default the product's (TUNED, else default_config), capped at the largest power
-of two dividing D/2. Ouro-1.4B (D = 128, TUNED block_n 32): 96 programs streaming two
-[128, 32] tiles each, where the plain product runs 192 of one; block_n is a keyword
-argument like the other block sizes, for the sweep on the GPU (16 / 32 / 64). split_k: 1
+block_n: by default TUNED_ROPE_BLOCK_N's (measured), else the product's (TUNED, else
+default_config), capped at the largest power of two dividing D/2; a keyword argument like
+the other block sizes. Ouro-1.4B (D = 128): at 1-16 rows 64 (48 programs streaming two
+[128, 64] tiles each, where the plain product runs 192 of [128, 32]), at 17-32 rows 32. split_k: 1
 unless asked for (the epilogue needs the whole K sum in one program).
 Not fused, and still correct: split_k > 1 (the plain kernel's partials summed in XLA, then
 layers' RoPE), and a D/2 that no power of two >= 16 (Triton's dot tile) divides. No RMSNorm
@@ -73,6 +73,13 @@ def check_matmul_rope_inputs(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: i
 def ref_streaming_matmul_rope_qkv(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int):
     check_matmul_rope_inputs(x, w_qkv, cos, sin, num_heads, num_kv_heads)
     return layers.linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads, num_kv_heads)
+
+
+# (K, N, block_m) -> the fused kernel's block_n measured fastest on the H200 (bench/RESULTS.md
+# run 14, `python -m loopjax.bench.matmul_rope`, product + RoPE alone): Ouro-1.4B's wqkv at 1
+# row 17.1 us with 64 vs 23.6 with 32 (8 rows: 22.9 vs 22.7), at 32 rows 16.6 us with 32 vs
+# 22.3 with 64. Elsewhere rope_block_n of the product's block_n.
+TUNED_ROPE_BLOCK_N = {(2048, 6144, 16): 64, (2048, 6144, 32): 32}
 
 
 def rope_block_n(block_n: int, d: int) -> int | None:
@@ -167,7 +174,8 @@ def streaming_matmul_rope_qkv(
     if block_n is not None and (d // 2) % block_n:
         raise ValueError(f"block_n must divide D/2 = {d // 2} (a program's tile of a head's half), "
                          f"got {block_n}")
-    width = block_n or rope_block_n(cfg.block_n, d)
+    tuned = TUNED_ROPE_BLOCK_N.get((k, w_qkv.shape[1], block_rows(m)))
+    width = block_n or (tuned if tuned and (d // 2) % tuned == 0 else rope_block_n(cfg.block_n, d))
     if cfg.split_k > 1 or width is None:  # NOTE: not fused (see the module docstring)
         qkv = streaming_matmul(x, w_qkv, interpret=interpret, **overrides)
         return layers.rope_rotate_half_qkv(qkv, cos, sin, num_heads, num_kv_heads)
