@@ -64,13 +64,14 @@ class StepBatch:
 
 @dataclass
 class StepResult:
-    """Host copy of a step's outputs for the real rows (one read per submission)."""
+    """Host copy of a step's outputs for the real rows (one read per submission); the logprob
+    fields are None when no row asked for logprobs (Runner.read)."""
 
     tokens: np.ndarray       # [R] int32
     exit_loops: np.ndarray   # [R] int32
-    logprobs: np.ndarray     # [R] f32
-    top_ids: np.ndarray      # [R, k]
-    top_logprobs: np.ndarray  # [R, k]
+    logprobs: np.ndarray | None     # [R] f32
+    top_ids: np.ndarray | None      # [R, k]
+    top_logprobs: np.ndarray | None  # [R, k]
 
 
 @dataclass
