@@ -145,14 +145,14 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
     page_table = np.zeros((num_rows, max_pages), np.int32)
     page_table.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
         r.pages[:k] + [0] * (max_pages - k) for r, k in zip(rows, needed)))
-    page_plane = np.full((num_rows, max_pages), -1, np.int32)
-    page_of, offset = np.divmod(pos, page_size)
-    planes = -1  # of each token's page: -1 (a full page) unless some row has page planes
-    if any(r.page_planes is not None for r in rows):
-        page_plane.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
-            (r.page_planes[:k] if r.page_planes is not None else [-1] * k) + [-1] * (max_pages - k)
-            for r, k in zip(rows, needed)))
-        planes = page_plane[row_of, page_of]
+    last, row_loops, carry_slot, token_slot, exit_step, row_write = _columns(
+        [[e - 1 for e in ends], [r.loops for r in rows],
+         [pad_slot if r.carry_slot is None else r.carry_slot for r in rows],
+         [pad_slot if r.token_slot is None else r.token_slot for r in rows], [r.exit_step for r in rows],
+         [WRITE_EVERY_PLANE if r.decoded else WRITE_LOOP_PLANE for r in rows]],
+        num_rows, [0, 0, pad_slot, pad_slot, -1, WRITE_LOOP_PLANE], np.int32)
+    real, skip, weighted = _columns([[r.emits for r in rows], [r.exit_skip for r in rows],
+                                     [r.exit_weighted for r in rows]], num_rows, [False] * 3, bool)
     # Per-token int32 fields in one block: the real tokens, then each field's padding value.
     tokens = np.zeros((5, num_tokens), np.int32)
     token_ids, positions, row_of_token, slot_mapping, write_plane = tokens
@@ -160,17 +160,18 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
     token_ids[:total] = ids
     positions[:total] = pos
     row_of_token[:total] = row_of
+    page_of, offset = np.divmod(pos, page_size)
     slot_mapping[:total] = page_table[row_of, page_of] * page_size + offset
-    # A decoded token writes its page's plane, every plane of a full page; others their loop's.
-    write_plane[:total] = np.where(np.array([r.decoded for r in rows], bool)[row_of],
-                                   np.where(planes >= 0, planes, WRITE_EVERY_PLANE), WRITE_LOOP_PLANE)
-    last, row_loops, carry_slot, token_slot, exit_step = _columns(
-        [[e - 1 for e in ends], [r.loops for r in rows],
-         [pad_slot if r.carry_slot is None else r.carry_slot for r in rows],
-         [pad_slot if r.token_slot is None else r.token_slot for r in rows],
-         [r.exit_step for r in rows]], num_rows, [0, 0, pad_slot, pad_slot, -1], np.int32)
-    real, skip, weighted = _columns([[r.emits for r in rows], [r.exit_skip for r in rows],
-                                     [r.exit_weighted for r in rows]], num_rows, [False] * 3, bool)
+    # A prompt token writes its loop's plane, a decoded token every plane of a full page and its
+    # own plane of a decode page (page_plane >= 0).
+    write_plane[:total] = row_write[row_of]
+    page_plane = np.full((num_rows, max_pages), -1, np.int32)
+    if any(r.page_planes is not None for r in rows):
+        page_plane.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
+            (r.page_planes[:k] if r.page_planes is not None else [-1] * k) + [-1] * (max_pages - k)
+            for r, k in zip(rows, needed)))
+        planes, written = page_plane[row_of, page_of], write_plane[:total]
+        np.copyto(written, planes, where=(planes >= 0) & (written == WRITE_EVERY_PLANE))
     init_mode = init_seed = init_state = None
     if hidden_size is not None:  # Huginn
         init_mode, init_seed = np.zeros(num_tokens, np.int32), np.zeros(num_tokens, np.uint32)
@@ -192,10 +193,13 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
                      exit_step, weighted, page_plane, write_plane, decode)
 
 
-def _columns(columns: list[list], size: int, fills: list, dtype) -> list[np.ndarray]:
-    """[size] arrays of per-row lists, each padded with its fill, converted in one call."""
-    flat = list(chain.from_iterable(c + [f] * (size - len(c)) for c, f in zip(columns, fills)))
-    return list(np.array(flat, dtype).reshape(len(columns), size))
+def _columns(columns: list[list], size: int, fills: list, dtype) -> np.ndarray:
+    """[len(columns), size]: each per-row list padded with its fill, converted in one call."""
+    flat = []
+    for values, fill in zip(columns, fills):
+        flat += values
+        flat += [fill] * (size - len(values))
+    return np.array(flat, dtype).reshape(len(columns), size)
 
 
 def _check_rows(rows: list[RowInput], needed: list[int], max_pages: int) -> None:
