@@ -192,12 +192,12 @@ class Engine:
         """Rows of the plan -> one dispatched runner submission (per-loop decode: one loop)."""
         for request in plan.preempted:
             self._release_slots(request)
-        decode = plan.kind is PlanKind.DECODE
-        rows = [self._row(r, start, end, emits, loops, plan.is_per_loop, decode, on_device)
+        decode, per_loop = plan.kind is PlanKind.DECODE, plan.is_per_loop
+        rows = [self._row(r, start, end, emits, loops, per_loop, decode, on_device)
                 for r, (start, end), emits, loops, on_device in zip(
                     plan.requests, plan.token_ranges, plan.emits, plan.row_loops, plan.input_on_device)]
         return self.runner.dispatch(rows, decode=decode, loop_begin=plan.loop_begin,
-                                    num_loops=plan.num_loops, series=plan.is_per_loop,
+                                    num_loops=plan.num_loops, series=per_loop,
                                     num_rows=plan.row_bucket, num_tokens=plan.token_bucket)
 
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
