@@ -135,12 +135,10 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
         pos = np.arange(total) + np.array([s - e + c for s, e, c in zip(starts, ends, counts)],
                                           np.int64)[row_of]
     ids = list(chain.from_iterable(r.token_ids for r in rows))
-    on_device = [e - 1 for e, r in zip(ends, rows) if r.input_on_device]
-    from_device = np.zeros(num_tokens, bool)
-    if on_device:
-        from_device[on_device] = True
-        for i in on_device:
-            ids[i] = 0
+    from_device = [False] * num_tokens
+    for end, row in zip(ends, rows):
+        if row.input_on_device:  # its last input is the row's token on the device
+            ids[end - 1], from_device[end - 1] = 0, True
     # Page tables: each row's first `needed` pages, then 0 (planes: -1), one conversion each.
     page_table = np.zeros((num_rows, max_pages), np.int32)
     page_table.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
@@ -186,7 +184,8 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
         exit_params = exits.exit_params([r.exit_spec or exits.ExitSpec() for r in rows], num_rows)
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
-    (threshold,) = _columns([[r.exit_threshold for r in rows]], num_rows, [1.0], np.float32)
+    threshold = np.array([r.exit_threshold for r in rows] + [1.0] * (num_rows - n), np.float32)
+    from_device = np.array(from_device, bool)
     return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
                      real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
                      sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
