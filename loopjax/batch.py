@@ -135,11 +135,11 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
         pos = np.arange(total) + np.array([s - e + c for s, e, c in zip(starts, ends, counts)],
                                           np.int64)[row_of]
     ids = list(chain.from_iterable(r.token_ids for r in rows))
-    from_device = [False] * num_tokens
+    on_device = [False] * num_tokens
     for end, row in zip(ends, rows):
         if row.input_on_device:  # its last input is the row's token on the device
-            ids[end - 1], from_device[end - 1] = 0, True
-    # Page tables: each row's first `needed` pages, then 0 (planes: -1), one conversion each.
+            ids[end - 1], on_device[end - 1] = 0, True
+    # Page table: each row's first `needed` pages, then 0, in one conversion (planes below).
     page_table = np.zeros((num_rows, max_pages), np.int32)
     page_table.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
         r.pages[:k] + [0] * (max_pages - k) for r, k in zip(rows, needed)))
@@ -185,7 +185,7 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
     threshold = np.array([r.exit_threshold for r in rows] + [1.0] * (num_rows - n), np.float32)
-    from_device = np.array(from_device, bool)
+    from_device = np.array(on_device, bool)
     return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
                      real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
                      sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
