@@ -14,15 +14,19 @@ decode bucket, a pool of R full contexts). Phases of a step, median µs over the
     schedule    Scheduler.schedule: the plan of the next decode step
     rows        Engine._run less make_batch and submit: the plan's RowInputs
     make_batch  Runner.make_batch (batch.build_step_batch and the bucket choice)
-    submit      Runner.submit: the jitted step's dispatch only
+    submit      Runner.submit: the jitted step's call (on a GPU its dispatch only)
     update      Scheduler.update: the sampled tokens applied to the requests
     outputs     Engine._update less read and update: stop strings, slots, RequestOutputs
     other       host less the phases above: engine.step's own loop, the timers
     host        step - read: the host's share of a step (the critical path of one stream
                 once the device step is shorter)
+    python      host - submit: on CPU the jitted call also runs part of the step (XLA:CPU
+                executes on the calling thread), so this is the host work that compares
     read        Runner.read: waits for the device and copies the outputs (not host work)
 
-With async scheduling (the default) a step plans and dispatches step n+1, then reads step n.
+With async scheduling (the default) a step plans and dispatches step n+1, then reads step n;
+on CPU the device step then runs beside the host work on the same cores, and
+--no-async-scheduling gives steadier host phases.
 """
 
 from __future__ import annotations
@@ -36,7 +40,8 @@ from loopjax.bench.common import ints, make_cli, write_json
 from loopjax.bench.profile import StageTimer
 from loopjax.bench.workloads import WorkloadSpec, burst_prompts
 
-PHASES = ("schedule", "rows", "make_batch", "submit", "update", "outputs", "other", "host", "read", "step")
+PHASES = ("schedule", "rows", "make_batch", "submit", "update", "outputs", "other", "host", "python", "read",
+          "step")
 HOST_PHASES = PHASES[:PHASES.index("other")]
 SMOKE = dict(rows="2", steps=5, warmup_steps=2)
 
@@ -105,7 +110,7 @@ def phases(record: dict) -> dict:
          "make_batch": r["make_batch"], "submit": r["submit"], "update": r["update"],
          "outputs": r["engine_update"] - r["read"] - r["update"], "host": r["step"] - r["read"],
          "read": r["read"], "step": r["step"]}
-    return {**p, "other": p["host"] - sum(p[k] for k in HOST_PHASES)}
+    return {**p, "other": p["host"] - sum(p[k] for k in HOST_PHASES), "python": p["host"] - p["submit"]}
 
 
 def summary(records: list[dict]) -> dict:

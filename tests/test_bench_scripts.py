@@ -89,6 +89,7 @@ def test_host_step_phases_add_up_to_the_step():
     assert (p["rows"], p["outputs"], p["host"]) == pytest.approx((2 * ms, 2 * ms, 10 * ms))
     assert p["other"] == pytest.approx(1 * ms)  # host 16 - 6 = 10 ms, 9 of them in the phases
     assert sum(p[k] for k in host_step.HOST_PHASES) + p["other"] == pytest.approx(p["host"])
+    assert p["python"] == pytest.approx(9 * ms)  # host less the step call
 
 
 def test_prefill_flops_formula():
