@@ -26,7 +26,8 @@ decode bucket, a pool of R full contexts). Phases of a step, median µs over the
 
 With async scheduling (the default) a step plans and dispatches step n+1, then reads step n;
 on CPU the device step then runs beside the host work on the same cores, and
---no-async-scheduling gives steadier host phases.
+--no-async-scheduling gives steadier host phases. --no-device runs no step at all (canned
+outputs, nothing compiled): the host phases alone, the steadiest numbers for comparing host code.
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "its Pallas kernels run interpreted)")
     parser.add_argument("--attention-backend", default="xla", help="EngineConfig.attention_backend")
     parser.add_argument("--no-async-scheduling", action="store_true", help="one plan in flight at most")
+    parser.add_argument("--no-device", action="store_true",
+                        help="Runner.submit returns canned outputs: no step runs, nothing compiles (the "
+                             "host phases alone, warm; submit and read are then not the real ones)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument("--out", default=None, help="JSON output path")
     parser.add_argument("--smoke", action="store_true", help=f"small run: {SMOKE}")
@@ -72,8 +76,22 @@ def build(model, args, rows: int):
                           max_prefill_rows=prefill_rows, max_prefill_tokens=prefill_rows * args.prompt_len,
                           prefill_token_buckets=(prefill_rows * args.prompt_len,),
                           max_context_len=context, async_scheduling=not args.no_async_scheduling,
-                          matmul=args.matmul, attention_backend=args.attention_backend, verbose=False)
-    return Engine(model, config)
+                          matmul=args.matmul, attention_backend=args.attention_backend, verbose=False,
+                          warmup=not args.no_device)
+    engine = Engine(model, config)
+    if args.no_device:
+        engine.runner.submit = _canned_outputs
+    return engine
+
+
+def _canned_outputs(batch, kind):
+    """Runner.submit without a device: token 0 and every loop for each row (--no-device)."""
+    import numpy as np
+
+    from loopjax.runner import StepOut
+    rows = batch.page_table.shape[0]
+    return StepOut(np.zeros(rows, np.int32), np.full(rows, kind.num_loops, np.int32),
+                   np.zeros(rows, np.float32), np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32))
 
 
 def timed_steps(engine, timer: StageTimer, prompts, args) -> list[dict]:
@@ -147,12 +165,12 @@ def run(args) -> int:
         results.append({"rows": r, "steps": len(records), "build_s": built,
                         "compilations_during_run": engine.runner.compilations - compiled,
                         "median_us": summary(records)})
-    print(f"{jax.devices()[0].device_kind}, {args.preset}, "
+    print(f"{'no device' if args.no_device else jax.devices()[0].device_kind}, {args.preset}, "
           f"{'async' if not args.no_async_scheduling else 'sync'} scheduling")
     print(format_table(results), flush=True)
     payload = {"preset": args.preset, "device_kind": jax.devices()[0].device_kind,
-               "async_scheduling": not args.no_async_scheduling, "prompt_len": args.prompt_len,
-               "results": results}
+               "async_scheduling": not args.no_async_scheduling, "no_device": args.no_device,
+               "prompt_len": args.prompt_len, "results": results}
     write_json(args.out, payload)
     return 0
 

@@ -81,6 +81,16 @@ def test_host_step_smoke(tmp_path):
     assert us["step"] >= us["host"]
 
 
+def test_host_step_without_device_compiles_nothing(tmp_path):
+    out = tmp_path / "host.json"
+    assert host_step.main(["--smoke", "--no-device", "--rows", "1,3", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["no_device"] and [r["rows"] for r in data["results"]] == [1, 3]
+    for result in data["results"]:
+        assert result["steps"] == 5 and result["compilations_during_run"] == 0
+        assert result["median_us"]["make_batch"] > 0
+
+
 def test_host_step_phases_add_up_to_the_step():
     ms = 1e-3
     record = {"schedule": 1 * ms, "engine_run": 5 * ms, "make_batch": 2 * ms, "submit": 1 * ms,
