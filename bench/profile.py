@@ -64,21 +64,6 @@ class StageTimer:
         self._now: dict | None = None
         self.wrapped = []
 
-        def timed(obj, name, stage, after=None):
-            original = getattr(obj, name, None)
-            if original is None:
-                return
-            self.wrapped.append(f"{type(obj).__name__}.{name}")
-
-            def wrapper(*args, **kwargs):
-                start = time.perf_counter()
-                result = original(*args, **kwargs)
-                self._add(stage, time.perf_counter() - start)
-                if after is not None:
-                    after(result)
-                return result
-            setattr(obj, name, wrapper)
-
         def wait(out):
             if out is not None and split_wait:
                 start = time.perf_counter()
@@ -91,12 +76,12 @@ class StageTimer:
                 self._now.update(kind=plan.kind.value, rows=plan.num_real_rows, bucket=plan.row_bucket,
                                  tokens=plan.num_real_tokens)
 
-        timed(engine.scheduler, "schedule", "schedule", planned)
-        timed(engine.scheduler, "update", "update")
-        timed(engine.runner, "run", "run")
-        timed(engine.runner, "read", "read")  # the pipelined runner: read = wait + copy
-        timed(engine.runner, "make_batch", "make_batch")
-        timed(engine.runner, "submit", "submit", wait)
+        self.wrap(engine.scheduler, "schedule", "schedule", planned)
+        self.wrap(engine.scheduler, "update", "update")
+        self.wrap(engine.runner, "run", "run")
+        self.wrap(engine.runner, "read", "read")  # the pipelined runner: read = wait + copy
+        self.wrap(engine.runner, "make_batch", "make_batch")
+        self.wrap(engine.runner, "submit", "submit", wait)
         step = engine.step
 
         def timed_step():
@@ -109,6 +94,23 @@ class StageTimer:
                 self.records.append(self._now)
                 self._now = None
         engine.step = timed_step
+
+    def wrap(self, obj, name: str, stage: str, after=None) -> None:
+        """Add the seconds of each `obj.name(...)` call (an instance attribute now shadows the
+        method) to `stage` of the current step; `after(result)` runs outside the timing."""
+        original = getattr(obj, name, None)
+        if original is None:
+            return
+        self.wrapped.append(f"{type(obj).__name__}.{name}")
+
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            result = original(*args, **kwargs)
+            self._add(stage, time.perf_counter() - start)
+            if after is not None:
+                after(result)
+            return result
+        setattr(obj, name, wrapper)
 
     def _add(self, stage: str, seconds: float) -> None:
         if self._now is not None:

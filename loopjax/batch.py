@@ -14,6 +14,7 @@ them. Shapes: R = rows bucket, N = token bucket, M = max pages per row, H = hidd
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate, chain
 
 import jax
 import numpy as np
@@ -63,13 +64,14 @@ class StepBatch:
 
 @dataclass
 class StepResult:
-    """Host copy of a step's outputs for the real rows (one read per submission)."""
+    """Host copy of a step's outputs for the real rows (one read per submission); the logprob
+    fields are None when no row asked for logprobs (Runner.read)."""
 
     tokens: np.ndarray       # [R] int32
     exit_loops: np.ndarray   # [R] int32
-    logprobs: np.ndarray     # [R] f32
-    top_ids: np.ndarray      # [R, k]
-    top_logprobs: np.ndarray  # [R, k]
+    logprobs: np.ndarray | None     # [R] f32
+    top_ids: np.ndarray | None      # [R, k]
+    top_logprobs: np.ndarray | None  # [R, k]
 
 
 @dataclass
@@ -108,86 +110,108 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
     decode: a decode step (num_tokens == num_rows, one token per row), else a prefill;
     pad_slot: the carry and token slot of padding rows (and of rows without one);
     hidden_size: set for Huginn (the init_* fields), None for Ouro; adaptive: fill `exit`
-    (Huginn criteria)."""
-    if decode and (num_tokens != num_rows or any(len(r.token_ids) != 1 for r in rows)):
+    (Huginn criteria).
+
+    NOTE: no numpy call per row: each field is gathered into one list (or, per token, one numpy
+    expression) and converted once; built row by row, a 32-row decode step cost ~0.5 ms of host
+    time, and one stream's step pays this builder's fixed cost every token."""
+    n, counts = len(rows), [len(r.token_ids) for r in rows]
+    if decode and (num_tokens != num_rows or any(c != 1 for c in counts)):
         raise ValueError(f"a decode step feeds one token per row: {num_tokens} tokens over "
-                         f"{num_rows} rows, row lengths {[len(r.token_ids) for r in rows]}")
-    if len(rows) > num_rows:
-        raise ValueError(f"{len(rows)} rows exceed the bucket of {num_rows}")
-    total = sum(len(r.token_ids) for r in rows)
+                         f"{num_rows} rows, row lengths {counts}")
+    if n > num_rows:
+        raise ValueError(f"{n} rows exceed the bucket of {num_rows}")
+    total = sum(counts)
     if total > num_tokens:
         raise ValueError(f"{total} tokens exceed the bucket of {num_tokens}")
-    token_ids = np.zeros(num_tokens, np.int32)
-    from_device = np.zeros(num_tokens, bool)
-    positions = np.zeros(num_tokens, np.int32)
-    row_of_token = np.zeros(num_tokens, np.int32)
-    slot_mapping = np.full(num_tokens, drop_slot, np.int32)
+    starts = [r.start_pos for r in rows]
+    needed = [-(-(s + c) // page_size) for s, c in zip(starts, counts)]  # pages of positions < end
+    _check_rows(rows, needed, max_pages)
+    ends = list(accumulate(counts))  # one past each row's last token
+    if decode:  # one token per row
+        row_of, pos = np.arange(n), np.array(starts, np.int64)
+    else:
+        row_of = np.repeat(np.arange(n), counts)
+        pos = np.arange(total) + np.array([s - e + c for s, e, c in zip(starts, ends, counts)],
+                                          np.int64)[row_of]
+    ids = list(chain.from_iterable(r.token_ids for r in rows))
+    on_device = [False] * num_tokens
+    for end, row in zip(ends, rows):
+        if row.input_on_device:  # its last input is the row's token on the device
+            ids[end - 1], on_device[end - 1] = 0, True
+    # Page table: each row's first `needed` pages, then 0, in one conversion (planes below).
     page_table = np.zeros((num_rows, max_pages), np.int32)
-    last = np.zeros(num_rows, np.int32)
-    real = np.zeros(num_rows, bool)
-    row_loops = np.zeros(num_rows, np.int32)
-    carry_slot = np.full(num_rows, pad_slot, np.int32)
-    token_slot = np.full(num_rows, pad_slot, np.int32)
-    threshold = np.ones(num_rows, np.float32)
-    skip = np.zeros(num_rows, bool)
-    exit_step = np.full(num_rows, -1, np.int32)
-    weighted = np.zeros(num_rows, bool)
+    page_table.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
+        r.pages[:k] + [0] * (max_pages - k) for r, k in zip(rows, needed)))
+    last, row_loops, carry_slot, token_slot, exit_step, row_write = _columns(
+        [[e - 1 for e in ends], [r.loops for r in rows],
+         [pad_slot if r.carry_slot is None else r.carry_slot for r in rows],
+         [pad_slot if r.token_slot is None else r.token_slot for r in rows], [r.exit_step for r in rows],
+         [WRITE_EVERY_PLANE if r.decoded else WRITE_LOOP_PLANE for r in rows]],
+        num_rows, [0, 0, pad_slot, pad_slot, -1, WRITE_LOOP_PLANE], np.int32)
+    real, skip, weighted = _columns([[r.emits for r in rows], [r.exit_skip for r in rows],
+                                     [r.exit_weighted for r in rows]], num_rows, [False] * 3, bool)
+    # Per-token int32 fields in one block: the real tokens, then each field's padding value.
+    tokens = np.zeros((5, num_tokens), np.int32)
+    token_ids, positions, row_of_token, slot_mapping, write_plane = tokens
+    slot_mapping[total:], write_plane[total:] = drop_slot, WRITE_LOOP_PLANE
+    token_ids[:total] = ids
+    positions[:total] = pos
+    row_of_token[:total] = row_of
+    page_of, offset = np.divmod(pos, page_size)
+    slot_mapping[:total] = page_table[row_of, page_of] * page_size + offset
+    # A prompt token writes its loop's plane, a decoded token every plane of a full page and its
+    # own plane of a decode page (page_plane >= 0).
+    write_plane[:total] = row_write[row_of]
     page_plane = np.full((num_rows, max_pages), -1, np.int32)
-    write_plane = np.full(num_tokens, WRITE_LOOP_PLANE, np.int32)
-    huginn = hidden_size is not None
-    init_mode = np.zeros(num_tokens, np.int32) if huginn else None
-    init_seed = np.zeros(num_tokens, np.uint32) if huginn else None
-    init_state = np.zeros((num_tokens, hidden_size), np.float32) if huginn else None
-    n = 0
-    for i, row in enumerate(rows):
-        count = len(row.token_ids)
-        end = row.start_pos + count
-        num_pages = -(-end // page_size)  # only the pages of positions < end are read
-        if len(row.pages) < num_pages:
-            raise ValueError(f"row {i}: {len(row.pages)} pages cannot hold {end} positions")
-        if num_pages > max_pages:
-            raise ValueError(f"row {i}: {num_pages} pages exceed the table width {max_pages}")
-        pos = np.arange(row.start_pos, end, dtype=np.int32)
-        pages = np.asarray(row.pages[:num_pages], np.int32)
-        token_ids[n:n + count] = row.token_ids
-        if row.input_on_device:
-            if row.token_slot is None:
-                raise ValueError(f"row {i}: an input on the device needs a token slot")
-            token_ids[n + count - 1] = 0
-            from_device[n + count - 1] = True
-        positions[n:n + count] = pos
-        row_of_token[n:n + count] = i
-        slot_mapping[n:n + count] = pages[pos // page_size] * page_size + pos % page_size
-        page_table[i, :len(pages)] = pages
-        last[i] = n + count - 1
-        real[i] = row.emits
-        row_loops[i] = row.loops
-        carry_slot[i] = pad_slot if row.carry_slot is None else row.carry_slot
-        token_slot[i] = pad_slot if row.token_slot is None else row.token_slot
-        threshold[i] = row.exit_threshold
-        skip[i] = row.exit_skip
-        exit_step[i] = row.exit_step
-        weighted[i] = row.exit_weighted
-        if row.page_planes is not None:
-            page_plane[i, :num_pages] = row.page_planes[:num_pages]
-        if row.decoded:  # a full page: every plane; a decode page: its own plane
-            planes = page_plane[i, pos // page_size]
-            write_plane[n:n + count] = np.where(planes >= 0, planes, WRITE_EVERY_PLANE)
-        if huginn:
-            init_mode[n:n + count] = row.init_mode
-            init_seed[n:n + count] = row.init_seed % 2**32
+    if any(r.page_planes is not None for r in rows):
+        page_plane.reshape(-1)[:n * max_pages] = list(chain.from_iterable(
+            (r.page_planes[:k] if r.page_planes is not None else [-1] * k) + [-1] * (max_pages - k)
+            for r, k in zip(rows, needed)))
+        planes, written = page_plane[row_of, page_of], write_plane[:total]
+        np.copyto(written, planes, where=(planes >= 0) & (written == WRITE_EVERY_PLANE))
+    init_mode = init_seed = init_state = None
+    if hidden_size is not None:  # Huginn
+        init_mode, init_seed = np.zeros(num_tokens, np.int32), np.zeros(num_tokens, np.uint32)
+        init_mode[:total] = np.array([r.init_mode for r in rows], np.int32)[row_of]
+        init_seed[:total] = np.array([r.init_seed % 2**32 for r in rows], np.uint32)[row_of]
+        init_state = np.zeros((num_tokens, hidden_size), np.float32)
+        for row, end, count in zip(rows, ends, counts):
             if row.init_mode == INIT_EXPLICIT:
-                init_state[n:n + count] = row.init_states
-        n += count
+                init_state[end - count:end] = row.init_states
     exit_params = None
-    if adaptive and huginn:
+    if adaptive and hidden_size is not None:
         exit_params = exits.exit_params([r.exit_spec or exits.ExitSpec() for r in rows], num_rows)
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
                                          [r.token_index for r in rows])
+    threshold = np.array([r.exit_threshold for r in rows] + [1.0] * (num_rows - n), np.float32)
+    from_device = np.array(on_device, bool)
     return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
                      real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
                      sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
                      exit_step, weighted, page_plane, write_plane, decode)
+
+
+def _columns(columns: list[list], size: int, fills: list, dtype) -> np.ndarray:
+    """[len(columns), size]: each per-row list padded with its fill, converted in one call."""
+    flat = []
+    for values, fill in zip(columns, fills):
+        flat += values
+        flat += [fill] * (size - len(values))
+    return np.array(flat, dtype).reshape(len(columns), size)
+
+
+def _check_rows(rows: list[RowInput], needed: list[int], max_pages: int) -> None:
+    """The first bad row raises: fewer pages than its positions need (`needed`), more than
+    the table holds, or an input on the device without a token slot."""
+    for i, (row, num_pages) in enumerate(zip(rows, needed)):
+        if len(row.pages) < num_pages:
+            end = row.start_pos + len(row.token_ids)
+            raise ValueError(f"row {i}: {len(row.pages)} pages cannot hold {end} positions")
+        if num_pages > max_pages:
+            raise ValueError(f"row {i}: {num_pages} pages exceed the table width {max_pages}")
+        if row.input_on_device and row.token_slot is None:
+            raise ValueError(f"row {i}: an input on the device needs a token slot")
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,

@@ -261,11 +261,13 @@ class BlockManager:
         stays private). The tokens of those positions must be known and their KV written
         (or written by a step dispatched before any step that reads the cache)."""
         cache = self.prefix_cache
+        if cache is None:
+            return 0
         bound = request.num_computed_tokens if num_tokens is None else num_tokens
         if self.decode_page_planes > 0:  # NOTE: decoded tokens keep only their last loop's KV,
             bound = min(bound, request.num_prompt_tokens)  # so only prompt pages are published
         num_pages = bound // self.page_size
-        if cache is None or num_pages <= request.num_offered_pages:
+        if num_pages <= request.num_offered_pages:
             return 0
         keys = cache.keys(request, num_pages)
         published = 0

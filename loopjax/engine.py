@@ -112,6 +112,7 @@ class Engine:
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
         self._eos = eos_token_ids(cfg)
+        self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
         self.num_generated = self.loops_generated = 0
 
     # ------------------------------------------------------------------ requests
@@ -191,12 +192,12 @@ class Engine:
         """Rows of the plan -> one dispatched runner submission (per-loop decode: one loop)."""
         for request in plan.preempted:
             self._release_slots(request)
-        decode = plan.kind is PlanKind.DECODE
-        rows = [self._row(r, start, end, emits, loops, plan.is_per_loop, decode, on_device)
+        decode, per_loop = plan.kind is PlanKind.DECODE, plan.is_per_loop
+        rows = [self._row(r, start, end, emits, loops, per_loop, decode, on_device)
                 for r, (start, end), emits, loops, on_device in zip(
                     plan.requests, plan.token_ranges, plan.emits, plan.row_loops, plan.input_on_device)]
         return self.runner.dispatch(rows, decode=decode, loop_begin=plan.loop_begin,
-                                    num_loops=plan.num_loops, series=plan.is_per_loop,
+                                    num_loops=plan.num_loops, series=per_loop,
                                     num_rows=plan.row_bucket, num_tokens=plan.token_bucket)
 
     def _row(self, request: Request, start: int, end: int, emits: bool, loops: int,
@@ -207,9 +208,7 @@ class Engine:
         if emits and extra.token_slot is None:
             extra.token_slot = self._free_token_slots.pop()
         params = request.sampling_params
-        threshold = params.exit_threshold
-        if threshold is None:
-            threshold = getattr(self.model.cfg, "early_exit_threshold", None)
+        threshold = self._default_exit_threshold if params.exit_threshold is None else params.exit_threshold
         states = None
         if extra.init_mode == INIT_EXPLICIT:
             states = extra.init_states[start:end]
@@ -225,8 +224,9 @@ class Engine:
             threshold = 2.0  # the fixed loop or the weighted sum, never the Q-exit
             if extra.skip and exits_here and params.exit_step is not None:
                 loops = min(loops, params.exit_step + 1)  # skip: run loops 0..k only
-        pages, planes = self.scheduler.block_manager.locate(request.page_ids)
-        assert decode or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
+        bm = self.scheduler.block_manager  # NOTE: the row reads the live page list (built at once)
+        pages, planes = bm.locate(request.page_ids) if bm.decode_page_planes else (request.page_ids, None)
+        assert decode or planes is None or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
         ids = request.token_ids(start, end - 1 if on_device else end) + [0] * on_device
         return RowInput(ids, start, pages, emits, loops, params, token_index=index,
                         token_slot=extra.token_slot, input_on_device=on_device,
@@ -245,11 +245,13 @@ class Engine:
         tokens = [None] * plan.num_real_rows
         loops = [None] * plan.num_real_rows
         if result is not None:
+            read_tokens, read_loops = result.tokens.tolist(), result.exit_loops.tolist()
             for i, emits in enumerate(plan.emits):
                 if emits:
-                    tokens[i], loops[i] = int(result.tokens[i]), int(result.exit_loops[i])
+                    tokens[i], loops[i] = read_tokens[i], read_loops[i]
+        row = {request: i for i, request in enumerate(plan.requests)}
         for request in self.scheduler.update(plan, StepOutput(tokens, loops)):
-            i = plan.requests.index(request)
+            i = row[request]
             extra = self._extra[request.request_id]
             if request.sampling_params.logprobs is not None:
                 extra.logprobs.append(float(result.logprobs[i]))

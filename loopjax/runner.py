@@ -78,9 +78,10 @@ class StepOut:  # device outputs of a step
 @dataclass
 class PendingStep:
     """A dispatched step not yet read back: its device outputs (None for a non-final per-loop
-    submission) and the number of real rows to read."""
+    submission), the number of real rows to read and whether a row asked for logprobs."""
     out: StepOut | None
     num_rows: int
+    logprobs: bool = True
 
 
 def _put(buffer, slots, values):  # buffer[slots] = values (padding rows: the spare last slot)
@@ -283,7 +284,8 @@ class Runner:
                                   adaptive=adaptive, **bucket)
 
     def _key(self, batch, kind: StepKind):
-        return kind, tuple((a.shape, a.dtype) for a in jax.tree.leaves(batch)), jax.tree.structure(batch)
+        leaves, structure = jax.tree.flatten(batch)
+        return kind, tuple((a.shape, a.dtype) for a in leaves), structure
 
     def _lower(self, batch, kind: StepKind):
         """(jax Lowered, its CompileTime so far); traces: counted; strict runners raise when warm."""
@@ -321,15 +323,19 @@ class Runner:
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens, adaptive=adaptive)
-        return PendingStep(self.submit(batch, kind), len(rows))
+        return PendingStep(self.submit(batch, kind), len(rows),
+                           any(r.params.logprobs is not None for r in rows))
 
     def read(self, pending: PendingStep) -> StepResult | None:
         """The host copy of a dispatched step's outputs (waits for the device); None for a
-        non-final per-loop submission."""
+        non-final per-loop submission. Logprobs only if a row asked (else None): each array
+        read is one device-to-host copy."""
         if pending.out is None:
             return None
-        host = jax.device_get(pending.out)  # the one host read of this step
-        k = pending.num_rows
+        k, o = pending.num_rows, pending.out
+        if not pending.logprobs:
+            return StepResult(*[a[:k] for a in jax.device_get((o.tokens, o.exit_loops))], None, None, None)
+        host = jax.device_get(o)  # the one host read of this step
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
 

@@ -270,7 +270,7 @@ class Scheduler:
         bucket = cfg.row_bucket(len(rows))
         return StepPlan(
             step_id=self.num_steps, kind=StepKind.DECODE, requests=tuple(rows),
-            token_ranges=tuple((r.num_planned_tokens - 1, r.num_planned_tokens) for r in rows),
+            token_ranges=tuple((n - 1, n) for n in [r.num_planned_tokens for r in rows]),
             emits=emits, row_loops=row_loops, loop_begin=loop_begin, num_loops=num_loops,
             num_real_rows=len(rows), row_bucket=bucket, num_real_tokens=len(rows),
             token_bucket=bucket, preempted=tuple(preempted),
@@ -282,6 +282,8 @@ class Scheduler:
         requests (most recent first) if that is enough; False (nothing preempted) otherwise.
         Planning ahead, a shortfall raises _NeedsUpdate: the synchronous order decides."""
         bm = self.block_manager
+        if bm.num_new_pages(request, num_tokens) == 0:
+            return True  # most decode steps: the last page has room
         if not bm.can_fit(request, num_tokens):
             if ahead:
                 raise _NeedsUpdate
@@ -333,15 +335,16 @@ class Scheduler:
         self._in_flight.popleft()
         now = self.clock()
         changed = []
+        decode, per_loop = plan.kind is StepKind.DECODE, plan.is_per_loop
         for request, (_, end), token, exit_loop in zip(plan.requests, plan.token_ranges,
                                                         output.token_ids, output.exit_loops):
             if request.is_finished or request.phase is RequestPhase.PREEMPTED:
                 continue  # aborted/finished after planning
-            if plan.kind is StepKind.PREFILL:
-                request.num_prefill_submissions += 1
-            else:
+            if decode:
                 request.num_decode_submissions += 1
-            if plan.is_per_loop:  # the state changes now (see _dispatched)
+            else:
+                request.num_prefill_submissions += 1
+            if per_loop:  # the state changes now (see _dispatched)
                 if token is None:
                     request.num_loops_done = plan.loop_end
                     continue
@@ -351,9 +354,9 @@ class Scheduler:
             self.block_manager.publish(request, end)
             if token is None:
                 continue  # more prompt chunks to come
-            if plan.kind is StepKind.DECODE:
+            if decode:
                 request.num_decode_tokens += 1
-            if not plan.is_per_loop:
+            if not per_loop:
                 request.num_pending_tokens -= 1
             self._append(request, token, exit_loop, now)
             changed.append(request)

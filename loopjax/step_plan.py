@@ -8,6 +8,7 @@ from __future__ import annotations
 import bisect
 import enum
 from dataclasses import dataclass
+from functools import cached_property
 
 from loopjax.request import Request
 
@@ -74,16 +75,16 @@ class SchedulerConfig:
     def loop_cap(self) -> int:
         return self.num_loops if self.max_loops is None else self.max_loops
 
-    @property
+    @cached_property  # NOTE: cached (here and below): every plan picks a bucket
     def row_buckets(self) -> tuple[int, ...]:
         """Decode row counts that are compiled; the last is max_num_rows."""
         return _capped(self.decode_row_buckets, self.max_num_rows)
 
-    @property
+    @cached_property
     def prefill_row_buckets(self) -> tuple[int, ...]:
         return _capped(self.decode_row_buckets, self.max_prefill_rows)
 
-    @property
+    @cached_property
     def token_buckets(self) -> tuple[int, ...]:
         """Packed prefill token counts that are compiled; the last is max_prefill_tokens."""
         return _capped(self.prefill_token_buckets, self.max_prefill_tokens)
@@ -92,7 +93,7 @@ class SchedulerConfig:
     def capacity_tokens(self) -> int:
         return self.num_pages * self.page_size
 
-    @property
+    @cached_property
     def max_seq_len(self) -> int:
         """Tokens one request may reach: the context limit, or the whole pool if smaller."""
         return min(self.max_context_len, self.capacity_tokens)

@@ -1,5 +1,6 @@
-"""The device benchmarks bench/adaptive.py and bench/prefill.py run end to end with --smoke on
-CPU (tiny presets, in-process) and their JSON has every field; the prefill FLOP formula."""
+"""The device benchmarks bench/adaptive.py and bench/prefill.py and the host benchmark
+bench/host_step.py run end to end with --smoke on CPU (tiny presets, in-process) and their JSON
+has every field; the prefill FLOP formula."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from loopjax import config
-from loopjax.bench import adaptive, prefill
+from loopjax.bench import adaptive, host_step, prefill
 
 
 def _load(path):
@@ -65,6 +66,40 @@ def test_prefill_smoke(tmp_path):
         assert not set(prefill.ENGINE_FIELDS) - set(e), e
         assert e["warmup_s"] > 0 and e["compilations"] == 2  # one decode + one prefill bucket
         assert e["steady_state_ok"] and e["steady_state_compiles"] == 0 and e["steady_state_steps"] > 1
+
+
+def test_host_step_smoke(tmp_path):
+    out = tmp_path / "host.json"
+    assert host_step.main(["--smoke", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["preset"] == "ouro-tiny" and data["async_scheduling"]
+    (result,) = data["results"]
+    assert (result["rows"], result["steps"], result["compilations_during_run"]) == (2, 5, 0)
+    us = result["median_us"]
+    assert set(us) == set(host_step.PHASES)
+    assert all(us[p] > 0 for p in ("schedule", "rows", "make_batch", "submit", "update", "host"))
+    assert us["step"] >= us["host"]
+
+
+def test_host_step_without_device_compiles_nothing(tmp_path):
+    out = tmp_path / "host.json"
+    assert host_step.main(["--smoke", "--no-device", "--rows", "1,3", "--out", str(out)]) == 0
+    data = _load(out)
+    assert data["no_device"] and [r["rows"] for r in data["results"]] == [1, 3]
+    for result in data["results"]:
+        assert result["steps"] == 5 and result["compilations_during_run"] == 0
+        assert result["median_us"]["make_batch"] > 0
+
+
+def test_host_step_phases_add_up_to_the_step():
+    ms = 1e-3
+    record = {"schedule": 1 * ms, "engine_run": 5 * ms, "make_batch": 2 * ms, "submit": 1 * ms,
+              "engine_update": 9 * ms, "read": 6 * ms, "update": 1 * ms, "step": 16 * ms}
+    p = host_step.phases(record)
+    assert (p["rows"], p["outputs"], p["host"]) == pytest.approx((2 * ms, 2 * ms, 10 * ms))
+    assert p["other"] == pytest.approx(1 * ms)  # host 16 - 6 = 10 ms, 9 of them in the phases
+    assert sum(p[k] for k in host_step.HOST_PHASES) + p["other"] == pytest.approx(p["host"])
+    assert p["python"] == pytest.approx(9 * ms)  # host less the step call
 
 
 def test_prefill_flops_formula():
