@@ -78,6 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--huginn-shapes", default="1x2048,8x256,4x512",
                         help="shapes for Huginn presets (32 loops: fewer tokens per step)")
     parser.add_argument("--backend", default="xla,pallas", help="comma-separated: xla, pallas")
+    parser.add_argument("--matmul", default="auto",
+                        help="products (loopjax.matmul_ops): auto (the engine default), xla, streaming")
     parser.add_argument("--iters", type=int, default=5)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--peak-tflops", type=float, default=790.0, help="dense bf16 peak, TFLOP/s")
@@ -148,6 +150,7 @@ def prepare_shape(model, preset: str, rows: int, prompt_len: int, backend: str, 
     """A Runner (own KV pool) compiled for exactly this prefill bucket, and its rows."""
     from loopjax import kv_cache
     from loopjax.batch import greedy_row
+    from loopjax.matmul_ops import matmul_ops
     from loopjax.runner import Runner
 
     case = ShapeCase(preset, backend, rows, prompt_len)
@@ -157,7 +160,8 @@ def prepare_shape(model, preset: str, rows: int, prompt_len: int, backend: str, 
         layout = kv_cache.make_layout(cfg, "per_loop", page_size=args.page_size, dtype=model.dtype,
                                       num_pages=rows * pages_per_row, max_loops=loops)
         case.runner = Runner(model, layout, decode_rows=(rows,), prefill_buckets=((rows, case.tokens),),
-                             max_pages=pages_per_row, max_loops=loops, backend=backend)
+                             max_pages=pages_per_row, max_loops=loops, backend=backend,
+                             ops=matmul_ops(args.matmul))
         rng = np.random.default_rng(0)
         case.row_inputs = [greedy_row(rng.integers(3, cfg.vocab_size, prompt_len).tolist(), 0,
                                       list(range(r * pages_per_row, (r + 1) * pages_per_row)),

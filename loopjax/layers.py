@@ -54,30 +54,40 @@ def linear(x, w):
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def norm_linear(x, norm_weight, eps: float, w):
+def linear_in_dtype(x, w):
+    """`linear` as XLA:GPU runs it best: the dot's result type is x's dtype. XLA:GPU accumulates
+    a bf16/f16 dot in fp32 and rounds once in the GEMM's epilogue (linear's numbers, possibly
+    in another summation order), where linear's fp32 result makes it run cuBLAS GEMMs with an
+    fp32 output and then a convert kernel (bench/RESULTS.md run 14: ~19 ms of a 394 ms
+    Huginn-0125 prefill step). The composite ops below take it as `product`. Not for CPU paths:
+    XLA does not pin a bf16 dot's accumulation type there."""
+    return jnp.dot(x, w, preferred_element_type=x.dtype)
+
+
+def norm_linear(x, norm_weight, eps: float, w, product=linear):
     """linear(rms_norm(x, norm_weight, eps), w): a norm feeding a product directly, one op so
     that a kernel can fuse the norm into the product's prologue (layers.Ops)."""
-    return linear(rms_norm(x, norm_weight, eps), w)
+    return product(rms_norm(x, norm_weight, eps), w)
 
 
-def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):
+def norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up, product=linear):
     """The MLP's activation silu_mul(gate, up) of norm_linear(x, ..., w_gate_up) [N, 2F],
     columns [gate | up] -> [N, F]."""
-    return linear_silu_mul(rms_norm(x, norm_weight, eps), w_gate_up)
+    return linear_silu_mul(rms_norm(x, norm_weight, eps), w_gate_up, product)
 
 
-def linear_silu_mul(x, w_gate_up):
+def linear_silu_mul(x, w_gate_up, product=linear):
     """silu_mul(gate, up) of linear(x, w_gate_up) [N, 2F], columns [gate | up] -> [N, F]."""
-    gate, up = jnp.split(linear(x, w_gate_up), 2, axis=-1)
+    gate, up = jnp.split(product(x, w_gate_up), 2, axis=-1)
     return silu_mul(gate, up)
 
 
-def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float, product=linear):
     """Ouro's sandwich norm closing a branch, then the next branch's input norm, as one op:
     (h, rms_norm(h, next_norm_weight)) for h = residual + rms_norm(linear(x, w), norm_weight).
     One op so that a kernel can take the product's split-K partials and run the sum, both
     norms and the add in one pass (kernels/rms_norm.py `norm_add_norm`)."""
-    h = rms_norm_add(linear(x, w), residual, norm_weight, eps)
+    h = rms_norm_add(product(x, w), residual, norm_weight, eps)
     return h, rms_norm(h, next_norm_weight, eps)
 
 
@@ -145,11 +155,11 @@ def rope_rotate_half_qkv(qkv, cos, sin, num_heads: int, num_kv_heads: int):
     return q, k, split_qkv(qkv, num_heads, num_kv_heads)[2]
 
 
-def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
+def linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int, product=linear):
     """rope_rotate_half_qkv(linear(x, w_qkv)) -> (q, k, v): one op so that a kernel can run
     the RoPE in the product's epilogue and write q, k, v. x [N, H]; w_qkv [H, (Hq + 2*Hkv)
     * D]; cos, sin [N, D/2] fp32."""
-    return rope_rotate_half_qkv(linear(x, w_qkv), cos, sin, num_heads, num_kv_heads)
+    return rope_rotate_half_qkv(product(x, w_qkv), cos, sin, num_heads, num_kv_heads)
 
 
 def rope_interleaved_qk(qkv, qk_bias, cos, sin):

@@ -12,9 +12,12 @@
   product streams, SiLU*up runs in its epilogue (linear_silu_mul) and the norms after it run
   on its split-K partials in one kernel (linear_norm_add_norm; run 13: the 1-row Ouro-1.4B step
   5,745 -> 4,969 us), and Ouro's RoPE runs in the qkv product's epilogue, which writes q, k, v
-  (linear_rope_rotate_half_qkv: two XLA kernels a layer fewer; not measured yet). The
+  (linear_rope_rotate_half_qkv; run 14: 1 row 5,017 -> 4,826 us, 32 rows 8,993 -> 8,768). The
   fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at
-  1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA.
+  1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA. XLA's products there
+  (`GPU_XLA_OPS`) return the activation dtype from the dot (layers.linear_in_dtype), so that
+  cuBLAS writes bf16 and no convert kernel follows (run 14, 4 x 512 prefill steps: Ouro-1.4B
+  44.8 -> 40.3 ms, Huginn-0125 397.6 -> 359.2 ms).
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """
@@ -46,6 +49,13 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
                       (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
 
 
+# XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in
+# the activation dtype (layers.linear_in_dtype: no fp32 GEMM output + convert kernel). Built
+# once: Ops must be equal across calls (a static jit argument) and partials compare by identity.
+GPU_XLA_OPS = Ops(**{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
+                     if name != "linear" else layers.linear_in_dtype for name in PRODUCTS})
+
+
 def matmul_ops(name: str) -> Ops:
     if name not in MATMULS:
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
@@ -62,7 +72,7 @@ def matmul_ops(name: str) -> Ops:
                    linear_silu_mul=streaming_linear_silu_mul,
                    linear_norm_add_norm=streaming_linear_norm_add_norm,
                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
-    return Ops(**{name: _where_measured(getattr(measured, name), getattr(XLA_OPS, name), weight_arg)
+    return Ops(**{name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 
 

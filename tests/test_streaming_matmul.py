@@ -215,6 +215,27 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
     assert jnp.array_equal(jax.jit(ops.norm_linear, static_argnums=2)(x, nw, 1e-6, w), unfused)
 
 
+def test_auto_ops_keep_xla_products_in_the_dtype_on_a_gpu(monkeypatch):
+    """Where 'auto' does not stream on a GPU, XLA's dot returns the activation dtype (no fp32
+    GEMM output + convert kernel): every product op, and the same numbers as layers' ops up to
+    the last bit of bf16 (the summation order is XLA's either way)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    ops = mo.matmul_ops("auto")
+    x, w, r = _inputs(200, 32, 16, BF16)  # 200 rows: above every streaming limit
+    nw = _norm_weight(32, BF16)
+    cases = {"linear": (x, w), "norm_linear": (x, nw, 1e-6, w),
+             "linear_silu_mul": (x, jnp.concatenate([w, w[:, ::-1]], axis=1)),
+             "linear_norm_add_norm": (x, w, r, _norm_weight(16, BF16), _norm_weight(16, BF16, seed=1), 1e-6)}
+    for name, args in cases.items():
+        statics = tuple(i for i, a in enumerate(args) if isinstance(a, float))
+        jaxpr = str(jax.make_jaxpr(getattr(ops, name), static_argnums=statics)(*args))
+        assert "preferred_element_type=bfloat16" in jaxpr and "pallas_call" not in jaxpr, name
+        got = jax.tree.leaves(jax.jit(getattr(ops, name), static_argnums=statics)(*args))
+        want = jax.tree.leaves(jax.jit(getattr(layers.XLA_OPS, name), static_argnums=statics)(*args))
+        for g, t in zip(got, want, strict=True):
+            assert jnp.allclose(g.astype(F32), t.astype(F32), rtol=2 ** -7, atol=1e-6), name
+
+
 def test_streaming_linear_dispatches_on_rows():
     """The drop-in linear: the kernel up to 128 rows, plain XLA above."""
     def has_kernel(m):
