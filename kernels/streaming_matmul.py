@@ -313,7 +313,10 @@ def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
     return y
 
 
-def _overrides(block_n, block_k, split_k, num_warps, num_stages) -> dict:
+def _overrides(block_n: int | None = None, block_k: int | None = None, split_k: int | None = None,
+               num_warps: int | None = None, num_stages: int | None = None) -> dict:
+    """The block-size keywords every entry point takes (`**blocks`): None keeps TUNED's (else
+    default_config's) value; a misspelt name is a TypeError at the call."""
     return dict(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
                 num_stages=num_stages)
 
@@ -324,16 +327,11 @@ def streaming_matmul(
     *,
     norm_weight=None,  # [K], x's dtype: multiply layers.rms_norm(x, norm_weight, norm_eps)
     norm_eps: float | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
 ):
     """x @ w with fp32 accumulation rounded once to x's dtype -> [M, N] (= layers.linear)."""
-    return _call(x, w, None, "none", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
+    return _call(x, w, None, "none", interpret, _overrides(**blocks), norm_weight, norm_eps)
 
 
 def streaming_matmul_add(
@@ -343,16 +341,11 @@ def streaming_matmul_add(
     *,
     norm_weight=None,  # [K]: the product takes layers.rms_norm(x, norm_weight, norm_eps)
     norm_eps: float | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
 ):
     """linear(x, w) + residual -> [M, N] (the product rounded before the add, as XLA does)."""
-    return _call(x, w, residual, "add", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
+    return _call(x, w, residual, "add", interpret, _overrides(**blocks), norm_weight, norm_eps)
 
 
 def streaming_matmul_silu_mul(
@@ -361,16 +354,11 @@ def streaming_matmul_silu_mul(
     *,
     norm_weight=None,  # [K]: the product takes layers.rms_norm(x, norm_weight, norm_eps)
     norm_eps: float | None = None,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
 ):
     """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F]."""
-    return _call(x, w_gate_up, None, "silu", interpret,
-                 _overrides(block_n, block_k, split_k, num_warps, num_stages), norm_weight, norm_eps)
+    return _call(x, w_gate_up, None, "silu", interpret, _overrides(**blocks), norm_weight, norm_eps)
 
 
 def streaming_matmul_norm_add_norm(
@@ -381,18 +369,13 @@ def streaming_matmul_norm_add_norm(
     next_norm_weight,  # [N]: the norm of the sum
     eps: float,
     *,
-    block_n: int | None = None,
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
 ):
     """layers.linear_norm_add_norm -> (h, rms_norm(h, next_norm_weight)), two [M, N]: the
     product's output (or, split along K, its fp32 partials) goes to kernels/rms_norm.py's
     `norm_add_norm`, which sums, normalizes, adds and normalizes again in one kernel."""
     from .rms_norm import norm_add_norm
 
-    product = _call(x, w, residual, "partials", interpret,
-                    _overrides(block_n, block_k, split_k, num_warps, num_stages))
+    product = _call(x, w, residual, "partials", interpret, _overrides(**blocks))
     return norm_add_norm(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)

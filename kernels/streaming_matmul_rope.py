@@ -167,7 +167,8 @@ def streaming_matmul_rope_qkv(
 ):
     """layers.linear_rope_rotate_half_qkv -> (q [M, Hq, D], k [M, Hkv, D], v [M, Hkv, D])."""
     m, k, d = check_matmul_rope_inputs(x, w_qkv, cos, sin, num_heads, num_kv_heads)
-    overrides = _overrides(block_n, block_k, split_k, num_warps, num_stages)
+    overrides = _overrides(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
+                           num_stages=num_stages)
     split = {"split_k": 1 if split_k is None else split_k}  # NOTE: 1 unless asked (docstring)
     cfg = pick_config(m, k, w_qkv.shape[1], x.dtype, **{**overrides, **split})
     _check_config(cfg, k)
