@@ -63,6 +63,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attn-write", default="kernel",
                         help="comma-separated experiments: kernel (the engine's: the Mosaic decode "
                              "kernel writes the step's K/V), xla (XLA scatters, then attention)")
+    parser.add_argument("--attn-stages", default="auto",
+                        help="comma-separated Mosaic decode attention slots in flight (auto: the default)")
     parser.add_argument("--attn-splits", default="auto",
                         help="comma-separated experiments: auto (the kernel's heuristic) or a fixed "
                              "number of context splits of the Mosaic decode attention")
@@ -79,6 +81,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-criterion", default="kl", help="Huginn exit criterion (adaptive)")
     parser.add_argument("--per-loop-rows", default="1,32",
                         help="rows for which the per-loop baseline is timed too (first context only)")
+    parser.add_argument("--sampled-case", action="store_true",
+                        help="also time the fused step with every row sampling (top-p 0.9)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--kv-gb", type=float, default=40.0, help="KV pool cap in GB")
@@ -145,6 +149,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
                     pointwise=args.current_pointwise,
                     streaming_extra=args.current_streaming_extra,
                     attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
+                    attn_stages=args.current_attn[2],
                     layout=args.layout, rows=rows,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -160,7 +165,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
             run = lambda steps=steps, outs=outs: [outs.append(runner.submit(b, k)) or  # noqa: E731
                                                   jax.block_until_ready(outs[-1]) for b, k in steps]
             record = _record(base, name, time_calls(run, args.iters), len(steps))
-            if name == "fused":  # back to back, as the engine's async scheduling submits
+            if name.startswith("fused"):  # back to back, as the engine's async scheduling submits
                 record["pipelined_us"] = _pipelined_seconds(runner, steps, args.iters) * 1e6
                 record["pipelined_roofline_pct"] = 100.0 * base["roofline_us"] / record["pipelined_us"]
             if args.trace and name == "fused":
@@ -177,8 +182,14 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
 
     from loopjax.exits import ExitSpec
     from loopjax.runner import fused, per_loop
+    from loopjax.sampling_params import SamplingParams
     batch = lambda rows, **kw: runner.make_batch(rows, decode=True, **kw)  # noqa: E731
-    cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), fused(loops, unroll=args.unroll))]}
+    fused_step = fused(loops, unroll=args.unroll)
+    cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), fused_step)]}
+    if args.sampled_case:  # the same executable with every row drawing (top-p), not greedy
+        drawing = [dataclasses.replace(r, params=SamplingParams(temperature=1.0, top_p=0.9, seed=i))
+                   for i, r in enumerate(row_inputs)]
+        cases["fused_top_p"] = [(batch(drawing, loop_begin=0, loop_end=loops), fused_step)]
     if args.exit_threshold is not None:  # the adaptive (skip) step: ends when every row exited
         spec = ExitSpec(args.exit_criterion, args.exit_threshold) if family == "huginn" else None
         rows = [dataclasses.replace(r, exit_skip=True, exit_threshold=args.exit_threshold,
@@ -231,15 +242,17 @@ def _streaming_experiments(spec: str) -> list[dict]:
 
 
 @contextlib.contextmanager
-def _attention_experiment(write: str, splits: str):
+def _attention_experiment(write: str, splits: str, stages: str):
     """An experiment of this benchmark only: 'xla' writes the step's K/V with XLA scatters
     before the attention kernel (the path before run 12); a number fixes the Mosaic decode
     kernel's context splits (capped by its blocks)."""
     from loopjax import attention_backend
     from loopjax.kernels import paged_attention_mgpu_config as mgpu
-    if write not in ("kernel", "xla") or not (splits == "auto" or splits.isdigit()):
-        raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r}")
-    saved = attention_backend.write_attention_fn, mgpu.mosaic_num_splits
+    if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in (splits, stages)):
+        raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r} / --attn-stages {stages!r}")
+    saved = attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages
+    if stages != "auto":
+        mgpu.default_num_stages = lambda slot_bytes: int(stages)
     if write == "xla":
         attention_backend.write_attention_fn = lambda attend, layout: None
     if splits != "auto":
@@ -247,7 +260,7 @@ def _attention_experiment(write: str, splits: str):
     try:
         yield
     finally:
-        attention_backend.write_attention_fn, mgpu.mosaic_num_splits = saved
+        attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages = saved
 
 
 @contextlib.contextmanager
@@ -270,6 +283,7 @@ def _print(records: list[dict]) -> None:
               + (f"+streaming {r['streaming_extra']} " if r["streaming_extra"] != "-" else "")
               + ("" if r["attn_write"] == "kernel" else "xla-write ")
               + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
+              + ("" if r["attn_stages"] == "auto" else f"stages {r['attn_stages']} ")
               + f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
@@ -295,14 +309,14 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    for extra, write, splits in itertools.product(
+                    for extra, write, splits, stages in itertools.product(
                             _streaming_experiments(args.streaming_rows), args.attn_write.split(","),
-                            args.attn_splits.split(",")):
+                            args.attn_splits.split(","), args.attn_stages.split(",")):
                         args.current_matmul, args.current_pointwise = matmul, pointwise
                         args.current_streaming_extra = ",".join(
                             f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
-                        args.current_attn = (write, splits)
-                        with _streaming_rows_added(extra), _attention_experiment(write, splits):
+                        args.current_attn = (write, splits, stages)
+                        with _streaming_rows_added(extra), _attention_experiment(write, splits, stages):
                             bench_model(model, args, backend, records)
         del model
         gc.collect()

@@ -44,6 +44,7 @@ import numpy as np
 from loopjax import layers
 from loopjax.config import preset
 
+from .matmul_sweep import add_totals, sweep_configs, wide_configs
 from .weight_copies import weight_copies_in_loops, weight_shapes
 
 try:
@@ -62,6 +63,9 @@ SHAPES = {  # name -> [(product, K, N)]
 }
 SMOKE_SHAPES = [("smoke.wqkv", 64, 64), ("smoke.w_gate_up", 96, 128)]  # NOTE: whole tiles for Mosaic GPU
 NORM_FED = (".wqkv", ".w_gate_up")  # products whose input is an RMSNorm's output
+# The kernel entry a product runs as in the decode step ('auto'), which --sweep times: the
+# SiLU*up epilogue, or split-K partials into the norm_add_norm kernel (Ouro's sandwich norms).
+IN_STEP = {"ouro.w_gate_up": "silu", "ouro.wo": "norm_add_norm", "ouro.w_down": "norm_add_norm"}
 NORM_EPS = 1e-6
 L2_BYTES = 50e6
 COPY_RATE_REF = 4.08e12  # B/s, docs h200.md; the run measures its own
@@ -160,11 +164,16 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
         except Exception as e:  # noqa: BLE001 - one failing case prints a row
             rows.append(dict(name=name, k=k, n=n, m=m, impl=impl, error=_short(e), cfg=cfg))
 
-    for cfg in configs or [sm.pick_config(m, k, n, dtype)]:
+    if configs:
+        kernel, ref_fn = _in_step(name, key, m, n, dtype)
+        t_xla, ref = time_products(ref_fn, xs, ws, rounds=rounds, calls=calls)
+        rows[0].update(us=t_xla * 1e6, pct=100 * moved / t_xla / copy_rate)
+        for cfg in configs:
+            timed("pallas", functools.partial(kernel, interpret=smoke, **cfg._asdict()), cfg, ref, t_xla)
+        return rows
+    for cfg in [sm.pick_config(m, k, n, dtype)]:
         fn = functools.partial(sm.streaming_matmul, interpret=smoke, **cfg._asdict())
         timed("pallas", fn, cfg, ref, t_xla)
-    if configs:
-        return rows
     plain = rows[1]  # NOTE: the Mosaic GPU variant and the fused norm use default tiles
     timed("mgpu", functools.partial(smg.streaming_matmul_mgpu, interpret=smoke),
           smg.mgpu_config(m, k, n), ref, t_xla)
@@ -175,6 +184,20 @@ def product_case(name, k, n, m, *, dtype, copy_rate, smoke, rounds, calls, confi
         timed("pallas+norm", fn, plain["cfg"], layers.norm_linear(xs[0], nw, NORM_EPS, ws[0]),
               plain["us"] * 1e-6)
     return rows
+
+
+def _in_step(name, key, m, n, dtype):
+    """(kernel(x, w, **blocks), its XLA twin(x, w)) of the product as the decode step runs it
+    (IN_STEP; the first output where the op has two)."""
+    variant = IN_STEP.get(name)
+    if variant == "silu":
+        return sm.streaming_matmul_silu_mul, sm.ref_streaming_matmul_silu_mul
+    if variant == "norm_add_norm":
+        res = _random(jax.random.fold_in(key, 1), (m, n), dtype)
+        nw1, nw2 = (_random(jax.random.fold_in(key, i), (n,), dtype, 0.1) + 1 for i in (2, 3))
+        return (lambda x, w, **kw: sm.streaming_matmul_norm_add_norm(x, w, res, nw1, nw2, NORM_EPS, **kw)[0],
+                lambda x, w: sm.ref_streaming_matmul_norm_add_norm(x, w, res, nw1, nw2, NORM_EPS)[0])
+    return sm.streaming_matmul, layers.linear
 
 
 def _short(e: Exception) -> str:
@@ -298,41 +321,6 @@ def decode_step_cases(cfg, num_loops, rows, *, dtype, copy_rate, smoke, rounds, 
             log(f"{variant:<12} {m:>4} {plain} | {fused}")
 
 
-# ------------------------------------------------------------------------------ sweep
-
-
-def sweep_configs(m, k, n, dtype):
-    """pick_config's choice, then other weight tiles (each with its default split) and
-    pipeline depths; valid and deduplicated."""
-    base = sm.pick_config(m, k, n, dtype)
-    cands = [base]
-    for bn, bk in ((64, 64), (128, 64), (64, 128), (128, 128), (256, 32)):
-        cands.append(base._replace(block_n=bn, block_k=bk,
-                                   split_k=sm.default_split(m, k, n, bn, bk)))
-    # NOTE: no split (so no XLA reduction kernel after it): the narrowest tile giving ~1
-    # column block per SM.
-    narrow = max(16, min(256, sm.next_pow2(max(1, n // sm.NUM_SMS)) // 2 or 16))
-    cands.append(base._replace(block_n=narrow, block_k=128, split_k=1))
-    cands += [base._replace(num_stages=st) for st in (3, 6)]
-    cands.append(base._replace(split_k=min(16, max(1, k // base.block_k), 2 * base.split_k)))
-    out = []
-    for c in cands:
-        if c not in out:
-            out.append(c)
-    return out
-
-
-def _add_totals(totals: dict, key, case) -> None:
-    """Sum each config's time over the row counts of one block_m bucket; a config that
-    fails or mismatches for any of them drops out."""
-    good = {r["cfg"]: r["us"] for r in case
-            if r["impl"] == "pallas" and "error" not in r and r["err"] <= 2e-2}
-    if key not in totals:
-        totals[key] = good
-    else:
-        totals[key] = {c: t + good[c] for c, t in totals[key].items() if c in good}
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,8,32,128", help="comma-separated row counts M")
@@ -340,6 +328,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-step", action="store_true", help="skip the decode step")
     p.add_argument("--step-only", action="store_true", help="only the decode step")
     p.add_argument("--sweep", action="store_true", help="try several block sizes per case")
+    p.add_argument("--wide", action="store_true", help="--sweep over wide_configs (~30 per case)")
+    p.add_argument("--products", default="", help="comma-separated product names (default: all)")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, interpret mode")
     p.add_argument("--no-norm", action="store_true",
                    help="products without the fused-norm rows (they lose; run 10 measured them)")
@@ -355,7 +345,8 @@ def main(argv=None) -> int:
         copy_rate = measure_copy_rate(1 << 20, rounds)
     else:
         rounds, calls = 10, 5
-        shapes = [s for fam in args.shapes.split(",") for s in SHAPES[fam]]
+        shapes = [s for fam in args.shapes.split(",") for s in SHAPES[fam]
+                  if not args.products or s[0] in args.products.split(",")]
         copy_rate = measure_copy_rate(1 << 30, rounds)
     log(f"# {jax.devices()[0].device_kind}, jax {jax.__version__}, bf16; copy rate "
         f"{copy_rate / 1e12:.3f} TB/s (ref {COPY_RATE_REF / 1e12:.2f}); % below = of that rate")
@@ -370,7 +361,8 @@ def main(argv=None) -> int:
                 log(f"{name:<18} {k:>6}->{n:<6} {m:>4} skipped (time budget)")
                 skipped += 1
                 continue
-            configs = sweep_configs(m, k, n, dtype) if args.sweep else None
+            configs = ((wide_configs if args.wide else sweep_configs)(m, k, n, dtype)
+                       if args.sweep else None)
             try:
                 case = product_case(name, k, n, m, dtype=dtype, copy_rate=copy_rate,
                                     smoke=args.smoke, rounds=rounds, calls=calls, configs=configs,
@@ -379,7 +371,7 @@ def main(argv=None) -> int:
                 case = [dict(name=name, k=k, n=n, m=m, impl="xla", error=_short(e), cfg=None)]
             for r in case:
                 print_row(r)
-            _add_totals(totals, (k, n, sm.block_rows(m)), case)
+            add_totals(totals, (k, n, sm.block_rows(m)), case)
     if args.sweep:
         log("\n# fastest config per (K, N, block_m): paste into kernels/streaming_matmul.py TUNED")
         for key, by_cfg in sorted(totals.items()):

@@ -36,6 +36,11 @@ def default_pages_per_block(page_size: int) -> int:
     return ROWS // math.gcd(page_size, ROWS)
 
 
+def default_num_stages(slot_bytes: int) -> int:
+    """Slots in flight by default: up to 3 in half the shared memory (two programs per SM)."""
+    return max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
+
+
 ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
 FEW_PROGRAMS_TARGET = 64  # below that: split the context until about this many programs run
 
@@ -71,8 +76,8 @@ def settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, position
         raise ValueError(f"pages_per_block x page_size must be a multiple of {ROWS}, got "
                          f"{pages_per_block} x {s}")
     slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
-    if num_stages is None:  # NOTE: up to 3 slots in half the smem: two programs per SM
-        num_stages = max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
+    if num_stages is None:
+        num_stages = default_num_stages(slot_bytes)
     if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
                          f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")

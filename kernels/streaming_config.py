@@ -28,27 +28,29 @@ class Config(NamedTuple):
 
 # Tuned for bf16 on the H200: (K, N, block_m) -> Config(block_n, block_k, split_k, num_warps,
 # num_stages), the fastest of `python -m loopjax.bench.matmul --sweep --rows 8,32,1` summed over
-# the bucket's rows (bench/RESULTS.md run 11, jax 0.11.2). Shapes of the product as the kernel
-# sees them (for the SiLU epilogues N = 2F).
+# the bucket's rows (bench/RESULTS.md run 11, jax 0.11.2); (2048, 2048), (5632, 2048) and
+# (5280, 5280) from run 15's `--sweep --wide`, which times each product as the step runs it
+# (Ouro's wo and w_down with their partials into norm_add_norm). Shapes of the product as the
+# kernel sees them (for the SiLU epilogues N = 2F).
 TUNED: dict[tuple[int, int, int], Config] = {
-    (2048, 2048, 16): Config(64, 64, 8, 4, 6),
-    (2048, 2048, 32): Config(64, 64, 8, 4, 6),
+    (2048, 2048, 16): Config(64, 128, 4, 4, 4),
+    (2048, 2048, 32): Config(64, 64, 8, 4, 3),
     (2048, 6144, 16): Config(32, 128, 1, 4, 4),
     (2048, 6144, 32): Config(32, 128, 1, 4, 4),
     (2048, 11264, 16): Config(64, 128, 1, 4, 4),
     (2048, 11264, 32): Config(64, 128, 1, 4, 4),
     (2048, 49152, 16): Config(128, 64, 1, 4, 4),
     (2048, 49152, 32): Config(128, 64, 1, 4, 3),
-    (5280, 5280, 16): Config(64, 64, 3, 4, 6),
-    (5280, 5280, 32): Config(64, 64, 3, 4, 4),
+    (5280, 5280, 16): Config(128, 64, 6, 4, 4),
+    (5280, 5280, 32): Config(128, 64, 3, 4, 4),
     (5280, 15840, 16): Config(64, 64, 1, 4, 4),
     (5280, 15840, 32): Config(64, 64, 1, 4, 4),
     (5280, 35840, 16): Config(128, 64, 1, 4, 3),
     (5280, 35840, 32): Config(128, 64, 1, 4, 3),
     (5280, 65536, 16): Config(128, 64, 1, 4, 3),
     (5280, 65536, 32): Config(128, 64, 1, 4, 3),
-    (5632, 2048, 16): Config(64, 64, 8, 4, 4),
-    (5632, 2048, 32): Config(64, 64, 8, 4, 4),
+    (5632, 2048, 16): Config(64, 128, 8, 4, 4),
+    (5632, 2048, 32): Config(64, 128, 4, 4, 4),
     (17920, 5280, 16): Config(64, 64, 3, 4, 4),
     (17920, 5280, 32): Config(64, 64, 3, 4, 4),
 }

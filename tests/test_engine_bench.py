@@ -58,3 +58,22 @@ def test_decode_step_streaming_experiments(tmp_path):
     assert [(r["streaming_extra"], r["attn_write"]) for r in records] == [
         ("-", "kernel"), ("-", "xla"), ("64x192:8,96x64:32", "kernel"), ("64x192:8,96x64:32", "xla")]
     assert decode_step._streaming_experiments("base;1x2:3") == [{}, {(1, 2): 3}]
+
+
+def test_decode_step_sampled_case_and_attention_stages(tmp_path):
+    """--sampled-case times the same executable with every row drawing (top-p); --attn-stages
+    fixes the Mosaic attention's slots for its run only (the default is restored)."""
+    from loopjax.kernels import paged_attention_mgpu_config as mgpu
+    default = mgpu.default_num_stages
+    out = tmp_path / "decode.json"
+    rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
+                           "--per-loop-rows", "", "--sampled-case", "--attn-stages", "auto,2",
+                           "--out", str(out)])
+    assert rc == 0 and mgpu.default_num_stages is default
+    records = json.loads(out.read_text())["records"]
+    assert [(r["attn_stages"], r["variant"]) for r in records] == [
+        ("auto", "fused"), ("auto", "fused_top_p"), ("2", "fused"), ("2", "fused_top_p")]
+    assert all(r["pipelined_us"] > 0 for r in records)
+    with decode_step._attention_experiment("kernel", "auto", "2"):
+        assert mgpu.default_num_stages(4096) == 2
+    assert mgpu.default_num_stages(32768) == 3 and mgpu.default_num_stages is default

@@ -291,14 +291,16 @@ def test_bad_inputs_raise():
 
 
 def test_configs_fill_the_gpu():
-    """Every real shape, every row bucket: a valid config, >= 1 program per SM up to 32 rows
-    (at 128 rows the split is capped by its fp32 partials: <= half the weight's bytes)."""
+    """Every real shape, every row bucket: a valid config, about 1 program per SM or more up
+    to 32 rows (>= 90% of the SMs: Ouro-1.4B's wo at 1-16 rows measured fastest with 32 column
+    blocks x 4 splits = 128, run 15), half that at 128 rows, where the split is capped by its
+    fp32 partials (<= half the weight's bytes)."""
     for k, n in REAL_SHAPES:
         for m in (1, 8, 32, 128):
             cfg = sm.pick_config(m, k, n, BF16)
             sm._check_config(cfg, k)
             programs = -(-n // cfg.block_n) * cfg.split_k
-            assert programs >= (sm.NUM_SMS if m <= 32 else sm.NUM_SMS // 2), (k, n, m, cfg)
+            assert programs >= (0.9 * sm.NUM_SMS if m <= 32 else sm.NUM_SMS // 2), (k, n, m, cfg)
             if cfg.split_k > 1:
                 assert cfg.split_k * m * n * 4 <= k * n * 2 / 2, (k, n, m, cfg)
             assert sm._fit_stages(cfg, sm.block_rows(m), 2, 2).num_stages >= 2
@@ -443,3 +445,20 @@ def test_bench_smoke(capsys):
 def test_mgpu_lowers_for_cuda(m, k, n):
     text = _lower_cuda(smg.streaming_matmul_mgpu, (m, k), (k, n))
     assert text.count("mosaic_gpu") >= 1
+
+
+def test_bench_sweep_times_the_products_as_the_step_runs_them():
+    """bench/matmul.py --sweep: Ouro's w_gate_up runs with its SiLU*up epilogue, wo and w_down
+    with their partials into norm_add_norm, each against its XLA twin; --wide adds tiles."""
+    from loopjax.bench import matmul, matmul_sweep
+
+    key, x = jax.random.PRNGKey(0), jax.random.normal(jax.random.PRNGKey(1), (3, 64))
+    w = jax.random.normal(jax.random.PRNGKey(2), (64, 128))
+    for name, width in (("ouro.wo", 128), ("ouro.w_gate_up", 64), ("huginn.wo", 128)):
+        kernel, twin = matmul._in_step(name, key, 3, 128, jnp.float32)
+        got, want = kernel(x, w, interpret=True, split_k=2, block_k=32), twin(x, w)
+        assert got.shape == want.shape == (3, width)
+        np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
+    base = matmul_sweep.sweep_configs(32, 2048, 2048, jnp.bfloat16)
+    wide = matmul_sweep.wide_configs(32, 2048, 2048, jnp.bfloat16)
+    assert wide[:len(base)] == base and len(wide) > len(base) and len(set(wide)) == len(wide)
