@@ -130,7 +130,8 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
                  setup_start: float | None = None) -> dict:
     """Every case of one preset; `save()` after each record; the set-up time (from
     `setup_start`: load + pool + compiles) feeds the budget's estimate for the next preset."""
-    from loopjax.runner import Runner, fused
+    from loopjax.runner import Runner
+    from loopjax.steps import fused
 
     cfg, context = model.cfg, args.context
     depth = cfg.default_loops

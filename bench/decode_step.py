@@ -181,8 +181,8 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
     import dataclasses
 
     from loopjax.exits import ExitSpec
-    from loopjax.runner import fused, per_loop
     from loopjax.sampling_params import SamplingParams
+    from loopjax.steps import fused, per_loop
     batch = lambda rows, **kw: runner.make_batch(rows, decode=True, **kw)  # noqa: E731
     fused_step = fused(loops, unroll=args.unroll)
     cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), fused_step)]}

@@ -88,7 +88,7 @@ def _canned_outputs(batch, kind):
     """Runner.submit without a device: token 0 and every loop for each row (--no-device)."""
     import numpy as np
 
-    from loopjax.runner import StepOut
+    from loopjax.steps import StepOut
     rows = batch.page_table.shape[0]
     return StepOut(np.zeros(rows, np.int32), np.full(rows, kind.num_loops, np.int32),
                    np.zeros(rows, np.float32), np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32))

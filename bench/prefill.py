@@ -28,7 +28,7 @@ FLOPs of a step (dense products + causal attention, nothing counted twice; P = w
 the 2-D matrices of a part, L = loops, Hq x D = query heads x head dim):
   Ouro:   2·P_layers·L per token + 2·H·V per row (lm_head of the row's last token only)
   Huginn: 2·(P_prelude + P_coda + (P_core + P_adapter)·L) + 2·H·V per token (the coda and
-          its tied lm_head run over every token: runner.huginn_step)
+          its tied lm_head run over every token: steps.huginn_step)
   attention, per row of T tokens from position 0: 4·Hq·D·T(T+1)/2 per attention pass,
           passes = layers·L (Ouro) or prelude + coda + core·L (Huginn)
 `pct_peak` = FLOPs / step time / --peak-tflops (790 TFLOP/s, the H200's dense bf16 the lead
@@ -176,7 +176,7 @@ def precompile(cases: list[ShapeCase], loops: int) -> None:
     then XLA compiles). A case that fails here compiles on its first run instead."""
     import dataclasses as dc
 
-    from loopjax.runner import fused
+    from loopjax.steps import fused
 
     def one(case: ShapeCase) -> None:
         runner = case.runner

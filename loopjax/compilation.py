@@ -30,7 +30,7 @@ class CompileTime:
     tokens: int          # N (N = R for a decode)
     page_width: int      # M, pages per row in the page table
     decode: bool         # a decode step (StepBatch.decode), else a prefill
-    kind: object         # runner.StepKind of the executable
+    kind: object         # steps.StepKind of the executable
     lower_s: float       # trace + lowering to StableHLO, in the calling thread (one at a time)
     compile_s: float = 0.0   # XLA compile in its worker thread (wall seconds: parallel compiles
     #                          share the CPUs), or the load from the persistent cache

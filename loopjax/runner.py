@@ -1,24 +1,12 @@
-"""Jitted device steps: pure `(params, state, batch) -> (state, out)`, the state donated.
-
-One step function per family serves prefill (N packed prompt tokens over R rows) and decode
-(N = R): it runs loops loop_begin .. loop_begin + num_loops - 1 inside ONE `lax.fori_loop`
-(Ouro: every layer per loop plus the exit-gate carry, lm_head once on the selected state;
-Huginn: prelude, the recurrent loops, coda), then samples on device. The loop count is a
-static trip count (`StepKind.num_loops`): a traced bound would make XLA read the loop
-predicate back to the host every loop. `per_loop` kinds cut a decode into one-loop
-submissions (a per-loop series): the loop state between submissions stays on device in
-`DeviceState.carry` (indexed by each request's carry slot), never on the host.
+"""The host side of the device steps (loopjax/steps.py): `Runner` owns the device state (KV
+pool + carry), jits the family's step with the state donated, and builds, compiles and
+submits its executables.
 
 The host reads a step back with `read(dispatch(...))`; between the two it may plan and
-dispatch the next step: a token the host has not read yet reaches the next step through
-`DeviceState.last_tokens` (each emitting row writes its slot, `StepBatch.token_from_device`
-tokens read it), and the device runs the submissions in dispatch order.
-
-Rows past their own loop count (`row_loops`) freeze their state and write no KV (fixed-depth
-requests never read those planes; `kv_cache.fill_last_exited` is for adaptive exits).
-Padding rows write only to the drop slot. Compilation is bounded: `warmup()` compiles every
-bucket ahead of time; each trace bumps `compilations`; with `strict=True` a later one raises.
-Every executable built is timed in `compile_times` (loopjax.compilation.CompileTime).
+dispatch the next step (the device runs the submissions in dispatch order; a token not read
+yet reaches the next step on device, steps.py). Compilation is bounded: `warmup()` compiles
+every bucket ahead of time; each trace bumps `compilations`; with `strict=True` a later one
+raises. Every executable built is timed in `compile_times` (loopjax.compilation.CompileTime).
 """
 
 from __future__ import annotations
@@ -29,50 +17,16 @@ import time
 from dataclasses import dataclass
 
 import jax
-import jax.numpy as jnp
 
 from loopjax import kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, Buckets, RowInput, StepResult
+from loopjax.batch import Buckets, RowInput, StepResult
 from loopjax.compilation import CompileTime, compile_lowered, use_compilation_cache
-from loopjax.kv_cache import DeviceState
-from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, Ops, rms_norm, rope_angles
-from loopjax.sampling import sample
+from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, Ops
+from loopjax.steps import StepKind, StepOut, fused, huginn_step, ouro_step, per_loop
 
 
 class CompileAfterWarmup(RuntimeError):  # a step compiled after warm-up (strict runners)
     pass
-
-
-@dataclass(frozen=True)
-class StepKind:
-    """Static part of a step (hashable: part of the jit cache key)."""
-    num_loops: int            # loops run: a static trip count, so no host sync per loop
-    first: bool = True        # the submission starts at loop 0 (embed / prelude)
-    final: bool = True        # some row ends its token here: run the tail (lm_head / coda) and sample
-    save_carry: bool = False  # store the loop state of every row (per-loop decode series)
-    adaptive: bool = False    # while_loop that ends when every real row exited (skip rows stop)
-    unroll: int = 1           # fixed-depth loops unrolled per fori_loop iteration (True: all)
-    weighted: bool = False    # Ouro: also accumulate sum_i p_i * lm_head(h_i) (weighted-exit rows)
-
-
-def fused(num_loops: int, adaptive: bool = False, unroll: int = 1,
-          weighted: bool = False) -> StepKind:  # one submission
-    return StepKind(num_loops, adaptive=adaptive, unroll=unroll, weighted=weighted)
-
-
-def per_loop(first: bool, final: bool) -> StepKind:
-    """One loop of a per-loop decode series; the loop state stays on device between them."""
-    return StepKind(1, first, final, save_carry=True)
-
-
-@jax.tree_util.register_dataclass
-@dataclass
-class StepOut:  # device outputs of a step
-    tokens: jax.Array       # [R] i32 sampled token per row (garbage for non-emitting rows)
-    exit_loops: jax.Array   # [R] i32 loops of the selected state (1-based)
-    logprobs: jax.Array     # [R] f32 log-prob of the sampled token
-    top_ids: jax.Array      # [R, k] i32
-    top_logprobs: jax.Array  # [R, k] f32
 
 
 @dataclass
@@ -82,155 +36,6 @@ class PendingStep:
     out: StepOut | None
     num_rows: int
     logprobs: bool = True
-
-
-def _put(buffer, slots, values):  # buffer[slots] = values (padding rows: the spare last slot)
-    return buffer.at[slots].set(values)
-
-
-def _input_ids(state: DeviceState, batch):
-    """[N] the step's token ids: a token sampled by a step still in flight comes from its row's
-    last-token slot (the host has not read it), the others from the batch."""
-    from_slot = state.last_tokens[batch.token_slot[batch.row_of_token]]
-    return jnp.where(batch.token_from_device, from_slot, batch.token_ids)
-
-
-def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit_loops):
-    """Sample; each emitting row's token also goes to its last-token slot (others: the spare)."""
-    tokens, logprobs, top_ids, top_lp = sample(logits.astype(jnp.float32), batch.sampling,
-                                               num_top_logprobs=num_top_logprobs)
-    spare = state.last_tokens.shape[0] - 1
-    last_tokens = _put(state.last_tokens, jnp.where(batch.row_is_real, batch.token_slot, spare), tokens)
-    return DeviceState(kv, carry, last_tokens), StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
-
-
-def _depth_loop(kind: StepKind, batch, body, carry, done):
-    """Loops loop_begin.. of `body(depth, carry)`: a static trip count, or (adaptive) a
-    while_loop that also ends once every real row is `done(carry)` [R] or past its own loop
-    count (an exit trace or a smaller fixed depth: such rows are frozen, so stopping early
-    changes nothing but the work)."""
-    if not kind.adaptive:
-        return jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), carry,
-                                 unroll=kind.unroll)
-
-    def go(c):
-        finished = done(c[1]) | (batch.loop_begin + c[0] >= batch.row_loops) | ~batch.row_is_real
-        return (c[0] < kind.num_loops) & ~jnp.all(finished)
-    return jax.lax.while_loop(go, lambda c: (c[0] + 1, body(batch.loop_begin + c[0], c[1])),
-                              (jnp.int32(0), carry))[1]
-
-
-def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
-              num_top_logprobs: int, ops):
-    from loopjax.models import ouro
-    r = batch.page_table.shape[0]
-    attn = kv_cache.PagedAttention(layout, batch, backend)
-    cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_theta)
-    if kind.first:
-        x = ouro.embed(params, _input_ids(state, batch))
-        ex = ouro.exit_init(r, cfg.hidden_size, cfg.total_ut_steps, x.dtype)
-    else:
-        x = state.carry["x"][batch.carry_slot]  # decode: N = R, token n is row n
-        ex = jax.tree.map(lambda a: a[batch.carry_slot], state.carry["exit"])
-    stopped = lambda ex: ex.exited & batch.exit_skip  # noqa: E731  (skip rows stop at the exit)
-    # A fixed exit loop k (exit_step) selects loop k as if it were the row's last loop.
-    select_loops = jnp.where(batch.exit_step >= 0, jnp.minimum(batch.exit_step + 1, batch.row_loops),
-                             batch.row_loops)
-    # Weighted kinds: Σ_i p_i·lm_head(h_i) of the rows' last tokens, in the model dtype and in
-    # loop order exactly as ouro.weighted_logits (rows run every loop; others ignore it).
-    acc = jnp.zeros((r, cfg.vocab_size), x.dtype) if kind.weighted else None
-
-    def body(depth, carry):
-        x, kv, ex, acc = carry
-        row_live = (depth < batch.row_loops) & ~stopped(ex)
-        live = row_live[batch.row_of_token]
-        h, kv = ouro.loop(params, cfg, x, cos, sin, attn.with_write_mask(live), kv, depth, ops)
-        x = jnp.where(live[:, None], h, x)
-        last = x[batch.last_token_index]
-        gate = ouro.gate_logits(params, last)
-        if kind.weighted:
-            p, _ = ouro._exit_mass(ouro._sigmoid(gate), ex.remaining, depth == batch.row_loops - 1)
-            logits = ops.linear(last, params["lm_head"])
-            term = logits * p.astype(logits.dtype)[:, None]
-            acc = jnp.where(row_live[:, None], jnp.where(depth == 0, term, acc + term), acc)
-        new = ouro.exit_update(ex, gate, last, depth, select_loops, batch.exit_threshold)
-        return x, kv, jax.tree.map(lambda a, b: jnp.where(row_live.reshape(-1, *[1] * (a.ndim - 1)),
-                                                          a, b), new, ex), acc
-
-    x, kv, ex, acc = _depth_loop(kind, batch, body, (x, state.kv, ex, acc), lambda c: stopped(c[2]))
-    carry = state.carry
-    if kind.save_carry:
-        carry = {"x": _put(carry["x"], batch.carry_slot, x),
-                 "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
-    if not kind.final:
-        return DeviceState(kv, carry, state.last_tokens), None
-    if kind.adaptive:
-        kv = kv_cache.fill_rows(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
-    logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
-    if kind.weighted:
-        logits = jnp.where(batch.exit_weighted[:, None], acc, logits)
-    return _finish(state, kv, carry, logits, batch, num_top_logprobs, ex.exit_loop + 1)
-
-
-def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: StepKind,
-                num_top_logprobs: int, ops):
-    from loopjax import exits
-    from loopjax.models import huginn
-    attn = kv_cache.PagedAttention(layout, batch, backend)
-    cos, sin = rope_angles(batch.positions, cfg.head_dim, cfg.rope_base)
-    dtype, last = params["embed"].dtype, batch.last_token_index
-    if kind.first:
-        e, kv = huginn.prelude(params, cfg, huginn.embed(params, cfg, _input_ids(state, batch)), cos,
-                               sin, attn, state.kv, ops)
-        seeded = huginn.initial_state(cfg, batch.init_seed, batch.positions, dtype)
-        s = jnp.where((batch.init_mode == INIT_EXPLICIT)[:, None], batch.init_state.astype(dtype),
-                      jnp.where((batch.init_mode == INIT_SEEDED)[:, None], seeded, 0).astype(dtype))
-        warm = state.carry["warm"][batch.carry_slot[batch.row_of_token]]
-        s = jnp.where((batch.init_mode == INIT_WARM)[:, None], warm, s)
-    else:
-        e, s, kv = state.carry["e"][batch.carry_slot], state.carry["s"][batch.carry_slot], state.kv
-    # Adaptive: criteria state; `sel` the selected (exit loop's) state; `ran` its loop count.
-    xs = exits.init(batch.exit, s, cfg.vocab_size) if kind.adaptive else None
-    ran = jnp.zeros(batch.row_loops.shape, jnp.int32)
-
-    def body(depth, carry):
-        s, kv, xs, sel, ran = carry
-        exited = xs.exited if kind.adaptive else jnp.zeros_like(batch.exit_skip)
-        row_live = (depth < batch.row_loops) & ~(exited & batch.exit_skip)
-        live = row_live[batch.row_of_token]
-        s_new, kv = huginn.core_loop(params, cfg, s, e, cos, sin, attn.with_write_mask(live), kv,
-                                     depth, ops)
-        s = jnp.where(live[:, None], s_new, s)
-        if kind.adaptive:  # the logit criteria need the coda (with its KV writes) on checked loops
-            logits, kv = jax.lax.cond(
-                exits.needs_logits(batch.exit, xs, depth, active=row_live),
-                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv, ops),
-                lambda kv: (jnp.zeros((s.shape[0], cfg.vocab_size), dtype), kv), kv)
-            xs, _ = exits.update(xs, batch.exit, logits[last], s, depth,
-                                 row_of_token=batch.row_of_token, active=row_live)
-        selecting = row_live & ~exited  # rows follow s up to their exit loop, then keep it
-        sel = jnp.where(selecting[batch.row_of_token][:, None], s, sel)
-        return s, kv, xs, sel, jnp.where(selecting, depth + 1, ran)
-
-    s, kv, xs, sel, ran = _depth_loop(kind, batch, body, (s, kv, xs, s, ran),
-                                      lambda c: c[2].exited & batch.exit_skip)
-    carry = state.carry
-    if kind.save_carry:
-        carry = {**carry, "e": _put(carry["e"], batch.carry_slot, e),
-                 "s": _put(carry["s"], batch.carry_slot, s)}
-    if not kind.final:
-        return DeviceState(kv, carry, state.last_tokens), None
-    if kind.adaptive:
-        core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
-        kv = kv_cache.fill_rows(kv, layout, core, batch, ran - 1)
-    # NOTE: the coda of the selected state runs over every token (its KV is the one later
-    # tokens read), lm_head included; only the rows' last tokens are sampled.
-    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv, ops)
-    # Warm start: the next token of a row starts from ln_f of this token's selected state.
-    warm = rms_norm(sel[last], params["ln_f"], cfg.norm_eps)
-    carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
-    loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
-    return _finish(state, kv, carry, logits[last], batch, num_top_logprobs, loops)
 
 
 class Runner:

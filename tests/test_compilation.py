@@ -15,8 +15,8 @@ import pytest
 import loopjax
 from loopjax.compilation import compile_lowered
 from loopjax.engine import Engine, EngineConfig
-from loopjax.runner import fused
 from loopjax.sampling_params import SamplingParams
+from loopjax.steps import fused
 
 # Two decode row buckets and one prefill bucket: a few small executables.
 SMALL = dict(page_size=8, max_num_rows=2, decode_row_buckets=(1, 2), max_prefill_tokens=16,

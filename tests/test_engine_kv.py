@@ -218,7 +218,8 @@ def test_the_step_kind_reaches_the_attention(monkeypatch):
     import loopjax
     from loopjax.batch import greedy_row
     from loopjax.compilation import CompileTime
-    from loopjax.runner import Runner, fused
+    from loopjax.runner import Runner
+    from loopjax.steps import fused
     model = loopjax.load("ouro-tiny", dtype="float32")
     layout = kv_cache.make_layout(model.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8)
     runner = Runner(model, layout, decode_rows=(2,), prefill_buckets=((2, 2),), max_pages=2,

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import pytest
 
 import loopjax
-from loopjax import kv_cache, runner
+from loopjax import kv_cache, runner, steps
 from loopjax.bench.weight_copies import weight_copies_in_loops, weight_shapes
 from loopjax.layers import rope_angles
 from loopjax.models import ouro
@@ -59,7 +59,7 @@ def test_engine_decode_step_copies_no_weight(name):
     r = runner.Runner(m, layout, decode_rows=(3,), prefill_buckets=((1, 8),), max_pages=4,
                       max_loops=loops)
     batch = r.make_batch([], decode=True, loop_begin=0, loop_end=loops, num_rows=3)
-    hlo = _compiled(r._step, r.params, r.state, batch, runner.fused(loops))
+    hlo = _compiled(r._step, r.params, r.state, batch, steps.fused(loops))
     assert weight_copies_in_loops(hlo, weight_shapes(m.params)) == []
 
 
