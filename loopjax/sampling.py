@@ -93,7 +93,9 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int):
         greedy_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         # NOTE: branch-free: the draw (noise for R x V and the filters) runs even when every
         # row is greedy. A lax.cond / lax.switch on a device value makes XLA:GPU read it back
-        # to the host in the middle of the step (a sync the engine avoids).
+        # to the host in the middle of the step (a sync the engine avoids): measured in run 15,
+        # a cond skipping the draw on all-greedy batches made the 32-row Ouro-1.4B step 2.6%
+        # faster back to back, the 1-row step 28% slower, and burst-32 no faster.
         tokens = jnp.where(greedy, greedy_tokens, _draw(logits, batch, greedy))
         lse = jax.nn.logsumexp(logits, axis=-1)
         chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
