@@ -137,8 +137,6 @@ def format_device_summary(s: dict, kinds: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-
-
 def trace_runs(run, trace_dir: str, num_runs: int) -> dict:
     """Calls run() num_runs times under jax.profiler and prints the kernels per run: where
     one run's (one step's) time goes. Returns the summary with per-run counts and times

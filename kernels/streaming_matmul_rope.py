@@ -158,18 +158,14 @@ def streaming_matmul_rope_qkv(
     *,
     num_heads: int,
     num_kv_heads: int,
-    block_n: int | None = None,  # divides D/2
-    block_k: int | None = None,
-    split_k: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
     interpret: bool | None = None,
+    **blocks,  # streaming_matmul's block-size keywords (block_n divides D/2; split_k 1 unless given)
 ):
     """layers.linear_rope_rotate_half_qkv -> (q [M, Hq, D], k [M, Hkv, D], v [M, Hkv, D])."""
     m, k, d = check_matmul_rope_inputs(x, w_qkv, cos, sin, num_heads, num_kv_heads)
-    overrides = _overrides(block_n=block_n, block_k=block_k, split_k=split_k, num_warps=num_warps,
-                           num_stages=num_stages)
-    split = {"split_k": 1 if split_k is None else split_k}  # NOTE: 1 unless asked (docstring)
+    overrides = _overrides(**blocks)
+    block_n = overrides["block_n"]
+    split = {"split_k": 1 if overrides["split_k"] is None else overrides["split_k"]}  # NOTE: 1 unless asked
     cfg = pick_config(m, k, w_qkv.shape[1], x.dtype, **{**overrides, **split})
     _check_config(cfg, k)
     if block_n is not None and (d // 2) % block_n:

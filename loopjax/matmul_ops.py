@@ -24,6 +24,7 @@ module-level function or a cached `_where_measured` wrapper.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -61,17 +62,16 @@ def matmul_ops(name: str) -> Ops:
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
     if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
         return XLA_OPS
+    streaming = Ops(linear=streaming_linear, norm_linear=streaming_norm_linear,
+                    norm_linear_silu_mul=streaming_norm_linear_silu_mul,
+                    linear_silu_mul=streaming_linear_silu_mul,
+                    linear_norm_add_norm=streaming_linear_norm_add_norm,
+                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     if name == "streaming":
-        return Ops(linear=streaming_linear, norm_linear=streaming_norm_linear,
-                   norm_linear_silu_mul=streaming_norm_linear_silu_mul,
-                   linear_silu_mul=streaming_linear_silu_mul,
-                   linear_norm_add_norm=streaming_linear_norm_add_norm,
-                   linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
-    measured = Ops(linear=streaming_linear, norm_linear=_norm_then_streaming,
-                   norm_linear_silu_mul=_norm_then_streaming_silu_mul,
-                   linear_silu_mul=streaming_linear_silu_mul,
-                   linear_norm_add_norm=streaming_linear_norm_add_norm,
-                   linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
+        return streaming
+    # 'auto': the norm stays in XLA before a streamed product (the fused prologue loses)
+    measured = dataclasses.replace(streaming, norm_linear=_norm_then_streaming,
+                                   norm_linear_silu_mul=_norm_then_streaming_silu_mul)
     return Ops(**{name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 

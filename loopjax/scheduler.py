@@ -270,7 +270,7 @@ class Scheduler:
         bucket = cfg.row_bucket(len(rows))
         return StepPlan(
             step_id=self.num_steps, kind=StepKind.DECODE, requests=tuple(rows),
-            token_ranges=tuple((n - 1, n) for n in [r.num_planned_tokens for r in rows]),
+            token_ranges=tuple((r.num_planned_tokens - 1, r.num_planned_tokens) for r in rows),
             emits=emits, row_loops=row_loops, loop_begin=loop_begin, num_loops=num_loops,
             num_real_rows=len(rows), row_bucket=bucket, num_real_tokens=len(rows),
             token_bucket=bucket, preempted=tuple(preempted),
