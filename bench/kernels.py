@@ -23,6 +23,7 @@ import argparse
 import datetime
 import functools
 import importlib
+import itertools
 import json
 import subprocess
 import time
@@ -279,12 +280,12 @@ def bench_pointwise(b: Bench, models, token_counts, dtype, interpret, seeds=1):
                 kern = functools.partial(getattr(K, fn_name), eps=1e-6, interpret=interpret)
                 ref = functools.partial(getattr(K, "ref_" + fn_name), eps=1e-6)
                 _pair(b, f"{fn_name} {model} N={n}", kern, ref, arg_sets(*names), len(names) * norm_bytes)
-            for y in ("x", "partials"):  # the product's output, or its split-K partials
-                kern = functools.partial(K.norm_add_norm, eps=1e-6, interpret=interpret)
-                ref = functools.partial(K.ref_norm_add_norm, eps=1e-6)
+            # the product's output or its split-K partials, Ouro's order and Huginn's
+            for y, order in itertools.product(("x", "partials"), ("norm_add_norm", "add_norm_norm")):
+                kern = functools.partial(getattr(K, order), eps=1e-6, interpret=interpret)
+                ref = functools.partial(getattr(K, "ref_" + order), eps=1e-6)
                 nbytes = (4 if y == "x" else 3) * norm_bytes + (8 * n * h * 4 if y == "partials" else 0)
-                _pair(b, f"norm_add_norm({y}) {model} N={n}", kern, ref,
-                      arg_sets(y, "res", "w", "w2"), nbytes)
+                _pair(b, f"{order}({y}) {model} N={n}", kern, ref, arg_sets(y, "res", "w", "w2"), nbytes)
             silu_bytes = 3 * n * f * item
             for fn_name in ("silu_mul", "silu_f32_mul"):
                 kern = functools.partial(getattr(K, fn_name), interpret=interpret)

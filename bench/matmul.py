@@ -64,8 +64,10 @@ SHAPES = {  # name -> [(product, K, N)]
 SMOKE_SHAPES = [("smoke.wqkv", 64, 64), ("smoke.w_gate_up", 96, 128)]  # NOTE: whole tiles for Mosaic GPU
 NORM_FED = (".wqkv", ".w_gate_up")  # products whose input is an RMSNorm's output
 # The kernel entry a product runs as in the decode step ('auto'), which --sweep times: the
-# SiLU*up epilogue, or split-K partials into the norm_add_norm kernel (Ouro's sandwich norms).
-IN_STEP = {"ouro.w_gate_up": "silu", "ouro.wo": "norm_add_norm", "ouro.w_down": "norm_add_norm"}
+# SiLU*up epilogue, or split-K partials into the norm_add_norm kernel (Ouro's sandwich norms) or
+# the add_norm_norm kernel (Huginn's).
+IN_STEP = {"ouro.w_gate_up": "silu", "ouro.wo": "norm_add_norm", "ouro.w_down": "norm_add_norm",
+           "huginn.wo": "add_norm_norm", "huginn.w_down": "add_norm_norm"}
 NORM_EPS = 1e-6
 L2_BYTES = 50e6
 COPY_RATE_REF = 4.08e12  # B/s, docs h200.md; the run measures its own
@@ -192,11 +194,13 @@ def _in_step(name, key, m, n, dtype):
     variant = IN_STEP.get(name)
     if variant == "silu":
         return sm.streaming_matmul_silu_mul, sm.ref_streaming_matmul_silu_mul
-    if variant == "norm_add_norm":
+    if variant in ("norm_add_norm", "add_norm_norm"):
         res = _random(jax.random.fold_in(key, 1), (m, n), dtype)
         nw1, nw2 = (_random(jax.random.fold_in(key, i), (n,), dtype, 0.1) + 1 for i in (2, 3))
-        return (lambda x, w, **kw: sm.streaming_matmul_norm_add_norm(x, w, res, nw1, nw2, NORM_EPS, **kw)[0],
-                lambda x, w: sm.ref_streaming_matmul_norm_add_norm(x, w, res, nw1, nw2, NORM_EPS)[0])
+        fused = getattr(sm, f"streaming_matmul_{variant}")
+        ref = getattr(sm, f"ref_streaming_matmul_{variant}")
+        return (lambda x, w, **kw: fused(x, w, res, nw1, nw2, NORM_EPS, **kw)[0],
+                lambda x, w: ref(x, w, res, nw1, nw2, NORM_EPS)[0])
     return sm.streaming_matmul, layers.linear
 
 

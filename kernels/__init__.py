@@ -3,15 +3,17 @@ Installed as `loopjax.kernels`; see docs/design.md for the KV pool and attention
 
 GPU backend: Triton-lowered `pl.pallas_call` (jax 0.11.2); `interpret=True` runs a kernel
 on CPU. Attention kernels match their twin to fp32-accumulation tolerance; the pointwise
-kernels (rms_norm, norm_add_norm, rope, silu_mul) spell the twin's ops and casts to be
+kernels (rms_norm, norm_add_norm, add_norm_norm, rope, silu_mul) spell the twin's ops and casts to be
 bitwise equal.
 """
 
 from .paged_attention import paged_attention, ref_paged_attention, write_kv
 from .prefill_attention import prefill_attention, ref_prefill_attention
 from .rms_norm import (
+    add_norm_norm,
     add_rms_norm,
     norm_add_norm,
+    ref_add_norm_norm,
     ref_add_rms_norm,
     ref_norm_add_norm,
     ref_rms_norm,
@@ -23,10 +25,12 @@ from .rope import ref_rope_interleaved_qk, ref_rope_rotate_half_qk, rope_interle
 from .silu_mul import ref_silu_f32_mul, ref_silu_mul, silu_f32_mul, silu_mul
 
 __all__ = [
+    "add_norm_norm",
     "add_rms_norm",
     "norm_add_norm",
     "paged_attention",
     "prefill_attention",
+    "ref_add_norm_norm",
     "ref_add_rms_norm",
     "ref_norm_add_norm",
     "ref_paged_attention",

@@ -5,7 +5,9 @@
     rms_norm_add(x, residual, weight, eps)   = layers.rms_norm_add: residual + rms_norm(x)  (Ouro)
     norm_add_norm(y, residual, weight, next_weight, eps) -> (h, rms_norm(h, next_weight))
         with h = rms_norm_add(y, residual, weight): the norms of layers.linear_norm_add_norm
-        after its product, in one kernel; y may be the product's split-K fp32 partials
+        after its product, in one kernel; y may be the product's split-K fp32 partials (Ouro)
+    add_norm_norm(y, residual, weight, next_weight, eps): the same with h = add_rms_norm(y,
+        residual, weight), layers.linear_add_norm_norm's norms (Huginn)
 
 x, residual [N, H] and weight [H] share the activation dtype; out [N, H] in that dtype.
 One program normalizes `block_rows` whole rows; the row is read once as a power-of-two
@@ -40,9 +42,11 @@ from ._common import (
 F32 = jnp.float32
 
 __all__ = [
+    "add_norm_norm",
     "add_rms_norm",
     "check_rms_norm_inputs",
     "norm_add_norm",
+    "ref_add_norm_norm",
     "ref_norm_add_norm",
     "ref_add_rms_norm",
     "ref_rms_norm",
@@ -96,6 +100,12 @@ def ref_norm_add_norm(y, residual, weight, next_weight, eps: float):
     return h, layers.rms_norm(h, next_weight, eps)
 
 
+def ref_add_norm_norm(y, residual, weight, next_weight, eps: float):
+    check_norm_add_norm_inputs(y, residual, weight, next_weight)
+    h = layers.add_rms_norm(sum_partials(y, residual.dtype), residual, weight, eps)
+    return h, layers.rms_norm(h, next_weight, eps)
+
+
 def check_norm_add_norm_inputs(y, residual, weight, next_weight):
     check_rms_norm_inputs(residual, weight)
     check_rms_norm_inputs(residual, next_weight)
@@ -118,7 +128,7 @@ def _normalize(xf, w, h: int, eps: float, dt):
 
 
 def _norm_add_norm_kernel(y_ref, res_ref, w_ref, w_next_ref, h_ref, hn_ref, *, eps: float,
-                          block_rows: int, num_partials: int, interpret: bool):
+                          block_rows: int, num_partials: int, add_first: bool, interpret: bool):
     # y [S * N, H] f32 (S partial planes, one after the other) or [N, H]; residual, outs [N, H]
     n, h = res_ref.shape
     dt = res_ref.dtype
@@ -131,7 +141,10 @@ def _norm_add_norm_kernel(y_ref, res_ref, w_ref, w_next_ref, h_ref, hn_ref, *, e
     res = load_tile(res_ref, r0, block_rows, 0, width, n, h).astype(F32)
     w = load_vec(w_ref, 0, width, h)[None, :].astype(F32)
     w_next = load_vec(w_next_ref, 0, width, h)[None, :].astype(F32)
-    out = _rnd(res + _normalize(y, w, h, eps, dt), dt)
+    if add_first:  # Huginn: norm(y + residual), the sum rounded as layers.add_rms_norm's
+        out = _normalize(_rnd(y + res, dt), w, h, eps, dt)
+    else:  # Ouro: residual + norm(y)
+        out = _rnd(res + _normalize(y, w, h, eps, dt), dt)
     store_tile(h_ref, r0, 0, out.astype(dt), n, h)
     store_tile(hn_ref, r0, 0, _normalize(out, w_next, h, eps, dt).astype(dt), n, h)
 
@@ -258,14 +271,34 @@ def norm_add_norm(
     """(h, rms_norm(h, next_weight)) for h = residual + rms_norm(y, weight) -> two [N, H]: Ouro's
     norms after a branch's last product and before the next branch's first, one kernel where
     XLA runs four or five (the partials' sum, two row statistics, the scalings)."""
+    return _norms(y, residual, weight, next_weight, eps, False, num_warps, interpret)
+
+
+def add_norm_norm(
+    y,  # [N, H] a product's output, or its split-K partials float32[S, N, H]
+    residual,  # [N, H]
+    weight,  # [H]: the norm of the sum
+    next_weight,  # [H]: the norm of the normed sum
+    eps: float,
+    *,
+    num_warps: int | None = None,
+    interpret: bool | None = None,
+):
+    """(h, rms_norm(h, next_weight)) for h = rms_norm(y + residual, weight) -> two [N, H]:
+    Huginn's sandwich norm closing a branch and the next branch's input norm, one kernel."""
+    return _norms(y, residual, weight, next_weight, eps, True, num_warps, interpret)
+
+
+def _norms(y, residual, weight, next_weight, eps, add_first: bool, num_warps, interpret):
     check_norm_add_norm_inputs(y, residual, weight, next_weight)
-    return _norm_add_norm_call(y, residual, weight, next_weight, eps=float(eps),
+    return _norm_add_norm_call(y, residual, weight, next_weight, eps=float(eps), add_first=add_first,
                                num_warps=num_warps or default_num_warps(residual.shape[1]),
                                interpret=resolve_interpret(interpret))
 
 
-@one_lowering_per_config("eps", "num_warps", "interpret")
-def _norm_add_norm_call(y, residual, weight, next_weight, *, eps: float, num_warps: int, interpret: bool):
+@one_lowering_per_config("eps", "add_first", "num_warps", "interpret")
+def _norm_add_norm_call(y, residual, weight, next_weight, *, eps: float, add_first: bool, num_warps: int,
+                        interpret: bool):
     """The kernel for checked inputs: one lowering per shape and configuration, shared by
     every call site of a step (kernels/_common.py)."""
     n, h = residual.shape
@@ -274,7 +307,8 @@ def _norm_add_norm_call(y, residual, weight, next_weight, *, eps: float, num_war
     # 8-row Ouro-1.4B step 3.6% slower than XLA's kernels, bench/RESULTS.md run 13).
     block_rows = 1
     kernel = functools.partial(_norm_add_norm_kernel, eps=eps, block_rows=block_rows,
-                               num_partials=y.shape[0] if y.ndim == 3 else 1, interpret=interpret)
+                               num_partials=y.shape[0] if y.ndim == 3 else 1, add_first=add_first,
+                               interpret=interpret)
     out = jax.ShapeDtypeStruct(residual.shape, residual.dtype)
     return pl.pallas_call(
         kernel,
@@ -282,5 +316,5 @@ def _norm_add_norm_call(y, residual, weight, next_weight, *, eps: float, num_war
         grid=(pl.cdiv(n, block_rows),),
         compiler_params=compiler_params(num_warps),
         interpret=interpret,
-        name="loopjax_norm_add_norm",
+        name="loopjax_add_norm_norm" if add_first else "loopjax_norm_add_norm",
     )(y.reshape(-1, h), residual, weight, next_weight)

@@ -81,10 +81,12 @@ __all__ = [
     "pick_config",
     "ref_streaming_matmul",
     "ref_streaming_matmul_add",
+    "ref_streaming_matmul_add_norm_norm",
     "ref_streaming_matmul_norm_add_norm",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_add",
+    "streaming_matmul_add_norm_norm",
     "streaming_matmul_norm_add_norm",
     "streaming_matmul_silu_mul",
 ]
@@ -116,6 +118,11 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=No
 def ref_streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     check_matmul_inputs(x, w, residual)
     return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+
+
+def ref_streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    check_matmul_inputs(x, w, residual)
+    return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -377,5 +384,28 @@ def streaming_matmul_norm_add_norm(
     `norm_add_norm`, which sums, normalizes, adds and normalizes again in one kernel."""
     from .rms_norm import norm_add_norm
 
+    return _then_norms(norm_add_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks)
+
+
+def streaming_matmul_add_norm_norm(
+    x,  # [M, K]
+    w,  # [K, N]
+    residual,  # [M, N], x's dtype
+    norm_weight,  # [N]: the norm of the sum
+    next_norm_weight,  # [N]: the norm of the normed sum
+    eps: float,
+    *,
+    interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
+):
+    """layers.linear_add_norm_norm (Huginn's order: the residual added before the norm), the
+    same way as streaming_matmul_norm_add_norm: the product's partials go to `add_norm_norm`."""
+    from .rms_norm import add_norm_norm
+
+    return _then_norms(add_norm_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks)
+
+
+def _then_norms(norms, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks):
+    """The product's output (split 1) or fp32 partials into the fused norms kernel `norms`."""
     product = _call(x, w, residual, "partials", interpret, _overrides(**blocks))
-    return norm_add_norm(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)
+    return norms(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)

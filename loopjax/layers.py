@@ -91,6 +91,14 @@ def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: flo
     return h, rms_norm(h, next_norm_weight, eps)
 
 
+def linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float, product=linear):
+    """Huginn's sandwich norm closing a branch, then the next branch's input norm, as one op:
+    (h, rms_norm(h, next_norm_weight)) for h = add_rms_norm(linear(x, w), residual, norm_weight)
+    (kernels/rms_norm.py `add_norm_norm` takes the product's split-K partials)."""
+    h = add_rms_norm(product(x, w), residual, norm_weight, eps)
+    return h, rms_norm(h, next_norm_weight, eps)
+
+
 def silu_mul(gate, up):
     """SiLU(gate) * up. torch computes a bf16 silu in fp32 and rounds once (jax.nn.silu on bf16
     would round after each of its exp/add/divide), then multiplies by up in the activation dtype."""
@@ -217,15 +225,16 @@ class Ops:
     its XLA default here; frozen and made of functions, so it is hashable and can be a static
     jit argument. The norm_* ops are the products fed directly by an RMSNorm (a kernel may
     fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
-    is a product with the norms after it (a kernel may take its split-K partials);
-    linear_rope_rotate_half_qkv a product with Ouro's RoPE after it (a kernel may run the
-    RoPE in its epilogue and write q, k, v)."""
+    and linear_add_norm_norm are a product with the norms after it (a kernel may take its
+    split-K partials); linear_rope_rotate_half_qkv a product with Ouro's RoPE after it (a
+    kernel may run the RoPE in its epilogue and write q, k, v)."""
 
     linear: Callable = linear
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
     linear_silu_mul: Callable = linear_silu_mul
     linear_norm_add_norm: Callable = linear_norm_add_norm
+    linear_add_norm_norm: Callable = linear_add_norm_norm
     linear_rope_rotate_half_qkv: Callable = linear_rope_rotate_half_qkv
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add

@@ -37,7 +37,7 @@ from loopjax.layers import XLA_OPS, Ops
 MATMULS = ("auto", "xla", "streaming")
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
 PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
-            "linear_norm_add_norm": 0, "linear_rope_rotate_half_qkv": 0}
+            "linear_norm_add_norm": 0, "linear_add_norm_norm": 0, "linear_rope_rotate_half_qkv": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up. Huginn-0125 (run 11): wqkv, wo, w_down each beat XLA by >= 5% per product at
 # 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
@@ -66,6 +66,7 @@ def matmul_ops(name: str) -> Ops:
                     norm_linear_silu_mul=streaming_norm_linear_silu_mul,
                     linear_silu_mul=streaming_linear_silu_mul,
                     linear_norm_add_norm=streaming_linear_norm_add_norm,
+                    linear_add_norm_norm=streaming_linear_add_norm_norm,
                     linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     if name == "streaming":
         return streaming
@@ -134,6 +135,12 @@ def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
     return sm.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+
+
+def streaming_linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    if not _few_rows(x):
+        return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    return sm.streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 def streaming_linear_rope_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):

@@ -229,18 +229,24 @@ def test_rms_norm_bitwise(n, h, dtype):
         _same(kern(*args), ref(*args))
 
 
-@pytest.mark.parametrize("n,h,dtype,num_partials", [(1, 2048, BF16, 8), (5, 96, BF16, 0), (3, 200, F32, 3),
-                                                  (9, 5280, BF16, 1), (4, 64, F32, 0)])
-def test_norm_add_norm_bitwise(n, h, dtype, num_partials):
+@pytest.mark.parametrize("n,h,dtype,num_partials,order", [
+    (1, 2048, BF16, 8, "norm_add_norm"), (5, 96, BF16, 0, "norm_add_norm"),
+    (3, 200, F32, 3, "norm_add_norm"), (9, 5280, BF16, 1, "norm_add_norm"), (4, 64, F32, 0, "norm_add_norm"),
+    (8, 5280, BF16, 3, "add_norm_norm"), (5, 96, BF16, 0, "add_norm_norm"),
+    (3, 200, F32, 2, "add_norm_norm")])
+def test_norm_add_norm_bitwise(n, h, dtype, num_partials, order):
     """Both outputs of the fused norms equal the model's ops, on a product's output or on its
-    split-K partials (summed in order, rounded once)."""
+    split-K partials (summed in order, rounded once): Ouro's residual + norm(y) and Huginn's
+    norm(y + residual)."""
     rs = np.random.default_rng(n * h)
     y = (_rand(rs, (num_partials, n, h), F32, 2.0) if num_partials else _rand(rs, (n, h), dtype, 3.0))
     res, w, w_next = _rand(rs, (n, h), dtype), _rand(rs, (h,), dtype), _rand(rs, (h,), dtype)
-    got = jax.jit(functools.partial(K.norm_add_norm, eps=1e-6, interpret=True))(y, res, w, w_next)
-    want = _jit_twin(functools.partial(K.ref_norm_add_norm, eps=1e-6))(y, res, w, w_next)
+    got = jax.jit(functools.partial(getattr(K, order), eps=1e-6, interpret=True))(y, res, w, w_next)
+    want = _jit_twin(functools.partial(getattr(K, "ref_" + order), eps=1e-6))(y, res, w, w_next)
+    closing = layers.rms_norm_add if order == "norm_add_norm" else layers.add_rms_norm
+
     def model_math(y_sum, res, w, w_next):
-        h_sum = layers.rms_norm_add(y_sum, res, w, 1e-6)
+        h_sum = closing(y_sum, res, w, 1e-6)
         return h_sum, layers.rms_norm(h_sum, w_next, 1e-6)
 
     y_sum = y if y.ndim == 2 else functools.reduce(jnp.add, y).astype(dtype)
@@ -391,7 +397,7 @@ def _lowering_cases():
         )
         yield (
             f"norm_add_norm-{model}",
-            functools.partial(K.norm_add_norm, eps=1e-6),
+            functools.partial(K.norm_add_norm if model == "ouro" else K.add_norm_norm, eps=1e-6),
             (S((8, 7, h), F32), S((7, h), BF16), S((h,), BF16), S((h,), BF16)),
         )
         yield f"silu-{model}", K.silu_mul, (S((7, 2 * f), BF16),)

@@ -92,23 +92,24 @@ def test_epilogues(split_k):
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
-@pytest.mark.parametrize("split_k", [1, 3])
-def test_norm_add_norm_epilogue(split_k):
+@pytest.mark.parametrize("split_k,order", [(1, "norm_add_norm"), (3, "norm_add_norm"), (3, "add_norm_norm")])
+def test_norm_add_norm_epilogue(split_k, order):
     """The product's output (split 1) or its fp32 partials (split 3) go to the norm_add_norm
-    kernel: (h, rms_norm(h)) of layers.linear_norm_add_norm within a product's rounding, and
-    no XLA reduction of the partials runs between the two kernels."""
+    (Ouro) or add_norm_norm (Huginn) kernel: (h, rms_norm(h)) of layers.linear_norm_add_norm /
+    linear_add_norm_norm within a product's rounding, and no XLA reduction of the partials runs
+    between the two kernels."""
     m, k, n = 3, 96, 40
     x, w, r = _inputs(m, k, n, BF16, seed=split_k)
     nw, nw_next = _norm_weight(n, BF16, seed=1), _norm_weight(n, BF16, seed=2)
     kw = dict(block_n=16, block_k=16, split_k=split_k, interpret=True)
-    got = sm.streaming_matmul_norm_add_norm(x, w, r, nw, nw_next, 1e-6, **kw)
-    want = sm.ref_streaming_matmul_norm_add_norm(x, w, r, nw, nw_next, 1e-6)
+    fused = getattr(sm, f"streaming_matmul_{order}")
+    got = fused(x, w, r, nw, nw_next, 1e-6, **kw)
+    want = getattr(sm, f"ref_streaming_matmul_{order}")(x, w, r, nw, nw_next, 1e-6)
     floor = 2.0**-7  # a product's last bit, through the norm and the add
     for a, b in zip(got, want, strict=True):
         _assert_close(a, b, BF16, ulps=2, floor=floor)
     assert not np.allclose(np.asarray(got[0], np.float32), np.asarray(got[1], np.float32), atol=0.1)
-    closed = jax.make_jaxpr(functools.partial(sm.streaming_matmul_norm_add_norm, eps=1e-6, **kw))(
-        x, w, r, nw, nw_next)
+    closed = jax.make_jaxpr(functools.partial(fused, eps=1e-6, **kw))(x, w, r, nw, nw_next)
     outside = _primitives_outside_kernels(closed.jaxpr)
     assert outside.count("pallas_call") == 2 and "reduce_sum" not in outside, outside
 
@@ -206,9 +207,10 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
         x, w, r = _inputs(rows, 32, n, F32)  # w [32, n]: the product's weight; r [rows, n]
         jaxpr = str(jax.make_jaxpr(ops.linear_silu_mul)(x, w))
         assert ("pallas_call" in jaxpr) == kernel, ("linear_silu_mul", rows, n)
-        jaxpr = str(jax.make_jaxpr(ops.linear_norm_add_norm, static_argnums=5)(
-            x, w, r, _norm_weight(n, F32), _norm_weight(n, F32, seed=1), 1e-6))
-        assert jaxpr.count("pallas_call") == (2 if kernel else 0), ("linear_norm_add_norm", rows, n)
+        for op in (ops.linear_norm_add_norm, ops.linear_add_norm_norm):
+            jaxpr = str(jax.make_jaxpr(op, static_argnums=5)(
+                x, w, r, _norm_weight(n, F32), _norm_weight(n, F32, seed=1), 1e-6))
+            assert jaxpr.count("pallas_call") == (2 if kernel else 0), (op, rows, n)
     monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
     x, w, _ = _inputs(4, 32, 16, F32)
     unfused = mo.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)
@@ -226,6 +228,7 @@ def test_auto_ops_keep_xla_products_in_the_dtype_on_a_gpu(monkeypatch):
     cases = {"linear": (x, w), "norm_linear": (x, nw, 1e-6, w),
              "linear_silu_mul": (x, jnp.concatenate([w, w[:, ::-1]], axis=1)),
              "linear_norm_add_norm": (x, w, r, _norm_weight(16, BF16), _norm_weight(16, BF16, seed=1), 1e-6)}
+    cases["linear_add_norm_norm"] = cases["linear_norm_add_norm"]
     for name, args in cases.items():
         statics = tuple(i for i, a in enumerate(args) if isinstance(a, float))
         jaxpr = str(jax.make_jaxpr(getattr(ops, name), static_argnums=statics)(*args))

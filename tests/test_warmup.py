@@ -92,6 +92,22 @@ def test_decode_step_lowers_each_streaming_kernel_once(matmul):
     assert decode["triton_kernels"]["loopjax_norm_add_norm"] == len(splits)
 
 
+def test_huginn_decode_fuses_its_sandwich_norms():
+    """Huginn-0125's decode steps run each branch's closing norm with the next branch's input
+    norm in the add_norm_norm kernel on the product's split-K partials (wo, and w_down where a
+    layer follows), lowered once per partials shape; the last coda layer's call, whose residual
+    sum no one reads (only ln_f of it), is a pruned copy."""
+    config = EngineConfig(**{**SMALL, "decode_row_buckets": (1, 8)})
+    with warmup_probe.cuda_target():
+        engine = warmup_probe.abstract_engine(config_lib.preset("huginn-0125"), config)
+        records = warmup_probe.lower_warmup(engine)
+    for record in [r for r in records if r["label"].startswith("decode")]:
+        calls, kernels = record["triton_calls"], record["triton_kernels"]
+        assert kernels["loopjax_add_norm_norm"] == 2, record["label"]  # wo's and w_down's splits
+        assert calls["loopjax_add_norm_norm"] == kernels["loopjax_add_norm_norm"] + 1, record["label"]
+        assert "loopjax_norm_add_norm" not in calls
+
+
 def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     out = tmp_path / "probe.json"
     assert warmup_probe.main(["ouro-tiny", "--lower-only", "--max-num-rows", "8",

@@ -43,10 +43,11 @@ def main():
             try:
                 err = float(jnp.max(jnp.abs(jax.jit(kern)(*call).astype(jnp.float32) - want)))
                 sec = device_time(kern, call, 3 if args.smoke else 50)
-                print(f"{model:<12} {rows}x{new} {cfg}  {sec * 1e6:8.1f} us  {flops / sec / 1e12:6.1f} TFLOP/s  "
-                      f"max_err {err:.2e}", flush=True)
+                print(f"{model:<12} {rows}x{new} {cfg}  {sec * 1e6:8.1f} us  "
+                      f"{flops / sec / 1e12:6.1f} TFLOP/s  max_err {err:.2e}", flush=True)
             except Exception as e:  # noqa: BLE001 - one failing config must not end the sweep
-                print(f"{model:<12} {cfg}  ERROR {type(e).__name__}: {str(e).splitlines()[0][:150]}", flush=True)
+                print(f"{model:<12} {cfg}  ERROR {type(e).__name__}: {str(e).splitlines()[0][:150]}",
+                      flush=True)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def main():
     args = parser.parse_args()
     vocab, rows_list, iters = (1000, (2,), 2) if args.smoke else (49152, (1, 8, 32, 128), 100)
     for rows in rows_list:
-        logits = (jax.random.normal(jax.random.key(rows), (rows, vocab), jnp.float32) * 3).astype(jnp.bfloat16)
+        logits = jax.random.normal(jax.random.key(rows), (rows, vocab), jnp.float32) * 3
+        logits = logits.astype(jnp.bfloat16)
         greedy = SamplingBatch.from_params([SamplingParams(temperature=0.0)] * rows, rows, [0] * rows)
         full = lambda x, b=greedy: sample(x.astype(jnp.float32), b, num_top_logprobs=0)[0]  # noqa: E731
 
@@ -43,8 +44,9 @@ def main():
         same = bool(jnp.array_equal(sort32(logits), sort16_descending(logits).astype(jnp.float32)))
         cub = {name: "cub" in jax.jit(fn).lower(logits).compile().as_text().lower()
                for name, fn in (("sort32", sort32), ("sort16", sort16_descending))}
-        times = {name: device_time(fn, (logits,), iters) * 1e6 for name, fn in
-                 (("sample", full), ("greedy_only", greedy_only), ("sort32", sort32), ("sort16", sort16_descending))}
+        cases = (("sample", full), ("greedy_only", greedy_only), ("sort32", sort32),
+                 ("sort16", sort16_descending))
+        times = {name: device_time(fn, (logits,), iters) * 1e6 for name, fn in cases}
         print(f"rows {rows:>4} V {vocab}: " + "  ".join(f"{k} {v:7.1f} us" for k, v in times.items())
               + f"  cub {cub}  sorts equal {same}", flush=True)
 

@@ -5,7 +5,8 @@
     s_i = core(adapter(concat[s_{i-1}, e]))           i = 1..loops (state first)
     logits = lm_head(ln_f(coda(ln_f(s_loops))))       tied lm_head = embed.T
 
-Every layer is a sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x)).
+Every layer is a sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x));
+a layer's norm_1 runs with the previous layer's norm_4 as one op (`_stack`).
 Attention: fused Wqkv (columns [q | k | v], head-major), qk_bias added to q and k before RoPE,
 interleaved-pair RoPE in fp32, no GQA. The model calls the attention backend as
 `attn(kv, layer_id, depth, q, k, v)` with cache-layer ids prelude i -> i, core j -> P + j,
@@ -83,30 +84,35 @@ def init_params(cfg: HuginnConfig, key, dtype=jnp.bfloat16):
 
 # ---------------------------------------------------------------- blocks
 
-def _attention(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
-    """attn(norm_1(x)) [N, H]; x is the block input (norm_1 feeds wqkv directly)."""
-    n = x.shape[0]
-    qkv = ops.norm_linear(x, layer["norm_1"], cfg.norm_eps, layer["wqkv"])
+def _block(layer, cfg: HuginnConfig, x, x_normed, next_norm, cos, sin, attn, kv, layer_id: int, depth, ops):
+    """Sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x)).
+    x_normed = norm_1(x) comes in with x, and the block hands on (x, next_norm(x)), or
+    (x, None) without a next norm: each branch's closing norm and the next branch's input norm
+    are one op (ops.linear_add_norm_norm), which a kernel runs in one pass."""
+    n, eps = x.shape[0], cfg.norm_eps
+    qkv = ops.linear(x_normed, layer["wqkv"])
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
     q, k = ops.rope_interleaved_qk(qkv, layer["qk_bias"], cos, sin)
     v = qkv[:, 2 * cfg.num_heads * cfg.head_dim:].reshape(n, cfg.num_heads, cfg.head_dim)
     kv, out = attn(kv, layer_id, depth, q, k, v)
-    return ops.linear(out.reshape(n, cfg.hidden_size), layer["wo"]), kv
+    x, x_normed = ops.linear_add_norm_norm(out.reshape(n, cfg.hidden_size), layer["wo"], x,
+                                           layer["norm_2"], layer["norm_3"], eps)
+    act = ops.linear_silu_mul(x_normed, layer["w_gate_up"])  # w_gate_up's columns: [gate | up]
+    if next_norm is None:
+        return ops.add_rms_norm(ops.linear(act, layer["w_down"]), x, layer["norm_4"], eps), None, kv
+    x, x_normed = ops.linear_add_norm_norm(act, layer["w_down"], x, layer["norm_4"], next_norm, eps)
+    return x, x_normed, kv
 
 
-def _mlp(layer, cfg: HuginnConfig, x, ops):
-    """mlp(norm_3(x)) [N, H]; w_gate_up's columns are [gate | up]."""
-    act = ops.norm_linear_silu_mul(x, layer["norm_3"], cfg.norm_eps, layer["w_gate_up"])
-    return ops.linear(act, layer["w_down"])
-
-
-def _block(layer, cfg: HuginnConfig, x, cos, sin, attn, kv, layer_id: int, depth, ops):
-    """Sandwich block: the residual sum is normed (norm_2, norm_4), not the branch alone."""
-    eps = cfg.norm_eps
-    out, kv = _attention(layer, cfg, x, cos, sin, attn, kv, layer_id, depth, ops)
-    x = ops.add_rms_norm(out, x, layer["norm_2"], eps)
-    x = ops.add_rms_norm(_mlp(layer, cfg, x, ops), x, layer["norm_4"], eps)
-    return x, kv
+def _stack(layers, cfg: HuginnConfig, x, cos, sin, attn, kv, first_id: int, depth, ops, final_norm=None):
+    """The layers in turn (cache layers first_id, first_id + 1, ...) -> (x, final_norm(x) or
+    None, kv): each layer's input norm runs with the previous layer's closing norms."""
+    x_normed = ops.rms_norm(x, layers[0]["norm_1"], cfg.norm_eps)
+    next_norms = [layer["norm_1"] for layer in layers[1:]] + [final_norm]
+    for i, (layer, next_norm) in enumerate(zip(layers, next_norms, strict=True)):
+        x, x_normed, kv = _block(layer, cfg, x, x_normed, next_norm, cos, sin, attn, kv, first_id + i,
+                                 depth, ops)
+    return x, x_normed, kv
 
 
 def embed(params, cfg: HuginnConfig, ids):
@@ -119,18 +125,15 @@ def embed(params, cfg: HuginnConfig, ids):
 def prelude(params, cfg: HuginnConfig, x, cos, sin, attn, kv, ops=XLA_OPS):
     """The prelude layers on the embedded tokens: returns e, the input injected every loop."""
     with jax.named_scope("huginn_prelude"):
-        for i, layer in enumerate(params["prelude"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, i, 0, ops)
-    return x, kv
+        e, _, kv = _stack(params["prelude"], cfg, x, cos, sin, attn, kv, 0, 0, ops)
+    return e, kv
 
 
 def core_loop(params, cfg: HuginnConfig, s, e, cos, sin, attn, kv, depth, ops=XLA_OPS):
     """One recurrence: s' = core(adapter(concat[s, e])). `depth` is the loop index (0-based)."""
     with jax.named_scope("huginn_core"):
         x = ops.linear(jnp.concatenate([s, e], axis=-1), params["adapter"])
-        base = cfg.num_prelude_layers
-        for j, layer in enumerate(params["core"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + j, depth, ops)
+        x, _, kv = _stack(params["core"], cfg, x, cos, sin, attn, kv, cfg.num_prelude_layers, depth, ops)
     return x, kv
 
 
@@ -144,10 +147,9 @@ def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv, ops=XLA_OPS):
     """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype."""
     with jax.named_scope("huginn_coda"):
         x = ops.rms_norm(s, params["ln_f"], cfg.norm_eps)
-        base = cfg.num_prelude_layers + cfg.num_core_layers
-        for i, layer in enumerate(params["coda"]):
-            x, kv = _block(layer, cfg, x, cos, sin, attn, kv, base + i, 0, ops)
-        x = ops.rms_norm(x, params["ln_f"], cfg.norm_eps)
+        first_id = cfg.num_prelude_layers + cfg.num_core_layers
+        _, x, kv = _stack(params["coda"], cfg, x, cos, sin, attn, kv, first_id, 0, ops,
+                          final_norm=params["ln_f"])
         return lm_head(params, x), kv
 
 
