@@ -285,7 +285,10 @@ def add_norm_norm(
     interpret: bool | None = None,
 ):
     """(h, rms_norm(h, next_weight)) for h = rms_norm(y + residual, weight) -> two [N, H]:
-    Huginn's sandwich norm closing a branch and the next branch's input norm, one kernel."""
+    Huginn's sandwich norm closing a branch and the next branch's input norm, one kernel.
+    NOTE: on the H200 it differed from XLA's compile of the twin in 46 of 4 M elements (8-way
+    partials, N = 128, H = 5280; bitwise at N = 2048 and on y alone: bench/RESULTS.md run 16),
+    and it did not speed up the step, so matmul 'auto' does not use it."""
     return _norms(y, residual, weight, next_weight, eps, True, num_warps, interpret)
 
 

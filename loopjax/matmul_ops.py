@@ -11,7 +11,8 @@
   rows for the weight shapes and row counts in `STREAMING_MAX_ROWS`; XLA otherwise. Where a
   product streams, SiLU*up runs in its epilogue (linear_silu_mul) and the norms after it run
   on its split-K partials in one kernel (linear_norm_add_norm; run 13: the 1-row Ouro-1.4B step
-  5,745 -> 4,969 us), and Ouro's RoPE runs in the qkv product's epilogue, which writes q, k, v
+  5,745 -> 4,969 us; Huginn's order, linear_add_norm_norm, keeps XLA's norms: run 16), and
+  Ouro's RoPE runs in the qkv product's epilogue, which writes q, k, v
   (linear_rope_rotate_half_qkv; run 14: 1 row 5,017 -> 4,826 us, 32 rows 8,993 -> 8,768). The
   fused-norm prologue loses on the GPU (run 10: the weights-only Ouro step 6.9 vs 5.1 ms at
   1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA. XLA's products there
@@ -70,9 +71,11 @@ def matmul_ops(name: str) -> Ops:
                     linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     if name == "streaming":
         return streaming
-    # 'auto': the norm stays in XLA before a streamed product (the fused prologue loses)
+    # 'auto': the norm stays in XLA before a streamed product (the fused prologue loses), and
+    # after Huginn's (the add_norm_norm kernel does not win)
     measured = dataclasses.replace(streaming, norm_linear=_norm_then_streaming,
-                                   norm_linear_silu_mul=_norm_then_streaming_silu_mul)
+                                   norm_linear_silu_mul=_norm_then_streaming_silu_mul,
+                                   linear_add_norm_norm=_streaming_then_add_norm_norm)
     return Ops(**{name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
                   for name, weight_arg in PRODUCTS.items()})
 
@@ -85,6 +88,15 @@ def _norm_then_streaming(x, norm_weight, eps: float, w):
 def _norm_then_streaming_silu_mul(x, norm_weight, eps: float, w_gate_up):
     gate, up = jax.numpy.split(_norm_then_streaming(x, norm_weight, eps, w_gate_up), 2, axis=-1)
     return layers.silu_mul(gate, up)
+
+
+def _streaming_then_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
+    """layers.linear_add_norm_norm with the product on the streaming kernel, the norms in XLA
+    (which fuses the partials' sum into them). The add_norm_norm kernel on the partials measured
+    no faster in the Huginn-0125 step (bench/RESULTS.md run 16: 8 rows 32,646 vs 32,654 us, 32
+    rows 42,573 vs 42,759) and differed from XLA's fusion in 46 of 4 M elements at 128 rows."""
+    return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps,
+                                       product=streaming_linear)
 
 
 @functools.cache

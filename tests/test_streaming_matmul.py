@@ -207,10 +207,11 @@ def test_auto_ops_pick_the_kernel_where_it_was_measured_to_win(monkeypatch):
         x, w, r = _inputs(rows, 32, n, F32)  # w [32, n]: the product's weight; r [rows, n]
         jaxpr = str(jax.make_jaxpr(ops.linear_silu_mul)(x, w))
         assert ("pallas_call" in jaxpr) == kernel, ("linear_silu_mul", rows, n)
-        for op in (ops.linear_norm_add_norm, ops.linear_add_norm_norm):
+        # Ouro's norms after the product run in the norm_add_norm kernel, Huginn's in XLA
+        for op, kernels in ((ops.linear_norm_add_norm, 2), (ops.linear_add_norm_norm, 1)):
             jaxpr = str(jax.make_jaxpr(op, static_argnums=5)(
                 x, w, r, _norm_weight(n, F32), _norm_weight(n, F32, seed=1), 1e-6))
-            assert jaxpr.count("pallas_call") == (2 if kernel else 0), (op, rows, n)
+            assert jaxpr.count("pallas_call") == (kernels if kernel else 0), (op, rows, n)
     monkeypatch.undo()  # run on the CPU (interpret mode): the norm is XLA's, then the kernel
     x, w, _ = _inputs(4, 32, 16, F32)
     unfused = mo.streaming_linear(layers.rms_norm(x, nw, 1e-6), w)
