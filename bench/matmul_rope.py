@@ -48,7 +48,12 @@ SHAPES = {"ouro.wqkv+rope": (2048, 16, 16, 128)}
 SMOKE_SHAPES = {"smoke.wqkv+rope": (64, 2, 1, 64)}  # D/2 = 32: block_n 16 and 32
 
 
-def rope_case(name, k, hq, hkv, d, m, *, block_ns, dtype, copy_rate, smoke, rounds, calls):
+# --wide: the fused kernel's other block sizes, per block_n (block_k, num_stages, num_warps)
+WIDE = [dict(block_k=bk, num_stages=st, num_warps=w) for bk in (64, 128, 256) for st in (3, 4, 6)
+        for w in (4, 8)]
+
+
+def rope_case(name, k, hq, hkv, d, m, *, block_ns, dtype, copy_rate, smoke, rounds, calls, wide=False):
     """Rows for one (product, M): XLA, the plain kernel then XLA's RoPE, the fused kernel for
     each block_n that divides D/2."""
     n = (hq + 2 * hkv) * d
@@ -83,9 +88,11 @@ def rope_case(name, k, hq, hkv, d, m, *, block_ns, dtype, copy_rate, smoke, roun
     for bn in block_ns:
         if (d // 2) % bn:
             continue
-        fused = functools.partial(smr.streaming_matmul_rope_qkv, block_n=bn, interpret=smoke, **heads)
-        cfg = sm.pick_config(m, k, n, dtype, block_n=bn, split_k=1)  # before fewer stages fit
-        timed(f"rope n{bn}", fused, cfg)
+        for extra in [{}] + (WIDE if wide else []):
+            fused = functools.partial(smr.streaming_matmul_rope_qkv, block_n=bn, interpret=smoke, **heads,
+                                      **extra)
+            cfg = sm.pick_config(m, k, n, dtype, block_n=bn, split_k=1, **extra)  # before fewer stages fit
+            timed(f"rope n{bn}", fused, cfg)
     return rows
 
 
@@ -93,6 +100,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rows", default="1,8,32", help="comma-separated row counts M")
     p.add_argument("--block-n", default="16,32,64", help="the fused kernel's block_n values")
+    p.add_argument("--wide", action="store_true",
+                   help="also each block_n with the block_k x num_stages x num_warps grid WIDE")
     p.add_argument("--smoke", action="store_true", help="tiny shapes on CPU, interpret mode")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -109,7 +118,8 @@ def main(argv=None) -> int:
     for name, (k, hq, hkv, d) in shapes.items():
         for m in rows:
             for r in rope_case(name, k, hq, hkv, d, m, block_ns=block_ns, dtype=dtype,
-                               copy_rate=copy_rate, smoke=args.smoke, rounds=rounds, calls=calls):
+                               copy_rate=copy_rate, smoke=args.smoke, rounds=rounds, calls=calls,
+                               wide=args.wide):
                 print_row(r)
     log(f"\n# done in {time.perf_counter() - start:.0f} s")
     return 0
