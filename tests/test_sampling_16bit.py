@@ -10,8 +10,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopjax.sampling import (TOP_K_CAP, SamplingBatch, filter_threshold, row_keys, sample,
-                              scale_and_sort, sort_descending)
+from loopjax.sampling import (
+    TOP_K_CAP,
+    SamplingBatch,
+    filter_threshold,
+    row_keys,
+    sample,
+    scale_and_sort,
+    sort_descending,
+)
 from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 
 VOCAB, ROWS = 1024, 16
