@@ -1,8 +1,10 @@
 """On-device sampling: pure, jit-friendly functions over static shapes.
 
 The runner builds a `SamplingBatch` on the host (`SamplingBatch.from_params`, numpy, one row
-per decode row, padded to the row bucket R) and calls `sample` inside its jitted step; the
-only values read back are the sampled tokens (and logprobs when asked).
+per decode row, padded to the row bucket R) and calls `sample` inside its jitted step, with
+the logits in the model's dtype, and `greedy=True` in the executable of decode steps whose
+rows are all greedy (StepKind.greedy); the only values read back are the sampled tokens (and
+logprobs when asked).
 
 Semantics of one row, in order (Hugging Face's warper order):
   temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
