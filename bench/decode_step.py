@@ -15,8 +15,10 @@ row's own pages are 0, as the engine pads them): an engine compiled only at its 
 contexts; the XLA path gathers the whole width, the Pallas kernel stops at each row's length.
 Times (median of --iters after one warm-up call, block_until_ready each) the FUSED step (all
 loops in one submission) and, for --per-loop-rows, the PER-LOOP baseline (one submission per
-loop, waiting for each: a host round trip per loop). The roofline is the bytes a step must
-read, weights x loops + KV of every plane read (`kv_bytes`; `kv_table_bytes`: the whole
+loop, waiting for each: a host round trip per loop). Each fused case runs the executable the
+engine's dispatch picks for its rows (`steps.fused_kind`): for greedy rows (every case but
+--sampled-case's) the greedy sampler's, with no sort or noise. The roofline is the bytes a
+step must read, weights x loops + KV of every plane read (`kv_bytes`; `kv_table_bytes`: the whole
 table width, what the XLA path gathers), at --bandwidth (4.1 TB/s, the H200's measured
 copy rate); `roofline_pct` = roofline time / measured time.
 """
@@ -165,6 +167,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
             run = lambda steps=steps, outs=outs: [outs.append(runner.submit(b, k)) or  # noqa: E731
                                                   jax.block_until_ready(outs[-1]) for b, k in steps]
             record = _record(base, name, time_calls(run, args.iters), len(steps))
+            record["sampler"] = "greedy" if steps[-1][1].greedy else "full"  # of the final step
             if name.startswith("fused"):  # back to back, as the engine's async scheduling submits
                 record["pipelined_us"] = _pipelined_seconds(runner, steps, args.iters) * 1e6
                 record["pipelined_roofline_pct"] = 100.0 * base["roofline_us"] / record["pipelined_us"]
@@ -182,20 +185,23 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
 
     from loopjax.exits import ExitSpec
     from loopjax.sampling_params import SamplingParams
-    from loopjax.steps import fused, per_loop
+    from loopjax.steps import fused_kind, per_loop
     batch = lambda rows, **kw: runner.make_batch(rows, decode=True, **kw)  # noqa: E731
-    fused_step = fused(loops, unroll=args.unroll)
-    cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), fused_step)]}
-    if args.sampled_case:  # the same executable with every row drawing (top-p), not greedy
+    # each case runs the kind the engine's dispatch picks for its rows (greedy or not)
+    kind = lambda rows, adaptive=False: fused_kind(  # noqa: E731
+        loops, decode=True, all_greedy=all(r.params.is_greedy for r in rows), adaptive=adaptive,
+        unroll=args.unroll if not adaptive else 1)
+    cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), kind(row_inputs))]}
+    if args.sampled_case:  # every row drawing (top-p), not greedy: the full sampler's executable
         drawing = [dataclasses.replace(r, params=SamplingParams(temperature=1.0, top_p=0.9, seed=i))
                    for i, r in enumerate(row_inputs)]
-        cases["fused_top_p"] = [(batch(drawing, loop_begin=0, loop_end=loops), fused_step)]
+        cases["fused_top_p"] = [(batch(drawing, loop_begin=0, loop_end=loops), kind(drawing))]
     if args.exit_threshold is not None:  # the adaptive (skip) step: ends when every row exited
         spec = ExitSpec(args.exit_criterion, args.exit_threshold) if family == "huginn" else None
         rows = [dataclasses.replace(r, exit_skip=True, exit_threshold=args.exit_threshold,
                                     exit_spec=spec) for r in row_inputs]
         cases["adaptive"] = [(batch(rows, loop_begin=0, loop_end=loops, adaptive=True),
-                              fused(loops, True))]
+                              kind(rows, adaptive=True))]
     if per_loop_too:
         cases["per_loop"] = [(batch(row_inputs, loop_begin=t, loop_end=t + 1),
                               per_loop(first=t == 0, final=t == loops - 1)) for t in range(loops)]

@@ -47,11 +47,12 @@ class CompileTime:
 
     @property
     def label(self) -> str:
-        """e.g. 'decode rows=32 width=256 loops=4 adaptive', 'prefill rows=4 tokens=512 ...'."""
+        """e.g. 'decode rows=32 width=256 loops=4 adaptive greedy', 'prefill rows=4 tokens=512 ...'."""
         k = self.kind
         shape = (f"decode rows={self.rows}" if self.decode
                  else f"prefill rows={self.rows} tokens={self.tokens}")
         flags = [name for name, on in (("adaptive", k.adaptive), ("weighted", k.weighted),
+                                       ("greedy", k.greedy),
                                        ("one-loop", k.save_carry), ("first", k.save_carry and k.first),
                                        ("final", k.save_carry and k.final)) if on]
         return " ".join([f"{shape} width={self.page_width} loops={k.num_loops}", *flags])

@@ -22,7 +22,7 @@ from loopjax import kv_cache
 from loopjax.batch import Buckets, RowInput, StepResult
 from loopjax.compilation import CompileTime, compile_lowered, use_compilation_cache
 from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, Ops
-from loopjax.steps import StepKind, StepOut, fused, huginn_step, ouro_step, per_loop
+from loopjax.steps import StepKind, StepOut, fused_kind, huginn_step, ouro_step, per_loop
 
 
 class CompileAfterWarmup(RuntimeError):  # a step compiled after warm-up (strict runners)
@@ -124,7 +124,8 @@ class Runner:
         adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
         weighted = not series and any(r.exit_weighted for r in rows)
         kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
-                else fused(count, adaptive, self.unroll, weighted))
+                else fused_kind(count, decode=decode, all_greedy=all(r.params.is_greedy for r in rows),
+                                adaptive=adaptive, unroll=self.unroll, weighted=weighted))
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,
                                 num_tokens=num_tokens, adaptive=adaptive)
@@ -162,12 +163,18 @@ class Runner:
         """(batch, kind) of every executable warm-up builds, one per executable, nothing
         compiled: every decode and prefill bucket for each fused loop count (and max_loops);
         series: the one-loop decode kinds instead of the fused ones; adaptive, weighted (Ouro's
-        weighted exit): those kinds too. Sets the fused loop counts `dispatch` picks from."""
+        weighted exit): those kinds too, each with every sampler `fused_kind` may pick (all
+        greedy rows or not). Sets the fused loop counts `dispatch` picks from."""
         todo = []  # (batch, kind)
         self.loop_counts = loop_counts = tuple(sorted(set(loop_counts) | {self.max_loops}))
-        fused_kinds = [fused(n, a, self.unroll, w) for n in loop_counts for a in {False, adaptive}
-                       for w in {False, weighted}]
-        kinds = [per_loop(f, t) for f in (True, False) for t in (True, False)] if series else fused_kinds
+
+        def fused_kinds(decode):  # dict: distinct kinds in a fixed order
+            return list(dict.fromkeys(
+                fused_kind(n, decode=decode, all_greedy=g, adaptive=a, unroll=self.unroll, weighted=w)
+                for n in loop_counts for a in {False, adaptive} for w in {False, weighted}
+                for g in (False, True)))
+        kinds = ([per_loop(f, t) for f in (True, False) for t in (True, False)] if series
+                 else fused_kinds(decode=True))
         for r in self.buckets.decode_rows:
             for width in self.buckets.page_widths:
                 for kind in kinds:
@@ -176,7 +183,7 @@ class Runner:
                                         num_rows=r, page_width=width, adaptive=kind.adaptive)
                     todo.append((b, kind))
         for r, n in self.buckets.prefill:
-            for kind in fused_kinds:
+            for kind in fused_kinds(decode=False):
                 b = self.make_batch([], decode=False, loop_begin=0, loop_end=kind.num_loops, num_rows=r,
                                     num_tokens=n, adaptive=kind.adaptive)
                 todo.append((b, kind))

@@ -1,8 +1,10 @@
 """On-device sampling: pure, jit-friendly functions over static shapes.
 
 The runner builds a `SamplingBatch` on the host (`SamplingBatch.from_params`, numpy, one row
-per decode row, padded to the row bucket R) and calls `sample` inside its jitted step; the
-only values read back are the sampled tokens (and logprobs when asked).
+per decode row, padded to the row bucket R) and calls `sample` inside its jitted step, with
+the logits in the model's dtype, and `greedy=True` in the executable of decode steps whose
+rows are all greedy (StepKind.greedy); the only values read back are the sampled tokens (and
+logprobs when asked).
 
 Semantics of one row, in order (Hugging Face's warper order):
   temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
@@ -78,48 +80,69 @@ def row_keys(batch: SamplingBatch) -> jax.Array:
     return jax.vmap(jax.random.fold_in)(keys, batch.token_index)
 
 
-def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int):
+def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
+           greedy: bool = False):
     """Sample one token per row.
 
-    logits: [R, V] f32 (raw model logits); num_top_logprobs: static k >= 0.
+    logits: [R, V] raw model logits, f32 or the model's 16-bit dtype (bf16 / f16: the draw
+    sorts their 16-bit order keys, `scale_and_sort`); num_top_logprobs: static k >= 0.
+    greedy: static; the caller knows every real row is greedy (padding rows are): tokens are
+    the argmax, no filter, sort or noise, and every output is bitwise what the full path gives
+    for greedy rows (StepKind.greedy).
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
     top_logprobs [R, k] f32 (descending).
     """
     if not 0 <= num_top_logprobs <= logits.shape[-1]:
         raise ValueError(f"num_top_logprobs must be in [0, {logits.shape[-1]}], got {num_top_logprobs}")
-    logits = logits.astype(jnp.float32)
+    if logits.dtype.itemsize not in _ORDER_KEY_TYPES:
+        logits = logits.astype(jnp.float32)
     with jax.named_scope("sample"):
-        greedy = batch.temperature < GREEDY_EPS
-        greedy_tokens = jnp.argmax(logits, axis=-1).astype(jnp.int32)
-        # NOTE: branch-free: the draw (noise for R x V and the filters) runs even when every
-        # row is greedy. A lax.cond / lax.switch on a device value makes XLA:GPU read it back
-        # to the host in the middle of the step (a sync the engine avoids): measured in run 15,
-        # a cond skipping the draw on all-greedy batches made the 32-row Ouro-1.4B step 2.6%
-        # faster back to back, the 1-row step 28% slower, and burst-32 no faster.
-        tokens = jnp.where(greedy, greedy_tokens, _draw(logits, batch, greedy))
-        lse = jax.nn.logsumexp(logits, axis=-1)
-        chosen = jnp.take_along_axis(logits, tokens[:, None], axis=-1)[:, 0] - lse
+        raw = logits.astype(jnp.float32)
+        tokens = jnp.argmax(raw, axis=-1).astype(jnp.int32)
+        if not greedy:
+            # NOTE: branch-free: the draw (noise for R x V and the filters) runs even when every
+            # row is greedy. A lax.cond / lax.switch on a device value makes XLA:GPU read it back
+            # to the host in the middle of the step (a sync the engine avoids): measured in run
+            # 15, a cond skipping the draw on all-greedy batches made the 32-row Ouro-1.4B step
+            # 2.6% faster back to back, the 1-row step 28% slower, and burst-32 no faster. The
+            # host picks the greedy executable instead (StepKind.greedy).
+            rows_greedy = batch.temperature < GREEDY_EPS
+            tokens = jnp.where(rows_greedy, tokens, _draw(logits, batch, rows_greedy))
+        lse = jax.nn.logsumexp(raw, axis=-1)
+        chosen = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0] - lse
         if num_top_logprobs > 0:
-            top_vals, top_ids = jax.lax.top_k(logits, num_top_logprobs)
+            top_vals, top_ids = jax.lax.top_k(raw, num_top_logprobs)
             top_logprobs = top_vals - lse[:, None]
         else:
-            top_ids = jnp.zeros((logits.shape[0], 0), jnp.int32)
-            top_logprobs = jnp.zeros((logits.shape[0], 0), jnp.float32)
+            top_ids = jnp.zeros((raw.shape[0], 0), jnp.int32)
+            top_logprobs = jnp.zeros((raw.shape[0], 0), jnp.float32)
     return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
 
 
 def _draw(logits, batch, greedy):
     """Tokens [R] i32 drawn from the filtered, temperature-scaled distribution."""
-    vocab = logits.shape[-1]
-    temperature = jnp.where(greedy, 1.0, batch.temperature)
-    scaled = logits / temperature[:, None]
-    masked = jnp.where(scaled >= filter_threshold(scaled, batch, greedy), scaled, -jnp.inf)
-    noise = jax.vmap(lambda k: jax.random.gumbel(k, (vocab,), jnp.float32))(row_keys(batch))
+    scaled, sorted_desc = scale_and_sort(logits, batch, greedy)
+    masked = jnp.where(scaled >= filter_threshold(scaled, sorted_desc, batch, greedy), scaled, -jnp.inf)
+    noise = jax.vmap(lambda k: jax.random.gumbel(k, (logits.shape[-1],), jnp.float32))(row_keys(batch))
     return jnp.argmax(masked + noise, axis=-1).astype(jnp.int32)
 
 
-def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array) -> jax.Array:
+def scale_and_sort(logits: jax.Array, batch: SamplingBatch, greedy: jax.Array):
+    """(scaled [R, V] f32: the logits over each row's temperature (greedy rows: 1), the same
+    values sorted descending [R, V] f32). Sorted in the logits' own dtype, then scaled:
+    x -> f32(x) / t (t > 0 per row) is monotone, so this is the sort of the scaled values
+    exactly, ties included, and 16-bit logits sort 16-bit keys (run 16, H200: [32, 49152]
+    138 vs 238 us for the f32 ones)."""
+    temperature = jnp.where(greedy, 1.0, batch.temperature)[:, None]
+    scaled = logits.astype(jnp.float32) / temperature
+    return scaled, sort_descending(logits).astype(jnp.float32) / temperature
+
+
+def filter_threshold(scaled: jax.Array, sorted_desc: jax.Array, batch: SamplingBatch,
+                     greedy: jax.Array) -> jax.Array:
     """Per-row value threshold [R, 1]: a token is kept iff its scaled logit >= it.
+    scaled: [R, V] f32 temperature-scaled logits; sorted_desc: [R, V] f32, the same values
+    sorted descending (`scale_and_sort`).
 
     Combines top-k, top-p and min-p. The exact path a batch needs is one of: 0) no sampled
     row uses top-k / top-p: min-p only; 1) every filtering row has top_k in 1..TOP_K_CAP: from
@@ -127,7 +150,7 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
     descending sort. Branch-free (see `sample`): one sort of every row per step feeds paths 1
     and 2 (its first TOP_K_CAP columns are the top-k values) and the batch's path is selected.
     On the H200 the sort of [128, 65536] f32 costs ~0.4 ms (`sort_descending`; `lax.top_k` of
-    128 as much as the float-comparator sort, ~0.6 ms).
+    128 as much as the float-comparator sort, ~0.6 ms); of bf16 keys about half.
     """
     vocab = scaled.shape[-1]
     top_k = jnp.where((batch.top_k <= 0) | (batch.top_k >= vocab), 0, batch.top_k)
@@ -136,7 +159,6 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
     capped = (top_k > 0) & (top_k <= TOP_K_CAP)
     cap = min(TOP_K_CAP, vocab)
     row_max = jnp.max(scaled, axis=-1, keepdims=True)
-    sorted_desc = sort_descending(scaled)
     from_top_k = _topk_topp_threshold(sorted_desc[:, :cap], top_k, batch.top_p)
     from_sort = _topk_topp_threshold(sorted_desc, top_k, batch.top_p)
     thr = jnp.where(~jnp.any(filtering), -jnp.inf,
@@ -147,19 +169,25 @@ def filter_threshold(scaled: jax.Array, batch: SamplingBatch, greedy: jax.Array)
 
 
 def sort_descending(x: jax.Array) -> jax.Array:
-    """x [R, V] f32 sorted descending along V, through int32 keys in float order: an integer
-    sort has a plain comparator, which XLA:GPU hands to CUB's radix sort at large sizes (run 12,
-    H200: [128, 49152] 288 vs 495 µs for `-jnp.sort(-x)`, whose NaN-canonicalizing float
-    comparator it cannot; 5% faster at 8-32 rows). Same values, but -0.0 sorts below +0.0
-    (equal as floats, so the thresholds built from it are unchanged)."""
-    keys = _float_order_keys(jax.lax.bitcast_convert_type(-x, jnp.int32))
-    return -jax.lax.bitcast_convert_type(_float_order_keys(jnp.sort(keys, axis=-1)), jnp.float32)
+    """x [R, V] f32 / bf16 / f16 sorted descending along V (same dtype), through integer keys
+    of the same width in float order: an integer sort has a plain comparator, which XLA:GPU
+    hands to CUB's radix sort at large sizes (run 12, H200: [128, 49152] f32 288 vs 495 µs for
+    `-jnp.sort(-x)`, whose NaN-canonicalizing float comparator it cannot; 5% faster at 8-32
+    rows). Same values, but -0.0 sorts below +0.0 (equal as floats, so the thresholds built
+    from it are unchanged)."""
+    int_type = _ORDER_KEY_TYPES[x.dtype.itemsize]
+    keys = _float_order_keys(jax.lax.bitcast_convert_type(-x, int_type))
+    return -jax.lax.bitcast_convert_type(_float_order_keys(jnp.sort(keys, axis=-1)), x.dtype)
+
+
+_ORDER_KEY_TYPES = {4: jnp.int32, 2: jnp.int16}  # float width in bytes -> its order keys' type
 
 
 def _float_order_keys(bits):
-    """f32 bit patterns <-> int32 keys whose signed order is the floats' order (an
-    involution: negative floats flip their magnitude bits)."""
-    return bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    """Float bit patterns (int32 / int16) <-> keys of the same type whose signed order is the
+    floats' order (an involution: negative floats flip their magnitude bits)."""
+    sign_bit = jnp.iinfo(bits.dtype).bits - 1
+    return bits ^ ((bits >> sign_bit) & jnp.iinfo(bits.dtype).max)
 
 
 def _topk_topp_threshold(sorted_desc, top_k, top_p):

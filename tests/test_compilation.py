@@ -31,12 +31,14 @@ def model():
 def test_every_compiled_executable_is_timed_once(model):
     engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
     runner, times = engine.runner, engine.runner.compile_times
-    assert runner.compilations == len(times) == 3  # decode rows 1 and 2, prefill 2 x 16
+    # decode rows 1 and 2, each with the full and the greedy sampler; prefill 2 x 16
+    assert runner.compilations == len(times) == 5
     assert all(t.lower_s > 0 and t.compile_s > 0 and not t.cache_hit for t in times)
     labels = sorted(t.label for t in times)
-    assert labels == ["decode rows=1 width=4 loops=4", "decode rows=2 width=4 loops=4",
+    assert labels == ["decode rows=1 width=4 loops=4", "decode rows=1 width=4 loops=4 greedy",
+                      "decode rows=2 width=4 loops=4", "decode rows=2 width=4 loops=4 greedy",
                       "prefill rows=2 tokens=16 width=4 loops=4"]
-    assert all(t.kind == fused(4) for t in times)
+    assert all(t.kind == fused(4, greedy=t.decode and t.kind.greedy) for t in times)
     stats = engine.stats()
     assert stats["compile_s"] == pytest.approx(sum(t.lower_s + t.compile_s for t in times))
     assert stats["compile_cache_hits"] == 0
@@ -52,7 +54,7 @@ def test_a_step_compiled_after_start_up_is_timed_too(model):
     times = engine.runner.compile_times
     assert len(times) == engine.runner.compilations == 2  # the prefill and the 1-row decode
     assert {t.label for t in times} == {"prefill rows=2 tokens=16 width=4 loops=4",
-                                       "decode rows=1 width=4 loops=4"}
+                                       "decode rows=1 width=4 loops=4 greedy"}
     assert all(t.seconds > 0 for t in times)
 
 
@@ -111,14 +113,15 @@ def _start(cache_dir) -> dict:
 def test_a_second_start_loads_the_executables_from_the_compilation_cache(tmp_path):
     cache = tmp_path / "jax-cache"
     first = _start(cache)
-    assert first["compilations"] == 2 and first["cache_hits"] == 0 and not any(first["hit_flags"])
+    # the 1-row decode with each sampler, the prefill
+    assert first["compilations"] == 3 and first["cache_hits"] == 0 and not any(first["hit_flags"])
     # Every step executable was written (the jitted step function is named `traced`).
     def steps():
         return sorted(name for name in os.listdir(cache) if name.startswith("jit_traced"))
     written = steps()
     assert len(written) == first["compilations"]
     second = _start(cache)
-    assert second["cache_hits"] == second["compilations"] == 2 and all(second["hit_flags"])
+    assert second["cache_hits"] == second["compilations"] == 3 and all(second["hit_flags"])
     assert second["tokens"] == first["tokens"] and len(first["tokens"]) == 6
     assert steps() == written  # nothing was compiled anew
 
@@ -150,7 +153,7 @@ def test_warmup_runs_each_executable_once_and_leaves_the_pool_as_it_was(model, m
         self._key(batch, kind)) or real_submit(self, batch, kind))
     engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
     runner = engine.runner
-    assert sorted(map(str, submitted)) == sorted(map(str, runner._compiled)) and len(submitted) == 3
+    assert sorted(map(str, submitted)) == sorted(map(str, runner._compiled)) and len(submitted) == 5
     assert runner.submissions == 0
     pool = jax.tree_util.tree_leaves(runner.state.kv)
     assert len(pool) == 2 * model.cfg.num_layers
@@ -162,3 +165,23 @@ def test_warmup_runs_each_executable_once_and_leaves_the_pool_as_it_was(model, m
         if np.ndim(value) and value.shape[0] == SMALL["max_num_rows"] + 1:
             np.testing.assert_array_equal(np.asarray(value)[:-1], np.asarray(before)[:-1])
     assert any(np.ndim(v) and v.shape[0] == SMALL["max_num_rows"] + 1 for v in carry)
+
+
+def test_a_strict_engine_serves_greedy_then_sampled_then_greedy_without_compiling(model, monkeypatch):
+    """Warm-up builds both samplers of every decode bucket: decode steps of greedy requests run
+    the greedy executable, a step with a sampled row the full one, and nothing compiles."""
+    from loopjax.runner import Runner
+
+    engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
+    compiled, greedy_steps = engine.runner.compilations, []  # per request: its decode kinds' greedy
+    real_submit = Runner.submit
+    monkeypatch.setattr(Runner, "submit", lambda self, batch, kind: (
+        batch.decode and greedy_steps[-1].add(kind.greedy)) or real_submit(self, batch, kind))
+    greedy = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True)
+    for params in (greedy, SamplingParams(max_tokens=3, temperature=0.8, top_p=0.9, seed=1), greedy):
+        greedy_steps.append(set())
+        engine.add_request([1, 2, 3], params)
+        while engine.has_unfinished():
+            engine.step()
+    assert greedy_steps == [{True}, {False}, {True}]
+    assert engine.runner.compilations == compiled

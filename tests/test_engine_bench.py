@@ -77,3 +77,14 @@ def test_decode_step_sampled_case_and_attention_stages(tmp_path):
     with decode_step._attention_experiment("kernel", "auto", "2"):
         assert mgpu.default_num_stages(4096) == 2
     assert mgpu.default_num_stages(32768) == 3 and mgpu.default_num_stages is default
+
+
+def test_decode_step_times_the_sampler_the_engine_picks(tmp_path):
+    """Greedy rows run the greedy executable (as Runner.dispatch picks it), --sampled-case's
+    drawing rows the full sampler's."""
+    out = tmp_path / "decode.json"
+    rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
+                           "--per-loop-rows", "", "--sampled-case", "--out", str(out)])
+    assert rc == 0
+    records = json.loads(out.read_text())["records"]
+    assert [(r["variant"], r["sampler"]) for r in records] == [("fused", "greedy"), ("fused_top_p", "full")]

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopjax.sampling import TOP_K_CAP, SamplingBatch, filter_threshold, row_keys, sample
+from loopjax.sampling import TOP_K_CAP, SamplingBatch, filter_threshold, row_keys, sample, sort_descending
 from loopjax.sampling_params import SamplingParams
 
 _sample = jax.jit(sample, static_argnames="num_top_logprobs")
@@ -35,7 +35,7 @@ def kept_set(logits_row, **kw):
     p = SamplingParams(**kw)
     batch = SamplingBatch.from_params([p], 1, [0])
     scaled = jnp.asarray(np.asarray(logits_row, np.float32)[None] / p.temperature)
-    thr = _filter_threshold(scaled, batch, jnp.asarray([False]))
+    thr = _filter_threshold(scaled, sort_descending(scaled), batch, jnp.asarray([False]))
     return set(np.nonzero(np.asarray(scaled >= thr)[0])[0].tolist())
 
 
@@ -356,8 +356,6 @@ def test_from_openai_rejects_bad_fields(body, msg):
 def test_sort_descending_matches_numpy_on_every_kind_of_float():
     """The int-key sort gives numpy's descending order (as values) for negatives, positives,
     both zeros, ties, infinities and denormals."""
-    from loopjax.sampling import sort_descending
-
     rs = np.random.default_rng(3)
     x = rs.standard_normal((3, 257)).astype(np.float32) * 10
     x[0, :6] = [0.0, -0.0, np.inf, -np.inf, 1e-42, -1e-42]

@@ -16,10 +16,11 @@ from loopjax import config as config_lib
 from loopjax.bench import warmup_probe
 from loopjax.engine import EngineConfig
 
-# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32 and the eight
-# prefill token buckets up to max_prefill_tokens 2048. Raise only on purpose: each one is
-# another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
-DEFAULT_EXECUTABLES = 12
+# Warm-up executables of EngineConfig() (max_num_rows 32): decode rows 1, 8, 16, 32, each with the
+# full and the greedy sampler (StepKind.greedy: all-greedy steps skip the sort and the noise),
+# and the eight prefill token buckets up to max_prefill_tokens 2048. Raise only on purpose: each
+# one is another compile at every start (run 10: 35-52 s of compile each with the Mosaic decode).
+DEFAULT_EXECUTABLES = 16
 
 
 @pytest.mark.parametrize("preset", ["ouro-1.4b", "huginn-0125"])
@@ -46,10 +47,12 @@ def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend)
         engine = warmup_probe.abstract_engine(config_lib.preset(preset), config)
         records = warmup_probe.lower_warmup(engine)
     decode = [r for r in records if r["label"].startswith("decode")]
-    assert [r["label"] for r in decode] == [f"decode rows=8 width=16 loops={engine.max_loops}"]
+    label = f"decode rows=8 width=16 loops={engine.max_loops}"
+    assert [r["label"] for r in decode] == [label, f"{label} greedy"]  # the two samplers
     mosaic = kernels if backend == "pallas_mgpu" else 0
-    assert decode[0]["mosaic_calls"] == decode[0]["mosaic_kernels"] == mosaic
-    assert decode[0]["triton_calls"].get("loopjax_paged_decode", 0) == kernels - mosaic
+    for step in decode:
+        assert step["mosaic_calls"] == step["mosaic_kernels"] == mosaic
+        assert step["triton_calls"].get("loopjax_paged_decode", 0) == kernels - mosaic
     prefill = [r for r in records if r not in decode]
     assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
     assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
@@ -116,12 +119,14 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
     labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
     decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
-    assert decode("default") == [f"decode rows={r} width=4 loops=4" for r in (1, 8)]  # 2-7 pad to 8
-    assert decode("old-buckets") == [f"decode rows={r} width=4 loops=4" for r in (1, 2, 4, 8)]
-    assert len(labels["default"]) == len(labels["old-buckets"]) - 2  # the same prefill buckets
+    both = lambda *rows: [f"decode rows={r} width=4 loops=4{sampler}"  # noqa: E731
+                          for r in rows for sampler in ("", " greedy")]  # the two samplers each
+    assert decode("default") == both(1, 8)  # 2-7 pad to 8
+    assert decode("old-buckets") == both(1, 2, 4, 8)
+    assert len(labels["default"]) == len(labels["old-buckets"]) - 4  # the same prefill buckets
     assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
     text = capsys.readouterr().out
-    assert "default: 10 executables" in text and "old-buckets: 12 executables" in text  # + 8 prefill
+    assert "default: 12 executables" in text and "old-buckets: 16 executables" in text  # + 8 prefill
     assert "(1 mgpu)" in text
 
 
@@ -134,9 +139,10 @@ def test_probe_device_path_runs_on_cpu():
         "--engine-arg", "prefill_token_buckets=[16]"])
     result = warmup_probe.run_on_device("default", args)
     assert [e["label"] for e in result["executables"]] == [
-        "decode rows=1 width=4 loops=4", "decode rows=8 width=4 loops=4",
+        "decode rows=1 width=4 loops=4", "decode rows=1 width=4 loops=4 greedy",
+        "decode rows=8 width=4 loops=4", "decode rows=8 width=4 loops=4 greedy",
         "prefill rows=4 tokens=16 width=4 loops=4"]
     assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
     assert result["warmup_s"] > 0 and result["decode_rows"] == [1, 8]
     assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
-    assert "default: 3 executables" in warmup_probe.table([result])
+    assert "default: 5 executables" in warmup_probe.table([result])
