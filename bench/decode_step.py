@@ -99,13 +99,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def weight_bytes(model, loops: int) -> int:
     """Bytes of weights one decode step reads: the looped stack x loops, the rest once
-    (embedding: one row per token, negligible; the lm_head once)."""
+    (embedding: one row per token, negligible; the lm_head once; Huginn's adapter_input, e's
+    half of the adapter, once per step: huginn.inject)."""
     size = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
     p, cfg = model.params, model.cfg
     if cfg.family == "ouro":
         return size(p["layers"]) * loops + size(p["lm_head"]) + size(p["norm"]) + size(p["gate_w"])
-    return (size(p["prelude"]) + size(p["coda"]) + (size(p["core"]) + size(p["adapter"])) * loops
-            + size(p["embed"]))  # the tied lm_head reads the whole embedding
+    return (size(p["prelude"]) + size(p["coda"]) + (size(p["core"]) + size(p["adapter_state"])) * loops
+            + size(p["adapter_input"]) + size(p["embed"]))  # the tied lm_head reads the whole embedding
 
 
 def kv_read_bytes(cfg, layout, loops: int, rows: int, context: int) -> int:

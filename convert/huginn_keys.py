@@ -9,8 +9,9 @@ transposed here. Layer tensors: `transformer.{prelude,core_block,coda}.{i}.` +
   attn.proj.weight   [H, H]     -> wo [H, H]
   mlp.fc.weight      [2F, H]    -> w_gate_up [H, 2F] (gate rows first, then up)
   mlp.proj.weight    [H, F]     -> w_down [F, H]
-Top level: transformer.wte.weight [V,H] -> embed; transformer.adapter.weight [H,2H] ->
-adapter [2H,H] (input is concat[state, e], state first); transformer.ln_f.weight -> ln_f.
+Top level: transformer.wte.weight [V,H] -> embed; transformer.adapter.weight [H,2H] (input
+concat[state, e], state first) -> its transpose's halves adapter_state = W[:, :H].T and
+adapter_input = W[:, H:].T [H,H]; transformer.ln_f.weight -> ln_f.
 
 `lm_head.weight` is optional: Huginn ties it to the embedding, and checkpoints may store the
 duplicate; when present it must equal `transformer.wte.weight`. `freqs_cis` is a RoPE buffer
@@ -102,9 +103,11 @@ def to_params(cfg: HuginnConfig, tensors: dict[str, np.ndarray]) -> dict:
     if TIED_HF_KEY in tensors and not np.array_equal(np.asarray(tensors[TIED_HF_KEY]), embed):
         raise ValueError(f"huginn checkpoint: {TIED_HF_KEY} differs from {EMBED_HF_KEY}, but "
                          "loopjax ties them (untied heads are not supported)")
+    adapter = np.asarray(tensors["transformer.adapter.weight"])
     params = {
         "embed": embed,
-        "adapter": _matrix(tensors["transformer.adapter.weight"]),
+        "adapter_state": _matrix(adapter[:, :cfg.hidden_size]),
+        "adapter_input": _matrix(adapter[:, cfg.hidden_size:]),
         "ln_f": np.asarray(tensors["transformer.ln_f.weight"]),
     }
     for stack, hf_stack, count in _STACKS:

@@ -18,6 +18,8 @@ out for the weight stream, not for the FLOPs:
 
 Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
     streaming_matmul_add(x, w, residual [M, N])      = linear(x, w) + residual
+    streaming_matmul_accumulate(x, w, acc [M, N] f32) = layers.linear_accumulate (always the
+        fp32 partials, S >= 1, summed with acc in XLA, rounded once)
     streaming_matmul_silu_mul(x, w_gate_up [K, 2F])  = layers.silu_mul(gate, up)
 with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md); SiLU in
 fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_mul.py).
@@ -80,11 +82,13 @@ __all__ = [
     "default_split",
     "pick_config",
     "ref_streaming_matmul",
+    "ref_streaming_matmul_accumulate",
     "ref_streaming_matmul_add",
     "ref_streaming_matmul_add_norm_norm",
     "ref_streaming_matmul_norm_add_norm",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
+    "streaming_matmul_accumulate",
     "streaming_matmul_add",
     "streaming_matmul_add_norm_norm",
     "streaming_matmul_norm_add_norm",
@@ -118,6 +122,11 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=No
 def ref_streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     check_matmul_inputs(x, w, residual)
     return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+
+
+def ref_streaming_matmul_accumulate(x, w, acc):
+    check_matmul_inputs(x, w)
+    return layers.linear_accumulate(x, w, acc)
 
 
 def ref_streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
@@ -249,7 +258,7 @@ def _kernel(
 
     out_mask = _mask((block_m, bn), 0, (0, m) if x_rows_masked else None, c0, (0, n) if cols_masked else None)
     window = (pl.ds(0, block_m), pl.ds(c0, bn))
-    if cfg.split_k > 1:  # fp32 partials; the caller reduces and applies the epilogue
+    if len(o_ref.shape) == 3:  # fp32 partials [S, M, N]; the caller reduces and applies the epilogue
         plgpu.store(o_ref.at[(pl.program_id(1), *window)], accs[0], mask=out_mask)
         return
     dtype = o_ref.dtype
@@ -267,13 +276,15 @@ def _call(x, w, residual, epilogue: str, interpret: bool | None, overrides: dict
           norm_weight=None, norm_eps: float | None = None):
     """Checks the inputs and settles the configuration (outside the jit: one-line errors at
     the call), then runs `_kernel_call`."""
-    m, k, n_w = check_matmul_inputs(x, w, residual, gate_up=epilogue == "silu",
-                                    norm_weight=norm_weight, norm_eps=norm_eps)
+    m, k, n_w = check_matmul_inputs(x, w, residual if epilogue != "accumulate" else None,
+                                    gate_up=epilogue == "silu", norm_weight=norm_weight, norm_eps=norm_eps)
+    if epilogue == "accumulate" and (residual.shape != (m, n_w) or residual.dtype != jnp.float32):
+        raise ValueError(f"acc must be float32[{m}, {n_w}], got {residual.dtype}{residual.shape}")
     cfg = pick_config(m, k, n_w, x.dtype, **overrides)
     _check_config(cfg, k)
     fused_silu = cfg.split_k == 1 and epilogue == "silu"
     cfg = _fit_stages(cfg, block_rows(m), 2 if fused_silu else 1, x.dtype.itemsize)
-    residual = residual if epilogue == "add" else None
+    residual = residual if epilogue in ("add", "accumulate") else None
     return _kernel_call(x, w, residual, norm_weight, cfg=cfg, epilogue=epilogue,
                         norm_eps=None if norm_weight is None else float(norm_eps),
                         interpret=resolve_interpret(interpret))
@@ -288,7 +299,7 @@ def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
     m, k = x.shape
     n_w = w.shape[1]
     block_m = block_rows(m)
-    fused = cfg.split_k == 1
+    fused = cfg.split_k == 1 and epilogue != "accumulate"  # "accumulate": the fp32 sums, S >= 1
     n_out = n_w // 2 if (fused and epilogue == "silu") else n_w
     kernel_epilogue = epilogue if fused and epilogue != "partials" else "none"
     if fused:
@@ -311,6 +322,8 @@ def _kernel_call(x, w, residual, norm_weight, *, cfg: Config, epilogue: str,
     )(*operands)
     if fused or epilogue == "partials":
         return out
+    if epilogue == "accumulate":  # NOTE: one fp32 sum with the other part, rounded once
+        return (jnp.sum(out, axis=0) + residual).astype(x.dtype)
     # NOTE: split-K: XLA fuses the partial sum, the rounding and the epilogue in one kernel.
     y = jnp.sum(out, axis=0).astype(x.dtype)
     if epilogue == "add":
@@ -366,6 +379,19 @@ def streaming_matmul_silu_mul(
 ):
     """layers.silu_mul(gate, up) of linear(x, w_gate_up) -> [M, F]."""
     return _call(x, w_gate_up, None, "silu", interpret, _overrides(**blocks), norm_weight, norm_eps)
+
+
+def streaming_matmul_accumulate(
+    x,  # [M, K]
+    w,  # [K, N]
+    acc,  # [M, N] float32: another part of the same sum
+    *,
+    interpret: bool | None = None,
+    **blocks,  # _overrides' keywords
+):
+    """layers.linear_accumulate: (x @ w + acc) with the product's fp32 accumulator (every
+    split's partial) summed with acc in XLA and rounded once to x's dtype."""
+    return _call(x, w, acc, "accumulate", interpret, _overrides(**blocks))
 
 
 def streaming_matmul_norm_add_norm(

@@ -168,7 +168,7 @@ def _huginn_prelude(params, cfg, layout, rule, kv, ids, positions):
 def _huginn_core(params, cfg, layout, rule, kv, s, e, positions, depth):
     cos, sin = rope_angles(positions, cfg.head_dim, cfg.rope_base)
     attn = DenseStore(layout, rule, positions)
-    return huginn.core_loop(params, cfg, s, e, cos, sin, attn, kv, depth)
+    return huginn.core_loop(params, cfg, s, huginn.inject(params, e), cos, sin, attn, kv, depth)
 
 
 @partial(jax.jit, static_argnames=("cfg", "layout"))

@@ -8,7 +8,9 @@ Hugging Face config.json (model.py reads those; this module does not).
 
 The params tree is whatever the family's `param_specs(cfg, dtype)` declares; `restore` asks
 Orbax for exactly that tree (shapes checked against the stored metadata first, so a wrong
-checkpoint fails with one line) and gets device arrays back, cast to `dtype` if asked.
+checkpoint fails with one line) and gets device arrays back, cast to `dtype` if asked. A
+family may also declare an older layout (`legacy_param_specs`), which `restore` reads and
+converts (`upgrade_legacy_params`): Huginn checkpoints with one [2H, H] "adapter".
 """
 
 from __future__ import annotations
@@ -110,7 +112,11 @@ def restore(path: str, dtype=None):
     cfg = read_config(path)
     stored = _metadata_tree(path)
     dtype = np.dtype(jax.tree.leaves(stored)[0].dtype) if dtype is None else parse_dtype(dtype)
-    specs = model_module(cfg).param_specs(cfg, dtype)
+    module = model_module(cfg)
+    specs, upgrade = module.param_specs(cfg, dtype), None
+    legacy = getattr(module, "legacy_param_specs", None)
+    if legacy is not None and _keys(stored) == _keys(legacy(cfg, dtype)):  # an older layout
+        specs, upgrade = legacy(cfg, dtype), module.upgrade_legacy_params
     _check_tree(path, cfg, stored, None, specs)
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=device), specs)
@@ -120,7 +126,11 @@ def restore(path: str, dtype=None):
         except (ValueError, OSError) as e:
             raise CheckpointError(f"cannot restore the params of {path}: "
                                   f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    return cfg, params
+    return cfg, (upgrade(cfg, params) if upgrade else params)
+
+
+def _keys(tree) -> set[str]:
+    return {key for key, _ in _flatten(tree)}
 
 
 def _metadata_tree(path: str):

@@ -54,6 +54,14 @@ def linear(x, w):
     return jnp.dot(x, w, preferred_element_type=jnp.float32).astype(x.dtype)
 
 
+def linear_accumulate(x, w, acc):
+    """(x @ w + acc) rounded once to x's dtype: the product's fp32 accumulation continued from
+    acc [.., N] f32, another part of the same sum (Huginn's adapter: concat[s, e] @ [A_s; A_e]
+    = s @ A_s + e @ A_e, e's part taken once per token). The reference's single GEMM differs
+    only in its fp32 summation order, which no GEMM fixes anyway."""
+    return (jnp.dot(x, w, preferred_element_type=jnp.float32) + acc).astype(x.dtype)
+
+
 def linear_in_dtype(x, w):
     """`linear` as XLA:GPU runs it best: the dot's result type is x's dtype. XLA:GPU accumulates
     a bf16/f16 dot in fp32 and rounds once in the GEMM's epilogue (linear's numbers, possibly
@@ -230,6 +238,7 @@ class Ops:
     kernel may run the RoPE in its epilogue and write q, k, v)."""
 
     linear: Callable = linear
+    linear_accumulate: Callable = linear_accumulate
     norm_linear: Callable = norm_linear
     norm_linear_silu_mul: Callable = norm_linear_silu_mul
     linear_silu_mul: Callable = linear_silu_mul

@@ -37,8 +37,9 @@ from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming")
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
-PRODUCTS = {"linear": 0, "norm_linear": -1, "norm_linear_silu_mul": -1, "linear_silu_mul": 0,
-            "linear_norm_add_norm": 0, "linear_add_norm_norm": 0, "linear_rope_rotate_half_qkv": 0}
+PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear_silu_mul": -1,
+            "linear_silu_mul": 0, "linear_norm_add_norm": 0, "linear_add_norm_norm": 0,
+            "linear_rope_rotate_half_qkv": 0}
 # Weight shape [K, N] -> the most rows at which its streaming product (TUNED configs) is used
 # from 8 rows up. Huginn-0125 (run 11): wqkv, wo, w_down each beat XLA by >= 5% per product at
 # 8 and 32 rows and gain 12-15% in the step; its w_gate_up and lm_head tie per product
@@ -54,8 +55,10 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in
 # the activation dtype (layers.linear_in_dtype: no fp32 GEMM output + convert kernel). Built
 # once: Ops must be equal across calls (a static jit argument) and partials compare by identity.
+# linear_accumulate keeps its fp32 product (it continues a sum).
 GPU_XLA_OPS = Ops(**{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
-                     if name != "linear" else layers.linear_in_dtype for name in PRODUCTS})
+                     for name in PRODUCTS if name not in ("linear", "linear_accumulate")},
+                  linear=layers.linear_in_dtype, linear_accumulate=layers.linear_accumulate)
 
 
 def matmul_ops(name: str) -> Ops:
@@ -63,7 +66,8 @@ def matmul_ops(name: str) -> Ops:
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
     if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
         return XLA_OPS
-    streaming = Ops(linear=streaming_linear, norm_linear=streaming_norm_linear,
+    streaming = Ops(linear=streaming_linear, linear_accumulate=streaming_linear_accumulate,
+                    norm_linear=streaming_norm_linear,
                     norm_linear_silu_mul=streaming_norm_linear_silu_mul,
                     linear_silu_mul=streaming_linear_silu_mul,
                     linear_norm_add_norm=streaming_linear_norm_add_norm,
@@ -123,6 +127,10 @@ def _few_rows(x) -> bool:
 
 def streaming_linear(x, w):  # x [M, K]; w [K, N]
     return sm.streaming_matmul(x, w) if _few_rows(x) else layers.linear(x, w)
+
+
+def streaming_linear_accumulate(x, w, acc):  # x [M, K]; w [K, N]; acc [M, N] f32
+    return sm.streaming_matmul_accumulate(x, w, acc) if _few_rows(x) else layers.linear_accumulate(x, w, acc)
 
 
 def streaming_norm_linear(x, norm_weight, eps: float, w):  # x [M, K]; norm_weight [K]; w [K, N]

@@ -180,6 +180,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         s = jnp.where((batch.init_mode == INIT_WARM)[:, None], warm, s)
     else:
         e, s, kv = state.carry["e"][batch.carry_slot], state.carry["s"][batch.carry_slot], state.kv
+    injected = huginn.inject(params, e)  # e's part of the adapter: once per step, not per loop
     # Adaptive: criteria state; `sel` the selected (exit loop's) state; `ran` its loop count.
     xs = exits.init(batch.exit, s, cfg.vocab_size) if kind.adaptive else None
     ran = jnp.zeros(batch.row_loops.shape, jnp.int32)
@@ -189,7 +190,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         exited = xs.exited if kind.adaptive else jnp.zeros_like(batch.exit_skip)
         row_live = (depth < batch.row_loops) & ~(exited & batch.exit_skip)
         live = row_live[batch.row_of_token]
-        s_new, kv = huginn.core_loop(params, cfg, s, e, cos, sin, attn.with_write_mask(live), kv,
+        s_new, kv = huginn.core_loop(params, cfg, s, injected, cos, sin, attn.with_write_mask(live), kv,
                                      depth, ops)
         s = jnp.where(live[:, None], s_new, s)
         if kind.adaptive:  # the logit criteria need the coda (with its KV writes) on checked loops

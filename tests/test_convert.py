@@ -91,6 +91,25 @@ def test_huginn_converted_logits_match_golden(converted):
     assert relative_error(out.logits, golden["logits_steps8"][0]) < RTOL
 
 
+def test_huginn_checkpoint_with_one_adapter_restores_split(tmp_path, converted):
+    """A Huginn checkpoint written before the adapter's halves were separate buffers (one
+    "adapter" [2H, H]) restores into today's params: adapter_state, adapter_input."""
+    import orbax.checkpoint as ocp
+
+    cfg, params = checkpoint.restore(converted["huginn"])
+    params = jax.tree.map(np.asarray, params)
+    legacy = {k: v for k, v in params.items() if not k.startswith("adapter_")}
+    legacy["adapter"] = np.concatenate([params["adapter_state"], params["adapter_input"]], axis=0)
+    folder = tmp_path / "legacy"
+    shutil.copytree(converted["huginn"], folder, ignore=shutil.ignore_patterns(checkpoint.PARAMS_DIR))
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(str(folder / checkpoint.PARAMS_DIR), legacy)
+        checkpointer.wait_until_finished()
+    _, restored = checkpoint.restore(str(folder))
+    assert_trees_equal(restored, params)
+    assert not np.array_equal(params["adapter_state"], params["adapter_input"])
+
+
 def test_bf16_conversion_casts(tmp_path, converted):
     out = str(tmp_path / "bf16")
     assert convert_cli(HUGINN, out) == 0  # bfloat16 is the default

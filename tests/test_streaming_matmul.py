@@ -92,6 +92,24 @@ def test_epilogues(split_k):
     _assert_close(out, sm.ref_streaming_matmul_silu_mul(x, w), BF16, ulps=2, floor=floor)
 
 
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_accumulate_continues_the_fp32_sum(split_k):
+    """streaming_matmul_accumulate = layers.linear_accumulate: the product's fp32 sums (every
+    split's, also with one split) plus acc, rounded once; and it is the product over [x | x2]
+    of [w; w2] with x2 @ w2 as acc (Huginn's adapter in two halves), to a product's rounding."""
+    m, k, n = 3, 96, 40
+    x, w, _ = _inputs(m, k, n, BF16, seed=split_k)
+    x2, w2, _ = _inputs(m, k, n, BF16, seed=split_k + 10)
+    acc = jnp.dot(x2, w2, preferred_element_type=F32)
+    got = sm.streaming_matmul_accumulate(x, w, acc, block_n=16, block_k=16, split_k=split_k, interpret=True)
+    assert got.dtype == BF16 and got.shape == (m, n)
+    _assert_close(got, sm.ref_streaming_matmul_accumulate(x, w, acc), BF16, ulps=1, floor=2.0**-8)
+    whole = layers.linear(jnp.concatenate([x, x2], axis=1), jnp.concatenate([w, w2], axis=0))
+    _assert_close(got, whole, BF16, ulps=1, floor=2.0**-8)
+    with pytest.raises(ValueError, match="acc must be float32"):
+        sm.streaming_matmul_accumulate(x, w, acc.astype(BF16), interpret=True)
+
+
 @pytest.mark.parametrize("split_k,order", [(1, "norm_add_norm"), (3, "norm_add_norm"), (3, "add_norm_norm")])
 def test_norm_add_norm_epilogue(split_k, order):
     """The product's output (split 1) or its fp32 partials (split 3) go to the norm_add_norm

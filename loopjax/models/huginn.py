@@ -3,6 +3,7 @@
     e   = prelude(embed(ids))                       embed = wte(ids) * sqrt(H)
     s_0 = initial state per position                 (random, zero, or given)
     s_i = core(adapter(concat[s_{i-1}, e]))           i = 1..loops (state first)
+          adapter(concat[s, e]) = s @ adapter_state + e @ adapter_input, e's part once per token
     logits = lm_head(ln_f(coda(ln_f(s_loops))))       tied lm_head = embed.T
 
 Every layer is a sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x));
@@ -49,12 +50,30 @@ def param_specs(cfg: HuginnConfig, dtype=jnp.float32):
     h = cfg.hidden_size
     return {
         "embed": jax.ShapeDtypeStruct((cfg.vocab_size, h), dtype),
-        "adapter": jax.ShapeDtypeStruct((2 * h, h), dtype),
+        # the adapter [2H, H] of concat[s, e] in its two halves: separate buffers, so that e's
+        # (the same every loop) is taken once per token (`inject`) without slicing a weight
+        "adapter_state": jax.ShapeDtypeStruct((h, h), dtype),
+        "adapter_input": jax.ShapeDtypeStruct((h, h), dtype),
         "ln_f": jax.ShapeDtypeStruct((h,), dtype),
         "prelude": [_layer_specs(cfg, dtype) for _ in range(cfg.num_prelude_layers)],
         "core": [_layer_specs(cfg, dtype) for _ in range(cfg.num_core_layers)],
         "coda": [_layer_specs(cfg, dtype) for _ in range(cfg.num_coda_layers)],
     }
+
+
+def legacy_param_specs(cfg: HuginnConfig, dtype=jnp.float32):
+    """The params tree of checkpoints written before the adapter was stored in two halves
+    (one "adapter" [2H, H]); loopjax.checkpoint restores it through `upgrade_legacy_params`."""
+    specs = param_specs(cfg, dtype)
+    del specs["adapter_state"], specs["adapter_input"]
+    return {**specs, "adapter": jax.ShapeDtypeStruct((2 * cfg.hidden_size, cfg.hidden_size), dtype)}
+
+
+def upgrade_legacy_params(cfg: HuginnConfig, params):
+    """A `legacy_param_specs` tree in today's layout: the adapter's halves as separate buffers."""
+    params = dict(params)
+    adapter, h = params.pop("adapter"), cfg.hidden_size
+    return {**params, "adapter_state": adapter[:h], "adapter_input": adapter[h:]}
 
 
 @partial(jax.jit, static_argnames=("shape", "dtype"))
@@ -129,10 +148,17 @@ def prelude(params, cfg: HuginnConfig, x, cos, sin, attn, kv, ops=XLA_OPS):
     return e, kv
 
 
-def core_loop(params, cfg: HuginnConfig, s, e, cos, sin, attn, kv, depth, ops=XLA_OPS):
-    """One recurrence: s' = core(adapter(concat[s, e])). `depth` is the loop index (0-based)."""
+def inject(params, e):
+    """e @ adapter_input f32 [N, H]: the injected input's part of the adapter's product, the
+    same in every loop (core_loop continues the fp32 sum with s's part and rounds once)."""
+    return jnp.dot(e, params["adapter_input"], preferred_element_type=jnp.float32)
+
+
+def core_loop(params, cfg: HuginnConfig, s, injected, cos, sin, attn, kv, depth, ops=XLA_OPS):
+    """One recurrence: s' = core(adapter(concat[s, e])), with injected = inject(params, e).
+    `depth` is the loop index (0-based)."""
     with jax.named_scope("huginn_core"):
-        x = ops.linear(jnp.concatenate([s, e], axis=-1), params["adapter"])
+        x = ops.linear_accumulate(s, params["adapter_state"], injected)
         x, _, kv = _stack(params["core"], cfg, x, cos, sin, attn, kv, cfg.num_prelude_layers, depth, ops)
     return x, kv
 
@@ -198,9 +224,10 @@ def _forward(params, cfg: HuginnConfig, input_ids, s0, loops: int):
     t = input_ids.shape[0]
     cos, sin = rope_angles(jnp.arange(t), cfg.head_dim, cfg.rope_base)
     e, _ = prelude(params, cfg, embed(params, cfg, input_ids), cos, sin, attn, None)
+    injected = inject(params, e)
 
     def one_loop(s, depth):
-        s, _ = core_loop(params, cfg, s, e, cos, sin, attn, None, depth)
+        s, _ = core_loop(params, cfg, s, injected, cos, sin, attn, None, depth)
         logits, _ = coda(params, cfg, s, cos, sin, attn, None)
         return s, (s, logits.astype(jnp.float32))
 
