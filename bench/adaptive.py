@@ -131,7 +131,7 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
     """Every case of one preset; `save()` after each record; the set-up time (from
     `setup_start`: load + pool + compiles) feeds the budget's estimate for the next preset."""
     from loopjax.runner import Runner
-    from loopjax.steps import fused
+    from loopjax.steps import fused_kind
 
     cfg, context = model.cfg, args.context
     depth = cfg.default_loops
@@ -153,7 +153,10 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
             adaptive = count is None
             batch = runner.make_batch(row_inputs, decode=True, loop_begin=0,
                                       loop_end=max(r.loops for r in row_inputs), adaptive=adaptive)
-            plans[rows].append((variant, mode, rule, batch, fused(depth, True) if adaptive else fused(count)))
+            # NOTE: the kind the engine would dispatch (the greedy sampler for all-greedy rows)
+            kind = fused_kind(depth if adaptive else count, decode=True, adaptive=adaptive,
+                              all_greedy=all(r.params.is_greedy for r in row_inputs))
+            plans[rows].append((variant, mode, rule, batch, kind))
     # Every (rows, kind) compiles ahead, the XLA compiles in parallel threads (Runner.precompile).
     compiled: set = set()
     start = time.perf_counter()
