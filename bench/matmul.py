@@ -50,9 +50,11 @@ from .weight_copies import weight_copies_in_loops, weight_shapes
 try:
     from loopjax.kernels import streaming_matmul as sm
     from loopjax.kernels import streaming_matmul_mgpu as smg
+    from loopjax.kernels import streaming_matmul_norms as smn
 except ImportError:  # NOTE: run from a checkout with PYTHONPATH=. (kernels/ not installed)
     from kernels import streaming_matmul as sm
     from kernels import streaming_matmul_mgpu as smg
+    from kernels import streaming_matmul_norms as smn
 
 SHAPES = {  # name -> [(product, K, N)]
     "ouro": [("ouro.wqkv", 2048, 6144), ("ouro.wo", 2048, 2048), ("ouro.w_gate_up", 2048, 11264),
@@ -197,8 +199,8 @@ def _in_step(name, key, m, n, dtype):
     if variant in ("norm_add_norm", "add_norm_norm"):
         res = _random(jax.random.fold_in(key, 1), (m, n), dtype)
         nw1, nw2 = (_random(jax.random.fold_in(key, i), (n,), dtype, 0.1) + 1 for i in (2, 3))
-        fused = getattr(sm, f"streaming_matmul_{variant}")
-        ref = getattr(sm, f"ref_streaming_matmul_{variant}")
+        fused = getattr(smn, f"streaming_matmul_{variant}")
+        ref = getattr(smn, f"ref_streaming_matmul_{variant}")
         return (lambda x, w, **kw: fused(x, w, res, nw1, nw2, NORM_EPS, **kw)[0],
                 lambda x, w: ref(x, w, res, nw1, nw2, NORM_EPS)[0])
     return sm.streaming_matmul, layers.linear

@@ -24,7 +24,8 @@ Fused epilogues (in-kernel when split_k == 1, in the XLA reduction otherwise):
 with gate, up = split(linear(x, w_gate_up)) (columns [gate | up], docs/design.md); SiLU in
 fp32 rounded once, then * up rounded once, as layers.silu_mul (and kernels/silu_mul.py).
 Ouro's RoPE epilogue (q, k, v of the qkv product): kernels/streaming_matmul_rope.py, on
-this kernel's K loop (`_accumulate`).
+this kernel's K loop (`_accumulate`); the sandwich norms after a product, on its "partials":
+kernels/streaming_matmul_norms.py.
 
 Fused RMSNorm prologue (any of the three, `norm_weight=[K], norm_eps=eps`): the product
 takes layers.rms_norm(x, norm_weight, eps) instead of x. Each program first computes the
@@ -84,14 +85,10 @@ __all__ = [
     "ref_streaming_matmul",
     "ref_streaming_matmul_accumulate",
     "ref_streaming_matmul_add",
-    "ref_streaming_matmul_add_norm_norm",
-    "ref_streaming_matmul_norm_add_norm",
     "ref_streaming_matmul_silu_mul",
     "streaming_matmul",
     "streaming_matmul_accumulate",
     "streaming_matmul_add",
-    "streaming_matmul_add_norm_norm",
-    "streaming_matmul_norm_add_norm",
     "streaming_matmul_silu_mul",
 ]
 
@@ -119,19 +116,9 @@ def ref_streaming_matmul_silu_mul(x, w_gate_up, *, norm_weight=None, norm_eps=No
     return layers.silu_mul(gate, up)
 
 
-def ref_streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    check_matmul_inputs(x, w, residual)
-    return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-
-
 def ref_streaming_matmul_accumulate(x, w, acc):
     check_matmul_inputs(x, w)
     return layers.linear_accumulate(x, w, acc)
-
-
-def ref_streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
-    check_matmul_inputs(x, w, residual)
-    return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 # ------------------------------------------------------------------------------ the kernel
@@ -392,46 +379,3 @@ def streaming_matmul_accumulate(
     """layers.linear_accumulate: (x @ w + acc) with the product's fp32 accumulator (every
     split's partial) summed with acc in XLA and rounded once to x's dtype."""
     return _call(x, w, acc, "accumulate", interpret, _overrides(**blocks))
-
-
-def streaming_matmul_norm_add_norm(
-    x,  # [M, K]
-    w,  # [K, N]
-    residual,  # [M, N], x's dtype
-    norm_weight,  # [N]: the norm of the product
-    next_norm_weight,  # [N]: the norm of the sum
-    eps: float,
-    *,
-    interpret: bool | None = None,
-    **blocks,  # _overrides' keywords
-):
-    """layers.linear_norm_add_norm -> (h, rms_norm(h, next_norm_weight)), two [M, N]: the
-    product's output (or, split along K, its fp32 partials) goes to kernels/rms_norm.py's
-    `norm_add_norm`, which sums, normalizes, adds and normalizes again in one kernel."""
-    from .rms_norm import norm_add_norm
-
-    return _then_norms(norm_add_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks)
-
-
-def streaming_matmul_add_norm_norm(
-    x,  # [M, K]
-    w,  # [K, N]
-    residual,  # [M, N], x's dtype
-    norm_weight,  # [N]: the norm of the sum
-    next_norm_weight,  # [N]: the norm of the normed sum
-    eps: float,
-    *,
-    interpret: bool | None = None,
-    **blocks,  # _overrides' keywords
-):
-    """layers.linear_add_norm_norm (Huginn's order: the residual added before the norm), the
-    same way as streaming_matmul_norm_add_norm: the product's partials go to `add_norm_norm`."""
-    from .rms_norm import add_norm_norm
-
-    return _then_norms(add_norm_norm, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks)
-
-
-def _then_norms(norms, x, w, residual, norm_weight, next_norm_weight, eps, interpret, blocks):
-    """The product's output (split 1) or fp32 partials into the fused norms kernel `norms`."""
-    product = _call(x, w, residual, "partials", interpret, _overrides(**blocks))
-    return norms(product, residual, norm_weight, next_norm_weight, eps, interpret=interpret)

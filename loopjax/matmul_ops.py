@@ -32,6 +32,7 @@ import jax
 
 from loopjax import layers
 from loopjax.kernels import streaming_matmul as sm
+from loopjax.kernels import streaming_matmul_norms as smn
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.layers import XLA_OPS, Ops
 
@@ -154,13 +155,13 @@ def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
 def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-    return sm.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    return smn.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 def streaming_linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     if not _few_rows(x):
         return layers.linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-    return sm.streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    return smn.streaming_matmul_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
 def streaming_linear_rope_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):

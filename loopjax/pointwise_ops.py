@@ -44,8 +44,8 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         norm_linear=_kernel_norm_then(ops.linear),
         norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
         linear_silu_mul=_then_kernel_silu_mul(ops.linear),
-        linear_norm_add_norm=_then_kernel_norms(ops.linear, "norm_add_norm"),
-        linear_add_norm_norm=_then_kernel_norms(ops.linear, "add_norm_norm"),
+        linear_norm_add_norm=_then_kernel_norms(ops.linear, kernels.norm_add_norm),
+        linear_add_norm_norm=_then_kernel_norms(ops.linear, kernels.add_norm_norm),
         linear_rope_rotate_half_qkv=_then_kernel_rope(ops.linear),
     )
 
@@ -95,12 +95,9 @@ def _then_kernel_silu_mul(linear):
 
 
 @functools.cache
-def _then_kernel_norms(linear, kernel_name: str):
-    """linear_norm_add_norm / linear_add_norm_norm: `linear`, then the kernel `kernel_name`
-    (norm_add_norm or add_norm_norm: both norms and the add)."""
-    from loopjax import kernels
-
-    norms = getattr(kernels, kernel_name)
+def _then_kernel_norms(linear, norms):
+    """linear_norm_add_norm / linear_add_norm_norm: `linear`, then the fused norms kernel
+    `norms` (kernels.norm_add_norm or add_norm_norm: both norms and the add)."""
 
     def linear_then_norms(x, w, residual, norm_weight, next_norm_weight, eps: float):
         return norms(linear(x, w), residual, norm_weight, next_norm_weight, eps)

@@ -19,6 +19,7 @@ from loopjax import layers
 from loopjax import matmul_ops as mo
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_mgpu as smg
+from loopjax.kernels import streaming_matmul_norms as smn
 
 BF16, F32 = jnp.bfloat16, jnp.float32
 REAL_SHAPES = [  # (K, N) of every decode product of Ouro-1.4B and Huginn-0125
@@ -120,9 +121,9 @@ def test_norm_add_norm_epilogue(split_k, order):
     x, w, r = _inputs(m, k, n, BF16, seed=split_k)
     nw, nw_next = _norm_weight(n, BF16, seed=1), _norm_weight(n, BF16, seed=2)
     kw = dict(block_n=16, block_k=16, split_k=split_k, interpret=True)
-    fused = getattr(sm, f"streaming_matmul_{order}")
+    fused = getattr(smn, f"streaming_matmul_{order}")
     got = fused(x, w, r, nw, nw_next, 1e-6, **kw)
-    want = getattr(sm, f"ref_streaming_matmul_{order}")(x, w, r, nw, nw_next, 1e-6)
+    want = getattr(smn, f"ref_streaming_matmul_{order}")(x, w, r, nw, nw_next, 1e-6)
     floor = 2.0**-7  # a product's last bit, through the norm and the add
     for a, b in zip(got, want, strict=True):
         _assert_close(a, b, BF16, ulps=2, floor=floor)
