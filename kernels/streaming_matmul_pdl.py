@@ -1,0 +1,136 @@
+"""Weight-streaming matmul on Mosaic GPU that starts loading its weights before the previous
+kernel has finished (Programmatic Dependent Launch, Hopper's `griddepcontrol`).
+
+A decode step is ~10 kernels per layer application, each paying a ramp (until its first
+tiles arrive) and a tail (its last wave). Weights do not depend on activations: each program
+here issues the TMA copies of its first `num_stages` weight tiles, lets the next kernel launch
+(`griddepcontrol.launch_dependents`), and only then waits for the previous kernel's results
+(`griddepcontrol.wait`) before it loads x. The kernel is launched with programmatic stream
+serialization (Mosaic marks it `uses_pdl`), so its weight loads overlap the previous kernel's
+tail. Contract: the same product and `ref_` twin (`layers.linear`) as `streaming_matmul`:
+x [M, K] @ w [K, N] with fp32 accumulation, rounded once to x's dtype.
+
+Layout: per program a ring of `num_stages` slots, each a [block_k, block_n] weight tile and
+the [64, block_k] x tile beside it (wgmma rows come in 64s; rows past M are zero-filled by
+TMA and never stored). Split-K partials (fp32) are summed in XLA. `pdl=False` (and interpret
+mode, whose CPU interpreter has no grid dependencies) gives the same kernel with an ordinary
+launch.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plmgpu
+
+from ._common import one_lowering_per_config, resolve_interpret
+from .streaming_config import Config, check_matmul_inputs
+
+__all__ = ["pdl_config", "streaming_matmul_pdl"]
+
+ROWS = 64  # wgmma's row block: M <= 64 rows per call
+SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
+
+
+def pdl_config(m: int, k: int, n: int) -> Config:
+    """64-wide tiles (32 where 64 does not divide: Huginn's 5280); the smallest split of the K
+    tiles that gives >= 128 programs (else the largest up to 16); as many stages as fit two
+    programs per SM (a grid of up to two waves all resident at once)."""
+    block_k = 64 if k % 64 == 0 else 32
+    block_n = 64 if n % 64 == 0 else 32
+    tiles = k // block_k
+    split_k = next((d for d in range(1, 17) if tiles % d == 0 and (n // block_n) * d >= 128), 1)
+    if (n // block_n) * split_k < 128:
+        split_k = max(d for d in range(1, 17) if tiles % d == 0)
+    stage_bytes = 2 * (block_k * block_n + ROWS * block_k)
+    stages = max(2, min(tiles // split_k, SMEM_BUDGET // 2 // stage_bytes))
+    return Config(block_n, block_k, split_k, 4, stages)
+
+
+def streaming_matmul_pdl(x, w, *, pdl: bool = True, block_n: int | None = None,
+                         block_k: int | None = None, split_k: int | None = None,
+                         num_stages: int | None = None, interpret: bool | None = None):
+    """x [M, K] @ w [K, N] -> [M, N] in x's dtype (M <= 64, bf16/fp16), fp32 accumulation."""
+    m, k, n = check_matmul_inputs(x, w)
+    interpret = resolve_interpret(interpret)
+    if x.dtype == jnp.float32:
+        raise ValueError("streaming_matmul_pdl takes bfloat16/float16 (wgmma would round fp32 to tf32)")
+    if m > ROWS:
+        raise ValueError(f"streaming_matmul_pdl takes at most {ROWS} rows, got {m}")
+    cfg = pdl_config(m, k, n)._replace(**{key: v for key, v in dict(
+        block_n=block_n, block_k=block_k, split_k=split_k, num_stages=num_stages).items()
+        if v is not None})
+    if k % (cfg.block_k * cfg.split_k) or n % cfg.block_n:
+        raise ValueError(f"Mosaic GPU tiles must divide the product: K={k} into block_k="
+                         f"{cfg.block_k} x split_k={cfg.split_k}, N={n} into block_n={cfg.block_n}")
+    return _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, interpret=interpret)
+
+
+def _transforms(cols: int, dtype):
+    swizzle = plmgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
+    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plmgpu.SwizzleTransform(swizzle))
+
+
+@one_lowering_per_config("cfg", "pdl", "interpret")
+def _kernel_call(x, w, *, cfg: Config, pdl: bool, interpret: bool):
+    (m, k), n = x.shape, w.shape[1]
+    bn, bk, splits, stages = cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages
+    steps, dtype = k // (bk * splits), x.dtype
+    stages = min(stages, steps)
+    transforms = _transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
+
+    def body(x_gmem, w_gmem, o_gmem, x_smem, w_smem, x_ready, w_ready):
+        # x [M, K]; w [K, N]; o [ROWS, N] or [S, ROWS, N] f32; rings [stages, ...]
+        j, s = jax.lax.axis_index("n"), jax.lax.axis_index("s")
+        k0 = s * steps * bk
+
+        def fetch_w(t, slot):
+            plmgpu.copy_gmem_to_smem(w_gmem.at[pl.ds(k0 + t * bk, bk), pl.ds(j * bn, bn)],
+                                     w_smem.at[slot], w_ready.at[slot])
+
+        def fetch_x(t, slot):
+            plmgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, ROWS), pl.ds(k0 + t * bk, bk)],
+                                     x_smem.at[slot], x_ready.at[slot])
+
+        for t in range(stages):  # the weights need nothing from the previous kernel
+            fetch_w(t, t)
+        if pdl:
+            plmgpu.griddepcontrol_launch_dependents()
+            plmgpu.griddepcontrol_wait()  # the previous kernel's writes (x) are now visible
+        for t in range(stages):
+            fetch_x(t, t)
+
+        def scope(acc_ref):  # [ROWS, bn] f32
+            def step(t, _):
+                slot = jax.lax.rem(t, stages)
+                plmgpu.barrier_wait(w_ready.at[slot])
+                plmgpu.barrier_wait(x_ready.at[slot])
+                plmgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
+                plmgpu.wgmma_wait(1)  # step t - 1's product is done: its slot is free
+
+                @pl.when((t >= 1) & (t - 1 + stages < steps))
+                def _():
+                    fetch_w(t - 1 + stages, jax.lax.rem(t - 1, stages))
+                    fetch_x(t - 1 + stages, jax.lax.rem(t - 1, stages))
+
+            jax.lax.fori_loop(0, steps, step, None)
+            plmgpu.wgmma_wait(0)
+            if splits == 1:
+                o_gmem[:, pl.ds(j * bn, bn)] = acc_ref[...].astype(o_gmem.dtype)
+            else:
+                o_gmem[s, :, pl.ds(j * bn, bn)] = acc_ref[...]
+
+        pl.run_scoped(scope, plmgpu.ACC((ROWS, bn), jnp.float32))
+
+    out_type = (jax.ShapeDtypeStruct((ROWS, n), dtype) if splits == 1
+                else jax.ShapeDtypeStruct((splits, ROWS, n), jnp.float32))
+    scratch = [plmgpu.SMEM((stages, ROWS, bk), dtype, transforms=transforms),
+               plmgpu.SMEM((stages, bk, bn), dtype, transforms=transforms),
+               plmgpu.Barrier(num_arrivals=1, num_barriers=stages),
+               plmgpu.Barrier(num_arrivals=1, num_barriers=stages)]
+    out = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(n // bn, splits),
+                        grid_names=("n", "s"), kernel_name="loopjax_streaming_matmul_pdl",
+                        interpret=plmgpu.InterpretGPUParams() if interpret else None)(x, w)
+    return (out if splits == 1 else jnp.sum(out, axis=0).astype(dtype))[:m]
