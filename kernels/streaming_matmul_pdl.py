@@ -31,6 +31,7 @@ __all__ = ["pdl_config", "streaming_matmul_pdl"]
 
 ROWS = 64  # wgmma's row block: M <= 64 rows per call
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
+X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
 
 
 def pdl_config(m: int, k: int, n: int) -> Config:
@@ -48,10 +49,14 @@ def pdl_config(m: int, k: int, n: int) -> Config:
     return Config(block_n, block_k, split_k, 4, stages)
 
 
-def streaming_matmul_pdl(x, w, *, pdl: bool = True, block_n: int | None = None,
-                         block_k: int | None = None, split_k: int | None = None,
-                         num_stages: int | None = None, interpret: bool | None = None):
-    """x [M, K] @ w [K, N] -> [M, N] in x's dtype (M <= 64, bf16/fp16), fp32 accumulation."""
+def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False,
+                         block_n: int | None = None, block_k: int | None = None,
+                         split_k: int | None = None, num_stages: int | None = None,
+                         interpret: bool | None = None):
+    """x [M, K] @ w [K, N] -> [M, N] in x's dtype (M <= 64, bf16/fp16), fp32 accumulation.
+    swap_ab: each program takes out^T = w_tile^T @ x^T (the weight tile is wgmma's 64-row A,
+    x the B operand of M rows padded to 8/16/32/64): x tiles of 8 rows instead of 64 at 1 row;
+    needs block_n 64."""
     m, k, n = check_matmul_inputs(x, w)
     interpret = resolve_interpret(interpret)
     if x.dtype == jnp.float32:
@@ -64,7 +69,10 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, block_n: int | None = None,
     if k % (cfg.block_k * cfg.split_k) or n % cfg.block_n:
         raise ValueError(f"Mosaic GPU tiles must divide the product: K={k} into block_k="
                          f"{cfg.block_k} x split_k={cfg.split_k}, N={n} into block_n={cfg.block_n}")
-    return _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, interpret=interpret)
+    if swap_ab and cfg.block_n != ROWS:
+        raise ValueError(f"swap_ab takes block_n {ROWS} (wgmma's A rows), got {cfg.block_n}")
+    return _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, swap_ab=swap_ab,
+                        interpret=interpret)
 
 
 def _transforms(cols: int, dtype):
@@ -73,16 +81,21 @@ def _transforms(cols: int, dtype):
             plmgpu.SwizzleTransform(swizzle))
 
 
-@one_lowering_per_config("cfg", "pdl", "interpret")
-def _kernel_call(x, w, *, cfg: Config, pdl: bool, interpret: bool):
+@one_lowering_per_config("cfg", "pdl", "swap_ab", "interpret")
+def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool):
     (m, k), n = x.shape, w.shape[1]
     bn, bk, splits, stages = cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages
     steps, dtype = k // (bk * splits), x.dtype
-    stages = min(stages, steps)
+    stages = min(max(2, stages), steps)  # NOTE: one slot would deadlock (refilled after the next wgmma)
     transforms = _transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
+    rows = max(8, 1 << (m - 1).bit_length()) if swap_ab else ROWS  # x tile rows
+    acc_shape = (bn, rows) if swap_ab else (ROWS, bn)
+    # x's whole K range in one go when it is small (a few rows): one barrier wait, not one per tile
+    x_once = rows * steps * bk * jnp.dtype(dtype).itemsize <= X_ONCE_BYTES
 
     def body(x_gmem, w_gmem, o_gmem, x_smem, w_smem, x_ready, w_ready):
-        # x [M, K]; w [K, N]; o [ROWS, N] or [S, ROWS, N] f32; rings [stages, ...]
+        # x [M, K]; w [K, N]; o [ROWS, N] or [S, ROWS, N] f32 (swap_ab: [N, rows] or
+        # [S, N, rows]); rings [stages, ...]
         j, s = jax.lax.axis_index("n"), jax.lax.axis_index("s")
         k0 = s * steps * bk
 
@@ -91,44 +104,58 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, interpret: bool):
                                      w_smem.at[slot], w_ready.at[slot])
 
         def fetch_x(t, slot):
-            plmgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, ROWS), pl.ds(k0 + t * bk, bk)],
-                                     x_smem.at[slot], x_ready.at[slot])
+            plmgpu.copy_gmem_to_smem(x_gmem.at[pl.ds(0, rows), pl.ds(k0 + t * bk, bk)],
+                                     x_smem.at[t if x_once else slot],
+                                     x_ready.at[0 if x_once else slot])
 
         for t in range(stages):  # the weights need nothing from the previous kernel
             fetch_w(t, t)
         if pdl:
             plmgpu.griddepcontrol_launch_dependents()
             plmgpu.griddepcontrol_wait()  # the previous kernel's writes (x) are now visible
-        for t in range(stages):
+        for t in range(steps if x_once else stages):
             fetch_x(t, t)
 
-        def scope(acc_ref):  # [ROWS, bn] f32
+        def scope(acc_ref):  # acc_shape f32
             def step(t, _):
                 slot = jax.lax.rem(t, stages)
+                xt = x_smem.at[t] if x_once else x_smem.at[slot]
                 plmgpu.barrier_wait(w_ready.at[slot])
-                plmgpu.barrier_wait(x_ready.at[slot])
-                plmgpu.wgmma(acc_ref, x_smem.at[slot], w_smem.at[slot])
+                if not x_once:
+                    plmgpu.barrier_wait(x_ready.at[slot])
+                if swap_ab:
+                    plmgpu.wgmma(acc_ref, w_smem.at[slot].T, xt.T)
+                else:
+                    plmgpu.wgmma(acc_ref, xt, w_smem.at[slot])
                 plmgpu.wgmma_wait(1)  # step t - 1's product is done: its slot is free
 
                 @pl.when((t >= 1) & (t - 1 + stages < steps))
                 def _():
                     fetch_w(t - 1 + stages, jax.lax.rem(t - 1, stages))
-                    fetch_x(t - 1 + stages, jax.lax.rem(t - 1, stages))
+                    if not x_once:
+                        fetch_x(t - 1 + stages, jax.lax.rem(t - 1, stages))
 
+            if x_once:
+                plmgpu.barrier_wait(x_ready.at[0])
             jax.lax.fori_loop(0, steps, step, None)
             plmgpu.wgmma_wait(0)
-            if splits == 1:
-                o_gmem[:, pl.ds(j * bn, bn)] = acc_ref[...].astype(o_gmem.dtype)
+            cols = pl.ds(j * bn, bn)
+            out = acc_ref[...].astype(o_gmem.dtype)
+            o_tile = o_gmem.at[:, cols] if splits == 1 else o_gmem.at[s, :, cols]  # [rows, bn]
+            if swap_ab:  # NOTE: acc is out^T: 2x2-transposed registers store through a transposed view
+                o_tile.T[...] = plmgpu.layout_cast(out, plmgpu.Layout.WGMMA_TRANSPOSED)
             else:
-                o_gmem[s, :, pl.ds(j * bn, bn)] = acc_ref[...]
+                o_tile[...] = out
 
-        pl.run_scoped(scope, plmgpu.ACC((ROWS, bn), jnp.float32))
+        pl.run_scoped(scope, plmgpu.ACC(acc_shape, jnp.float32))
 
-    out_type = (jax.ShapeDtypeStruct((ROWS, n), dtype) if splits == 1
-                else jax.ShapeDtypeStruct((splits, ROWS, n), jnp.float32))
-    scratch = [plmgpu.SMEM((stages, ROWS, bk), dtype, transforms=transforms),
+    out_shape = (rows, n)
+    out_type = (jax.ShapeDtypeStruct(out_shape, dtype) if splits == 1
+                else jax.ShapeDtypeStruct((splits, *out_shape), jnp.float32))
+    scratch = [plmgpu.SMEM((steps if x_once else stages, rows, bk), dtype, transforms=transforms),
                plmgpu.SMEM((stages, bk, bn), dtype, transforms=transforms),
-               plmgpu.Barrier(num_arrivals=1, num_barriers=stages),
+               plmgpu.Barrier(num_arrivals=steps, num_barriers=1) if x_once
+               else plmgpu.Barrier(num_arrivals=1, num_barriers=stages),
                plmgpu.Barrier(num_arrivals=1, num_barriers=stages)]
     out = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(n // bn, splits),
                         grid_names=("n", "s"), kernel_name="loopjax_streaming_matmul_pdl",

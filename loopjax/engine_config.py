@@ -24,7 +24,7 @@ class EngineConfig:
     max_loops: int | None = None          # deepest loop a request may ask; None: model default
     loop_buckets: tuple[int, ...] = ()    # fused loop counts compiled besides default and max
     attention_backend: str = "auto"       # 'auto' (per phase, measured) | 'xla' | 'pallas' | 'pallas_mgpu'
-    matmul: str = "auto"                  # 'auto' (measured) | 'xla' | 'streaming' (Pallas, <= 128 rows)
+    matmul: str = "auto"                  # 'auto' | 'xla' | 'streaming' | 'persistent' (matmul_ops.py)
     pointwise: str = "xla"                # 'xla' | 'pallas' (bitwise-equal kernels; pointwise_ops.py)
     loop_unroll: int = 1                  # fixed-depth loops unrolled per fori_loop iteration
     fused_decode: bool = True             # all loops of a fixed-depth decode in one submission

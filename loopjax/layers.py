@@ -15,6 +15,7 @@ engine's paged backend lives in `loopjax/kv_cache.py`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -97,6 +98,24 @@ def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: flo
     norms and the add in one pass (kernels/rms_norm.py `norm_add_norm`)."""
     h = rms_norm_add(product(x, w), residual, norm_weight, eps)
     return h, rms_norm(h, next_norm_weight, eps)
+
+
+def mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float,
+                      silu_mul_op=linear_silu_mul, norm_add_norm_op=linear_norm_add_norm):
+    """Ouro's MLP branch from its normed input to the next branch's: norm_add_norm_op(
+    silu_mul_op(x, w_gate_up), w_down, residual, ...) -> (h, next_norm(h)). One op so that one
+    kernel can run both products (kernels/persistent_mlp.py); the default is the composition
+    of the two ops above."""
+    act = silu_mul_op(x, w_gate_up)
+    return norm_add_norm_op(act, w_down, residual, norm_weight, next_norm_weight, eps)
+
+
+@functools.cache
+def composed_mlp(silu_mul_op, norm_add_norm_op):
+    """mlp_norm_add_norm over these two ops: for an Ops whose products or pointwise chains are
+    replaced (cached, so equal ops give one hashable function)."""
+    return functools.partial(mlp_norm_add_norm, silu_mul_op=silu_mul_op,
+                             norm_add_norm_op=norm_add_norm_op)
 
 
 def linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float, product=linear):
@@ -235,7 +254,8 @@ class Ops:
     fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
     and linear_add_norm_norm are a product with the norms after it (a kernel may take its
     split-K partials); linear_rope_rotate_half_qkv a product with Ouro's RoPE after it (a
-    kernel may run the RoPE in its epilogue and write q, k, v)."""
+    kernel may run the RoPE in its epilogue and write q, k, v); mlp_norm_add_norm Ouro's whole
+    MLP branch (one kernel may run both products)."""
 
     linear: Callable = linear
     linear_accumulate: Callable = linear_accumulate
@@ -244,6 +264,7 @@ class Ops:
     linear_silu_mul: Callable = linear_silu_mul
     linear_norm_add_norm: Callable = linear_norm_add_norm
     linear_add_norm_norm: Callable = linear_add_norm_norm
+    mlp_norm_add_norm: Callable = mlp_norm_add_norm
     linear_rope_rotate_half_qkv: Callable = linear_rope_rotate_half_qkv
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add

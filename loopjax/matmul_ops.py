@@ -19,6 +19,9 @@
   (`GPU_XLA_OPS`) return the activation dtype from the dot (layers.linear_in_dtype), so that
   cuBLAS writes bf16 and no convert kernel follows (run 14, 4 x 512 prefill steps: Ouro-1.4B
   44.8 -> 40.3 ms, Huginn-0125 397.6 -> 359.2 ms).
+- 'persistent' (experimental, measured in bench/RESULTS.md run 17): 'auto' with Ouro's whole MLP
+  branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in one
+  resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes.
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """
@@ -36,7 +39,7 @@ from loopjax.kernels import streaming_matmul_norms as smn
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.layers import XLA_OPS, Ops
 
-MATMULS = ("auto", "xla", "streaming")
+MATMULS = ("auto", "xla", "streaming", "persistent")
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
 PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear_silu_mul": -1,
             "linear_silu_mul": 0, "linear_norm_add_norm": 0, "linear_add_norm_norm": 0,
@@ -57,23 +60,30 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # the activation dtype (layers.linear_in_dtype: no fp32 GEMM output + convert kernel). Built
 # once: Ops must be equal across calls (a static jit argument) and partials compare by identity.
 # linear_accumulate keeps its fp32 product (it continues a sum).
-GPU_XLA_OPS = Ops(**{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
-                     for name in PRODUCTS if name not in ("linear", "linear_accumulate")},
-                  linear=layers.linear_in_dtype, linear_accumulate=layers.linear_accumulate)
+def _with_composed_mlp(ops: Ops) -> Ops:
+    """ops with Ouro's MLP branch composed of its own silu_mul and norm_add_norm products."""
+    return dataclasses.replace(ops, mlp_norm_add_norm=layers.composed_mlp(
+        ops.linear_silu_mul, ops.linear_norm_add_norm))
+
+
+GPU_XLA_OPS = _with_composed_mlp(Ops(
+    **{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
+       for name in PRODUCTS if name not in ("linear", "linear_accumulate")},
+    linear=layers.linear_in_dtype, linear_accumulate=layers.linear_accumulate))
 
 
 def matmul_ops(name: str) -> Ops:
     if name not in MATMULS:
-        raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla' or 'streaming'")
-    if name == "xla" or (name == "auto" and jax.default_backend() != "gpu"):
+        raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla', 'streaming' or 'persistent'")
+    if name == "xla" or (name in ("auto", "persistent") and jax.default_backend() != "gpu"):
         return XLA_OPS
-    streaming = Ops(linear=streaming_linear, linear_accumulate=streaming_linear_accumulate,
+    streaming = _with_composed_mlp(Ops(linear=streaming_linear, linear_accumulate=streaming_linear_accumulate,
                     norm_linear=streaming_norm_linear,
                     norm_linear_silu_mul=streaming_norm_linear_silu_mul,
                     linear_silu_mul=streaming_linear_silu_mul,
                     linear_norm_add_norm=streaming_linear_norm_add_norm,
                     linear_add_norm_norm=streaming_linear_add_norm_norm,
-                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
+                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv))
     if name == "streaming":
         return streaming
     # 'auto': the norm stays in XLA before a streamed product (the fused prologue loses), and
@@ -81,8 +91,27 @@ def matmul_ops(name: str) -> Ops:
     measured = dataclasses.replace(streaming, norm_linear=_norm_then_streaming,
                                    norm_linear_silu_mul=_norm_then_streaming_silu_mul,
                                    linear_add_norm_norm=_streaming_then_add_norm_norm)
-    return Ops(**{name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
-                  for name, weight_arg in PRODUCTS.items()})
+    auto = _with_composed_mlp(Ops(**{
+        name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
+        for name, weight_arg in PRODUCTS.items()}))
+    if name == "auto":
+        return auto
+    return dataclasses.replace(auto, mlp_norm_add_norm=_persistent_mlp_or(auto.mlp_norm_add_norm))
+
+
+@functools.cache
+def _persistent_mlp_or(fallback):
+    """Ouro's MLP branch on kernels/persistent_mlp.py (both products and the norms after them
+    in one resident kernel) where the kernel takes the shapes (decode rows); `fallback`
+    elsewhere."""
+    from loopjax.kernels import persistent_mlp as pm
+
+    def mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
+        if pm.shape_problem(x, w_gate_up, w_down) is not None:
+            return fallback(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
+        return pm.persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight,
+                                               next_norm_weight, eps)
+    return mlp_norm_add_norm
 
 
 def _norm_then_streaming(x, norm_weight, eps: float, w):

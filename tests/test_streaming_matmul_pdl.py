@@ -32,6 +32,10 @@ def _inputs(m, k, n, seed=0):
     (1, 512, 128, dict(split_k=2, num_stages=2)),  # 4 tiles per program through 2 slots
     (8, 256, 256, dict(block_n=128, num_stages=3)),  # 128-column tiles; 4 tiles, 3 slots
     (64, 256, 128, {}),  # a full row block, default configuration
+    (8, 1024, 64, dict(num_stages=3)),  # x per tile (its K range exceeds X_ONCE_BYTES)
+    (1, 512, 128, dict(swap_ab=True, split_k=2, num_stages=2)),  # swapped: x in 8 rows
+    (20, 256, 192, dict(swap_ab=True, split_k=2)),  # swapped: 20 rows padded to 32
+    (32, 2048, 64, dict(swap_ab=True, num_stages=4)),  # swapped, x per tile
 ])
 def test_matches_ref(m, k, n, blocks):
     x, w = _inputs(m, k, n)
@@ -49,7 +53,9 @@ def test_bad_inputs_and_default_configs():
                             ((x, w), dict(block_k=64), "must divide"),  # 96 = 1.5 tiles of 64
                             ((x, w[:64]), {}, "disagree on K"),
                             ((jnp.zeros((65, 128), BF16), jnp.zeros((128, 64), BF16)), {},
-                             "at most 64 rows")]:
+                             "at most 64 rows"),
+                            ((x, jnp.zeros((96, 128), BF16)), dict(swap_ab=True, block_n=128),
+                             "swap_ab takes")]:
         with pytest.raises(ValueError, match=match):
             smp.streaming_matmul_pdl(*args, interpret=True, **kw)
     for k, n in REAL_SHAPES:

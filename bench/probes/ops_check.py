@@ -1,7 +1,7 @@
 """Probe: one Ouro loop (every layer, dense causal attention over the rows) at the real
 shapes with random bf16 weights, on each layers.Ops a step can use, against XLA's ops:
 the pointwise kernels must be bitwise (as on CPU, tests/test_pointwise_ops.py), the
-weight-streaming products (matmul 'auto', 'streaming') within bf16 rounding of a different
+weight-streaming products (matmul 'auto', 'streaming', 'persistent') within bf16 rounding of a different
 f32 summation order. Prints per rows: differing elements and the largest |difference|
 relative to the output's largest |value|.
 
@@ -36,6 +36,7 @@ def main(argv=None):
     cfg = preset(args.preset)
     params = ouro.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     variants = {"matmul auto": matmul_ops("auto"), "matmul streaming": matmul_ops("streaming"),
+                "matmul persistent": matmul_ops("persistent"),
                 "pointwise pallas": with_pointwise(XLA_OPS, "pallas")}
     run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops),
                          compiler_options=IDENTITY_COMPILER_OPTIONS)

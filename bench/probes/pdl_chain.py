@@ -36,13 +36,13 @@ ARMS = {"xla": layers.linear, "triton": streaming_matmul, "mgpu": streaming_matm
 
 def arm_product(arm: str):
     """'xla', 'triton', 'mgpu', 'pdl', 'pdl_off'; 'pdl@n128k64s2t6' (block_n 128, block_k 64,
-    split_k 2, 6 stages; any subset) for a configuration of the PDL kernel."""
+    split_k 2, 6 stages; any subset; 'swap' for swap_ab) for a configuration of the PDL kernel."""
     name, _, spec = arm.partition("@")
     if not spec:
         return ARMS[name]
     keys = dict(n="block_n", k="block_k", s="split_k", t="num_stages")
-    blocks = {keys[key]: int(value) for key, value in re.findall(r"([nkst])(\d+)", spec)}
-    return functools.partial(ARMS[name], **blocks)
+    blocks = {keys[key]: int(value) for key, value in re.findall(r"([nkst])(\d+)", spec.replace("swap", ""))}
+    return functools.partial(ARMS[name], swap_ab="swap" in spec, **blocks)
 
 
 def chain_fn(product, chain: str, num_loops: int):

@@ -99,8 +99,8 @@ def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, laye
         x, x_normed = ops.linear_norm_add_norm(out.reshape(n, q_dim), lp["wo"], x,
                                                lp["attn_norm_2"], lp["mlp_norm"], eps)
     with jax.named_scope("mlp"):
-        act = ops.linear_silu_mul(x_normed, lp["w_gate_up"])
-        x, x_normed = ops.linear_norm_add_norm(act, lp["w_down"], x, lp["mlp_norm_2"], next_norm, eps)
+        x, x_normed = ops.mlp_norm_add_norm(x_normed, lp["w_gate_up"], lp["w_down"], x,
+                                            lp["mlp_norm_2"], next_norm, eps)
     return x, x_normed, kv
 
 

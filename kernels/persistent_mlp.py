@@ -1,0 +1,310 @@
+"""The MLP half of a decode layer in one resident Mosaic GPU kernel (issue 8, item 4's first
+step; docs/persistent_kernel.md): act = silu_mul(x @ w_gate_up), act @ w_down as fp32 split-K
+partials, and Ouro's norms after them, with no kernel boundary between them.
+
+At most one program per SM (<= NUM_SMS programs, all resident: each takes most of an SM's
+shared memory, so none waits for another to be scheduled). Every product is taken with swapped operands
+(out^T = w_tile^T @ x^T: the 64-column weight tile is wgmma's A, the few rows of x its B), so
+x needs 8-64 rows of shared memory, not 64.
+- Phase 1, programs j < F / 64: the gate and up tiles of columns [64j, 64j + 64) over all of K,
+  then act's columns = silu(gate) * up (layers.silu_mul's roundings), stored to `act`, then a
+  release-add on the semaphore of the down product's K split that holds those columns.
+- Phase 2, programs p < (H / 64) * split_k: column tile p % (H / 64) of w_down over K split
+  p // (H / 64). Its first weight tiles are in flight before it waits (its own phase-1 tail,
+  or from the start for programs without phase-1 work); it waits until the split's phase-1
+  programs have all signalled, then streams act's tiles beside the rest of the weights.
+- Phase 3 (`persistent_mlp_norm_add_norm`), programs r < M: once every phase-2 program has
+  signalled, row r of the partials summed in split order, then kernels/rms_norm.py
+  norm_add_norm's math: h = residual + norm(y), and norm(h) with the next weight.
+`persistent_mlp` stops after phase 2: act and the partials [split_k, M, H] f32.
+
+Interpret mode has no semaphores and runs programs one after another, so there each phase
+runs as its own kernel (same bodies) for the CPU tests; the GPU runs the phases in one
+kernel, checked against the same twins on the device (bench/probes/persistent_mlp_check.py).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import mosaic_gpu as plmgpu
+
+from loopjax import layers
+
+from ._common import one_lowering_per_config, resolve_interpret
+from .streaming_config import NUM_SMS
+
+__all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",
+           "shape_problem"]
+
+TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
+F32 = jnp.float32
+
+
+def ref_persistent_mlp(x, w_gate_up, w_down):
+    """(act, act @ w_down in fp32): layers.linear_silu_mul, then the f32 product (its split-K
+    partials summed)."""
+    act = layers.linear_silu_mul(x, w_gate_up)
+    return act, jnp.dot(act, w_down, preferred_element_type=F32)
+
+
+def default_split_k(h: int, f: int) -> int | None:
+    """The down product's K splits: the most of (4, 2, 1) whose tiles divide F and whose
+    programs ((H / 64) per split) fit one per SM; None if none does."""
+    return next((s for s in (4, 2, 1) if f % (TILE * s) == 0 and (h // TILE) * s <= NUM_SMS), None)
+
+
+def shape_problem(x, w_gate_up, w_down, split_k: int | None = None) -> str | None:
+    """Why the kernel cannot take these inputs (a one-line error), or None when it can."""
+    (m, h), f = x.shape, w_down.shape[0]
+    if x.ndim != 2 or x.dtype == F32 or w_gate_up.dtype != x.dtype or w_down.dtype != x.dtype:
+        return "persistent_mlp takes bfloat16/float16 x [M, H] and weights of x's dtype"
+    if w_gate_up.shape != (h, 2 * f) or w_down.shape != (f, h):
+        return (f"persistent_mlp needs w_gate_up [H, 2F] and w_down [F, H], got "
+                f"{w_gate_up.shape} and {w_down.shape} for x {x.shape}")
+    split_k = split_k or default_split_k(h, f)
+    if m > 64 or h % TILE or not split_k or f % (TILE * split_k):
+        return (f"persistent_mlp takes <= 64 rows and H, F / split_k multiples of {TILE}: "
+                f"M={m}, H={h}, F={f}, split_k={split_k}")
+    if f // TILE > NUM_SMS or (h // TILE) * split_k > NUM_SMS:
+        return (f"persistent_mlp needs at most {NUM_SMS} programs per phase: "
+                f"{f // TILE} and {(h // TILE) * split_k}")
+    return None
+
+
+def persistent_mlp(x, w_gate_up, w_down, *, split_k: int | None = None, num_stages: int = 6,
+                   phases: tuple | None = None, interpret: bool | None = None):
+    """x [M, H] (M <= 64, bf16) -> (act [M, F], partials [split_k, M, H] f32) with
+    act = layers.linear_silu_mul(x, w_gate_up) and sum(partials) = act @ w_down in fp32."""
+    act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages,
+                            phases or (((1,), (2,)) if resolve_interpret(interpret) else ((1, 2),)),
+                            interpret)
+    return act[: x.shape[0]], partials[:, : x.shape[0]]
+
+
+def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight,
+                                 eps: float, *, split_k: int | None = None, num_stages: int = 6,
+                                 phases: tuple | None = None, interpret: bool | None = None):
+    """layers.mlp_norm_add_norm (Ouro's MLP branch and the norms after it) -> (h, norm(h)),
+    all three phases in one kernel on the GPU (the interpreter: one kernel per phase)."""
+    _, _, (h, h_normed) = _run(x, w_gate_up, w_down, (residual, norm_weight, next_norm_weight),
+                               float(eps), split_k, num_stages,
+                               phases or (((1,), (2,), (3,)) if resolve_interpret(interpret)
+                                          else ((1, 2, 3),)), interpret)
+    return h, h_normed
+
+
+def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpret):
+    """Checks the inputs, then runs each group of phases as one kernel, feeding a group the
+    outputs of the earlier ones -> (act, partials, (h, h_normed)) (None where not run)."""
+    interpret = resolve_interpret(interpret)
+    problem = shape_problem(x, w_gate_up, w_down, split_k)
+    if problem:
+        raise ValueError(problem)
+    split_k = split_k or default_split_k(x.shape[1], w_down.shape[0])
+    if isinstance(phases[0], int):
+        phases = (phases,)
+    act = partials = normed = None
+    for run in phases:
+        outs = list(_call(x, w_gate_up, w_down, act, partials, norms, split_k=split_k,
+                          num_stages=num_stages, phases=tuple(run), eps=eps, interpret=interpret))
+        act = outs.pop(0) if 1 in run else act
+        partials = outs.pop(0) if 2 in run else partials
+        normed = tuple(outs) if 3 in run else normed
+    return act, partials, normed
+
+
+def _transforms(dtype):
+    swizzle = 128  # 64 bf16 columns: wgmma's A (weight tile) and B (x tile) share it
+    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
+            plmgpu.SwizzleTransform(swizzle))
+
+
+def _proxy_fence():
+    """fence.proxy.async.global: act's generic-proxy stores by other programs, acquired through
+    the semaphore, become visible to this program's TMA (async-proxy) loads."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+
+    @plmgpu.inline_mgpu()
+    def fence(ctx):
+        del ctx
+        llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.proxy.async.global;", "",
+                        has_side_effects=True)
+
+    fence()
+
+
+@one_lowering_per_config("split_k", "num_stages", "phases", "eps", "interpret")
+def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: int,
+          phases: tuple[int, ...], eps: float | None, interpret: bool):
+    """The kernel running `phases` (a subset of 1, 2, 3 in order); act_in / part_in: the
+    earlier phases' outputs when they ran as their own kernels; norms: (residual, norm_weight,
+    next_norm_weight) for phase 3."""
+    (m, h), f = x.shape, w_down.shape[0]
+    dtype, rows = x.dtype, max(8, 1 << (m - 1).bit_length())
+    units1, col_tiles2 = f // TILE, h // TILE
+    units2, k2 = col_tiles2 * split_k, f // split_k
+    steps1, steps2 = h // TILE, k2 // TILE
+    per_split = k2 // TILE  # phase-1 programs (64 act columns each) per down K split
+    # NOTE: >= 2 slots where a program has >= 2 tiles: a slot is refilled after the next
+    # tile's product is issued (one wgmma group in flight), so one slot would wait forever
+    stages1, stages2 = min(max(2, num_stages), steps1), min(max(2, num_stages), steps2)
+    sync = len(phases) > 1 and not interpret
+    transforms = _transforms(dtype)
+    in_names = ["x", "w_gu", "w_down"]
+    in_names += ["act"] if 2 in phases and 1 not in phases else []
+    in_names += ["part"] if 3 in phases and 2 not in phases else []
+    in_names += ["residual", "norm_w", "next_norm_w"] if 3 in phases else []
+    out_names = (["act"] if 1 in phases else []) + (["part"] if 2 in phases else []) + (
+        ["h", "h_normed"] if 3 in phases else [])
+
+    def body(*refs):
+        r = dict(zip(in_names + out_names, refs, strict=False))
+        (wg_smem, wu_smem, x1_smem, bar1_w, bar1_x,
+         wd_smem, x2_smem, bar2_w, bar2_x) = refs[len(in_names) + len(out_names):]
+        p = jax.lax.axis_index("p")
+        # split_k semaphores: phase-1 programs done per down K split; one more: phase 2 done
+        sems = pl.get_global(plmgpu.SemaphoreType.REGULAR((split_k + 1,))) if sync else None
+        c2, s2 = jax.lax.rem(p, col_tiles2), jax.lax.div(p, col_tiles2)  # phase-2 unit of p
+
+        def fetch_w2(t, slot):
+            plmgpu.copy_gmem_to_smem(
+                r["w_down"].at[pl.ds(s2 * k2 + t * TILE, TILE), pl.ds(c2 * TILE, TILE)],
+                wd_smem.at[slot], bar2_w.at[slot])
+
+        def scope(acc_g, acc_u, acc_d):  # [TILE, rows] f32 each: out^T tiles
+            if 1 in phases:
+                @pl.when(p < units1)
+                def _():
+                    def fetch(t, slot):
+                        for w_smem, col in ((wg_smem, p * TILE), (wu_smem, f + p * TILE)):
+                            plmgpu.copy_gmem_to_smem(r["w_gu"].at[pl.ds(t * TILE, TILE), pl.ds(col, TILE)],
+                                                     w_smem.at[slot], bar1_w.at[slot])
+                        plmgpu.copy_gmem_to_smem(r["x"].at[pl.ds(0, rows), pl.ds(t * TILE, TILE)],
+                                                 x1_smem.at[slot], bar1_x.at[slot])
+
+                    for t in range(stages1):
+                        fetch(t, t)
+
+                    def step(t, _):
+                        slot = jax.lax.rem(t, stages1)
+                        plmgpu.barrier_wait(bar1_w.at[slot])
+                        plmgpu.barrier_wait(bar1_x.at[slot])
+                        x_t = x1_smem.at[slot].T
+                        plmgpu.wgmma(acc_g, wg_smem.at[slot].T, x_t)
+                        plmgpu.wgmma(acc_u, wu_smem.at[slot].T, x_t)
+                        plmgpu.wgmma_wait(2)  # step t - 1's two products are done
+
+                        @pl.when((t >= 1) & (t - 1 + stages1 < steps1))
+                        def _():
+                            fetch(t - 1 + stages1, jax.lax.rem(t - 1, stages1))
+
+                    jax.lax.fori_loop(0, steps1, step, None)
+                    if 2 in phases:  # this program's phase-2 weights start streaming now
+                        for t in range(stages2):
+                            fetch_w2(t, t)
+                    plmgpu.wgmma_wait(0)
+                    # layers.silu_mul's roundings: gate, up in dtype; silu in f32 rounded; * up
+                    gate = acc_g[...].astype(dtype).astype(F32)
+                    up = acc_u[...].astype(dtype).astype(F32)
+                    silu = (gate / (1.0 + jnp.exp(-gate))).astype(dtype).astype(F32)
+                    act = (silu * up).astype(dtype)  # [TILE, rows]: act^T's tile
+                    r["act"].at[pl.ds(0, rows), pl.ds(p * TILE, TILE)].T[...] = plmgpu.layout_cast(
+                        act, plmgpu.Layout.WGMMA_TRANSPOSED)
+                    if sync:
+                        pl.semaphore_signal(sems.at[jax.lax.div(p, per_split)])
+
+            if 2 in phases:
+                @pl.when(p < units2)
+                def _():
+                    if 1 in phases:
+                        @pl.when(p >= units1)  # no phase-1 work: prefetch from the start
+                        def _():
+                            for t in range(stages2):
+                                fetch_w2(t, t)
+                    else:
+                        for t in range(stages2):
+                            fetch_w2(t, t)
+                    if sync and 1 in phases:
+                        pl.semaphore_wait(sems.at[s2], per_split, decrement=False)
+                        _proxy_fence()
+
+                    def fetch_x(t, slot):
+                        plmgpu.copy_gmem_to_smem(
+                            r["act"].at[pl.ds(0, rows), pl.ds(s2 * k2 + t * TILE, TILE)],
+                            x2_smem.at[slot], bar2_x.at[slot])
+
+                    for t in range(stages2):
+                        fetch_x(t, t)
+
+                    def step(t, _):
+                        slot = jax.lax.rem(t, stages2)
+                        plmgpu.barrier_wait(bar2_w.at[slot])
+                        plmgpu.barrier_wait(bar2_x.at[slot])
+                        plmgpu.wgmma(acc_d, wd_smem.at[slot].T, x2_smem.at[slot].T)
+                        plmgpu.wgmma_wait(1)
+
+                        @pl.when((t >= 1) & (t - 1 + stages2 < steps2))
+                        def _():
+                            fetch_w2(t - 1 + stages2, jax.lax.rem(t - 1, stages2))
+                            fetch_x(t - 1 + stages2, jax.lax.rem(t - 1, stages2))
+
+                    jax.lax.fori_loop(0, steps2, step, None)
+                    plmgpu.wgmma_wait(0)
+                    r["part"].at[s2, pl.ds(0, rows), pl.ds(c2 * TILE, TILE)].T[...] = plmgpu.layout_cast(
+                        acc_d[...], plmgpu.Layout.WGMMA_TRANSPOSED)
+                    if sync and 3 in phases:
+                        pl.semaphore_signal(sems.at[split_k])
+
+            if 3 in phases:
+                @pl.when(p < m)
+                def _():  # row p: kernels/rms_norm.py norm_add_norm's math on the partials
+                    if sync and 2 in phases:
+                        pl.semaphore_wait(sems.at[split_k], units2, decrement=False)
+                    y = r["part"][0, p]
+                    for s in range(1, split_k):  # the partials summed in split order
+                        y = y + r["part"][s, p]
+                    y = _rnd(y, dtype)
+                    out = _rnd(r["residual"][p].astype(F32) + _normalize(y, r["norm_w"][...], h, eps, dtype),
+                               dtype)
+                    r["h"][p] = out.astype(dtype)
+                    r["h_normed"][p] = _normalize(out, r["next_norm_w"][...], h, eps, dtype).astype(dtype)
+
+        acc = plmgpu.ACC((TILE, rows), F32)
+        pl.run_scoped(scope, acc, acc, acc)
+
+    shapes = dict(act=((rows, f), dtype), part=((split_k, rows, h), F32), h=((m, h), dtype),
+                  h_normed=((m, h), dtype))
+    out_type = [jax.ShapeDtypeStruct(*shapes[name]) for name in out_names]
+    smem = lambda *shape: plmgpu.SMEM(shape, dtype, transforms=transforms)  # noqa: E731
+    s1 = stages1 if 1 in phases else 1
+    s2_ = stages2 if 2 in phases else 1
+    scratch = [smem(s1, TILE, TILE), smem(s1, TILE, TILE), smem(s1, rows, TILE),
+               plmgpu.Barrier(num_arrivals=2, num_barriers=s1),
+               plmgpu.Barrier(num_arrivals=1, num_barriers=s1),
+               smem(s2_, TILE, TILE), smem(s2_, rows, TILE),
+               plmgpu.Barrier(num_arrivals=1, num_barriers=s2_),
+               plmgpu.Barrier(num_arrivals=1, num_barriers=s2_)]
+    num_programs = max(units1 if 1 in phases else 0, units2 if 2 in phases else 0,
+                       m if 3 in phases else 0)
+    args = dict(x=x, w_gu=w_gu, w_down=w_down, act=act_in, part=part_in)
+    if norms is not None:
+        args.update(residual=norms[0], norm_w=norms[1], next_norm_w=norms[2])
+    return plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(num_programs,),
+                         grid_names=("p",), kernel_name="loopjax_persistent_mlp",
+                         interpret=plmgpu.InterpretGPUParams() if interpret else None)(
+        *[args[name] for name in in_names])
+
+
+def _rnd(v, dtype):
+    return v.astype(dtype).astype(F32)
+
+
+def _normalize(v, weight, h: int, eps: float, dtype):
+    """layers.rms_norm of an f32 row v [H] (values of dtype) with weight [H] in dtype, as
+    kernels/rms_norm.py spells it: f32 statistics, the normalized row rounded to dtype before
+    the weight multiply, rounded again (f32 out)."""
+    mean = jnp.sum(v * v) * jnp.float32(1.0 / h)
+    return _rnd(weight.astype(F32) * _rnd(v * jax.lax.rsqrt(mean + eps), dtype), dtype)

@@ -1,0 +1,140 @@
+"""The persistent MLP kernel (kernels/persistent_mlp.py): its phases in the Mosaic GPU CPU
+interpreter vs the XLA twin (rows padded to 8 and 32, K splits, more tiles than ring slots;
+with the norms, bitwise), bad shapes, the fused kernel lowered for CUDA on this CPU host at
+Ouro-1.4B's shapes (one kernel with its semaphores), the `mlp_norm_add_norm` op of every Ops
+(XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas') composed as the two ops it
+replaces, and the device probe's --smoke run."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax._src.mesh import AbstractDevice, AbstractMesh
+from jax.sharding import use_abstract_mesh
+
+from loopjax import layers
+from loopjax import matmul_ops as mo
+from loopjax.kernels import persistent_mlp as pm
+from loopjax.pointwise_ops import with_pointwise
+
+BF16, F32 = jnp.bfloat16, jnp.float32
+
+
+def _inputs(m, h, f, seed=0):
+    kx, kg, kd = jax.random.split(jax.random.PRNGKey(seed), 3)
+    x = jax.random.normal(kx, (m, h), F32).astype(BF16)
+    w_gate_up = (jax.random.normal(kg, (h, 2 * f), F32) * h**-0.5).astype(BF16)
+    w_down = (jax.random.normal(kd, (f, h), F32) * f**-0.5).astype(BF16)
+    return x, w_gate_up, w_down
+
+
+@pytest.mark.parametrize("m, h, f, split_k, stages", [
+    (1, 128, 256, 2, 1),  # 1 row in an 8-row tile; 2 K tiles per program through 1 slot
+    (20, 192, 256, None, 2),  # 20 rows in 32; 3 K tiles through 2 slots; split_k 4 (default)
+])
+def test_phases_match_ref(m, h, f, split_k, stages):
+    x, w_gate_up, w_down = _inputs(m, h, f)
+    act, partials = pm.persistent_mlp(x, w_gate_up, w_down, split_k=split_k, num_stages=stages,
+                                      interpret=True)
+    ref_act, ref_y = pm.ref_persistent_mlp(x, w_gate_up, w_down)
+    assert act.shape == ref_act.shape and act.dtype == BF16
+    assert partials.shape == (split_k or pm.default_split_k(h, f), m, h) and partials.dtype == F32
+    # silu's exp may round differently from XLA's in the last bit of bf16
+    np.testing.assert_allclose(np.asarray(act, F32), np.asarray(ref_act, F32), rtol=2 ** -7, atol=1e-3)
+    np.testing.assert_allclose(np.asarray(partials.sum(0)), np.asarray(ref_y), rtol=1e-2, atol=1e-2)
+
+
+def test_shape_problems():
+    x, w_gate_up, w_down = _inputs(3, 128, 256)
+    assert pm.shape_problem(x, w_gate_up, w_down) is None and pm.default_split_k(128, 256) == 4
+    assert "bfloat16/float16" in pm.shape_problem(x.astype(F32), w_gate_up, w_down)
+    assert "w_gate_up [H, 2F]" in pm.shape_problem(x, w_gate_up[:, :256], w_down)
+    assert "<= 64 rows" in pm.shape_problem(jnp.zeros((65, 128), BF16), w_gate_up, w_down)
+    x96, gu96, d96 = _inputs(3, 96, 256)  # H = 96: not whole 64-column tiles
+    assert "multiples of 64" in pm.shape_problem(x96, gu96, d96)
+    assert "at most 132 programs" in pm.shape_problem(*_inputs(1, 128, 64 * 133))
+    with pytest.raises(ValueError, match="multiples of 64"):
+        pm.persistent_mlp(x96, gu96, d96, interpret=True)
+    assert pm.default_split_k(2048, 5632) == 4  # Ouro-1.4B: 128 down programs
+    assert pm.shape_problem(*_inputs(1, 5280, 17920)) is not None  # Huginn-0125: H % 64
+
+
+H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 132, "gpu"))
+
+
+@pytest.mark.parametrize("norms", [False, True])
+def test_fused_kernel_lowers_for_cuda(norms):
+    """Ouro-1.4B's MLP at 8 rows: one Mosaic GPU kernel for both products (and the norms),
+    its later phases waiting on global semaphores."""
+    from loopjax.bench.warmup_probe import mosaic_kernels
+
+    shapes = ((8, 2048), (2048, 11264), (5632, 2048)) + (((8, 2048), (2048,), (2048,)) if norms else ())
+    args = [jax.ShapeDtypeStruct(s, BF16) for s in shapes]
+    fn = (functools.partial(pm.persistent_mlp_norm_add_norm, eps=1e-6, interpret=False) if norms
+          else functools.partial(pm.persistent_mlp, interpret=False))
+    with use_abstract_mesh(H200):
+        text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert mosaic_kernels(text) == (1, 1) and "loopjax_persistent_mlp" in text
+
+
+def _mlp_args(m, h, f):
+    x, w_gate_up, w_down = _inputs(m, h, f)
+    residual = jax.random.normal(jax.random.PRNGKey(9), (m, h), F32).astype(BF16)
+    norms = [(1 + 0.1 * jax.random.normal(jax.random.PRNGKey(s), (h,), F32)).astype(BF16) for s in (1, 2)]
+    return x, w_gate_up, w_down, residual, *norms, 1e-6
+
+
+def _mlp(ops, args):
+    # NOTE: no excess precision (XLA on CPU would keep some bf16 roundings in f32)
+    return jax.jit(ops.mlp_norm_add_norm, static_argnums=6,
+                   compiler_options=layers.IDENTITY_COMPILER_OPTIONS)(*args)
+
+
+def test_mlp_op_composes_the_two_ops_it_replaces(monkeypatch):
+    """Every Ops' mlp_norm_add_norm is its linear_silu_mul then its linear_norm_add_norm (the
+    same numbers, bitwise), equal across calls (a static jit argument); 'persistent' on a GPU
+    runs the persistent kernel up to 64 rows, here in its interpreter: bitwise the XLA ops."""
+    args = _mlp_args(3, 128, 256)
+
+    def composed(ops):
+        act = ops.linear_silu_mul(args[0], args[1])
+        return ops.linear_norm_add_norm(act, *args[2:6], args[6])
+
+    assert layers.XLA_OPS.mlp_norm_add_norm is layers.mlp_norm_add_norm
+    want = jax.jit(lambda: composed(layers.XLA_OPS), compiler_options=layers.IDENTITY_COMPILER_OPTIONS)()
+    for got, w in zip(_mlp(layers.XLA_OPS, args), want, strict=True):
+        assert jnp.array_equal(got, w)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    for name in ("auto", "streaming", "persistent"):
+        ops = mo.matmul_ops(name)
+        assert mo.matmul_ops(name) == ops and hash(ops) == hash(mo.matmul_ops(name)), name
+        if name != "persistent":
+            assert ops.mlp_norm_add_norm == layers.composed_mlp(ops.linear_silu_mul, ops.linear_norm_add_norm)
+    pallas = with_pointwise(mo.matmul_ops("auto"), "pallas")
+    assert pallas.mlp_norm_add_norm == layers.composed_mlp(pallas.linear_silu_mul,
+                                                           pallas.linear_norm_add_norm)
+    persistent = mo.matmul_ops("persistent")
+    jaxpr = str(jax.make_jaxpr(persistent.mlp_norm_add_norm, static_argnums=6)(*args))
+    assert "loopjax_persistent_mlp" in jaxpr
+    big = _mlp_args(65, 128, 256)  # past 64 rows: 'auto''s composition
+    assert "loopjax_persistent_mlp" not in str(jax.make_jaxpr(persistent.mlp_norm_add_norm,
+                                                              static_argnums=6)(*big))
+    monkeypatch.undo()  # the interpreter runs the kernel's three phases on this CPU: bitwise
+    for m, h in ((2, 128), (20, 192)):  # other shapes than traced above (jit's trace cache)
+        args = _mlp_args(m, h, 256)
+        for g, t in zip(_mlp(persistent, args), _mlp(layers.XLA_OPS, args), strict=True):
+            assert g.shape == t.shape and jnp.array_equal(g, t), m
+
+
+def test_probe_smoke(tmp_path):
+    from loopjax.bench.probes import persistent_mlp_check
+
+    out = tmp_path / "pmlp.json"
+    assert persistent_mlp_check.main(["--smoke", "--rows", "1", "--out", str(out)]) == 0
+    import json
+    arms = [r["arm"] for r in json.loads(out.read_text())["records"]]
+    assert arms == ["triton", "two_kernels"]
