@@ -33,6 +33,7 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 from loopjax import layers
 
 from ._common import one_lowering_per_config, resolve_interpret
+from ._mgpu import stream_tiles, tile_transforms
 from .streaming_config import NUM_SMS
 
 __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",
@@ -115,12 +116,6 @@ def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpre
     return act, partials, normed
 
 
-def _transforms(dtype):
-    swizzle = 128  # 64 bf16 columns: wgmma's A (weight tile) and B (x tile) share it
-    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-            plmgpu.SwizzleTransform(swizzle))
-
-
 def _proxy_fence():
     """fence.proxy.async.global: act's generic-proxy stores by other programs, acquired through
     the semaphore, become visible to this program's TMA (async-proxy) loads."""
@@ -152,7 +147,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     # tile's product is issued (one wgmma group in flight), so one slot would wait forever
     stages1, stages2 = min(max(2, num_stages), steps1), min(max(2, num_stages), steps2)
     sync = len(phases) > 1 and not interpret
-    transforms = _transforms(dtype)
+    transforms = tile_transforms(TILE, dtype)  # 64 columns: the weight tile (A) and x (B)
     in_names = ["x", "w_gu", "w_down"]
     in_names += ["act"] if 2 in phases and 1 not in phases else []
     in_names += ["part"] if 3 in phases and 2 not in phases else []
@@ -188,20 +183,12 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                     for t in range(stages1):
                         fetch(t, t)
 
-                    def step(t, _):
-                        slot = jax.lax.rem(t, stages1)
-                        plmgpu.barrier_wait(bar1_w.at[slot])
-                        plmgpu.barrier_wait(bar1_x.at[slot])
+                    def multiply(t, slot):
                         x_t = x1_smem.at[slot].T
                         plmgpu.wgmma(acc_g, wg_smem.at[slot].T, x_t)
                         plmgpu.wgmma(acc_u, wu_smem.at[slot].T, x_t)
-                        plmgpu.wgmma_wait(2)  # step t - 1's two products are done
 
-                        @pl.when((t >= 1) & (t - 1 + stages1 < steps1))
-                        def _():
-                            fetch(t - 1 + stages1, jax.lax.rem(t - 1, stages1))
-
-                    jax.lax.fori_loop(0, steps1, step, None)
+                    stream_tiles(steps1, stages1, (bar1_w, bar1_x), fetch, multiply, groups=2)
                     if 2 in phases:  # this program's phase-2 weights start streaming now
                         for t in range(stages2):
                             fetch_w2(t, t)
@@ -239,19 +226,14 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                     for t in range(stages2):
                         fetch_x(t, t)
 
-                    def step(t, _):
-                        slot = jax.lax.rem(t, stages2)
-                        plmgpu.barrier_wait(bar2_w.at[slot])
-                        plmgpu.barrier_wait(bar2_x.at[slot])
+                    def fetch(t, slot):
+                        fetch_w2(t, slot)
+                        fetch_x(t, slot)
+
+                    def multiply(t, slot):
                         plmgpu.wgmma(acc_d, wd_smem.at[slot].T, x2_smem.at[slot].T)
-                        plmgpu.wgmma_wait(1)
 
-                        @pl.when((t >= 1) & (t - 1 + stages2 < steps2))
-                        def _():
-                            fetch_w2(t - 1 + stages2, jax.lax.rem(t - 1, stages2))
-                            fetch_x(t - 1 + stages2, jax.lax.rem(t - 1, stages2))
-
-                    jax.lax.fori_loop(0, steps2, step, None)
+                    stream_tiles(steps2, stages2, (bar2_w, bar2_x), fetch, multiply, groups=1)
                     plmgpu.wgmma_wait(0)
                     r["part"].at[s2, pl.ds(0, rows), pl.ds(c2 * TILE, TILE)].T[...] = plmgpu.layout_cast(
                         acc_d[...], plmgpu.Layout.WGMMA_TRANSPOSED)

@@ -17,6 +17,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import is_pow2, one_lowering_per_config, resolve_interpret
+from ._mgpu import tile_transforms
 from .streaming_config import NUM_SMS, Config, check_matmul_inputs
 
 __all__ = ["mgpu_config", "streaming_matmul_mgpu"]
@@ -31,12 +32,6 @@ def mgpu_config(m: int, k: int, n: int) -> Config:
     cap = max(1, min(16, round(2 * NUM_SMS / (n // block_n)), k // (4 * bm)))
     split_k = max(d for d in range(1, cap + 1) if tiles % d == 0)
     return Config(block_n, block_k, split_k, 4, 4)
-
-
-def _mgpu_transforms(cols: int, dtype):
-    swizzle = plmgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-            plmgpu.SwizzleTransform(swizzle))
 
 
 def streaming_matmul_mgpu(
@@ -71,7 +66,7 @@ def _kernel_call(x, w, *, cfg: Config, interpret: bool):
     (m, k), n = x.shape, w.shape[1]
     bn, bk, splits = cfg.block_n, cfg.block_k, cfg.split_k
     bm, steps, dtype = (64 if m <= 64 else 128), k // (bk * splits), x.dtype
-    transforms = _mgpu_transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
+    transforms = tile_transforms(min(bn, bk), dtype)
 
     def body(x_gmem, w_gmem, o_gmem):  # x [M, K]; w [K, N]; o [block_m, N] or [S, block_m, N] f32
         j, s = jax.lax.axis_index("n"), jax.lax.axis_index("s")

@@ -12,9 +12,12 @@ x [M, K] @ w [K, N] with fp32 accumulation, rounded once to x's dtype.
 
 Layout: per program a ring of `num_stages` slots, each a [block_k, block_n] weight tile and
 the [64, block_k] x tile beside it (wgmma rows come in 64s; rows past M are zero-filled by
-TMA and never stored). Split-K partials (fp32) are summed in XLA. `pdl=False` (and interpret
-mode, whose CPU interpreter has no grid dependencies) gives the same kernel with an ordinary
-launch.
+TMA and never stored); with `swap_ab` the weight tile is wgmma's A (out^T = w_tile^T x^T) and
+x takes 8-64 rows, the result stored through a transposed view of the output. x's whole K
+range is loaded once when it fits X_ONCE_BYTES. Split-K partials (fp32) are summed in XLA.
+`pdl=False` (and interpret mode, whose CPU interpreter has no grid dependencies) gives the
+same kernel with an ordinary launch. Not a default anywhere: per kernel as fast as the Triton
+kernel with `swap_ab` (bench/RESULTS.md run 17), and the early launch gains nothing.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import one_lowering_per_config, resolve_interpret
+from ._mgpu import stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
 __all__ = ["pdl_config", "streaming_matmul_pdl"]
@@ -75,27 +79,21 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False,
                         interpret=interpret)
 
 
-def _transforms(cols: int, dtype):
-    swizzle = plmgpu.find_swizzle(cols * jnp.dtype(dtype).itemsize * 8)
-    return (plmgpu.TilingTransform((8, swizzle // jnp.dtype(dtype).itemsize)),
-            plmgpu.SwizzleTransform(swizzle))
-
-
 @one_lowering_per_config("cfg", "pdl", "swap_ab", "interpret")
 def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool):
     (m, k), n = x.shape, w.shape[1]
     bn, bk, splits, stages = cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages
     steps, dtype = k // (bk * splits), x.dtype
     stages = min(max(2, stages), steps)  # NOTE: one slot would deadlock (refilled after the next wgmma)
-    transforms = _transforms(min(bn, bk), dtype)  # NOTE: wgmma wants one swizzle for both
+    transforms = tile_transforms(min(bn, bk), dtype)
     rows = max(8, 1 << (m - 1).bit_length()) if swap_ab else ROWS  # x tile rows
     acc_shape = (bn, rows) if swap_ab else (ROWS, bn)
     # x's whole K range in one go when it is small (a few rows): one barrier wait, not one per tile
     x_once = rows * steps * bk * jnp.dtype(dtype).itemsize <= X_ONCE_BYTES
 
     def body(x_gmem, w_gmem, o_gmem, x_smem, w_smem, x_ready, w_ready):
-        # x [M, K]; w [K, N]; o [ROWS, N] or [S, ROWS, N] f32 (swap_ab: [N, rows] or
-        # [S, N, rows]); rings [stages, ...]
+        # x [M, K]; w [K, N]; o [rows, N] or [S, rows, N] f32; rings [stages, ...] (x's: [steps,
+        # ...] when loaded once)
         j, s = jax.lax.axis_index("n"), jax.lax.axis_index("s")
         k0 = s * steps * bk
 
@@ -117,27 +115,22 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool
             fetch_x(t, t)
 
         def scope(acc_ref):  # acc_shape f32
-            def step(t, _):
-                slot = jax.lax.rem(t, stages)
-                xt = x_smem.at[t] if x_once else x_smem.at[slot]
-                plmgpu.barrier_wait(w_ready.at[slot])
+            def fetch(t, slot):
+                fetch_w(t, slot)
                 if not x_once:
-                    plmgpu.barrier_wait(x_ready.at[slot])
+                    fetch_x(t, slot)
+
+            def multiply(t, slot):
+                xt = x_smem.at[t] if x_once else x_smem.at[slot]
                 if swap_ab:
                     plmgpu.wgmma(acc_ref, w_smem.at[slot].T, xt.T)
                 else:
                     plmgpu.wgmma(acc_ref, xt, w_smem.at[slot])
-                plmgpu.wgmma_wait(1)  # step t - 1's product is done: its slot is free
-
-                @pl.when((t >= 1) & (t - 1 + stages < steps))
-                def _():
-                    fetch_w(t - 1 + stages, jax.lax.rem(t - 1, stages))
-                    if not x_once:
-                        fetch_x(t - 1 + stages, jax.lax.rem(t - 1, stages))
 
             if x_once:
                 plmgpu.barrier_wait(x_ready.at[0])
-            jax.lax.fori_loop(0, steps, step, None)
+            stream_tiles(steps, stages, (w_ready,) if x_once else (w_ready, x_ready), fetch,
+                         multiply, groups=1)
             plmgpu.wgmma_wait(0)
             cols = pl.ds(j * bn, bn)
             out = acc_ref[...].astype(o_gmem.dtype)
