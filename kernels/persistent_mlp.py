@@ -2,10 +2,12 @@
 step; docs/persistent_kernel.md): act = silu_mul(x @ w_gate_up), act @ w_down as fp32 split-K
 partials, and Ouro's norms after them, with no kernel boundary between them.
 
-At most one program per SM (<= NUM_SMS programs, all resident: each takes most of an SM's
-shared memory, so none waits for another to be scheduled). Every product is taken with swapped operands
-(out^T = w_tile^T @ x^T: the 64-column weight tile is wgmma's A, the few rows of x its B), so
-x needs 8-64 rows of shared memory, not 64.
+At most one program per SM (<= NUM_SMS programs; each takes most of an SM's shared memory).
+NOTE (why the waits cannot deadlock): a program only waits for programs of this grid, which
+are resident or get an SM as soon as any other kernel's blocks retire (no other kernel
+waits on this one), and a program never waits for a later phase. Every product is taken with
+swapped operands (out^T = w_tile^T @ x^T: the 64-column weight tile is wgmma's A, the few rows
+of x its B), so x needs 8-64 rows of shared memory, not 64.
 - Phase 1, programs j < F / 64: the gate and up tiles of columns [64j, 64j + 64) over all of K,
   then act's columns = silu(gate) * up (layers.silu_mul's roundings), stored to `act`, then a
   release-add on the semaphore of the down product's K split that holds those columns.
