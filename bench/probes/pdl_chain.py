@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import re
 
 import jax
@@ -23,13 +22,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import layers
-from loopjax.bench.common import error_text, ints, names, time_calls
+from loopjax.bench.common import error_text, ints, names, time_calls, write_json
+from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels.streaming_matmul import streaming_matmul
 from loopjax.kernels.streaming_matmul_mgpu import streaming_matmul_mgpu
 from loopjax.kernels.streaming_matmul_pdl import streaming_matmul_pdl
 
-COPY_BYTES_PER_S = 4.08e12  # the H200's measured copy rate (../shared/docs/h200.md)
 ARMS = {"xla": layers.linear, "triton": streaming_matmul, "mgpu": streaming_matmul_mgpu,
         "pdl_off": functools.partial(streaming_matmul_pdl, pdl=False), "pdl": streaming_matmul_pdl}
 
@@ -106,14 +105,12 @@ def main(argv=None) -> int:
                     trace_runs(lambda run=run: jax.block_until_ready(run()),
                                f"{args.trace}/{chain}_{rows}_{arm}", 2)
                 per_layer = seconds / (num_layers * num_loops)
-                pct = 100 * layer_bytes / per_layer / COPY_BYTES_PER_S
+                pct = 100 * layer_bytes / per_layer / COPY_RATE_REF
                 records.append(dict(chain=chain, rows=rows, arm=arm, us_per_layer=per_layer * 1e6,
                                     pct_copy=pct, max_diff_vs_first=diff))
                 print(f"{chain:4s} rows {rows:3d} {arm:16s} {per_layer * 1e6:8.2f} µs/layer "
                       f"{pct:5.1f}% copy  max|diff|/max|ref| vs {args.arms[0]} {diff:.3g}", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(backend=jax.default_backend(), records=records), f, indent=1)
+    write_json(args.out, dict(backend=jax.default_backend(), records=records))
     return status
 
 

@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopjax.bench.common import error_text, ints, names, time_calls
+from loopjax.bench.common import error_text, ints, names, time_calls, write_json
+from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels.persistent_mlp import persistent_mlp, ref_persistent_mlp
-
-COPY_BYTES_PER_S = 4.08e12
 
 
 def mlp_fn(arm: str, split_k: int, interpret: bool):
@@ -108,13 +106,11 @@ def main(argv=None) -> int:
                 run = functools.partial(chain, x, weights)
                 trace_runs(lambda run=run: jax.block_until_ready(run()), f"{args.trace}/{rows}_{arm}", 2)
             per_layer = seconds / (num_layers * num_loops)
-            pct = 100 * layer_bytes / per_layer / COPY_BYTES_PER_S
+            pct = 100 * layer_bytes / per_layer / COPY_RATE_REF
             records.append(dict(rows=rows, arm=arm, us_per_layer=per_layer * 1e6, pct_copy=pct,
                                 out_abs_max=float(jnp.max(jnp.abs(out.astype(jnp.float32))))))
             print(f"rows {rows:3d} {arm:12s} {per_layer * 1e6:8.2f} µs/layer {pct:5.1f}% copy", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(backend=jax.default_backend(), records=records), f, indent=1)
+    write_json(args.out, dict(backend=jax.default_backend(), records=records))
     return status
 
 
