@@ -15,7 +15,6 @@ engine's paged backend lives in `loopjax/kv_cache.py`.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -103,19 +102,10 @@ def linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: flo
 def mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float,
                       silu_mul_op=linear_silu_mul, norm_add_norm_op=linear_norm_add_norm):
     """Ouro's MLP branch from its normed input to the next branch's: norm_add_norm_op(
-    silu_mul_op(x, w_gate_up), w_down, residual, ...) -> (h, next_norm(h)). One op so that one
-    kernel can run both products (kernels/persistent_mlp.py); the default is the composition
-    of the two ops above."""
+    silu_mul_op(x, w_gate_up), w_down, residual, ...) -> (h, next_norm(h)) (Ops.mlp_norm_add_norm
+    passes its own two ops; a kernel may run the whole branch instead, Ops.fused_mlp)."""
     act = silu_mul_op(x, w_gate_up)
     return norm_add_norm_op(act, w_down, residual, norm_weight, next_norm_weight, eps)
-
-
-@functools.cache
-def composed_mlp(silu_mul_op, norm_add_norm_op):
-    """mlp_norm_add_norm over these two ops: for an Ops whose products or pointwise chains are
-    replaced (cached, so equal ops give one hashable function)."""
-    return functools.partial(mlp_norm_add_norm, silu_mul_op=silu_mul_op,
-                             norm_add_norm_op=norm_add_norm_op)
 
 
 def linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight, eps: float, product=linear):
@@ -254,8 +244,10 @@ class Ops:
     fuse the norm into its prologue, and the SiLU*up into its epilogue); linear_norm_add_norm
     and linear_add_norm_norm are a product with the norms after it (a kernel may take its
     split-K partials); linear_rope_rotate_half_qkv a product with Ouro's RoPE after it (a
-    kernel may run the RoPE in its epilogue and write q, k, v); mlp_norm_add_norm Ouro's whole
-    MLP branch (one kernel may run both products)."""
+    kernel may run the RoPE in its epilogue and write q, k, v). Ouro's whole MLP branch is the
+    method mlp_norm_add_norm: this Ops' linear_silu_mul then linear_norm_add_norm, or
+    `fused_mlp` where set (one kernel for both products, kernels/persistent_mlp.py), so that
+    replacing either op needs no other change."""
 
     linear: Callable = linear
     linear_accumulate: Callable = linear_accumulate
@@ -264,12 +256,21 @@ class Ops:
     linear_silu_mul: Callable = linear_silu_mul
     linear_norm_add_norm: Callable = linear_norm_add_norm
     linear_add_norm_norm: Callable = linear_add_norm_norm
-    mlp_norm_add_norm: Callable = mlp_norm_add_norm
+    fused_mlp: Callable | None = None  # mlp_norm_add_norm's signature
     linear_rope_rotate_half_qkv: Callable = linear_rope_rotate_half_qkv
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add
     add_rms_norm: Callable = add_rms_norm
     rope_interleaved_qk: Callable = rope_interleaved_qk
+
+    def mlp_norm_add_norm(self, x, w_gate_up, w_down, residual, norm_weight, next_norm_weight,
+                          eps: float):
+        """Ouro's MLP branch (layers.mlp_norm_add_norm) on this Ops."""
+        if self.fused_mlp is not None:
+            return self.fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
+        return mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps,
+                                 silu_mul_op=self.linear_silu_mul,
+                                 norm_add_norm_op=self.linear_norm_add_norm)
 
 
 XLA_OPS = Ops()

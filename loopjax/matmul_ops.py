@@ -60,16 +60,9 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # the activation dtype (layers.linear_in_dtype: no fp32 GEMM output + convert kernel). Built
 # once: Ops must be equal across calls (a static jit argument) and partials compare by identity.
 # linear_accumulate keeps its fp32 product (it continues a sum).
-def _with_composed_mlp(ops: Ops) -> Ops:
-    """ops with Ouro's MLP branch composed of its own silu_mul and norm_add_norm products."""
-    return dataclasses.replace(ops, mlp_norm_add_norm=layers.composed_mlp(
-        ops.linear_silu_mul, ops.linear_norm_add_norm))
-
-
-GPU_XLA_OPS = _with_composed_mlp(Ops(
-    **{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
-       for name in PRODUCTS if name not in ("linear", "linear_accumulate")},
-    linear=layers.linear_in_dtype, linear_accumulate=layers.linear_accumulate))
+GPU_XLA_OPS = Ops(**{name: functools.partial(getattr(layers, name), product=layers.linear_in_dtype)
+                     for name in PRODUCTS if name not in ("linear", "linear_accumulate")},
+                  linear=layers.linear_in_dtype, linear_accumulate=layers.linear_accumulate)
 
 
 def matmul_ops(name: str) -> Ops:
@@ -77,13 +70,13 @@ def matmul_ops(name: str) -> Ops:
         raise ValueError(f"unknown matmul {name!r}; choose 'auto', 'xla', 'streaming' or 'persistent'")
     if name == "xla" or (name in ("auto", "persistent") and jax.default_backend() != "gpu"):
         return XLA_OPS
-    streaming = _with_composed_mlp(Ops(linear=streaming_linear, linear_accumulate=streaming_linear_accumulate,
+    streaming = Ops(linear=streaming_linear, linear_accumulate=streaming_linear_accumulate,
                     norm_linear=streaming_norm_linear,
                     norm_linear_silu_mul=streaming_norm_linear_silu_mul,
                     linear_silu_mul=streaming_linear_silu_mul,
                     linear_norm_add_norm=streaming_linear_norm_add_norm,
                     linear_add_norm_norm=streaming_linear_add_norm_norm,
-                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv))
+                    linear_rope_rotate_half_qkv=streaming_linear_rope_qkv)
     if name == "streaming":
         return streaming
     # 'auto': the norm stays in XLA before a streamed product (the fused prologue loses), and
@@ -91,27 +84,26 @@ def matmul_ops(name: str) -> Ops:
     measured = dataclasses.replace(streaming, norm_linear=_norm_then_streaming,
                                    norm_linear_silu_mul=_norm_then_streaming_silu_mul,
                                    linear_add_norm_norm=_streaming_then_add_norm_norm)
-    auto = _with_composed_mlp(Ops(**{
-        name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
-        for name, weight_arg in PRODUCTS.items()}))
+    auto = Ops(**{name: _where_measured(getattr(measured, name), getattr(GPU_XLA_OPS, name), weight_arg)
+                  for name, weight_arg in PRODUCTS.items()})
     if name == "auto":
         return auto
-    return dataclasses.replace(auto, mlp_norm_add_norm=_persistent_mlp_or(auto.mlp_norm_add_norm))
+    return dataclasses.replace(auto, fused_mlp=_persistent_mlp_or(auto))
 
 
 @functools.cache
-def _persistent_mlp_or(fallback):
-    """Ouro's MLP branch on kernels/persistent_mlp.py (both products and the norms after them
-    in one resident kernel) where the kernel takes the shapes (decode rows); `fallback`
-    elsewhere."""
+def _persistent_mlp_or(ops: Ops):
+    """Ops.fused_mlp: Ouro's MLP branch on kernels/persistent_mlp.py (both products and the
+    norms after them in one resident kernel) where the kernel takes the shapes (decode rows);
+    elsewhere `ops`' own two ops."""
     from loopjax.kernels import persistent_mlp as pm
 
-    def mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
+    def fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
         if pm.shape_problem(x, w_gate_up, w_down) is not None:
-            return fallback(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
+            return ops.mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
         return pm.persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight,
                                                next_norm_weight, eps)
-    return mlp_norm_add_norm
+    return fused_mlp
 
 
 def _norm_then_streaming(x, norm_weight, eps: float, w):

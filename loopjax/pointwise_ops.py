@@ -35,8 +35,6 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         return ops
     from loopjax import kernels
 
-    silu_mul = _then_kernel_silu_mul(ops.linear)
-    norm_add_norm = _then_kernel_norms(ops.linear, kernels.norm_add_norm)
     return dataclasses.replace(
         ops,
         rms_norm=kernels.rms_norm,
@@ -45,11 +43,11 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         rope_interleaved_qk=kernels.rope_interleaved_qk,
         norm_linear=_kernel_norm_then(ops.linear),
         norm_linear_silu_mul=_kernel_norm_then_silu_mul(ops.linear),
-        linear_silu_mul=silu_mul,
-        linear_norm_add_norm=norm_add_norm,
+        linear_silu_mul=_then_kernel_silu_mul(ops.linear),
+        linear_norm_add_norm=_then_kernel_norms(ops.linear, kernels.norm_add_norm),
         linear_add_norm_norm=_then_kernel_norms(ops.linear, kernels.add_norm_norm),
         linear_rope_rotate_half_qkv=_then_kernel_rope(ops.linear),
-        mlp_norm_add_norm=layers.composed_mlp(silu_mul, norm_add_norm),
+        fused_mlp=None,  # the MLP branch: the two ops above
     )
 
 

@@ -2,8 +2,8 @@
 interpreter vs the XLA twin (rows padded to 8 and 32, K splits, more tiles than ring slots;
 with the norms, bitwise), bad shapes, the fused kernel lowered for CUDA on this CPU host at
 Ouro-1.4B's shapes (one kernel with its semaphores), the `mlp_norm_add_norm` op of every Ops
-(XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas') composed as the two ops it
-replaces, and the device probe's --smoke run."""
+(XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas'): the two ops it replaces unless
+a kernel runs it, and the device probe's --smoke run."""
 
 from __future__ import annotations
 
@@ -106,12 +106,17 @@ def test_mlp_op_composes_the_two_ops_it_replaces(monkeypatch):
     runs the persistent kernel up to 64 rows, here in its interpreter: bitwise the XLA ops."""
     args = _mlp_args(3, 128, 256)
 
-    def composed(ops):
-        act = ops.linear_silu_mul(args[0], args[1])
-        return ops.linear_norm_add_norm(act, *args[2:6], args[6])
+    def composed(ops, *a):
+        act = ops.linear_silu_mul(a[0], a[1])
+        return ops.linear_norm_add_norm(act, *a[2:6], a[6])
 
-    assert layers.XLA_OPS.mlp_norm_add_norm is layers.mlp_norm_add_norm
-    want = jax.jit(lambda: composed(layers.XLA_OPS), compiler_options=layers.IDENTITY_COMPILER_OPTIONS)()
+    def same_ops(ops):  # the branch traces to exactly the two ops' jaxpr
+        branch = jax.make_jaxpr(ops.mlp_norm_add_norm, static_argnums=6)(*args)
+        return str(branch) == str(jax.make_jaxpr(functools.partial(composed, ops), static_argnums=6)(*args))
+
+    assert layers.XLA_OPS.fused_mlp is None and same_ops(layers.XLA_OPS)
+    want = jax.jit(functools.partial(composed, layers.XLA_OPS), static_argnums=6,
+                   compiler_options=layers.IDENTITY_COMPILER_OPTIONS)(*args)
     for got, w in zip(_mlp(layers.XLA_OPS, args), want, strict=True):
         assert jnp.array_equal(got, w)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
@@ -119,10 +124,10 @@ def test_mlp_op_composes_the_two_ops_it_replaces(monkeypatch):
         ops = mo.matmul_ops(name)
         assert mo.matmul_ops(name) == ops and hash(ops) == hash(mo.matmul_ops(name)), name
         if name != "persistent":
-            assert ops.mlp_norm_add_norm == layers.composed_mlp(ops.linear_silu_mul, ops.linear_norm_add_norm)
-    pallas = with_pointwise(mo.matmul_ops("auto"), "pallas")
-    assert pallas.mlp_norm_add_norm == layers.composed_mlp(pallas.linear_silu_mul,
-                                                           pallas.linear_norm_add_norm)
+            assert ops.fused_mlp is None and same_ops(ops), name
+    for name in ("auto", "persistent"):  # pointwise 'pallas': plain products, kernel pointwise
+        pallas = with_pointwise(mo.matmul_ops(name), "pallas")
+        assert pallas.fused_mlp is None and same_ops(pallas), name
     persistent = mo.matmul_ops("persistent")
     jaxpr = str(jax.make_jaxpr(persistent.mlp_norm_add_norm, static_argnums=6)(*args))
     assert "loopjax_persistent_mlp" in jaxpr
