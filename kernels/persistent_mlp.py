@@ -80,9 +80,7 @@ def persistent_mlp(x, w_gate_up, w_down, *, split_k: int | None = None, num_stag
                    phases: tuple | None = None, interpret: bool | None = None):
     """x [M, H] (M <= 64, bf16) -> (act [M, F], partials [split_k, M, H] f32) with
     act = layers.linear_silu_mul(x, w_gate_up) and sum(partials) = act @ w_down in fp32."""
-    act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages,
-                            phases or (((1,), (2,)) if resolve_interpret(interpret) else ((1, 2),)),
-                            interpret)
+    act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages, phases, interpret)
     return act[: x.shape[0]], partials[:, : x.shape[0]]
 
 
@@ -92,16 +90,19 @@ def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, ne
     """layers.mlp_norm_add_norm (Ouro's MLP branch and the norms after it) -> (h, norm(h)),
     all three phases in one kernel on the GPU (the interpreter: one kernel per phase)."""
     _, _, (h, h_normed) = _run(x, w_gate_up, w_down, (residual, norm_weight, next_norm_weight),
-                               float(eps), split_k, num_stages,
-                               phases or (((1,), (2,), (3,)) if resolve_interpret(interpret)
-                                          else ((1, 2, 3),)), interpret)
+                               float(eps), split_k, num_stages, phases, interpret)
     return h, h_normed
 
 
 def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpret):
     """Checks the inputs, then runs each group of phases as one kernel, feeding a group the
-    outputs of the earlier ones -> (act, partials, (h, h_normed)) (None where not run)."""
+    outputs of the earlier ones -> (act, partials, (h, h_normed)) (None where not run).
+    phases None: phases 1, 2 (and 3 with norms) in one kernel, one kernel each when
+    interpreting (no semaphores there)."""
     interpret = resolve_interpret(interpret)
+    if phases is None:
+        all_phases = (1, 2, 3) if norms is not None else (1, 2)
+        phases = tuple((p,) for p in all_phases) if interpret else (all_phases,)
     problem = shape_problem(x, w_gate_up, w_down, split_k)
     if problem:
         raise ValueError(problem)
