@@ -74,6 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="';'-separated experiments with matmul 'auto', each adding entries "
                              "KxN:rows to matmul_ops.STREAMING_MAX_ROWS (e.g. 'base;2048x2048:32'; "
                              "'base': the table as it is)")
+    parser.add_argument("--mosaic-rope-rows", default="",
+                        help="';'-separated experiments with matmul 'auto': the rows at which Ouro's "
+                             "qkv + RoPE runs on the Mosaic GPU kernel (matmul_ops.MOSAIC_ROPE_ROWS; "
+                             "e.g. 'base;none;8,16,32'; 'base': the table as it is)")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
@@ -151,6 +155,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     pointwise=args.current_pointwise,
                     streaming_extra=args.current_streaming_extra,
+                    mosaic_rope=args.current_mosaic_rope,
                     attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
                     attn_stages=args.current_attn[2],
                     layout=args.layout, rows=rows,
@@ -270,17 +275,25 @@ def _attention_experiment(write: str, splits: str, stages: str):
         attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages = saved
 
 
+def _mosaic_rope_experiments(spec: str) -> list[frozenset | None]:
+    """'base;none;8,16,32' -> [None (the table as it is), frozenset(), frozenset({8, 16, 32})]."""
+    return [None if part.strip() == "base" else frozenset(ints(part) if part.strip() != "none" else ())
+            for part in (spec or "base").split(";")]
+
+
 @contextlib.contextmanager
-def _streaming_rows_added(extra: dict):
-    """An experiment of this benchmark only: matmul 'auto' also streams these weight shapes
-    up to these rows (the module's table is restored after)."""
+def _matmul_tables(streaming_extra: dict, mosaic_rope_rows: frozenset | None):
+    """An experiment of this benchmark only: matmul 'auto' also streams the weight shapes of
+    streaming_extra up to its rows, and runs Ouro's qkv + RoPE on the Mosaic kernel at
+    mosaic_rope_rows (None: as it is); matmul_ops' tables are restored after."""
     from loopjax import matmul_ops
-    saved = matmul_ops.STREAMING_MAX_ROWS
-    matmul_ops.STREAMING_MAX_ROWS = {**saved, **extra}
+    saved = matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROPE_ROWS
+    matmul_ops.STREAMING_MAX_ROWS = {**saved[0], **streaming_extra}
+    matmul_ops.MOSAIC_ROPE_ROWS = saved[1] if mosaic_rope_rows is None else mosaic_rope_rows
     try:
         yield
     finally:
-        matmul_ops.STREAMING_MAX_ROWS = saved
+        matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROPE_ROWS = saved
 
 
 def _print(records: list[dict]) -> None:
@@ -288,6 +301,7 @@ def _print(records: list[dict]) -> None:
         print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} "
               f"{r['variant']:>8} rows {r['rows']:>4} "
               + (f"+streaming {r['streaming_extra']} " if r["streaming_extra"] != "-" else "")
+              + (f"mosaic-rope {r['mosaic_rope']} " if r.get("mosaic_rope", "-") != "-" else "")
               + ("" if r["attn_write"] == "kernel" else "xla-write ")
               + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
               + ("" if r["attn_stages"] == "auto" else f"stages {r['attn_stages']} ")
@@ -316,14 +330,17 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    for extra, write, splits, stages in itertools.product(
-                            _streaming_experiments(args.streaming_rows), args.attn_write.split(","),
+                    for extra, rope_rows, write, splits, stages in itertools.product(
+                            _streaming_experiments(args.streaming_rows),
+                            _mosaic_rope_experiments(args.mosaic_rope_rows), args.attn_write.split(","),
                             args.attn_splits.split(","), args.attn_stages.split(",")):
                         args.current_matmul, args.current_pointwise = matmul, pointwise
                         args.current_streaming_extra = ",".join(
                             f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
+                        args.current_mosaic_rope = ("-" if rope_rows is None else
+                                                    ",".join(map(str, sorted(rope_rows))) or "none")
                         args.current_attn = (write, splits, stages)
-                        with _streaming_rows_added(extra), _attention_experiment(write, splits, stages):
+                        with _matmul_tables(extra, rope_rows), _attention_experiment(write, splits, stages):
                             bench_model(model, args, backend, records)
         del model
         gc.collect()

@@ -37,6 +37,7 @@ from loopjax import layers
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_norms as smn
 from loopjax.kernels import streaming_matmul_rope as smr
+from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming", "persistent")
@@ -54,6 +55,10 @@ PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear
 # four: 12,148 / 19,311).
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
                       (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
+# Rows at which Ouro's qkv product + RoPE (linear_rope_rotate_half_qkv) streams on the Mosaic
+# GPU kernel (kernels/streaming_matmul_rope_mgpu.py: one program per head, TMA rings) instead
+# of the Triton one, where that kernel takes the shapes.
+MOSAIC_ROPE_ROWS: frozenset[int] = frozenset()
 
 
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in
@@ -188,5 +193,7 @@ def streaming_linear_add_norm_norm(x, w, residual, norm_weight, next_norm_weight
 def streaming_linear_rope_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: int):
     if not _few_rows(x):  # x [M, K]; w_qkv [K, (Hq + 2*Hkv) * D]; cos, sin [M, D/2] f32
         return layers.linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads, num_kv_heads)
-    return smr.streaming_matmul_rope_qkv(x, w_qkv, cos, sin, num_heads=num_heads,
-                                         num_kv_heads=num_kv_heads)
+    heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads)
+    if x.shape[0] in MOSAIC_ROPE_ROWS and smrm.shape_problem(x, w_qkv, **heads) is None:
+        return smrm.streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, **heads)
+    return smr.streaming_matmul_rope_qkv(x, w_qkv, cos, sin, **heads)

@@ -1,0 +1,99 @@
+"""Probe: Ouro's qkv product with the RoPE epilogue, Triton kernel vs the Mosaic GPU kernel
+(kernels/streaming_matmul_rope_mgpu.py) and its configurations, as the decode step runs it:
+a chain over 24 layers of distinct wqkv weights x 4 loops in one jitted `fori_loop` (x <- q).
+Prints µs per layer application, % of the copy rate for the weight, and each arm's q, k, v
+against the XLA twin at the real shapes (max |diff| / max |ref|).
+
+Arms: 'triton' (streaming_matmul_rope_qkv, today's default), 'xla' (the twin), 'mgpu', and
+'mgpu@k128t4' (block_k 128, 4 ring slots; either part alone).
+
+    python -m loopjax.bench.probes.rope_qkv_chain --rows 8,16,32,64 [--trace DIR]
+    python -m loopjax.bench.probes.rope_qkv_chain --smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from loopjax.bench.common import error_text, ints, names, time_calls, write_json
+from loopjax.bench.matmul import COPY_RATE_REF
+from loopjax.bench.trace_summary import trace_runs
+from loopjax.kernels import streaming_matmul_rope as smr
+from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
+from loopjax.layers import rope_angles
+
+ARMS = {"triton": smr.streaming_matmul_rope_qkv, "xla": smr.ref_streaming_matmul_rope_qkv,
+        "mgpu": smrm.streaming_matmul_rope_qkv_mgpu}
+
+
+def arm_op(arm: str):
+    """The arm's op (x, w, cos, sin, num_heads=, num_kv_heads=) -> (q, k, v)."""
+    name, _, spec = arm.partition("@")
+    keys = dict(k="block_k", t="num_stages")
+    return functools.partial(ARMS[name], **{keys[key]: int(v) for key, v in re.findall(r"([kt])(\d+)", spec)})
+
+
+def chain_fn(op, heads: dict, num_loops: int):
+    """(x [M, Hq * D], weights [(w_qkv,)] per layer, cos, sin) -> x after num_loops passes."""
+    def run(x, weights, cos, sin):
+        def one_loop(_, x):
+            for w in weights:
+                q, _, _ = op(x, w, cos, sin, **heads)
+                x = q.reshape(x.shape)
+            return x
+        return jax.lax.fori_loop(0, num_loops, one_loop, x)
+    return jax.jit(run)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rows", type=ints, default=[8, 16, 32, 64])
+    parser.add_argument("--arms", type=names, default=["triton", "mgpu", "mgpu@t6", "mgpu@k128"])
+    parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--out", default=None)
+    parser.add_argument("--trace", default=None, help="also trace 2 runs per case under this folder")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
+    args = parser.parse_args(argv)
+    num_heads, num_layers, num_loops = (2, 2, 2) if args.smoke else (16, 24, 4)
+    heads = dict(num_heads=num_heads, num_kv_heads=num_heads)
+    hidden, width = num_heads * 128, 3 * num_heads * 128
+    keys = jax.random.split(jax.random.PRNGKey(0), num_layers)
+    weights = [(jax.random.normal(key, (hidden, width), jnp.float32) * hidden**-0.5).astype(jnp.bfloat16)
+               for key in keys]
+    iters = 1 if args.smoke else args.iters
+    records, status = [], 0
+    for rows in args.rows:
+        x = (jax.random.normal(jax.random.PRNGKey(rows), (rows, hidden)) * 0.5).astype(jnp.bfloat16)
+        cos, sin = rope_angles(jnp.arange(rows) * 37 + 500, 128, 10000.0)
+        want = [np.asarray(a, np.float32) for a in ARMS["xla"](x, weights[0], cos, sin, **heads)]
+        for arm in args.arms:
+            try:
+                got = jax.jit(functools.partial(arm_op(arm), **heads))(x, weights[0], cos, sin)
+                diff = max(float(np.max(np.abs(np.asarray(g, np.float32) - w)) / np.max(np.abs(w)))
+                           for g, w in zip(got, want, strict=True))
+                fn = functools.partial(chain_fn(arm_op(arm), heads, num_loops), x, weights, cos, sin)
+                seconds = float(np.median(time_calls(fn, iters)))
+            except Exception as e:  # noqa: BLE001 - one failing arm must not hide the others
+                print(f"rows {rows:3d} {arm:12s} FAILED {error_text(e)}", flush=True)
+                status = 1
+                continue
+            if args.trace:
+                trace_runs(lambda fn=fn: jax.block_until_ready(fn()), f"{args.trace}/{rows}_{arm}", 2)
+            per_layer = seconds / (num_layers * num_loops)
+            pct = 100 * hidden * width * 2 / per_layer / COPY_RATE_REF
+            records.append(dict(rows=rows, arm=arm, us_per_layer=per_layer * 1e6, pct_copy=pct,
+                                max_diff_vs_xla=diff))
+            print(f"rows {rows:3d} {arm:12s} {per_layer * 1e6:8.2f} µs/layer {pct:5.1f}% copy  "
+                  f"q,k,v vs xla max|diff|/max|ref| {diff:.3g}", flush=True)
+    write_json(args.out, dict(backend=jax.default_backend(), records=records))
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
