@@ -61,73 +61,48 @@ def shape_problem(x, w_qkv, num_heads: int, num_kv_heads: int, block_k: int = 64
     return None
 
 
-def default_num_stages(m: int, k: int, block_k: int, tiles: int = 2, itemsize: int = 2) -> int:
-    """As many ring slots as fit SMEM_BUDGET (one program per SM), at most the K steps;
-    tiles: weight tiles per slot (2: both halves of a head, 1: one half)."""
+def default_num_stages(m: int, k: int, block_k: int, itemsize: int = 2) -> int:
+    """As many ring slots as fit SMEM_BUDGET (one program per SM), at most the K steps."""
     steps = k // block_k
     x_once = m * k * itemsize <= X_ONCE_BYTES
-    stage = tiles * block_k * HALF * itemsize + (0 if x_once else m * block_k * itemsize)
-    budget = SMEM_BUDGET - (m * k * itemsize if x_once else 0) - (HALF * m * 4 if tiles == 1 else 0)
+    stage = 2 * block_k * HALF * itemsize + (0 if x_once else m * block_k * itemsize)
+    budget = SMEM_BUDGET - (m * k * itemsize if x_once else 0)
     return max(2, min(steps, budget // stage))
 
 
 def streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int,
                                    block_k: int = 128, num_stages: int | None = None,
-                                   cluster: bool = False, interpret: bool | None = None):
+                                   interpret: bool | None = None):
     """layers.linear_rope_rotate_half_qkv -> (q [M, Hq, D], k [M, Hkv, D], v [M, Hkv, D]);
-    raises ValueError (one line) for shapes `shape_problem` rejects. cluster: a 2-program
-    cluster per head, each streaming one half and trading it with the other through
-    distributed shared memory (the GPU only; the interpreter runs one program per head)."""
+    raises ValueError (one line) for shapes `shape_problem` rejects."""
     m, k, _ = check_matmul_rope_inputs(x, w_qkv, cos, sin, num_heads, num_kv_heads)
     problem = shape_problem(x, w_qkv, num_heads, num_kv_heads, block_k)
     if problem:
         raise ValueError(problem)
-    interpret = resolve_interpret(interpret)
-    cluster = cluster and not interpret
-    stages = num_stages or default_num_stages(m, k, block_k, 1 if cluster else 2, x.dtype.itemsize)
+    stages = num_stages or default_num_stages(m, k, block_k, x.dtype.itemsize)
     # NOTE: >= 2 slots: a slot is refilled after the next tile's product is issued
     stages = min(max(2, stages), k // block_k)
     return _kernel_call(x, w_qkv, cos, sin, num_heads=num_heads, num_kv_heads=num_kv_heads,
-                        block_k=block_k, num_stages=stages, cluster=cluster, interpret=interpret)
+                        block_k=block_k, num_stages=stages, interpret=resolve_interpret(interpret))
 
 
-def _cluster_sync():
-    """Every thread of both programs of the cluster: barrier.cluster arrive (release) and wait
-    (acquire), so shared-memory writes before it are visible to the other program after it."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import llvm
-
-    @plmgpu.inline_mgpu()
-    def sync(ctx):
-        del ctx
-        llvm.inline_asm(ir.Type.parse("!llvm.void"), [],
-                        "barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;",
-                        "", has_side_effects=True)
-
-    sync()
-
-
-@one_lowering_per_config("num_heads", "num_kv_heads", "block_k", "num_stages", "cluster", "interpret")
+@one_lowering_per_config("num_heads", "num_kv_heads", "block_k", "num_stages", "interpret")
 def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block_k: int,
-                 num_stages: int, cluster: bool, interpret: bool):
+                 num_stages: int, interpret: bool):
     (m, k), dtype = x.shape, x.dtype
     heads = (num_heads, num_kv_heads, num_kv_heads)
     d, steps = 2 * HALF, k // block_k
     x_once = m * k * dtype.itemsize <= X_ONCE_BYTES
-    num_tiles = 1 if cluster else 2  # weight tiles per K step: one half of the head, or both
     transforms = tile_transforms(HALF, dtype)  # 64 columns: the weight tiles (A) and x (B)
     wt = plmgpu.Layout.WGMMA_TRANSPOSED  # what a store through a transposed view wants
-    hk = num_heads + num_kv_heads
 
-    def body(x_ref, w_ref, cos_ref, sin_ref, q_ref, k_ref, v_ref, *scratch):
+    def body(x_ref, w_ref, cos_ref, sin_ref, q_ref, k_ref, v_ref, w1_smem, w2_smem, x_smem,
+             w_ready, x_ready):
         # x [M, K]; w [K, (Hq + 2*Hkv) * D]; cos, sin [M, 64] f32; q [M, Hq * D]; k, v [M, Hkv * D]
-        w_smems, (x_smem, w_ready, x_ready, *xchg) = scratch[:num_tiles], scratch[num_tiles:]
         h = jax.lax.axis_index("h")
-        c = jax.lax.axis_index("c") if cluster else 0  # the half this program streams
-        cols = [h * d + c * HALF] if cluster else [h * d, h * d + HALF]
 
         def fetch_w(t, slot):
-            for w_smem, col in zip(w_smems, cols, strict=True):
+            for w_smem, col in ((w1_smem, h * d), (w2_smem, h * d + HALF)):
                 plmgpu.copy_gmem_to_smem(w_ref.at[pl.ds(t * block_k, block_k), pl.ds(col, HALF)],
                                          w_smem.at[slot], w_ready.at[slot])
 
@@ -140,7 +115,7 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
         for t in range(steps if x_once else num_stages):
             fetch_x(t, t)
 
-        def scope(*accs):  # [64, M] f32 each: the head's halves this program streams, transposed
+        def scope(acc1, acc2):  # [64, M] f32 each: the head's halves, transposed
             def fetch(t, slot):
                 fetch_w(t, slot)
                 if not x_once:
@@ -148,69 +123,42 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
 
             def multiply(t, slot):
                 x_t = (x_smem.at[t] if x_once else x_smem.at[slot]).T
-                for acc, w_smem in zip(accs, w_smems, strict=True):
-                    plmgpu.wgmma(acc, w_smem.at[slot].T, x_t)
+                plmgpu.wgmma(acc1, w1_smem.at[slot].T, x_t)
+                plmgpu.wgmma(acc2, w2_smem.at[slot].T, x_t)
 
             if x_once:
                 plmgpu.barrier_wait(x_ready.at[0])
             stream_tiles(steps, num_stages, (w_ready,) if x_once else (w_ready, x_ready), fetch,
-                         multiply, groups=num_tiles)
+                         multiply, groups=2)
             plmgpu.wgmma_wait(0)
             # NOTE: the product is rounded to the dtype before the RoPE, as layers.linear rounds it
-            mine = [a[...].astype(dtype).astype(F32) for a in accs]
-            _epilogue(h, c, mine, xchg, cos_ref, sin_ref, q_ref, k_ref, v_ref)
+            x1, x2 = (plmgpu.layout_cast(a[...].astype(dtype).astype(F32), wt) for a in (acc1, acc2))
 
-        pl.run_scoped(scope, *[plmgpu.ACC((HALF, m), F32)] * num_tiles)
+            def store(o_ref, head, halves):  # head's columns [head*D, +64) and [head*D + 64, +64)
+                for off, val in zip((0, HALF), halves, strict=True):
+                    o_ref.at[:, pl.ds(head * d + off, HALF)].T[...] = val.astype(dtype)
 
-    def _epilogue(h, c, mine, xchg, cos_ref, sin_ref, q_ref, k_ref, v_ref):
-        def store(o_ref, head, offsets, halves):  # head's columns [head*D + off, +64)
-            for off, val in zip(offsets, halves, strict=True):
-                o_ref.at[:, pl.ds(head * d + off, HALF)].T[...] = plmgpu.layout_cast(val, wt).astype(dtype)
+            def rotated():
+                cos_t, sin_t = (plmgpu.load(a.T, (), layout=wt, optimized=False) for a in (cos_ref, sin_ref))
+                return _rotated_halves(x1, x2, cos_t, sin_t, dtype)
 
-        def rotate(x1, x2):
-            cos_t, sin_t = (plmgpu.load(a.T, (), layout=wt, optimized=False) for a in (cos_ref, sin_ref))
-            return _rotated_halves(*(plmgpu.layout_cast(v, wt) for v in (x1, x2)), cos_t, sin_t, dtype)
+            hk = num_heads + num_kv_heads
+            pl.when(h < num_heads)(lambda: store(q_ref, h, rotated()))
+            pl.when((h >= num_heads) & (h < hk))(lambda: store(k_ref, h - num_heads, rotated()))
+            pl.when(h >= hk)(lambda: store(v_ref, h - hk, (x1, x2)))
 
-        if not cluster:
-            def rotated_store(o_ref, head):
-                store(o_ref, head, (0, HALF), rotate(*mine))
-            pl.when(h < num_heads)(lambda: rotated_store(q_ref, h))
-            pl.when((h >= num_heads) & (h < hk))(lambda: rotated_store(k_ref, h - num_heads))
-            pl.when(h >= hk)(lambda: store(v_ref, h - hk, (0, HALF), mine))
-            return
-
-        # a cluster: trade halves through distributed shared memory, rotate and store own half
-        @pl.when(h < hk)
-        def _():
-            xchg[0][...] = mine[0]
-            _cluster_sync()  # this half is in shared memory; so is the other program's
-            other = plmgpu.load(plmgpu.cluster_ref(xchg[0], {"c": 1 - c}), (), layout=plmgpu.Layout.WGMMA,
-                                optimized=False)
-
-            def own_half(half, x1, x2):
-                rotated = rotate(x1, x2)[half]
-                pl.when(h < num_heads)(lambda: store(q_ref, h, (half * HALF,), (rotated,)))
-                pl.when(h >= num_heads)(lambda: store(k_ref, h - num_heads, (half * HALF,), (rotated,)))
-
-            pl.when(c == 0)(lambda: own_half(0, mine[0], other))
-            pl.when(c == 1)(lambda: own_half(1, other, mine[0]))
-            _cluster_sync()  # the other program has read this one's shared memory: both may exit
-
-        pl.when(h >= hk)(lambda: store(v_ref, h - hk, (c * HALF,), mine))
+        acc = plmgpu.ACC((HALF, m), F32)
+        pl.run_scoped(scope, acc, acc)
 
     smem = lambda *shape: plmgpu.SMEM(shape, dtype, transforms=transforms)  # noqa: E731
-    scratch = [smem(num_stages, block_k, HALF) for _ in range(num_tiles)] + [
-        smem(steps if x_once else num_stages, m, block_k),
-        plmgpu.Barrier(num_arrivals=num_tiles, num_barriers=num_stages),
-        plmgpu.Barrier(num_arrivals=steps, num_barriers=1) if x_once
-        else plmgpu.Barrier(num_arrivals=1, num_barriers=num_stages)]
-    scratch += [plmgpu.SMEM((HALF, m), F32)] if cluster else []  # the half traded within a cluster
+    scratch = [smem(num_stages, block_k, HALF), smem(num_stages, block_k, HALF),
+               smem(steps if x_once else num_stages, m, block_k),
+               plmgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
+               plmgpu.Barrier(num_arrivals=steps, num_barriers=1) if x_once
+               else plmgpu.Barrier(num_arrivals=1, num_barriers=num_stages)]
     out_type = [jax.ShapeDtypeStruct((m, n * d), dtype) for n in heads]
-    mesh = dict(grid=(sum(heads),), grid_names=("h",))
-    if cluster:
-        mesh.update(cluster=(2,), cluster_names=("c",))
-    outs = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, **mesh,
-                         kernel_name="loopjax_streaming_matmul_rope_mgpu",
+    outs = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(sum(heads),),
+                         grid_names=("h",), kernel_name="loopjax_streaming_matmul_rope_mgpu",
                          interpret=plmgpu.InterpretGPUParams() if interpret else None)(
         x, w_qkv, cos, sin)
     return tuple(o.reshape(m, n, d) for o, n in zip(outs, heads, strict=True))

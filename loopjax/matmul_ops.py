@@ -58,7 +58,7 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # Rows at which Ouro's qkv product + RoPE (linear_rope_rotate_half_qkv) streams on the Mosaic
 # GPU kernel (kernels/streaming_matmul_rope_mgpu.py: one program per head, TMA rings) instead
 # of the Triton one, where that kernel takes the shapes.
-MOSAIC_ROPE_ROWS: frozenset[int] = frozenset()
+MOSAIC_ROPE_ROWS: frozenset[int] = frozenset({8, 16, 32, 64})
 
 
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in

@@ -5,7 +5,7 @@ Prints µs per layer application, % of the copy rate for the weight, and each ar
 against the XLA twin at the real shapes (max |diff| / max |ref|).
 
 Arms: 'triton' (streaming_matmul_rope_qkv, today's default), 'xla' (the twin), 'mgpu', and
-'mgpu@ck64t4' (a 2-program cluster per head, block_k 64, 4 ring slots; any subset).
+'mgpu@k64t4' (block_k 64, 4 ring slots; either part alone).
 
     python -m loopjax.bench.probes.rope_qkv_chain --rows 8,16,32,64 [--trace DIR]
     python -m loopjax.bench.probes.rope_qkv_chain --smoke
@@ -36,8 +36,7 @@ def arm_op(arm: str):
     """The arm's op (x, w, cos, sin, num_heads=, num_kv_heads=) -> (q, k, v)."""
     name, _, spec = arm.partition("@")
     keys = dict(k="block_k", t="num_stages")
-    options = {keys[key]: int(v) for key, v in re.findall(r"([kt])(\d+)", spec)}
-    return functools.partial(ARMS[name], **options, **({"cluster": True} if "c" in spec else {}))
+    return functools.partial(ARMS[name], **{keys[key]: int(v) for key, v in re.findall(r"([kt])(\d+)", spec)})
 
 
 def chain_fn(op, heads: dict, num_loops: int):
@@ -55,7 +54,7 @@ def chain_fn(op, heads: dict, num_loops: int):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=ints, default=[8, 16, 32, 64])
-    parser.add_argument("--arms", type=names, default=["triton", "mgpu", "mgpu@c"])
+    parser.add_argument("--arms", type=names, default=["triton", "mgpu", "mgpu@k64"])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default=None)
     parser.add_argument("--trace", default=None, help="also trace 2 runs per case under this folder")
