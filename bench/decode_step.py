@@ -74,10 +74,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="';'-separated experiments with matmul 'auto', each adding entries "
                              "KxN:rows to matmul_ops.STREAMING_MAX_ROWS (e.g. 'base;2048x2048:32'; "
                              "'base': the table as it is)")
-    parser.add_argument("--mosaic-rope-rows", default="",
-                        help="';'-separated experiments with matmul 'auto': the rows at which Ouro's "
-                             "qkv + RoPE runs on the Mosaic GPU kernel (matmul_ops.MOSAIC_ROPE_ROWS; "
-                             "e.g. 'base;none;8,16,32'; 'base': the table as it is)")
+    parser.add_argument("--mosaic-rows", default="",
+                        help="';'-separated experiments with matmul 'auto': matmul_ops.MOSAIC_ROWS "
+                             "replaced by '+'-separated OP=ROWS (OP: qkv, silu, norms or an op name; "
+                             "ROWS comma-separated), e.g. 'base;none;qkv=8,32+silu=8,32' ('base': the "
+                             "table as it is, 'none': empty)")
     parser.add_argument("--unroll", type=int, default=1, help="loops unrolled per fori_loop step")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--layout", default="per_loop", choices=("per_loop", "shared"))
@@ -155,7 +156,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
         base = dict(preset=args.current_preset, backend=backend, matmul=args.current_matmul,
                     pointwise=args.current_pointwise,
                     streaming_extra=args.current_streaming_extra,
-                    mosaic_rope=args.current_mosaic_rope,
+                    mosaic=args.current_mosaic,
                     attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
                     attn_stages=args.current_attn[2],
                     layout=args.layout, rows=rows,
@@ -275,25 +276,48 @@ def _attention_experiment(write: str, splits: str, stages: str):
         attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages = saved
 
 
-def _mosaic_rope_experiments(spec: str) -> list[frozenset | None]:
-    """'base;none;8,16,32' -> [None (the table as it is), frozenset(), frozenset({8, 16, 32})]."""
-    return [None if part.strip() == "base" else frozenset(ints(part) if part.strip() != "none" else ())
-            for part in (spec or "base").split(";")]
+MOSAIC_SHORT_NAMES = ("qkv", "silu", "norms")  # of matmul_ops.MOSAIC_OPS, in its order
+
+
+def _mosaic_ops() -> dict:
+    from loopjax import matmul_ops
+    return dict(zip(MOSAIC_SHORT_NAMES, matmul_ops.MOSAIC_OPS, strict=True))
+
+
+def _mosaic_experiments(spec: str) -> list[dict | None]:
+    """'base;none;qkv=8,32+silu=8' -> [None (the table as it is), {}, {qkv op: {8, 32}, silu op: {8}}]."""
+    experiments = []
+    for part in (spec or "base").split(";"):
+        part = part.strip()
+        table = {} if part != "base" else None
+        for item in filter(None, part.removeprefix("base").removeprefix("none").split("+")):
+            op, rows = item.split("=")
+            table[_mosaic_ops().get(op, op)] = frozenset(ints(rows))
+        experiments.append(table)
+    return experiments
+
+
+def _mosaic_name(table: dict | None) -> str:
+    if table is None:
+        return "-"
+    short = {v: k for k, v in _mosaic_ops().items()}
+    return "+".join(f"{short.get(op, op)}={','.join(map(str, sorted(rows)))}"
+                    for op, rows in table.items()) or "none"
 
 
 @contextlib.contextmanager
-def _matmul_tables(streaming_extra: dict, mosaic_rope_rows: frozenset | None):
+def _matmul_tables(streaming_extra: dict, mosaic_rows: dict | None):
     """An experiment of this benchmark only: matmul 'auto' also streams the weight shapes of
-    streaming_extra up to its rows, and runs Ouro's qkv + RoPE on the Mosaic kernel at
-    mosaic_rope_rows (None: as it is); matmul_ops' tables are restored after."""
+    streaming_extra up to its rows, and runs products on Mosaic kernels at mosaic_rows (None:
+    as it is); matmul_ops' tables are restored after."""
     from loopjax import matmul_ops
-    saved = matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROPE_ROWS
+    saved = matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROWS
     matmul_ops.STREAMING_MAX_ROWS = {**saved[0], **streaming_extra}
-    matmul_ops.MOSAIC_ROPE_ROWS = saved[1] if mosaic_rope_rows is None else mosaic_rope_rows
+    matmul_ops.MOSAIC_ROWS = saved[1] if mosaic_rows is None else mosaic_rows
     try:
         yield
     finally:
-        matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROPE_ROWS = saved
+        matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROWS = saved
 
 
 def _print(records: list[dict]) -> None:
@@ -301,7 +325,7 @@ def _print(records: list[dict]) -> None:
         print(f"{r['preset']:>12} {r['backend']:>11} {r['matmul']:>9} {r['pointwise']:>6} "
               f"{r['variant']:>8} rows {r['rows']:>4} "
               + (f"+streaming {r['streaming_extra']} " if r["streaming_extra"] != "-" else "")
-              + (f"mosaic-rope {r['mosaic_rope']} " if r.get("mosaic_rope", "-") != "-" else "")
+              + (f"mosaic {r['mosaic']} " if r.get("mosaic", "-") != "-" else "")
               + ("" if r["attn_write"] == "kernel" else "xla-write ")
               + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
               + ("" if r["attn_stages"] == "auto" else f"stages {r['attn_stages']} ")
@@ -330,17 +354,16 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    for extra, rope_rows, write, splits, stages in itertools.product(
+                    for extra, mosaic, write, splits, stages in itertools.product(
                             _streaming_experiments(args.streaming_rows),
-                            _mosaic_rope_experiments(args.mosaic_rope_rows), args.attn_write.split(","),
+                            _mosaic_experiments(args.mosaic_rows), args.attn_write.split(","),
                             args.attn_splits.split(","), args.attn_stages.split(",")):
                         args.current_matmul, args.current_pointwise = matmul, pointwise
                         args.current_streaming_extra = ",".join(
                             f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
-                        args.current_mosaic_rope = ("-" if rope_rows is None else
-                                                    ",".join(map(str, sorted(rope_rows))) or "none")
+                        args.current_mosaic = _mosaic_name(mosaic)
                         args.current_attn = (write, splits, stages)
-                        with _matmul_tables(extra, rope_rows), _attention_experiment(write, splits, stages):
+                        with _matmul_tables(extra, mosaic), _attention_experiment(write, splits, stages):
                             bench_model(model, args, backend, records)
         del model
         gc.collect()

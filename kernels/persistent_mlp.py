@@ -39,7 +39,7 @@ from ._mgpu import stream_tiles, tile_transforms
 from .streaming_config import NUM_SMS
 
 __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",
-           "shape_problem"]
+           "shape_problem", "silu_mul_problem", "silu_mul_product"]
 
 TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
 F32 = jnp.float32
@@ -74,6 +74,28 @@ def shape_problem(x, w_gate_up, w_down, split_k: int | None = None) -> str | Non
         return (f"persistent_mlp needs at most {NUM_SMS} programs per phase: "
                 f"{f // TILE} and {(h // TILE) * split_k}")
     return None
+
+
+def silu_mul_problem(x, w_gate_up) -> str | None:
+    """Why `silu_mul_product` cannot take these inputs (a one-line error), or None."""
+    (m, h), n = x.shape, w_gate_up.shape[1]
+    if x.ndim != 2 or x.dtype == F32 or w_gate_up.dtype != x.dtype or w_gate_up.shape[0] != h:
+        return "silu_mul_product takes bfloat16/float16 x [M, H] and w_gate_up [H, 2F] of x's dtype"
+    if m not in (8, 16, 32, 64) or h % TILE or n % (2 * TILE):
+        return (f"silu_mul_product takes M in (8, 16, 32, 64) and H, F multiples of {TILE}: "
+                f"M={m}, H={h}, 2F={n}")
+    return None
+
+
+def silu_mul_product(x, w_gate_up, *, num_stages: int = 6, interpret: bool | None = None):
+    """layers.linear_silu_mul(x, w_gate_up) -> act [M, F]: phase 1 alone, as its own kernel
+    (F / 64 programs, no semaphores). M must be its own row padding (8, 16, 32, 64)."""
+    problem = silu_mul_problem(x, w_gate_up)
+    if problem:
+        raise ValueError(problem)
+    (act,) = _call(x, w_gate_up, None, None, None, None, split_k=1, num_stages=num_stages,
+                   phases=(1,), eps=None, interpret=resolve_interpret(interpret))
+    return act
 
 
 def persistent_mlp(x, w_gate_up, w_down, *, split_k: int | None = None, num_stages: int = 6,
@@ -140,7 +162,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     """The kernel running `phases` (a subset of 1, 2, 3 in order); act_in / part_in: the
     earlier phases' outputs when they ran as their own kernels; norms: (residual, norm_weight,
     next_norm_weight) for phase 3."""
-    (m, h), f = x.shape, w_down.shape[0]
+    (m, h), f = x.shape, w_gu.shape[1] // 2
     dtype, rows = x.dtype, max(8, 1 << (m - 1).bit_length())
     units1, col_tiles2 = f // TILE, h // TILE
     units2, k2 = col_tiles2 * split_k, f // split_k
@@ -151,7 +173,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     stages1, stages2 = min(max(2, num_stages), steps1), min(max(2, num_stages), steps2)
     sync = len(phases) > 1 and not interpret
     transforms = tile_transforms(TILE, dtype)  # 64 columns: the weight tile (A) and x (B)
-    in_names = ["x", "w_gu", "w_down"]
+    in_names = ["x", "w_gu"] + (["w_down"] if 2 in phases else [])
     in_names += ["act"] if 2 in phases and 1 not in phases else []
     in_names += ["part"] if 3 in phases and 2 not in phases else []
     in_names += ["residual", "norm_w", "next_norm_w"] if 3 in phases else []

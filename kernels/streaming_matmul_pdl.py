@@ -31,7 +31,7 @@ from ._common import one_lowering_per_config, resolve_interpret
 from ._mgpu import stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
-__all__ = ["pdl_config", "streaming_matmul_pdl"]
+__all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl"]
 
 ROWS = 64  # wgmma's row block: M <= 64 rows per call
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
@@ -53,14 +53,28 @@ def pdl_config(m: int, k: int, n: int) -> Config:
     return Config(block_n, block_k, split_k, 4, stages)
 
 
-def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False,
+def partials_problem(x, w) -> str | None:
+    """Why the swapped product's partials (the default configuration) cannot take these
+    inputs (a one-line reason), or None. Assumes x [M, K] and w [K, N] of x's dtype."""
+    (m, k), n = x.shape, w.shape[1]
+    cfg = pdl_config(m, k, n)
+    if x.dtype == jnp.float32 or m not in (8, 16, 32, 64):
+        return f"the swapped partials take bfloat16/float16 and M in (8, 16, 32, 64), got {x.dtype} M={m}"
+    if cfg.block_n != ROWS or k % (cfg.block_k * cfg.split_k):
+        return f"the swapped partials take K and N multiples of {ROWS}, got K={k}, N={n}"
+    return None
+
+
+def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, partials: bool = False,
                          block_n: int | None = None, block_k: int | None = None,
                          split_k: int | None = None, num_stages: int | None = None,
                          interpret: bool | None = None):
     """x [M, K] @ w [K, N] -> [M, N] in x's dtype (M <= 64, bf16/fp16), fp32 accumulation.
     swap_ab: each program takes out^T = w_tile^T @ x^T (the weight tile is wgmma's 64-row A,
     x the B operand of M rows padded to 8/16/32/64): x tiles of 8 rows instead of 64 at 1 row;
-    needs block_n 64."""
+    needs block_n 64. partials: the split-K fp32 partials [split_k, M, N] instead of their
+    sum (for a norms kernel that sums them, kernels/rms_norm.py); M must then be its own row
+    padding (8, 16, 32 or 64 with swap_ab), so that no slice copies them."""
     m, k, n = check_matmul_inputs(x, w)
     interpret = resolve_interpret(interpret)
     if x.dtype == jnp.float32:
@@ -75,8 +89,17 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False,
                          f"{cfg.block_k} x split_k={cfg.split_k}, N={n} into block_n={cfg.block_n}")
     if swap_ab and cfg.block_n != ROWS:
         raise ValueError(f"swap_ab takes block_n {ROWS} (wgmma's A rows), got {cfg.block_n}")
-    return _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, swap_ab=swap_ab,
-                        interpret=interpret)
+    if partials and m != _x_rows(m, swap_ab):
+        raise ValueError(f"partials take M = the row padding ({_x_rows(m, swap_ab)}), got M={m}")
+    out = _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, swap_ab=swap_ab, interpret=interpret)
+    if partials:
+        return out if cfg.split_k > 1 else out.astype(jnp.float32)[None]
+    return (out if cfg.split_k == 1 else jnp.sum(out, axis=0).astype(x.dtype))[:m]
+
+
+def _x_rows(m: int, swap_ab: bool) -> int:
+    """x's tile rows: M padded to 8/16/32/64 swapped (wgmma's B), else wgmma's 64 A rows."""
+    return max(8, 1 << (m - 1).bit_length()) if swap_ab else ROWS
 
 
 @one_lowering_per_config("cfg", "pdl", "swap_ab", "interpret")
@@ -86,7 +109,7 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool
     steps, dtype = k // (bk * splits), x.dtype
     stages = min(max(2, stages), steps)  # NOTE: one slot would deadlock (refilled after the next wgmma)
     transforms = tile_transforms(min(bn, bk), dtype)
-    rows = max(8, 1 << (m - 1).bit_length()) if swap_ab else ROWS  # x tile rows
+    rows = _x_rows(m, swap_ab)
     acc_shape = (bn, rows) if swap_ab else (ROWS, bn)
     # x's whole K range in one go when it is small (a few rows): one barrier wait, not one per tile
     x_once = rows * steps * bk * jnp.dtype(dtype).itemsize <= X_ONCE_BYTES
@@ -153,4 +176,4 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool
     out = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(n // bn, splits),
                         grid_names=("n", "s"), kernel_name="loopjax_streaming_matmul_pdl",
                         interpret=plmgpu.InterpretGPUParams() if interpret else None)(x, w)
-    return (out if splits == 1 else jnp.sum(out, axis=0).astype(dtype))[:m]
+    return out  # [rows, N] in the dtype, or [split_k, rows, N] f32 partials

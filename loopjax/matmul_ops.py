@@ -34,10 +34,13 @@ import functools
 import jax
 
 from loopjax import layers
+from loopjax.kernels import persistent_mlp as pm
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_norms as smn
+from loopjax.kernels import streaming_matmul_pdl as smp
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
+from loopjax.kernels.rms_norm import norm_add_norm
 from loopjax.layers import XLA_OPS, Ops
 
 MATMULS = ("auto", "xla", "streaming", "persistent")
@@ -55,10 +58,14 @@ PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear
 # four: 12,148 / 19,311).
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
                       (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
-# Rows at which Ouro's qkv product + RoPE (linear_rope_rotate_half_qkv) streams on the Mosaic
-# GPU kernel (kernels/streaming_matmul_rope_mgpu.py: one program per head, TMA rings) instead
-# of the Triton one, where that kernel takes the shapes.
-MOSAIC_ROPE_ROWS: frozenset[int] = frozenset({8, 16, 32, 64})
+# Op -> the rows at which its streamed product runs on a Mosaic GPU kernel instead of the
+# Triton one, where that kernel takes the shapes (each needs M to be its own row padding: 8,
+# 16, 32 or 64): linear_rope_rotate_half_qkv on kernels/streaming_matmul_rope_mgpu.py (one
+# program per head, TMA rings; bench/RESULTS.md run 18), linear_silu_mul on persistent_mlp's
+# phase 1 alone, linear_norm_add_norm on the swapped-operand product's split-K partials
+# (streaming_matmul_pdl) into the same norms kernel.
+MOSAIC_OPS = ("linear_rope_rotate_half_qkv", "linear_silu_mul", "linear_norm_add_norm")
+MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({8, 16, 32, 64})}
 
 
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in
@@ -101,8 +108,6 @@ def _persistent_mlp_or(ops: Ops):
     """Ops.fused_mlp: Ouro's MLP branch on kernels/persistent_mlp.py (both products and the
     norms after them in one resident kernel) where the kernel takes the shapes (decode rows);
     elsewhere `ops`' own two ops."""
-    from loopjax.kernels import persistent_mlp as pm
-
     def fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
         if pm.shape_problem(x, w_gate_up, w_down) is not None:
             return ops.mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
@@ -172,15 +177,24 @@ def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_
     return sm.streaming_matmul_silu_mul(x, w_gate_up, norm_weight=norm_weight, norm_eps=eps)
 
 
+def _on_mosaic(op: str, x) -> bool:
+    return x.shape[0] in MOSAIC_ROWS.get(op, ())
+
+
 def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
     if not _few_rows(x):
         return layers.linear_silu_mul(x, w_gate_up)
+    if _on_mosaic("linear_silu_mul", x) and pm.silu_mul_problem(x, w_gate_up) is None:
+        return pm.silu_mul_product(x, w_gate_up)
     return sm.streaming_matmul_silu_mul(x, w_gate_up)
 
 
 def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
+    if _on_mosaic("linear_norm_add_norm", x) and smp.partials_problem(x, w) is None:
+        partials = smp.streaming_matmul_pdl(x, w, pdl=False, swap_ab=True, partials=True)
+        return norm_add_norm(partials, residual, norm_weight, next_norm_weight, eps)
     return smn.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 
@@ -194,6 +208,6 @@ def streaming_linear_rope_qkv(x, w_qkv, cos, sin, num_heads: int, num_kv_heads: 
     if not _few_rows(x):  # x [M, K]; w_qkv [K, (Hq + 2*Hkv) * D]; cos, sin [M, D/2] f32
         return layers.linear_rope_rotate_half_qkv(x, w_qkv, cos, sin, num_heads, num_kv_heads)
     heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads)
-    if x.shape[0] in MOSAIC_ROPE_ROWS and smrm.shape_problem(x, w_qkv, **heads) is None:
+    if _on_mosaic("linear_rope_rotate_half_qkv", x) and smrm.shape_problem(x, w_qkv, **heads) is None:
         return smrm.streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, **heads)
     return smr.streaming_matmul_rope_qkv(x, w_qkv, cos, sin, **heads)

@@ -1,9 +1,10 @@
 """Probe: one Ouro loop (every layer, dense causal attention over the rows) at the real
 shapes with random bf16 weights, on each layers.Ops a step can use, against XLA's ops:
 the pointwise kernels must be bitwise (as on CPU, tests/test_pointwise_ops.py), the
-weight-streaming products (matmul 'auto', 'streaming', 'persistent') within bf16 rounding of a different
-f32 summation order. Prints per rows: differing elements and the largest |difference|
-relative to the output's largest |value|.
+weight-streaming products (matmul 'auto', 'streaming', 'persistent'; 'mosaic': 'streaming'
+with every matmul_ops.MOSAIC_ROWS op at 8-64 rows) within bf16 rounding of a different f32
+summation order. Prints per rows: differing elements and the largest |difference| relative
+to the output's largest |value|.
 
     python -m loopjax.bench.probes.ops_check [--preset ouro-1.4b] [--rows 1,8,32]
 """
@@ -11,11 +12,13 @@ relative to the output's largest |value|.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 
 import jax
 import jax.numpy as jnp
 
+from loopjax import matmul_ops as mo
 from loopjax.config import preset
 from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, DenseCausal, rope_angles
 from loopjax.matmul_ops import matmul_ops
@@ -37,6 +40,7 @@ def main(argv=None):
     params = ouro.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     variants = {"matmul auto": matmul_ops("auto"), "matmul streaming": matmul_ops("streaming"),
                 "matmul persistent": matmul_ops("persistent"),
+                "matmul mosaic": matmul_ops("streaming"),
                 "pointwise pallas": with_pointwise(XLA_OPS, "pallas")}
     run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops),
                          compiler_options=IDENTITY_COMPILER_OPTIONS)
@@ -46,11 +50,23 @@ def main(argv=None):
         want = run["xla"](params, x).astype(jnp.float32)
         scale = float(jnp.max(jnp.abs(want)))
         for name in variants:
-            got = run[name](params, x).astype(jnp.float32)
+            with _every_mosaic_op() if name == "matmul mosaic" else contextlib.nullcontext():
+                got = run[name](params, x).astype(jnp.float32)
             diff = int(jnp.sum(got != want))
             rel = float(jnp.max(jnp.abs(got - want))) / scale
             print(f"{args.preset} rows {rows:4d} {name:<18} differing {diff:7d}/{want.size}  "
                   f"max |diff| / max |out| {rel:.2e}", flush=True)
+
+
+@contextlib.contextmanager
+def _every_mosaic_op():
+    """matmul_ops.MOSAIC_ROWS with every op at 8-64 rows while a variant traces (restored after)."""
+    saved, rows = mo.MOSAIC_ROWS, frozenset({8, 16, 32, 64})
+    mo.MOSAIC_ROWS = dict.fromkeys(mo.MOSAIC_OPS, rows)
+    try:
+        yield
+    finally:
+        mo.MOSAIC_ROWS = saved
 
 
 if __name__ == "__main__":
