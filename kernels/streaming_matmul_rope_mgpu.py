@@ -19,9 +19,11 @@ accumulators hold the head's halves transposed, [64, M]. x's whole K range is lo
 when it fits X_ONCE_BYTES. The epilogue rounds both halves to the dtype, rotates q and k
 heads with cos, sin read through a transposed view (kernels/rope.py's `_rotated_halves`) and
 stores each half through a transposed view of its output, in the register layout that store
-wants (WGMMA_TRANSPOSED). M must be the row padding itself (8, 16, 32 or 64): the stores
-write whole [M, 64] tiles. Elsewhere `shape_problem` says why, and the op keeps the Triton
-kernel.
+wants (WGMMA_TRANSPOSED). Where M is its own row padding (8, 16, 32, 64) the stores write
+whole [M, 64] tiles straight to the outputs and cos, sin are read from them; M of 1-7 (the
+1-row step) go through shared memory both ways, by TMA, which zero-fills the rows past
+M on the way in and clips them on the way out. `shape_problem` says which shapes it refuses,
+and the op keeps the Triton kernel there.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from .streaming_matmul_rope import check_matmul_rope_inputs, ref_streaming_matmu
 __all__ = ["ref_streaming_matmul_rope_qkv", "shape_problem", "streaming_matmul_rope_qkv_mgpu"]
 
 HALF = 64  # a head's half: wgmma's A rows (so D = 128)
-ROW_COUNTS = (8, 16, 32, 64)  # wgmma's B widths used here: M must be one of them
+MAX_ROWS = 64  # x's rows padded to 8, 16, 32 or 64: wgmma's B widths used here
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
 X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
 F32 = jnp.float32
@@ -54,19 +56,24 @@ def shape_problem(x, w_qkv, num_heads: int, num_kv_heads: int, block_k: int = 64
         return "the Mosaic qkv + RoPE kernel takes bfloat16/float16 (wgmma would round fp32 to tf32)"
     if d != 2 * HALF:
         return f"the Mosaic qkv + RoPE kernel takes head_dim {2 * HALF}, got {d}"
-    if m not in ROW_COUNTS:
-        return f"the Mosaic qkv + RoPE kernel takes M in {ROW_COUNTS} rows, got {m}"
+    if m > MAX_ROWS or (m > 8 and m % 8):  # NOTE: x's TMA box is tiled by 8 rows
+        return f"the Mosaic qkv + RoPE kernel takes 1-8 rows or a multiple of 8 up to {MAX_ROWS}, got {m}"
     if block_k not in (64, 128) or k % block_k:
         return f"the Mosaic qkv + RoPE kernel needs block_k 64 or 128 dividing K={k}, got {block_k}"
     return None
 
 
+def _padded_rows(m: int) -> int:
+    return max(8, 1 << (m - 1).bit_length())
+
+
 def default_num_stages(m: int, k: int, block_k: int, itemsize: int = 2) -> int:
     """As many ring slots as fit SMEM_BUDGET (one program per SM), at most the K steps."""
-    steps = k // block_k
-    x_once = m * k * itemsize <= X_ONCE_BYTES
-    stage = 2 * block_k * HALF * itemsize + (0 if x_once else m * block_k * itemsize)
-    budget = SMEM_BUDGET - (m * k * itemsize if x_once else 0)
+    rows, steps = _padded_rows(m), k // block_k
+    x_once = rows * k * itemsize <= X_ONCE_BYTES
+    stage = 2 * block_k * HALF * itemsize + (0 if x_once else rows * block_k * itemsize)
+    staging = 0 if rows == m else 2 * rows * HALF * (4 + itemsize)  # cos, sin; the output halves
+    budget = SMEM_BUDGET - (rows * k * itemsize if x_once else 0) - staging
     return max(2, min(steps, budget // stage))
 
 
@@ -90,16 +97,23 @@ def streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, *, num_heads: int, num_kv
 def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block_k: int,
                  num_stages: int, interpret: bool):
     (m, k), dtype = x.shape, x.dtype
+    rows = _padded_rows(m)
     heads = (num_heads, num_kv_heads, num_kv_heads)
     d, steps = 2 * HALF, k // block_k
-    x_once = m * k * dtype.itemsize <= X_ONCE_BYTES
+    x_once = rows * k * dtype.itemsize <= X_ONCE_BYTES
+    staged = rows != m  # cos, sin in and the outputs out through shared memory (TMA)
     transforms = tile_transforms(HALF, dtype)  # 64 columns: the weight tiles (A) and x (B)
     wt = plmgpu.Layout.WGMMA_TRANSPOSED  # what a store through a transposed view wants
 
     def body(x_ref, w_ref, cos_ref, sin_ref, q_ref, k_ref, v_ref, w1_smem, w2_smem, x_smem,
-             w_ready, x_ready):
+             w_ready, x_ready, *staging):
         # x [M, K]; w [K, (Hq + 2*Hkv) * D]; cos, sin [M, 64] f32; q [M, Hq * D]; k, v [M, Hkv * D]
+        # staging (M < rows): cos and sin [2, rows, 64] f32, their barrier, the output halves
         h = jax.lax.axis_index("h")
+        if staged:
+            cs_smem, cs_ready, out_smem = staging
+            for i, a in enumerate((cos_ref, sin_ref)):
+                plmgpu.copy_gmem_to_smem(a.at[pl.ds(0, rows)], cs_smem.at[i], cs_ready)
 
         def fetch_w(t, slot):
             for w_smem, col in ((w1_smem, h * d), (w2_smem, h * d + HALF)):
@@ -107,7 +121,7 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
                                          w_smem.at[slot], w_ready.at[slot])
 
         def fetch_x(t, slot):
-            plmgpu.copy_gmem_to_smem(x_ref.at[:, pl.ds(t * block_k, block_k)],
+            plmgpu.copy_gmem_to_smem(x_ref.at[pl.ds(0, rows), pl.ds(t * block_k, block_k)],
                                      x_smem.at[t if x_once else slot], x_ready.at[0 if x_once else slot])
 
         for t in range(num_stages):
@@ -135,11 +149,24 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
             x1, x2 = (plmgpu.layout_cast(a[...].astype(dtype).astype(F32), wt) for a in (acc1, acc2))
 
             def store(o_ref, head, halves):  # head's columns [head*D, +64) and [head*D + 64, +64)
-                for off, val in zip((0, HALF), halves, strict=True):
-                    o_ref.at[:, pl.ds(head * d + off, HALF)].T[...] = val.astype(dtype)
+                for i, (off, val) in enumerate(zip((0, HALF), halves, strict=True)):
+                    cols = pl.ds(head * d + off, HALF)
+                    if not staged:
+                        o_ref.at[:, cols].T[...] = val.astype(dtype)
+                        continue
+                    out_smem.at[i].T[...] = val.astype(dtype)
+                    plmgpu.commit_smem()
+                    plmgpu.copy_smem_to_gmem(out_smem.at[i], o_ref.at[pl.ds(0, rows), cols])
+                if staged:
+                    plmgpu.wait_smem_to_gmem(0)  # the copies have read shared memory
 
             def rotated():
-                cos_t, sin_t = (plmgpu.load(a.T, (), layout=wt, optimized=False) for a in (cos_ref, sin_ref))
+                if staged:
+                    plmgpu.barrier_wait(cs_ready)
+                    cs = (cs_smem.at[0], cs_smem.at[1])
+                else:
+                    cs = (cos_ref, sin_ref)
+                cos_t, sin_t = (plmgpu.load(a.T, (), layout=wt, optimized=False) for a in cs)
                 return _rotated_halves(x1, x2, cos_t, sin_t, dtype)
 
             hk = num_heads + num_kv_heads
@@ -147,15 +174,18 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
             pl.when((h >= num_heads) & (h < hk))(lambda: store(k_ref, h - num_heads, rotated()))
             pl.when(h >= hk)(lambda: store(v_ref, h - hk, (x1, x2)))
 
-        acc = plmgpu.ACC((HALF, m), F32)
+        acc = plmgpu.ACC((HALF, rows), F32)
         pl.run_scoped(scope, acc, acc)
 
     smem = lambda *shape: plmgpu.SMEM(shape, dtype, transforms=transforms)  # noqa: E731
     scratch = [smem(num_stages, block_k, HALF), smem(num_stages, block_k, HALF),
-               smem(steps if x_once else num_stages, m, block_k),
+               smem(steps if x_once else num_stages, rows, block_k),
                plmgpu.Barrier(num_arrivals=2, num_barriers=num_stages),
                plmgpu.Barrier(num_arrivals=steps, num_barriers=1) if x_once
                else plmgpu.Barrier(num_arrivals=1, num_barriers=num_stages)]
+    if staged:
+        scratch += [plmgpu.SMEM((2, rows, HALF), F32), plmgpu.Barrier(num_arrivals=2),
+                    plmgpu.SMEM((2, rows, HALF), dtype)]
     out_type = [jax.ShapeDtypeStruct((m, n * d), dtype) for n in heads]
     outs = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(sum(heads),),
                          grid_names=("h",), kernel_name="loopjax_streaming_matmul_rope_mgpu",

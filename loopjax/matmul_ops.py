@@ -65,7 +65,9 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # phase 1 alone, linear_norm_add_norm on the swapped-operand product's split-K partials
 # (streaming_matmul_pdl) into the same norms kernel.
 MOSAIC_OPS = ("linear_rope_rotate_half_qkv", "linear_silu_mul", "linear_norm_add_norm")
-MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({8, 16, 32, 64})}
+MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({8, 16, 32, 64}),
+                                           "linear_silu_mul": frozenset({8, 16, 32}),
+                                           "linear_norm_add_norm": frozenset({8, 16, 32})}
 
 
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in

@@ -33,6 +33,7 @@ H200 = AbstractMesh((1,), ("x",), abstract_device=AbstractDevice("NVIDIA H200", 
 @pytest.mark.parametrize("m, k, block_k, stages", [
     (8, 128, 64, None),  # x's K range loaded once; 2 K steps in 2 slots
     (32, 384, 128, 2),  # x per tile; 3 K steps through 2 slots (a slot refilled)
+    (3, 256, 128, None),  # 3 rows padded to 8: cos, sin and the outputs through shared memory
 ])
 def test_matches_twin_bitwise(m, k, block_k, stages):
     heads = dict(num_heads=2, num_kv_heads=1)  # GQA: 2 q heads, 1 k, 1 v -> 4 programs
@@ -46,7 +47,10 @@ def test_matches_twin_bitwise(m, k, block_k, stages):
 def test_shape_problems():
     x, w, cos, sin = _inputs(8, 128, 2, 1, 128, BF16, exact=True)
     assert smrm.shape_problem(x, w, 2, 1) is None
-    assert "M in" in smrm.shape_problem(x[:3], w, 2, 1)
+    x20 = jnp.zeros((20, 128), BF16)
+    assert smrm.shape_problem(x[:3], w, 2, 1) is None
+    assert "1-8 rows or a multiple of 8" in smrm.shape_problem(x20, w, 2, 1)
+    assert "1-8 rows or a multiple of 8" in smrm.shape_problem(jnp.zeros((72, 128), BF16), w, 2, 1)
     assert "bfloat16/float16" in smrm.shape_problem(x.astype(F32), w.astype(F32), 2, 1)
     x64, w64, cos64, sin64 = _inputs(8, 128, 2, 1, 64, BF16, exact=True)
     assert "head_dim 128" in smrm.shape_problem(x64, w64, 2, 1)
@@ -57,7 +61,7 @@ def test_shape_problems():
         smrm.streaming_matmul_rope_qkv_mgpu(x, w, cos[:, :32], sin, num_heads=2, num_kv_heads=1)
 
 
-@pytest.mark.parametrize("m, block_k", [(8, 64), (32, 128)])
+@pytest.mark.parametrize("m, block_k", [(1, 128), (8, 64), (32, 128)])
 def test_lowers_for_cuda(m, block_k):
     """Ouro-1.4B's wqkv: one Mosaic GPU kernel (its layouts are checked when it lowers)."""
     from loopjax.bench.warmup_probe import mosaic_kernels
@@ -105,7 +109,7 @@ def test_matmul_ops_dispatch(monkeypatch):
     assert kernels(x, cos, sin) == (True, True)  # NOTE: the Triton name is a prefix of the Mosaic one
     _same(mo.streaming_linear_rope_qkv(x, w, cos, sin, **heads),
           _twin(smrm.ref_streaming_matmul_rope_qkv, **heads)(x, w, cos, sin))
-    assert kernels(x[:3], cos[:3], sin[:3]) == (False, True)  # 3 rows: not a Mosaic row count
+    assert kernels(x[:3], cos[:3], sin[:3]) == (False, True)  # 3 rows: not in the table
     monkeypatch.setattr(mo, "MOSAIC_ROWS", {})
     assert kernels(x, cos, sin) == (False, True)
 
