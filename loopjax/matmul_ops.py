@@ -18,7 +18,10 @@
   1 row, 7.3 vs 4.7 ms at 8), so norm_linear* keep the norm in XLA. XLA's products there
   (`GPU_XLA_OPS`) return the activation dtype from the dot (layers.linear_in_dtype), so that
   cuBLAS writes bf16 and no convert kernel follows (run 14, 4 x 512 prefill steps: Ouro-1.4B
-  44.8 -> 40.3 ms, Huginn-0125 397.6 -> 359.2 ms).
+  44.8 -> 40.3 ms, Huginn-0125 397.6 -> 359.2 ms). Where `MOSAIC_ROWS` says so, a streamed
+  product runs on a Mosaic GPU kernel instead of the Triton one (run 18: Ouro-1.4B's qkv +
+  RoPE at 1-32 rows, SiLU*up and the norms' partials at 8-32; context-512 steps 1 row 4,804
+  -> 4,669 us, 8 rows 5,513 -> 5,305, 32 rows 8,353 -> 8,073).
 - 'persistent' (experimental, measured in bench/RESULTS.md run 17): 'auto' with Ouro's whole MLP
   branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in one
   resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes.
@@ -59,13 +62,15 @@ PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
                       (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
 # Op -> the rows at which its streamed product runs on a Mosaic GPU kernel instead of the
-# Triton one, where that kernel takes the shapes (each needs M to be its own row padding: 8,
-# 16, 32 or 64): linear_rope_rotate_half_qkv on kernels/streaming_matmul_rope_mgpu.py (one
-# program per head, TMA rings; bench/RESULTS.md run 18), linear_silu_mul on persistent_mlp's
-# phase 1 alone, linear_norm_add_norm on the swapped-operand product's split-K partials
-# (streaming_matmul_pdl) into the same norms kernel.
+# Triton one, where that kernel takes the shapes: linear_rope_rotate_half_qkv on
+# kernels/streaming_matmul_rope_mgpu.py (one program per head, TMA rings; 1-8 rows or
+# multiples of 8), linear_silu_mul on persistent_mlp's phase 1 alone and linear_norm_add_norm
+# on the swapped-operand product's split-K partials (streaming_matmul_pdl) into the same norms
+# kernel (both: M = 8, 16, 32, 64). Measured on the H200 (bench/RESULTS.md run 18): qkv + RoPE
+# 9.3-10.8 us per kernel at 1-32 rows vs the Triton kernel's 11.0-12.6; the other two gain only
+# together (steps 8 / 32 rows -1.7% / -2.0% with all three, within 0.5% with one of them).
 MOSAIC_OPS = ("linear_rope_rotate_half_qkv", "linear_silu_mul", "linear_norm_add_norm")
-MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({8, 16, 32, 64}),
+MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({1, 8, 16, 32, 64}),
                                            "linear_silu_mul": frozenset({8, 16, 32}),
                                            "linear_norm_add_norm": frozenset({8, 16, 32})}
 
