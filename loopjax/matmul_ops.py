@@ -58,21 +58,23 @@ PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear
 # norm_add_norm kernel): all four products on the kernel give the fastest step at 8, 16 and
 # 32 rows (5,780 / 6,760 / 8,877 us vs 5,873 / 7,088 / 9,116 with only the old 8-row three);
 # at 64 and 128 rows wo and w_down alone (12,074 / 18,457 us vs XLA's 12,249 / 19,166; all
-# four: 12,148 / 19,311).
+# four: 12,148 / 19,311). Run 18: with the Mosaic kernels (MOSAIC_ROWS) all four at 64 rows
+# (11,458 us vs 12,119 with wqkv and w_gate_up on XLA).
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
-                      (2048, 6144): 32, (2048, 11264): 32, (2048, 2048): 128, (5632, 2048): 128}
+                      (2048, 6144): 64, (2048, 11264): 64, (2048, 2048): 128, (5632, 2048): 128}
 # Op -> the rows at which its streamed product runs on a Mosaic GPU kernel instead of the
 # Triton one, where that kernel takes the shapes: linear_rope_rotate_half_qkv on
 # kernels/streaming_matmul_rope_mgpu.py (one program per head, TMA rings; 1-8 rows or
 # multiples of 8), linear_silu_mul on persistent_mlp's phase 1 alone and linear_norm_add_norm
 # on the swapped-operand product's split-K partials (streaming_matmul_pdl) into the same norms
 # kernel (both: M = 8, 16, 32, 64). Measured on the H200 (bench/RESULTS.md run 18): qkv + RoPE
-# 9.3-10.8 us per kernel at 1-32 rows vs the Triton kernel's 11.0-12.6; the other two gain only
-# together (steps 8 / 32 rows -1.7% / -2.0% with all three, within 0.5% with one of them).
+# 9.3-12.7 us per kernel at 1-64 rows vs the Triton kernel's 11.0-14.8; the other two gain only
+# together (steps 8 / 32 / 64 rows -1.7% / -2.0% / -5.4% with all three; within 0.5% at 8-32
+# rows with one of them).
 MOSAIC_OPS = ("linear_rope_rotate_half_qkv", "linear_silu_mul", "linear_norm_add_norm")
 MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({1, 8, 16, 32, 64}),
-                                           "linear_silu_mul": frozenset({8, 16, 32}),
-                                           "linear_norm_add_norm": frozenset({8, 16, 32})}
+                                           "linear_silu_mul": frozenset({8, 16, 32, 64}),
+                                           "linear_norm_add_norm": frozenset({8, 16, 32, 64})}
 
 
 # XLA's products where 'auto' does not stream on a GPU: the layers ops with the dot's result in
