@@ -42,6 +42,7 @@ __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", 
            "shape_problem", "silu_mul_problem", "silu_mul_product"]
 
 TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
+SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM (the rest: barriers, Mosaic's scratch)
 F32 = jnp.float32
 
 
@@ -171,6 +172,8 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     # NOTE: >= 2 slots where a program has >= 2 tiles: a slot is refilled after the next
     # tile's product is issued (one wgmma group in flight), so one slot would wait forever
     stages1, stages2 = min(max(2, num_stages), steps1), min(max(2, num_stages), steps2)
+    stages1, stages2 = _fit_smem(stages1 if 1 in phases else 0, stages2 if 2 in phases else 0, rows,
+                                 dtype.itemsize)
     sync = len(phases) > 1 and not interpret
     transforms = tile_transforms(TILE, dtype)  # 64 columns: the weight tile (A) and x (B)
     in_names = ["x", "w_gu"] + (["w_down"] if 2 in phases else [])
@@ -286,8 +289,8 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                   h_normed=((m, h), dtype))
     out_type = [jax.ShapeDtypeStruct(*shapes[name]) for name in out_names]
     smem = lambda *shape: plmgpu.SMEM(shape, dtype, transforms=transforms)  # noqa: E731
-    s1 = stages1 if 1 in phases else 1
-    s2_ = stages2 if 2 in phases else 1
+    s1 = stages1 or 1
+    s2_ = stages2 or 1
     scratch = [smem(s1, TILE, TILE), smem(s1, TILE, TILE), smem(s1, rows, TILE),
                plmgpu.Barrier(num_arrivals=2, num_barriers=s1),
                plmgpu.Barrier(num_arrivals=1, num_barriers=s1),
@@ -303,6 +306,21 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                          grid_names=("p",), kernel_name="loopjax_persistent_mlp",
                          interpret=plmgpu.InterpretGPUParams() if interpret else None)(
         *[args[name] for name in in_names])
+
+
+def _fit_smem(stages1: int, stages2: int, rows: int, itemsize: int) -> tuple[int, int]:
+    """Ring slots of the phases that run (0: not run) with one slot fewer for the larger ring
+    until both fit SMEM_BUDGET, not below 2 (a ring of two or more tiles deadlocks with one).
+    NOTE: 64 rows at 6 + 6 slots asked for 248,000 bytes of the H200's 232,448 (run 18)."""
+    tile = TILE * TILE * itemsize
+    def smem(s1, s2):
+        return s1 * (2 * tile + rows * TILE * itemsize) + s2 * (tile + rows * TILE * itemsize)
+    while smem(stages1, stages2) > SMEM_BUDGET and max(stages1, stages2) > 2:
+        if stages2 <= 2 or (stages1 > 2 and 2 * stages1 >= stages2):  # the ring holding more bytes
+            stages1 -= 1
+        else:
+            stages2 -= 1
+    return stages1, stages2
 
 
 def _rnd(v, dtype):
