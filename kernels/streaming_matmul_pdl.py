@@ -16,8 +16,10 @@ TMA and never stored); with `swap_ab` the weight tile is wgmma's A (out^T = w_ti
 x takes 8-64 rows, the result stored through a transposed view of the output. x's whole K
 range is loaded once when it fits X_ONCE_BYTES. Split-K partials (fp32) are summed in XLA.
 `pdl=False` (and interpret mode, whose CPU interpreter has no grid dependencies) gives the
-same kernel with an ordinary launch. Not a default anywhere: per kernel as fast as the Triton
-kernel with `swap_ab` (bench/RESULTS.md run 17), and the early launch gains nothing.
+same kernel with an ordinary launch. The early launch gains nothing (bench/RESULTS.md run 17);
+with `swap_ab` the kernel is as fast as the Triton one per product, and `swapped_partials`
+(swapped, ordinary launch, the split-K partials for a norms kernel) is the default for Ouro's
+wo and w_down at 8-64 rows (matmul_ops.MOSAIC_ROWS, run 18).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from ._common import one_lowering_per_config, resolve_interpret
 from ._mgpu import stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
-__all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl"]
+__all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl", "swapped_partials"]
 
 ROWS = 64  # wgmma's row block: M <= 64 rows per call
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
@@ -63,6 +65,13 @@ def partials_problem(x, w) -> str | None:
     if cfg.block_n != ROWS or k % (cfg.block_k * cfg.split_k):
         return f"the swapped partials take K and N multiples of {ROWS}, got K={k}, N={n}"
     return None
+
+
+def swapped_partials(x, w, *, interpret: bool | None = None):
+    """The split-K fp32 partials [split_k, M, N] of x [M, K] @ w [K, N] (their sum is the
+    product), swapped operands, ordinary launch, default configuration; M in 8, 16, 32, 64
+    (`partials_problem`)."""
+    return streaming_matmul_pdl(x, w, pdl=False, swap_ab=True, partials=True, interpret=interpret)
 
 
 def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, partials: bool = False,

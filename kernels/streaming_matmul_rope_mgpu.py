@@ -1,6 +1,6 @@
 """Ouro's qkv product with its RoPE in the epilogue on Mosaic GPU (`pallas.mosaic_gpu`): the
-contract of kernels/streaming_matmul_rope.py's Triton kernel, for the row counts of the
-decode buckets (8, 16, 32, 64) and D = 128.
+contract of kernels/streaming_matmul_rope.py's Triton kernel, for 1-8 rows or multiples of 8
+up to 64 (the decode buckets 1, 8, 16, 32, 64) and D = 128.
 
     streaming_matmul_rope_qkv_mgpu(x [M, K], w_qkv [K, (Hq + 2*Hkv) * D], cos, sin [M, D/2] f32,
                                    num_heads=Hq, num_kv_heads=Hkv) -> q [M, Hq, D], k, v [M, Hkv, D]
@@ -44,10 +44,11 @@ HALF = 64  # a head's half: wgmma's A rows (so D = 128)
 MAX_ROWS = 64  # x's rows padded to 8, 16, 32 or 64: wgmma's B widths used here
 SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
 X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
+BLOCK_K = 128  # K per ring slot by default (bench/RESULTS.md run 18: 64 was slower at 16-64 rows)
 F32 = jnp.float32
 
 
-def shape_problem(x, w_qkv, num_heads: int, num_kv_heads: int, block_k: int = 64) -> str | None:
+def shape_problem(x, w_qkv, num_heads: int, num_kv_heads: int, block_k: int = BLOCK_K) -> str | None:
     """Why this kernel cannot take these shapes (a one-line reason), or None when it can.
     Assumes inputs that passed check_matmul_rope_inputs."""
     (m, k), width = x.shape, w_qkv.shape[1]
@@ -78,7 +79,7 @@ def default_num_stages(m: int, k: int, block_k: int, itemsize: int = 2) -> int:
 
 
 def streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int,
-                                   block_k: int = 128, num_stages: int | None = None,
+                                   block_k: int = BLOCK_K, num_stages: int | None = None,
                                    interpret: bool | None = None):
     """layers.linear_rope_rotate_half_qkv -> (q [M, Hq, D], k [M, Hkv, D], v [M, Hkv, D]);
     raises ValueError (one line) for shapes `shape_problem` rejects."""

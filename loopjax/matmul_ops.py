@@ -66,11 +66,11 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # Triton one, where that kernel takes the shapes: linear_rope_rotate_half_qkv on
 # kernels/streaming_matmul_rope_mgpu.py (one program per head, TMA rings; 1-8 rows or
 # multiples of 8), linear_silu_mul on persistent_mlp's phase 1 alone and linear_norm_add_norm
-# on the swapped-operand product's split-K partials (streaming_matmul_pdl) into the same norms
-# kernel (both: M = 8, 16, 32, 64). Measured on the H200 (bench/RESULTS.md run 18): qkv + RoPE
-# 9.3-12.7 us per kernel at 1-64 rows vs the Triton kernel's 11.0-14.8; the other two gain only
-# together (steps 8 / 32 / 64 rows -1.7% / -2.0% / -5.4% with all three; within 0.5% at 8-32
-# rows with one of them).
+# on the swapped-operand product's split-K partials (streaming_matmul_pdl.swapped_partials)
+# into the same norms kernel (both: M = 8, 16, 32, 64). Measured on the H200
+# (bench/RESULTS.md run 18): qkv + RoPE 9.3-12.7 us per kernel at 1-64 rows vs the Triton
+# kernel's 11.0-14.8; the other two gain only together (steps 8 / 32 / 64 rows -1.7% / -2.0% /
+# -5.4% with all three; within 1% at 8-32 rows with one of them).
 MOSAIC_OPS = ("linear_rope_rotate_half_qkv", "linear_silu_mul", "linear_norm_add_norm")
 MOSAIC_ROWS: dict[str, frozenset[int]] = {"linear_rope_rotate_half_qkv": frozenset({1, 8, 16, 32, 64}),
                                            "linear_silu_mul": frozenset({8, 16, 32, 64}),
@@ -202,8 +202,7 @@ def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
     if _on_mosaic("linear_norm_add_norm", x) and smp.partials_problem(x, w) is None:
-        partials = smp.streaming_matmul_pdl(x, w, pdl=False, swap_ab=True, partials=True)
-        return norm_add_norm(partials, residual, norm_weight, next_norm_weight, eps)
+        return norm_add_norm(smp.swapped_partials(x, w), residual, norm_weight, next_norm_weight, eps)
     return smn.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 

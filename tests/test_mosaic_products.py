@@ -55,6 +55,9 @@ def test_shape_problems():
     x64, w64, cos64, sin64 = _inputs(8, 128, 2, 1, 64, BF16, exact=True)
     assert "head_dim 128" in smrm.shape_problem(x64, w64, 2, 1)
     assert "block_k" in smrm.shape_problem(x, w, 2, 1, block_k=32)
+    x192, w192 = _inputs(8, 192, 2, 1, 128, BF16, exact=True)[:2]  # K = 192: not the default's 128s
+    assert "block_k" in smrm.shape_problem(x192, w192, 2, 1)
+    assert smrm.shape_problem(x192, w192, 2, 1, block_k=64) is None
     with pytest.raises(ValueError, match="head_dim 128"):
         smrm.streaming_matmul_rope_qkv_mgpu(x64, w64, cos64, sin64, num_heads=2, num_kv_heads=1)
     with pytest.raises(ValueError, match="cos must be"):
@@ -83,8 +86,7 @@ def test_silu_mul_and_partials_lower_for_cuda(m):
     from loopjax.kernels import persistent_mlp as pm
     from loopjax.kernels import streaming_matmul_pdl as smp
 
-    partials = functools.partial(smp.streaming_matmul_pdl, pdl=False, swap_ab=True, partials=True,
-                                 interpret=False)
+    partials = functools.partial(smp.swapped_partials, interpret=False)
     cases = [(functools.partial(pm.silu_mul_product, interpret=False), (2048, 11264)),
              (partials, (2048, 2048)), (partials, (5632, 2048))]
     for fn, w_shape in cases:
