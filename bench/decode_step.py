@@ -100,6 +100,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also trace 3 fused steps per case under this folder and print the "
                              "kernels (count and µs per step)")
     parser.add_argument("--out", default=None, help="write the records as JSON here")
+    parser.add_argument("--plot", default=None,
+                        help="write a PNG here: tokens/s and %% of roofline against rows (matplotlib)")
 
 
 def weight_bytes(model, loops: int) -> int:
@@ -369,6 +371,9 @@ def run(args: argparse.Namespace) -> int:
         gc.collect()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
     write_json(args.out, {"device": jax.devices()[0].device_kind, "records": records})
+    if args.plot:
+        from loopjax.bench.report import write_steps_plot
+        print(f"plot: {write_steps_plot(records, args.plot) or 'skipped (no matplotlib)'}", flush=True)
     bad = [r for r in records if not math.isfinite(r["median_us"])]
     return 1 if bad else 0
 

@@ -302,6 +302,33 @@ def write_sweep_plot(reports: list[dict], path: str) -> str | None:
     return _save(fig, plt, path)
 
 
+def write_steps_plot(records: list[dict], path: str) -> str | None:
+    """Decode steps (bench/decode_step.py records): tokens/s and % of the bandwidth roofline
+    against rows, one line per (preset, context) of the fused pipelined steps."""
+    plt = _pyplot()
+    if plt is None:
+        return None
+    lines: dict[tuple, list] = {}
+    for r in records:
+        if r["variant"] == "fused" and r.get("pipelined_us"):
+            lines.setdefault((r["preset"], r["context"]), []).append(r)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for (preset, context), rs in sorted(lines.items()):
+        rs = sorted(rs, key=lambda r: r["rows"])
+        rows = [r["rows"] for r in rs]
+        label = f"{preset}, context {context}"
+        axes[0].plot(rows, [r["rows"] / r["pipelined_us"] * 1e6 for r in rs], "o-", label=label)
+        axes[1].plot(rows, [r["pipelined_roofline_pct"] for r in rs], "o-", label=label)
+    axes[0].set(title="decode throughput (pipelined steps)", ylabel="output tokens/s")
+    axes[1].set(title="% of the bandwidth roofline", ylabel="%")
+    for ax in axes:
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("rows")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    return _save(fig, plt, path)
+
+
 def write_compare_plot(result: dict, path: str) -> str | None:
     """Cache off vs on: tokens/s, TTFT p50, TPOT p50 and hit rate as bar pairs."""
     plt = _pyplot()

@@ -9,8 +9,9 @@ def test_decode_step_smoke(tmp_path):
     out = tmp_path / "decode.json"
     rc = decode_step.main(["--smoke", "--preset", "ouro-tiny", "--rows", "2", "--iters", "1",
                            "--pointwise", "xla,pallas", "--trace", str(tmp_path / "trace"),
-                           "--out", str(out)])
+                           "--out", str(out), "--plot", str(tmp_path / "steps.png")])
     assert rc == 0
+    assert (tmp_path / "steps.png").stat().st_size > 0  # tokens/s and % of roofline against rows
     records = json.loads(out.read_text())["records"]
     assert [(r["pointwise"], r["variant"], r["rows"], r["submissions_per_token"]) for r in records] == [
         ("xla", "fused", 2, 1), ("xla", "per_loop", 2, 4),
