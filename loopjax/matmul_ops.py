@@ -20,8 +20,9 @@
   cuBLAS writes bf16 and no convert kernel follows (run 14, 4 x 512 prefill steps: Ouro-1.4B
   44.8 -> 40.3 ms, Huginn-0125 397.6 -> 359.2 ms). Where `MOSAIC_ROWS` says so, a streamed
   product runs on a Mosaic GPU kernel instead of the Triton one (run 18: Ouro-1.4B's qkv +
-  RoPE at 1-32 rows, SiLU*up and the norms' partials at 8-32; context-512 steps 1 row 4,804
-  -> 4,669 us, 8 rows 5,513 -> 5,305, 32 rows 8,353 -> 8,073).
+  RoPE at 1-64 rows, SiLU*up and the norms' partials at 8-64; context-512 steps 1 row 4,804
+  -> 4,669 us, 8 rows 5,513 -> 5,305, 32 rows 8,353 -> 8,073, 64 rows 12,119 -> 11,458 with
+  wqkv and w_gate_up now streamed there).
 - 'persistent' (experimental, measured in bench/RESULTS.md run 17): 'auto' with Ouro's whole MLP
   branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in one
   resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes.
