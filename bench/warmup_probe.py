@@ -85,6 +85,16 @@ def mosaic_kernels(stablehlo: str) -> tuple[int, int]:
     return stablehlo.count("custom_call @mosaic_gpu"), len(set(hashes))
 
 
+_MOSAIC_NAME = re.compile(r"mosaic_gpu\.dump_basename\\00(\w+?)_\d+\\00")
+
+
+def mosaic_calls(stablehlo: str) -> dict[str, int]:
+    """Mosaic GPU custom calls in a lowered module's text, by kernel name (the name the kernel
+    module carries; a jitted kernel function called from several sites is lowered once)."""
+    return dict(Counter(m.group(1) for line in stablehlo.splitlines() if "custom_call @mosaic_gpu" in line
+                        for m in [_MOSAIC_NAME.search(line)] if m))
+
+
 _TRITON_CALL = re.compile(r"custom_call @__gpu\$xla\.gpu\.triton\([^)]*\)(.*)")
 
 
@@ -125,6 +135,7 @@ def lower_warmup(engine) -> list[dict]:
         calls, distinct = mosaic_kernels(text)
         records.append({"label": CompileTime.of(batch, kind, seconds).label, "lower_s": seconds,
                         "mosaic_calls": calls, "mosaic_kernels": distinct,
+                        "mosaic_names": mosaic_calls(text),
                         "triton_calls": triton_calls(text), "triton_kernels": triton_kernels(text)})
     return records
 

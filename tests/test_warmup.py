@@ -41,7 +41,9 @@ SMALL = dict(max_num_rows=8, decode_row_buckets=(8,), max_prefill_tokens=16,
 @pytest.mark.parametrize("preset, kernels", [("ouro-1.4b", 1),  # 24 layers, one KV shape
                                              ("huginn-0125", 2)])  # 1-plane prelude/coda, 32-plane core
 def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend):
-    """Decode: the Mosaic GPU or the Triton decode kernel; prefill: the Triton flash kernel."""
+    """Decode: the Mosaic GPU or the Triton decode kernel; prefill: the Triton flash kernel.
+    Each Mosaic kernel is lowered once (Ouro-1.4B's 8-row products run on Mosaic kernels too:
+    matmul_ops.MOSAIC_ROWS)."""
     config = EngineConfig(**SMALL, attention_backend=backend)
     with warmup_probe.cuda_target():
         engine = warmup_probe.abstract_engine(config_lib.preset(preset), config)
@@ -51,22 +53,26 @@ def test_steps_share_one_attention_kernel_per_kv_shape(preset, kernels, backend)
     assert [r["label"] for r in decode] == [label, f"{label} greedy"]  # the two samplers
     mosaic = kernels if backend == "pallas_mgpu" else 0
     for step in decode:
-        assert step["mosaic_calls"] == step["mosaic_kernels"] == mosaic
+        assert step["mosaic_calls"] == step["mosaic_kernels"] == sum(step["mosaic_names"].values())
+        assert step["mosaic_names"].get("loopjax_paged_decode_write", 0) == mosaic
         assert step["triton_calls"].get("loopjax_paged_decode", 0) == kernels - mosaic
     prefill = [r for r in records if r not in decode]
-    assert len(prefill) == 1 and prefill[0]["mosaic_calls"] == 0
+    # a 16-token prefill streams its products (on Mosaic kernels where MOSAIC_ROWS says), but
+    # attends with the Triton flash kernel
+    assert len(prefill) == 1 and not any("paged" in k for k in prefill[0]["mosaic_names"])
     assert prefill[0]["triton_calls"]["loopjax_paged_prefill"] == kernels
 
 
 # Ouro-1.4B's distinct weight-streaming products at 1 row, by kernel name: both matmuls stream
-# wqkv with the RoPE in its epilogue (rope), lm_head as a plain product (none), w_gate_up with
-# SiLU*up in the epilogue (silu), wo and w_down into their split-K partials for the
-# norm_add_norm kernel (partials); 'streaming' streams the same products ('auto' is every
-# product below 8 rows).
+# lm_head as a plain product (none), w_gate_up with SiLU*up in the epilogue (silu), wo and
+# w_down into their split-K partials for the norm_add_norm kernel (partials) on the Triton
+# kernel, and wqkv with the RoPE in its epilogue on the Mosaic one (matmul_ops.MOSAIC_ROWS);
+# 'streaming' streams the same products ('auto' is every product below 8 rows).
 STREAMING_KERNELS = {
-    "loopjax_streaming_matmul_rope": 1, "loopjax_streaming_matmul_none": 1,
-    "loopjax_streaming_matmul_silu": 1, "loopjax_streaming_matmul_partials": 2,
+    "loopjax_streaming_matmul_none": 1, "loopjax_streaming_matmul_silu": 1,
+    "loopjax_streaming_matmul_partials": 2,
 }
+MOSAIC_STREAMING_KERNELS = {"loopjax_streaming_matmul_rope_mgpu": 1}
 # A kernel function's call whose outputs are partly unused is lowered as a pruned copy (JAX
 # drops the unused results): the last layer's norm_add_norm, whose residual sum no one reads.
 PRUNED_COPIES = {"loopjax_norm_add_norm": 1}
@@ -89,6 +95,8 @@ def test_decode_step_lowers_each_streaming_kernel_once(matmul):
     [decode] = [r for r in records if r["label"] == "decode rows=1 width=16 loops=4"]
     streaming = {k: v for k, v in decode["triton_calls"].items() if "streaming_matmul" in k}
     assert streaming == STREAMING_KERNELS
+    mosaic = {k: v for k, v in decode["mosaic_names"].items() if "streaming_matmul" in k}
+    assert mosaic == MOSAIC_STREAMING_KERNELS
     # one norm_add_norm lowering per distinct partials shape: wo's and w_down's K splits (TUNED)
     from loopjax.kernels import streaming_matmul as sm
     splits = {sm.pick_config(1, k, 2048).split_k for k in (2048, 5632)}
