@@ -8,6 +8,16 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
+from ._common import next_pow2
+
+SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM; the rest: barriers, Mosaic's scratch
+B_ROWS = (8, 16, 32, 64)  # wgmma B widths a swapped product (x as B) pads x's rows to
+
+
+def b_rows(m: int) -> int:
+    """x's M rows padded to a wgmma B width (B_ROWS; M <= 64) in a swapped product."""
+    return max(B_ROWS[0], next_pow2(m))
+
 
 def tile_transforms(cols: int, dtype):
     """Tiling + swizzle of a shared-memory tile whose rows are `cols` elements of dtype (the

@@ -35,14 +35,13 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 from loopjax import layers
 
 from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import stream_tiles, tile_transforms
+from ._mgpu import B_ROWS, SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
 from .streaming_config import NUM_SMS
 
 __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",
            "shape_problem", "silu_mul_problem", "silu_mul_product"]
 
 TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
-SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM (the rest: barriers, Mosaic's scratch)
 F32 = jnp.float32
 
 
@@ -82,8 +81,8 @@ def silu_mul_problem(x, w_gate_up) -> str | None:
     (m, h), n = x.shape, w_gate_up.shape[1]
     if x.ndim != 2 or x.dtype == F32 or w_gate_up.dtype != x.dtype or w_gate_up.shape[0] != h:
         return "silu_mul_product takes bfloat16/float16 x [M, H] and w_gate_up [H, 2F] of x's dtype"
-    if m not in (8, 16, 32, 64) or h % TILE or n % (2 * TILE):
-        return (f"silu_mul_product takes M in (8, 16, 32, 64) and H, F multiples of {TILE}: "
+    if m not in B_ROWS or h % TILE or n % (2 * TILE):
+        return (f"silu_mul_product takes M in {B_ROWS} and H, F multiples of {TILE}: "
                 f"M={m}, H={h}, 2F={n}")
     return None
 
@@ -164,7 +163,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     earlier phases' outputs when they ran as their own kernels; norms: (residual, norm_weight,
     next_norm_weight) for phase 3."""
     (m, h), f = x.shape, w_gu.shape[1] // 2
-    dtype, rows = x.dtype, max(8, 1 << (m - 1).bit_length())
+    dtype, rows = x.dtype, b_rows(m)
     units1, col_tiles2 = f // TILE, h // TILE
     units2, k2 = col_tiles2 * split_k, f // split_k
     steps1, steps2 = h // TILE, k2 // TILE

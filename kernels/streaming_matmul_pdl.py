@@ -30,13 +30,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import stream_tiles, tile_transforms
+from ._mgpu import B_ROWS, SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
 __all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl", "swapped_partials"]
 
 ROWS = 64  # wgmma's row block: M <= 64 rows per call
-SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
 X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
 
 
@@ -60,8 +59,8 @@ def partials_problem(x, w) -> str | None:
     inputs (a one-line reason), or None. Assumes x [M, K] and w [K, N] of x's dtype."""
     (m, k), n = x.shape, w.shape[1]
     cfg = pdl_config(m, k, n)
-    if x.dtype == jnp.float32 or m not in (8, 16, 32, 64):
-        return f"the swapped partials take bfloat16/float16 and M in (8, 16, 32, 64), got {x.dtype} M={m}"
+    if x.dtype == jnp.float32 or m not in B_ROWS:
+        return f"the swapped partials take bfloat16/float16 and M in {B_ROWS}, got {x.dtype} M={m}"
     if cfg.block_n != ROWS or k % (cfg.block_k * cfg.split_k):
         return f"the swapped partials take K and N multiples of {ROWS}, got K={k}, N={n}"
     return None
@@ -108,7 +107,7 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, parti
 
 def _x_rows(m: int, swap_ab: bool) -> int:
     """x's tile rows: M padded to 8/16/32/64 swapped (wgmma's B), else wgmma's 64 A rows."""
-    return max(8, 1 << (m - 1).bit_length()) if swap_ab else ROWS
+    return b_rows(m) if swap_ab else ROWS
 
 
 @one_lowering_per_config("cfg", "pdl", "swap_ab", "interpret")

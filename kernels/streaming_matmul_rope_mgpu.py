@@ -34,7 +34,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import stream_tiles, tile_transforms
+from ._mgpu import SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
 from .rope import _rotated_halves
 from .streaming_matmul_rope import check_matmul_rope_inputs, ref_streaming_matmul_rope_qkv
 
@@ -42,7 +42,6 @@ __all__ = ["ref_streaming_matmul_rope_qkv", "shape_problem", "streaming_matmul_r
 
 HALF = 64  # a head's half: wgmma's A rows (so D = 128)
 MAX_ROWS = 64  # x's rows padded to 8, 16, 32 or 64: wgmma's B widths used here
-SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM
 X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
 BLOCK_K = 128  # K per ring slot by default (bench/RESULTS.md run 18: 64 was slower at 16-64 rows)
 F32 = jnp.float32
@@ -64,13 +63,9 @@ def shape_problem(x, w_qkv, num_heads: int, num_kv_heads: int, block_k: int = BL
     return None
 
 
-def _padded_rows(m: int) -> int:
-    return max(8, 1 << (m - 1).bit_length())
-
-
 def default_num_stages(m: int, k: int, block_k: int, itemsize: int = 2) -> int:
     """As many ring slots as fit SMEM_BUDGET (one program per SM), at most the K steps."""
-    rows, steps = _padded_rows(m), k // block_k
+    rows, steps = b_rows(m), k // block_k
     x_once = rows * k * itemsize <= X_ONCE_BYTES
     stage = 2 * block_k * HALF * itemsize + (0 if x_once else rows * block_k * itemsize)
     staging = 0 if rows == m else 2 * rows * HALF * (4 + itemsize)  # cos, sin; the output halves
@@ -98,7 +93,7 @@ def streaming_matmul_rope_qkv_mgpu(x, w_qkv, cos, sin, *, num_heads: int, num_kv
 def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block_k: int,
                  num_stages: int, interpret: bool):
     (m, k), dtype = x.shape, x.dtype
-    rows = _padded_rows(m)
+    rows = b_rows(m)
     heads = (num_heads, num_kv_heads, num_kv_heads)
     d, steps = 2 * HALF, k // block_k
     x_once = rows * k * dtype.itemsize <= X_ONCE_BYTES
