@@ -1,10 +1,12 @@
 """Shared pieces of the device benchmarks (adaptive.py, decode_step.py, prefill.py): argument
-lists, the median timer, the wall-clock budget, the decode KV pool, the JSON writer and the
-`main()` / --smoke pattern. No measurement lives here; each script keeps its own records."""
+lists, the median timer, the wall-clock budget, the decode KV pool, the JSON writer, the
+`main()` / --smoke pattern and `patched` (an experiment's module settings). No measurement
+lives here; each script keeps its own records."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -73,6 +75,20 @@ def run_interruptible(body, state: dict) -> None:
     except KeyboardInterrupt:
         state["interrupted"] = True
         print("interrupted: writing what was measured", flush=True)
+
+
+@contextlib.contextmanager
+def patched(module, **values):
+    """An experiment of a benchmark only: module.<name> = value for each keyword while the
+    block runs (a module table or rule read when a step is traced), restored after."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
 def write_json(path: str | None, payload: dict) -> None:

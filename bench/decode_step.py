@@ -43,6 +43,7 @@ from loopjax.bench.common import (
     default_dtype,
     ints,
     make_cli,
+    patched,
     time_calls,
     write_json,
 )
@@ -256,7 +257,6 @@ def _streaming_experiments(spec: str) -> list[dict]:
     return experiments
 
 
-@contextlib.contextmanager
 def _attention_experiment(write: str, splits: str, stages: str):
     """An experiment of this benchmark only: 'xla' writes the step's K/V with XLA scatters
     before the attention kernel (the path before run 12); a number fixes the Mosaic decode
@@ -265,17 +265,16 @@ def _attention_experiment(write: str, splits: str, stages: str):
     from loopjax.kernels import paged_attention_mgpu_config as mgpu
     if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in (splits, stages)):
         raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r} / --attn-stages {stages!r}")
-    saved = attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages
+    rules = {}
     if stages != "auto":
-        mgpu.default_num_stages = lambda slot_bytes: int(stages)
-    if write == "xla":
-        attention_backend.write_attention_fn = lambda attend, layout: None
+        rules["default_num_stages"] = lambda slot_bytes: int(stages)
     if splits != "auto":
-        mgpu.mosaic_num_splits = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
-    try:
-        yield
-    finally:
-        attention_backend.write_attention_fn, mgpu.mosaic_num_splits, mgpu.default_num_stages = saved
+        rules["mosaic_num_splits"] = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
+    backend = {"write_attention_fn": lambda attend, layout: None} if write == "xla" else {}
+    stack = contextlib.ExitStack()
+    stack.enter_context(patched(mgpu, **rules))
+    stack.enter_context(patched(attention_backend, **backend))
+    return stack
 
 
 MOSAIC_SHORT_NAMES = ("qkv", "silu", "norms")  # of matmul_ops.MOSAIC_OPS, in its order
@@ -307,19 +306,15 @@ def _mosaic_name(table: dict | None) -> str:
                     for op, rows in table.items()) or "none"
 
 
-@contextlib.contextmanager
 def _matmul_tables(streaming_extra: dict, mosaic_rows: dict | None):
     """An experiment of this benchmark only: matmul 'auto' also streams the weight shapes of
     streaming_extra up to its rows, and runs products on Mosaic kernels at mosaic_rows (None:
     as it is); matmul_ops' tables are restored after."""
     from loopjax import matmul_ops
-    saved = matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROWS
-    matmul_ops.STREAMING_MAX_ROWS = {**saved[0], **streaming_extra}
-    matmul_ops.MOSAIC_ROWS = saved[1] if mosaic_rows is None else mosaic_rows
-    try:
-        yield
-    finally:
-        matmul_ops.STREAMING_MAX_ROWS, matmul_ops.MOSAIC_ROWS = saved
+    tables = {"STREAMING_MAX_ROWS": {**matmul_ops.STREAMING_MAX_ROWS, **streaming_extra}}
+    if mosaic_rows is not None:
+        tables["MOSAIC_ROWS"] = mosaic_rows
+    return patched(matmul_ops, **tables)
 
 
 def _print(records: list[dict]) -> None:

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from loopjax import matmul_ops as mo
+from loopjax.bench.common import patched
 from loopjax.config import preset
 from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, DenseCausal, rope_angles
 from loopjax.matmul_ops import matmul_ops
@@ -58,15 +59,9 @@ def main(argv=None):
                   f"max |diff| / max |out| {rel:.2e}", flush=True)
 
 
-@contextlib.contextmanager
 def _every_mosaic_op():
     """matmul_ops.MOSAIC_ROWS with every op at 8-64 rows while a variant traces (restored after)."""
-    saved, rows = mo.MOSAIC_ROWS, frozenset({8, 16, 32, 64})
-    mo.MOSAIC_ROWS = dict.fromkeys(mo.MOSAIC_OPS, rows)
-    try:
-        yield
-    finally:
-        mo.MOSAIC_ROWS = saved
+    return patched(mo, MOSAIC_ROWS=dict.fromkeys(mo.MOSAIC_OPS, frozenset({8, 16, 32, 64})))
 
 
 if __name__ == "__main__":
