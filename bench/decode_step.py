@@ -71,6 +71,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attn-splits", default="auto",
                         help="comma-separated experiments: auto (the kernel's heuristic) or a fixed "
                              "number of context splits of the Mosaic decode attention")
+    parser.add_argument("--attn-heads", default="auto",
+                        help="comma-separated experiments: auto (the kernel's rule) or a fixed "
+                             "number of kv heads per program of the Mosaic decode attention")
     parser.add_argument("--streaming-rows", default="",
                         help="';'-separated experiments with matmul 'auto', each adding entries "
                              "KxN:rows to matmul_ops.STREAMING_MAX_ROWS (e.g. 'base;2048x2048:32'; "
@@ -161,7 +164,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
                     streaming_extra=args.current_streaming_extra,
                     mosaic=args.current_mosaic,
                     attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
-                    attn_stages=args.current_attn[2],
+                    attn_stages=args.current_attn[2], attn_heads=args.current_attn[3],
                     layout=args.layout, rows=rows,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
@@ -257,19 +260,22 @@ def _streaming_experiments(spec: str) -> list[dict]:
     return experiments
 
 
-def _attention_experiment(write: str, splits: str, stages: str):
+def _attention_experiment(write: str, splits: str, stages: str, heads: str):
     """An experiment of this benchmark only: 'xla' writes the step's K/V with XLA scatters
     before the attention kernel (the path before run 12); a number fixes the Mosaic decode
-    kernel's context splits (capped by its blocks)."""
+    kernel's context splits (capped by its blocks), slots or kv heads per program."""
     from loopjax import attention_backend
     from loopjax.kernels import paged_attention_mgpu_config as mgpu
-    if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in (splits, stages)):
-        raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r} / --attn-stages {stages!r}")
+    if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in (splits, stages, heads)):
+        raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r} / --attn-stages "
+                         f"{stages!r} / --attn-heads {heads!r}")
     rules = {}
     if stages != "auto":
         rules["default_num_stages"] = lambda slot_bytes: int(stages)
     if splits != "auto":
         rules["mosaic_num_splits"] = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
+    if heads != "auto":
+        rules["default_heads_per_program"] = lambda n, hkv, num_splits: int(heads)
     backend = {"write_attention_fn": lambda attend, layout: None} if write == "xla" else {}
     stack = contextlib.ExitStack()
     stack.enter_context(patched(mgpu, **rules))
@@ -326,6 +332,7 @@ def _print(records: list[dict]) -> None:
               + ("" if r["attn_write"] == "kernel" else "xla-write ")
               + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
               + ("" if r["attn_stages"] == "auto" else f"stages {r['attn_stages']} ")
+              + ("" if r.get("attn_heads", "auto") == "auto" else f"heads {r['attn_heads']} ")
               + f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"
@@ -351,16 +358,17 @@ def run(args: argparse.Namespace) -> int:
         for backend in args.backend.split(","):
             for matmul in args.matmul.split(","):
                 for pointwise in args.pointwise.split(","):
-                    for extra, mosaic, write, splits, stages in itertools.product(
+                    for extra, mosaic, *attn in itertools.product(
                             _streaming_experiments(args.streaming_rows),
                             _mosaic_experiments(args.mosaic_rows), args.attn_write.split(","),
-                            args.attn_splits.split(","), args.attn_stages.split(",")):
+                            args.attn_splits.split(","), args.attn_stages.split(","),
+                            args.attn_heads.split(",")):
                         args.current_matmul, args.current_pointwise = matmul, pointwise
                         args.current_streaming_extra = ",".join(
                             f"{k}x{n}:{r}" for (k, n), r in extra.items()) or "-"
                         args.current_mosaic = _mosaic_name(mosaic)
-                        args.current_attn = (write, splits, stages)
-                        with _matmul_tables(extra, mosaic), _attention_experiment(write, splits, stages):
+                        args.current_attn = tuple(attn)
+                        with _matmul_tables(extra, mosaic), _attention_experiment(*attn):
                             bench_model(model, args, backend, records)
         del model
         gc.collect()

@@ -180,13 +180,15 @@ def bench_decode(b: Bench, models, batches, contexts, dtype, interpret, page_siz
 def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs, mgpu_configs):
     """Decode kernel configurations per case, to pick the defaults by measurement: the
     Triton kernel's (pages_per_block, num_warps, num_splits) as impl p{}w{}s{}, the Mosaic
-    GPU kernel's (pages_per_block, num_stages, num_splits) as m{}st{}s{}; splits d: default."""
+    GPU kernel's (pages_per_block, num_stages, num_splits, heads_per_program) as
+    m{}st{}s{}h{}; splits or heads d: the default."""
     impls = [(f"p{ppb}w{warps}s{splits or 'd'}", functools.partial(
         K.paged_attention, pages_per_block=ppb, num_warps=warps, num_splits=splits, interpret=interpret))
         for ppb, warps, splits in configs]
-    impls += [(f"m{ppb}st{stages}s{splits or 'd'}", functools.partial(
+    impls += [(f"m{ppb}st{stages}s{splits or 'd'}h{heads or 'd'}", functools.partial(
         MGPU.paged_attention_mgpu, pages_per_block=ppb, num_stages=stages, num_splits=splits,
-        interpret=interpret)) for ppb, stages, splits in mgpu_configs]
+        heads_per_program=heads, interpret=interpret)) for ppb, stages, splits, heads in mgpu_configs]
+    tol = 3e-2 if dtype == jnp.bfloat16 else 1e-4
     for model, (hq, hkv, d, *_) in models.items():
         for rows, ctx in cases:
             key = jax.random.key(rows * 7919 + ctx)
@@ -196,7 +198,8 @@ def bench_sweep(b: Bench, models, cases, dtype, interpret, page_size, configs, m
             args = (q, kc, vc, jnp.int32(1), pt, jnp.arange(rows, dtype=jnp.int32), pos)
             nbytes = 2 * rows * ctx * hkv * d * jnp.dtype(dtype).itemsize
             for impl, kern in impls:
-                b.case(f"sweep decode {model} B={rows} ctx={ctx}", impl, kern, args, nbytes)
+                check = _attn_check(kern, K.ref_paged_attention, args, tol) if impl[0] == "m" else None
+                b.case(f"sweep decode {model} B={rows} ctx={ctx}", impl, kern, args, nbytes, check)
             del kc, vc
 
 
@@ -346,6 +349,12 @@ def main(argv=None):
     )
     parser.add_argument("--seeds", type=int, default=1,
                         help="input draws the pointwise kernels' bitwise check covers")
+    parser.add_argument("--models", default=None, help="comma list of the models to run (default: all)")
+    parser.add_argument("--sweep-cases", default=None,
+                        help="sweep: comma list of ROWSxCONTEXT (default: a fixed set)")
+    parser.add_argument("--sweep-mgpu", default=None,
+                        help="sweep: ';'-separated Mosaic configs PAGES,STAGES,SPLITS,HEADS (d: default); "
+                             "given, the Triton configs are left out")
     parser.add_argument(
         "--only",
         default="pointwise,decode,prefill,kv_write",
@@ -360,6 +369,8 @@ def main(argv=None):
         models, interpret, iters, page = MODELS, False, args.iters or 20, 16
         batches, contexts = (1, 8, 32, 128), (512, 2048, 4096)
         prefill_shapes, tokens = [(1, 2048, 0), (8, 256, 0), (4, 512, 512)], (128, 2048)
+    if args.models:
+        models = {name: models[name] for name in args.models.split(",")}
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}; dtype {jnp.dtype(dtype).name}; iters {iters}")
     b = Bench(args.smoke, iters, args.budget)
@@ -374,11 +385,19 @@ def main(argv=None):
         check_kv_write(models, (32, 2048) if not args.smoke else (5, 40), dtype, interpret, page)
     if "sweep" in sections:  # not in the default run: `--only sweep`
         if args.smoke:
-            sweep_cases, configs, mgpu_configs = [(3, 40)], [(1, 4, None), (2, 2, 1)], [(8, 2, None)]
+            sweep_cases, configs = [(3, 40)], [(1, 4, None), (2, 2, 1)]
+            mgpu_configs = [(8, 2, None, None), (8, 2, None, 2)]
         else:
             sweep_cases = [(1, 4096), (8, 2048), (32, 4096), (128, 1024)]
             configs = [(p, w, None) for p in (1, 2, 4, 8) for w in (4, 8)] + [(4, 4, 1), (8, 8, 1)]
-            mgpu_configs = [(4, 2, None), (4, 3, None), (4, 4, None), (8, 2, None), (8, 3, None), (4, 3, 1)]
+            mgpu_configs = [(4, 2, None, None), (4, 3, None, None), (4, 4, None, None),
+                            (8, 2, None, None), (8, 3, None, None), (4, 3, 1, None)]
+        if args.sweep_cases:
+            sweep_cases = [tuple(int(v) for v in case.split("x")) for case in args.sweep_cases.split(",")]
+        if args.sweep_mgpu:
+            configs = []
+            mgpu_configs = [tuple(None if v == "d" else int(v) for v in c.split(","))
+                            for c in args.sweep_mgpu.split(";")]
         bench_sweep(b, models, sweep_cases, dtype, interpret, page, configs, mgpu_configs)
     errors = sum(r["error"] is not None for r in b.rows)
     failed = sum(  # "alt" rows are alternative spellings: a mismatch there is information

@@ -17,13 +17,17 @@ Two entry points over one kernel body:
   and no token reads a slot another token writes (decode: one token per row, and a row's
   newest key lies in a page no other row reads); plane is an i32 scalar.
 
-One program (one warpgroup) per (token, kv head, context split). It streams its row's K/V
-pages of one kv head straight from the pool (a page of one head is a contiguous [S, D]
-tile: one TMA copy into a swizzled smem slot) through `num_stages` slots, a block of
-`pages_per_block` pages per slot (block_k = pages_per_block * S keys, a multiple of 64),
-and stops at the row's own length. Keys are processed in tiles of 64 (the rows of a WGMMA
-register layout). Scores and p @ v are vector products in fp32 registers (G = Hq/Hkv is
-1..8 rows, too few for wgmma's 64), so fp32 pools are exact (no tf32).
+One program (one warpgroup) per (token, group of `heads_per_program` kv heads, context
+split). It streams its row's K/V pages of each of its kv heads in turn straight from the pool
+(a page of one head is a contiguous [S, D] tile: one TMA copy into a swizzled smem slot)
+through `num_stages` slots, a block of `pages_per_block` pages per slot (block_k =
+pages_per_block * S keys, a multiple of 64), and stops at the row's own length. The slots
+run on across the program's heads (the next head's first blocks load while this head's last
+are read), so a program of several heads pays the pipeline's ramp once: with many rows the
+grid then fits in one wave of resident programs (the config's `default_heads_per_program`).
+Keys are processed in tiles of 64 (the rows of a WGMMA register layout). Scores and p @ v
+are vector products in fp32 registers (G = Hq/Hkv is 1..8 rows, too few for wgmma's 64), so
+fp32 pools are exact (no tf32).
 
 Online softmax in fp32 with the ref's score roundings (scores rounded to the activation
 dtype, scaled in it); like the Triton kernel, probabilities stay in fp32 (the ref rounds
@@ -125,9 +129,10 @@ def _decode_body(
     pages_per_block: int,
     num_splits: int,
     num_stages: int,
+    heads_per_program: int,
     normalize: bool,
 ):
-    n, h, split = (jax.lax.axis_index(a) for a in ("token", "head", "split"))
+    n, head_group, split = (jax.lax.axis_index(a) for a in ("token", "head", "split"))
     g, d = q_ref.shape[2], q_ref.shape[3]
     s = k_ref.shape[3]
     block_k = pages_per_block * s
@@ -141,7 +146,12 @@ def _decode_body(
     num_blocks = pl.cdiv(ctx, block_k)
     per_split = pl.cdiv(num_blocks, num_splits)
     start = split * per_split
-    steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)
+    steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)  # blocks per head
+    # Global steps g = i * steps + block run over the program's heads i = 0..heads_per_program-1
+    # (every head of a row has the same blocks); a slot's g is g % num_stages.
+    total_steps = heads_per_program * steps
+    divisor = jnp.maximum(steps, 1)  # NOTE: steps == 0 runs no step; keeps the divisions defined
+    first_head = head_group * heads_per_program
     scale = jnp.asarray(d**-0.5, dtype)
     pool_ctx = ctx  # keys read from the pool: 0..pool_ctx - 1
     if new_refs:
@@ -151,13 +161,15 @@ def _decode_body(
         writes = slot < k_ref.shape[2] * s  # the drop slot writes nothing: the pool key is read
         pool_ctx = ctx - writes.astype(jnp.int32)
 
-    def pages_of(step):  # (plane, page) per page of block start + step (clamped; past the end: not fetched)
-        first = jnp.minimum(start + step, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
+    def pages_of(step):  # (plane, page) per page of global step `step` (clamped; past the end: not fetched)
+        block = jax.lax.rem(step, divisor)
+        first = jnp.minimum(start + block, pt_ref.shape[1] // pages_per_block - 1) * pages_per_block
         entries = [first + i for i in range(pages_per_block)]
         planes = [plane_ref[row, j] for j in entries] if per_page else [plane] * pages_per_block
         return list(zip(planes, [pt_ref[row, j] for j in entries], strict=True))
 
-    def fetch(pages, slot):  # one TMA copy per page of K and of V into the slot
+    def fetch(step, pages, slot):  # one TMA copy per page of K and of V into the slot
+        h = first_head + jnp.minimum(jax.lax.div(step, divisor), heads_per_program - 1)
         for i, (plane, page) in enumerate(pages):
             rows = pl.ds(i * s, s)
             plmgpu.copy_gmem_to_smem(k_ref.at[plane, h, page], k_smem.at[slot, rows], ready.at[slot])
@@ -165,69 +177,79 @@ def _decode_body(
 
     first_pages = [pages_of(i) for i in range(num_stages)]
     for i in range(num_stages):
-        pl.when(i < steps)(lambda i=i: fetch(first_pages[i], i))
-    # NOTE: q is read once, straight from gmem (Mosaic's vectorized loads are smem-only).
-    qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
-          for j in range(g)]  # G x [D]
-    if new_refs:
-        # NOTE: the split holding key positions[n] writes the new K/V with a plain register
-        # store (not a TMA copy) and takes the new key from registers, never from the pool: the
-        # store and this program's TMA loads of the same page then need no ordering (the key is
-        # masked out of what the loads bring), and a [D] row costs no smem slot, fence or
-        # barrier. No other program reads the slot (the contract).
-        k_new = plmgpu.load(k_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
-        v_new = plmgpu.load(v_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
+        pl.when(i < total_steps)(lambda i=i: fetch(i, first_pages[i], i))
 
-        @pl.when(owner & writes)
-        def _():
-            page, offset = jax.lax.div(slot, s), jax.lax.rem(slot, s)
-            k_ref[plane, h, page, offset] = k_new
-            v_ref[plane, h, page, offset] = v_new
+    def attend_head(i, _):
+        h = first_head + i
+        # NOTE: q is read once per head, straight from gmem (Mosaic's vectorized loads are smem-only).
+        qs = [plmgpu.load(q_ref.at[n, h, j], layout=COL_LAYOUT, optimized=False).astype(jnp.float32)
+              for j in range(g)]  # G x [D]
+        if new_refs:
+            # NOTE: the split holding key positions[n] writes the new K/V with a plain register
+            # store (not a TMA copy) and takes the new key from registers, never from the pool: the
+            # store and this program's TMA loads of the same page then need no ordering (the key is
+            # masked out of what the loads bring), and a [D] row costs no smem slot, fence or
+            # barrier. No other program reads the slot (the contract).
+            k_new = plmgpu.load(k_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
+            v_new = plmgpu.load(v_new_ref.at[n, h], layout=COL_LAYOUT, optimized=False)
 
-    def body(step, carry):
-        slot = jax.lax.rem(step, num_stages)
-        # NOTE: the planes and page ids of the block fetched below are read first: their
-        # global-load latency then hides behind this block's math instead of stalling the copy.
-        next_pages = pages_of(step + num_stages)
-        plmgpu.barrier_wait(ready.at[slot])
-        for t in range(block_k // ROWS):
-            tile = pl.ds(t * ROWS, ROWS)
-            key_pos = (start + step) * block_k + t * ROWS + plmgpu.broadcasted_iota(
-                jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
-            k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-            scores = [_scores(qj, k, key_pos < pool_ctx, dtype, scale) for qj in qs]
-            # NOTE: V is loaded once K is dead: [64, D] f32 tiles are D / 2 registers a thread.
-            v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
-            update = _lane_update if lanes else _tile_update
-            carry = [update(state, sc, v) for sc, state in zip(scores, carry, strict=True)]
+            @pl.when(owner & writes)
+            def _():
+                page, offset = jax.lax.div(slot, s), jax.lax.rem(slot, s)
+                k_ref[plane, h, page, offset] = k_new
+                v_ref[plane, h, page, offset] = v_new
 
-        @pl.when(step + num_stages < steps)
-        def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
-            fetch(next_pages, slot)
+        def body(block, carry):
+            step = i * steps + block
+            slot = jax.lax.rem(step, num_stages)
+            # NOTE: the planes and page ids of the block fetched below are read first: their
+            # global-load latency then hides behind this block's math instead of stalling the copy.
+            next_pages = pages_of(step + num_stages)
+            plmgpu.barrier_wait(ready.at[slot])
+            for t in range(block_k // ROWS):
+                tile = pl.ds(t * ROWS, ROWS)
+                key_pos = (start + block) * block_k + t * ROWS + plmgpu.broadcasted_iota(
+                    jnp.int32, (ROWS,), 0, layout=ROW_LAYOUT)
+                k = plmgpu.load(k_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+                scores = [_scores(qj, k, key_pos < pool_ctx, dtype, scale) for qj in qs]
+                # NOTE: V is loaded once K is dead: [64, D] f32 tiles are D / 2 registers a thread.
+                v = plmgpu.load(v_smem.at[slot, tile], layout=plmgpu.Layout.WGMMA).astype(jnp.float32)
+                update = _lane_update if lanes else _tile_update
+                carry = [update(state, sc, v) for sc, state in zip(scores, carry, strict=True)]
 
-        return carry
+            @pl.when(step + num_stages < total_steps)
+            def _():  # NOTE: the copy waits for the whole warpgroup to finish reading the slot
+                fetch(step + num_stages, next_pages, slot)
 
-    zeros = lambda shape, layout: plmgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)  # noqa: E731
-    if lanes:
-        init = (plmgpu.layout_cast(jnp.full((ROWS,), NEG, jnp.float32), ROW_LAYOUT),
-                zeros((ROWS,), ROW_LAYOUT), zeros((ROWS, d), plmgpu.Layout.WGMMA))
-    else:
-        init = (jnp.float32(NEG), jnp.float32(0), zeros((d,), COL_LAYOUT))
-    carry = jax.lax.fori_loop(0, steps, body, [init] * g)
-    for j, state in enumerate(carry):
-        state = _lane_finish(state) if lanes else state
-        if new_refs:  # the new key, in its owner only (elsewhere -inf: a no-op)
-            score = _round_scores(jnp.sum(qs[j] * k_new.astype(jnp.float32)), dtype, scale)
-            state = _fold_key(state, jnp.where(owner & writes, score, -jnp.inf),
-                              v_new.astype(jnp.float32))
-        m_i, l_i, acc = state
-        if normalize:  # NOTE: combine_splits for one split: weight exp(m - m) = 1, acc / l
-            out_refs[0][n, h, j] = (acc / l_i).astype(out_refs[0].dtype)
+            return carry
+
+        zeros = lambda shape, layout: plmgpu.layout_cast(jnp.zeros(shape, jnp.float32), layout)  # noqa: E731
+        if lanes:
+            init = (plmgpu.layout_cast(jnp.full((ROWS,), NEG, jnp.float32), ROW_LAYOUT),
+                    zeros((ROWS,), ROW_LAYOUT), zeros((ROWS, d), plmgpu.Layout.WGMMA))
         else:
-            acc_ref, m_ref, l_ref = out_refs
-            acc_ref[split, n, h, j] = acc
-            m_ref[split, n, h, j] = m_i
-            l_ref[split, n, h, j] = l_i
+            init = (jnp.float32(NEG), jnp.float32(0), zeros((d,), COL_LAYOUT))
+        carry = jax.lax.fori_loop(0, steps, body, [init] * g)
+        for j, state in enumerate(carry):
+            state = _lane_finish(state) if lanes else state
+            if new_refs:  # the new key, in its owner only (elsewhere -inf: a no-op)
+                score = _round_scores(jnp.sum(qs[j] * k_new.astype(jnp.float32)), dtype, scale)
+                state = _fold_key(state, jnp.where(owner & writes, score, -jnp.inf),
+                                  v_new.astype(jnp.float32))
+            m_i, l_i, acc = state
+            if normalize:  # NOTE: combine_splits for one split: weight exp(m - m) = 1, acc / l
+                out_refs[0][n, h, j] = (acc / l_i).astype(out_refs[0].dtype)
+            else:
+                acc_ref, m_ref, l_ref = out_refs
+                acc_ref[split, n, h, j] = acc
+                m_ref[split, n, h, j] = m_i
+                l_ref[split, n, h, j] = l_i
+        return 0
+
+    if heads_per_program == 1:  # NOTE: no head loop in the kernel's code
+        attend_head(0, 0)
+    else:
+        jax.lax.fori_loop(0, heads_per_program, attend_head, 0)
 
 
 def paged_attention_mgpu(
@@ -242,13 +264,15 @@ def paged_attention_mgpu(
     pages_per_block: int | None = None,
     num_splits: int | None = None,
     num_stages: int | None = None,
+    heads_per_program: int | None = None,
     interpret: bool | None = None,
 ):
     """Paged decode attention on Mosaic GPU (interpret: its CPU interpreter); the same
     contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
     config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
-                     num_stages=num_stages, interpret=interpret)
+                     num_stages=num_stages, heads_per_program=heads_per_program,
+                     interpret=interpret)
     return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32), page_table,
                         row_of_token, positions, **config)
 
@@ -268,6 +292,7 @@ def paged_attention_mgpu_write(
     pages_per_block: int | None = None,
     num_splits: int | None = None,
     num_stages: int | None = None,
+    heads_per_program: int | None = None,
     interpret: bool | None = None,
 ):
     """write_kv then paged_attention_mgpu in one kernel -> (out [N, Hq, D], k_cache,
@@ -280,19 +305,22 @@ def paged_attention_mgpu_write(
                          f"{write_slots.dtype}{write_slots.shape}")
     config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
-                     num_stages=num_stages, interpret=interpret)
+                     num_stages=num_stages, heads_per_program=heads_per_program,
+                     interpret=interpret)
     return _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, jnp.asarray(plane, jnp.int32),
                        page_table, row_of_token, positions, **config)
 
 
-@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "normalize", "interpret")
+@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "heads_per_program",
+                         "normalize", "interpret")
 def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, **config):
     """The kernel (and its split combine) for inputs `settle_config` checked; plane: an i32 scalar
     or [R, M] table."""
     return _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, (), **config)
 
 
-@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "normalize", "interpret")
+@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "heads_per_program",
+                         "normalize", "interpret")
 def _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, plane, page_table, row_of_token,
                 positions, **config):
     """The writing kernel for checked inputs; plane: an i32 scalar. The pools enter as refs,
@@ -304,8 +332,8 @@ def _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, plane, page_tabl
 
 
 def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new, *,
-            pages_per_block: int, num_splits: int, num_stages: int, normalize: bool,
-            interpret: bool):
+            pages_per_block: int, num_splits: int, num_stages: int, heads_per_program: int,
+            normalize: bool, interpret: bool):
     """One kernel call: new = () (attend only) or (write_slots, k_new, v_new) (write, then
     attend); k_cache, v_cache: arrays, or refs when written."""
     n, hq, d = q.shape
@@ -321,7 +349,7 @@ def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new
             plane_table = jnp.pad(plane_table, ((0, 0), (0, m_pad - m)))
     part = (num_splits, n, hkv, g)
     config = dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
-                  normalize=normalize)
+                  heads_per_program=heads_per_program, normalize=normalize)
     num_in, num_out = 7 + len(new), 1 if normalize else 3
 
     def body(*refs):
@@ -346,7 +374,7 @@ def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new
         body,
         out_type=out_type,
         scratch_types=scratch,
-        grid=(n, hkv, num_splits),
+        grid=(n, hkv // heads_per_program, num_splits),
         grid_names=("token", "head", "split"),
         kernel_name="loopjax_paged_decode_write" if new else "loopjax_paged_decode",
         interpret=plmgpu.InterpretGPUParams() if interpret else None,

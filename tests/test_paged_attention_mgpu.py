@@ -127,6 +127,47 @@ def test_one_split_normalizes_in_kernel_bitwise(case):
                                   np.asarray(mgpu._decode_call(*read, **partials)))
 
 
+HEADS_CASES = [  # a CASES case, kv heads per program
+    ((3, 4, 4, 64, 16, 5, BF16, 1, None, 3), 2),  # 2 blocks a head through 3 slots: prefetch crosses heads
+    ((3, 4, 4, 64, 16, 5, F32, 1, None, 3), 4),  # one program per token
+    ((5, 2, 2, 128, 16, 9, BF16, 2, None, 2), 2),  # split context (a split of no block: row at key 0)
+    ((3, 8, 2, 64, 32, 6, BF16, 1, 2, 2), 2),  # GQA 4: reduced every tile
+]
+
+
+@pytest.mark.parametrize("case, heads", HEADS_CASES,
+                         ids=[f"{'-'.join(map(str, c[:7]))}-h{h}" for c, h in HEADS_CASES])
+def test_heads_per_program_bitwise_one_head(case, heads):
+    """Several kv heads per program (the slots running on across heads) give bitwise what one
+    head per program gives, for both entry points (the writing one: the pools too)."""
+    args, config, _ = _write_case(case)
+    q, k_new, v_new, slots, kc, vc, plane, pt, rows, pos = args
+    results = []
+    for h in (1, heads):
+        write = jax.jit(functools.partial(paged_attention_mgpu_write, interpret=True,
+                                          heads_per_program=h, **config))
+        read = jax.jit(functools.partial(paged_attention_mgpu, interpret=True, heads_per_program=h,
+                                         **config))
+        results.append([*write(*args), read(q, kc, vc, plane, pt, rows, pos)])
+    for one, many in zip(*results, strict=True):
+        np.testing.assert_array_equal(np.asarray(many), np.asarray(one))
+    np.testing.assert_allclose(np.asarray(results[1][3], np.float32),
+                               np.asarray(ref_paged_attention(q, kc, vc, plane, pt, rows, pos), np.float32),
+                               atol=ATOL[case[6]], rtol=0)
+
+
+def test_default_heads_per_program_fits_one_wave():
+    """One head per program while the programs fit one wave (2 per SM of 132); above it the
+    fewest heads (a divisor) that fit, unless the busiest SM then holds more heads than with
+    one head per program (Huginn's 55 heads: 11 per program at 32 rows, 160 programs, measured
+    slower)."""
+    from loopjax.kernels.paged_attention_mgpu_config import default_heads_per_program as heads
+
+    assert [heads(n, 16, 1) for n in (1, 8, 16, 32, 64, 128)] == [1, 1, 1, 2, 4, 8]  # Ouro-1.4B
+    assert [heads(n, 55, 1) for n in (8, 16, 32, 64, 128)] == [1] * 5  # Huginn-0125
+    assert heads(1, 16, 4) == 1 and heads(32, 16, 2) == 4 and heads(20, 16, 1) == 1
+
+
 PLANE_TABLE_CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block
     (5, 2, 2, 64, 16, 9, F32, 2, 4),  # padded table (9 -> 12), 4 planes in a block, split context
     (3, 8, 2, 128, 8, 16, BF16, 1, 8),  # GQA 4, 2 blocks of 8-slot pages through one split
@@ -187,6 +228,8 @@ def test_bad_inputs_raise():
     _bad("page_size a multiple of 8", q, kc[:, :, :, :4], vc[:, :, :, :4], plane, pt, rows, pos)
     _bad("32-byte", q[..., :8], kc[..., :8], vc[..., :8], plane, pt, rows, pos)
     _bad("num_stages=0", q, kc, vc, plane, pt, rows, pos, num_stages=0)
+    _bad("heads_per_program must divide the 2 kv heads", q, kc, vc, plane, pt, rows, pos,
+         heads_per_program=3)
     _bad("shared memory", q, kc, vc, plane, pt, rows, pos, num_stages=8, pages_per_block=16)
 
 
