@@ -64,7 +64,9 @@ class Scheduler:
         self._series: list[Request] = []        # per-loop decode: rows of the token in progress
         self._series_loop = 0                   # next loop_begin of the series
         self._prefills_since_decode = 0
-        self._prefill_allowance = config.max_prefill_batches_before_decode
+        # NOTE: the first decode waits for the share a decode step grants, as every later one
+        # does: a burst's prompts are then admitted before its first rows decode (run 19).
+        self._prefill_allowance = config.prefill_share(config.num_loops if config.fused_decode else 1)
         self._in_flight: deque[StepPlan] = deque()  # planned, not yet updated (oldest first)
         self._num_arrivals = 0
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0

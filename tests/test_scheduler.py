@@ -53,12 +53,16 @@ def test_decode_row_buckets_with_real_row_count():
     sched, runner = setup(config)
     for i in range(5):
         sched.add(req(f"r{i}", [i], max_tokens=3))
+    assert config.row_bucket(4) == 4 and config.row_bucket(5) == 6
+    # The first decode waits for the prefill share (4 loops: 4 prefill steps), so both prompt
+    # batches run first.
     p0, p1, p2, p3 = (step(sched, runner) for _ in range(4))
     assert (p0.kind, p0.num_real_rows, p0.row_bucket) == (StepKind.PREFILL, 4, 4)  # max_prefill_rows
-    assert (p1.kind, p1.num_real_rows, p1.row_bucket, p1.token_bucket) == (StepKind.DECODE, 4, 4, 4)
-    assert (p2.kind, p2.num_real_rows, p2.row_bucket, p2.token_bucket) == (StepKind.PREFILL, 1, 1, 8)
+    assert (p1.kind, p1.num_real_rows, p1.row_bucket, p1.token_bucket) == (StepKind.PREFILL, 1, 1, 8)
+    assert (p2.kind, p2.num_real_rows, p2.row_bucket, p2.token_bucket) == (StepKind.DECODE, 5, 6, 6)
+    assert p2.token_ranges == ((1, 2),) * 5 and p2.input_token_ids() == [1, 2, 3, 4, 5]
     assert (p3.kind, p3.num_real_rows, p3.row_bucket) == (StepKind.DECODE, 5, 6)
-    assert p3.token_ranges == ((2, 3),) * 4 + ((1, 2),) and p3.input_token_ids() == [2, 3, 4, 5, 5]
+    assert p3.token_ranges == ((2, 3),) * 5 and p3.input_token_ids() == [2, 3, 4, 5, 6]
 
 
 def test_packed_prefill_concatenates_and_pads_only_to_the_bucket():
@@ -275,14 +279,13 @@ def test_abort_in_every_phase():
     for r in (a, b, c):
         sched.add(r)
     step(sched, runner)  # P[A] (2-token budget)
-    step(sched, runner)  # D[A]
-    step(sched, runner)  # P[B 0:2]: B is mid-prompt
+    step(sched, runner)  # P[B 0:2]: B is mid-prompt (the first decode waits for the prefill share)
     assert a.phase is RequestPhase.DECODING and b.phase is RequestPhase.PREFILLING
     assert c.phase is RequestPhase.WAITING
     sched.abort("C")
     assert c.finish_reason == "abort" and c not in sched.waiting
     sched.abort("B")
-    assert b.page_ids == [] and sched.block_manager.num_used_pages == 2
+    assert b.page_ids == [] and sched.block_manager.num_used_pages == 1  # A's prompt page
     sched.abort("A")
     assert sched.block_manager.num_free_pages == 4 and sched.schedule() is None
 
