@@ -25,14 +25,16 @@ def decode_kernel_problems(layout, group_size: int) -> dict[str, str | None]:
     `group_size` q heads per kv head (None: it can), fastest first on the H200
     (bench/RESULTS.md run 10: Mosaic GPU 57-105% of the copy rate at 32-128 rows, Triton
     29-41%). The Triton kernel takes no per-page plane table (Ouro 'shared'); the Mosaic one
-    does."""
+    does, on a Hopper GPU only."""
     mgpu, triton = importlib.import_module(_MGPU), importlib.import_module(_PA)
+    mosaic_gpu_problem = importlib.import_module("loopjax.kernels._common").mosaic_gpu_problem
     if layout.decode_page_planes:
         triton_problem = ("Ouro kv layout 'shared' reads decode pages through a per-page plane "
                           "table, which the Triton decode kernel does not take")
     else:
         triton_problem = triton.shape_problem(group_size, layout.page_size)
-    return {"pallas_mgpu": mgpu.shape_problem(group_size, layout.page_size, layout.head_dim, layout.dtype),
+    return {"pallas_mgpu": mosaic_gpu_problem() or mgpu.shape_problem(
+                group_size, layout.page_size, layout.head_dim, layout.dtype),
             "pallas": triton_problem}
 
 

@@ -44,6 +44,7 @@ from loopjax.kernels import streaming_matmul_norms as smn
 from loopjax.kernels import streaming_matmul_pdl as smp
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
+from loopjax.kernels._common import mosaic_gpu_problem
 from loopjax.kernels.rms_norm import norm_add_norm
 from loopjax.layers import XLA_OPS, Ops
 
@@ -64,7 +65,8 @@ PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear
 STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
                       (2048, 6144): 64, (2048, 11264): 64, (2048, 2048): 128, (5632, 2048): 128}
 # Op -> the rows at which its streamed product runs on a Mosaic GPU kernel instead of the
-# Triton one, where that kernel takes the shapes: linear_rope_rotate_half_qkv on
+# Triton one, where that kernel takes the shapes and the GPU is a Hopper
+# (`_common.mosaic_gpu_problem`): linear_rope_rotate_half_qkv on
 # kernels/streaming_matmul_rope_mgpu.py (one program per head, TMA rings; 1-8 rows or
 # multiples of 8), linear_silu_mul on persistent_mlp's phase 1 alone and linear_norm_add_norm
 # on the swapped-operand product's split-K partials (streaming_matmul_pdl.swapped_partials)
@@ -119,7 +121,7 @@ def _persistent_mlp_or(ops: Ops):
     norms after them in one resident kernel) where the kernel takes the shapes (decode rows);
     elsewhere `ops`' own two ops."""
     def fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
-        if pm.shape_problem(x, w_gate_up, w_down) is not None:
+        if mosaic_gpu_problem() or pm.shape_problem(x, w_gate_up, w_down) is not None:
             return ops.mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
         return pm.persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight,
                                                next_norm_weight, eps)
@@ -188,7 +190,7 @@ def streaming_norm_linear_silu_mul(x, norm_weight, eps: float, w_gate_up):  # w_
 
 
 def _on_mosaic(op: str, x) -> bool:
-    return x.shape[0] in MOSAIC_ROWS.get(op, ())
+    return x.shape[0] in MOSAIC_ROWS.get(op, ()) and mosaic_gpu_problem() is None
 
 
 def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]

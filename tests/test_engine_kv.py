@@ -209,6 +209,44 @@ def test_decode_kernels_that_fit_follow_layout_and_shapes():
     assert "page_size (24)" in attention_backend.prefill_kernel_problem(layout(page_size=24))
 
 
+def test_mosaic_kernels_only_on_a_hopper_gpu(monkeypatch):
+    """On a GPU that is not a Hopper (no wgmma / TMA), 'auto' takes no Mosaic GPU kernel (the
+    decode attention falls back to Triton's, the products to their Triton kernels) and an
+    explicit 'pallas_mgpu' fails at engine build with one line naming the device."""
+    import jax
+
+    from loopjax import matmul_ops
+    from loopjax.kernels import _common
+
+    class Device:
+        device_kind, compute_capability = "NVIDIA A100-SXM4-80GB", "8.0"
+
+    cfg = config.preset("ouro-tiny")
+    layout = kv_cache.make_layout(cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=4)
+    x = jnp.zeros((8, 64), jnp.bfloat16)
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda *args: [Device()])
+    _common.mosaic_gpu_problem.cache_clear()
+    try:
+        problem = _common.mosaic_gpu_problem()
+        assert problem == ("the Mosaic GPU kernels need a Hopper GPU (compute capability 9.x), not "
+                           "NVIDIA A100-SXM4-80GB (compute capability 8.0)")
+        assert attention_backend.decode_kernels_that_fit(layout, 2) == ("pallas",)
+        with pytest.raises(ValueError, match="need a Hopper GPU") as err:
+            attention_backend.check_attention_backend(layout, "pallas_mgpu", cfg)
+        assert "\n" not in str(err.value)
+        assert not matmul_ops._on_mosaic("linear_silu_mul", x)
+        Device.compute_capability = "9.0"  # an H100 / H200
+        _common.mosaic_gpu_problem.cache_clear()
+        assert _common.mosaic_gpu_problem() is None
+        assert attention_backend.decode_kernels_that_fit(layout, 2) == ("pallas_mgpu", "pallas")
+        assert matmul_ops._on_mosaic("linear_silu_mul", x)
+    finally:
+        monkeypatch.undo()
+        _common.mosaic_gpu_problem.cache_clear()
+    assert _common.mosaic_gpu_problem() is None  # a CPU host: interpreter and lowering tests
+
+
 def test_the_step_kind_reaches_the_attention(monkeypatch):
     """A prefill of as many tokens as rows (N == R) is still a prefill: StepBatch.decode, a
     static field its builder sets, reaches PagedAttention through the jitted step (traced
