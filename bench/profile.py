@@ -16,9 +16,10 @@ only: it would stall the pipeline) waits after each submit ("wait", `jax.block_u
 to split the device time from the copy.
 Count, mean and p50 (ms) per step kind.
 
-Device trace: the same burst again; once every request decodes (or the rows are full),
-`--trace-steps` engine steps run under `jax.profiler.trace` (perfetto JSON), each inside a
-`TraceAnnotation` named `loopjax_step_<i>`; the rest of that burst is aborted. The trace is
+Device trace: the same burst again; once every request decodes (or the rows are full), or
+from its first step with `--trace-from start`, `--trace-steps` engine steps run under
+`jax.profiler.trace` (perfetto JSON), each inside a `TraceAnnotation` named
+`loopjax_step_<i>`; the rest of that burst is aborted. The trace is
 parsed with the standard library (`device_summary`): kernels are the events on the device
 streams ("Stream #N" threads of a "/device:" process; derived rows such as "XLA Ops" are
 skipped); busy = union of kernel intervals; a gap = idle time between kernels; per step the
@@ -167,6 +168,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
     parser.add_argument("--max-steps", type=int, default=None, help="cut the timed burst after N steps")
     parser.add_argument("--trace-steps", type=int, default=10, help="engine steps traced (0: no trace)")
+    parser.add_argument("--trace-from", default="steady", choices=("steady", "start"),
+                        help="trace from the burst's steady decode (default) or from its first step "
+                             "(its prefill steps)")
     parser.add_argument("--gap-us", type=float, default=50.0, help="gaps above this are counted apart")
     parser.add_argument("--keep-trace", action="store_true", help="keep the raw trace under OUT/trace")
     parser.add_argument("--python-trace", action="store_true", help="also trace Python calls (large)")
@@ -201,12 +205,14 @@ def _steady(engine, timer: StageTimer) -> bool:
 
 
 def trace_steps(engine, timer: StageTimer, prompts, args, trace_dir: str) -> dict:
-    """Run the burst again, trace --trace-steps steps from its steady decode; {step: kind}."""
+    """Run the burst again, trace --trace-steps steps from its steady decode (or its first
+    step: --trace-from start); {step: kind}."""
     import jax
 
     _add_burst(engine, prompts, args.output_len)
     before = len(timer.records)
-    while engine.has_unfinished() and not (len(timer.records) > before and _steady(engine, timer)):
+    while (args.trace_from == "steady" and engine.has_unfinished()
+           and not (len(timer.records) > before and _steady(engine, timer))):
         engine.step()
     options = jax.profiler.ProfileOptions()
     options.python_tracer_level = 1 if args.python_trace else 0
