@@ -260,7 +260,7 @@ def _streaming_experiments(spec: str) -> list[dict]:
     return experiments
 
 
-def _attention_experiment(write: str, splits: str, stages: str, heads: str):
+def _attention_experiment(write: str, splits: str, stages: str, heads: str = "auto"):
     """An experiment of this benchmark only: 'xla' writes the step's K/V with XLA scatters
     before the attention kernel (the path before run 12); a number fixes the Mosaic decode
     kernel's context splits (capped by its blocks), slots or kv heads per program."""

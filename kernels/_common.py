@@ -89,9 +89,8 @@ def mosaic_gpu_problem() -> str | None:
     """Why this process's GPU cannot run the Mosaic GPU kernels (they issue wgmma and TMA
     copies: Hopper, compute capability 9.x), or None: it can, or the backend is no GPU (on a
     CPU host they run in the interpreter or are lowered for an abstract H200)."""
-    if jax.default_backend() not in ("gpu", "cuda"):
-        return None
-    kinds = {(d.device_kind, str(getattr(d, "compute_capability", "unknown"))) for d in jax.devices()}
+    gpus = [d for d in jax.devices() if d.platform in ("gpu", "cuda")]  # NOTE: none on a CPU host
+    kinds = {(d.device_kind, str(getattr(d, "compute_capability", "unknown"))) for d in gpus}
     others = sorted(f"{kind} (compute capability {cap})" for kind, cap in kinds if not cap.startswith("9."))
     if others:
         return (f"the Mosaic GPU kernels need a Hopper GPU (compute capability 9.x), not "

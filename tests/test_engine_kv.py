@@ -219,7 +219,7 @@ def test_mosaic_kernels_only_on_a_hopper_gpu(monkeypatch):
     from loopjax.kernels import _common
 
     class Device:
-        device_kind, compute_capability = "NVIDIA A100-SXM4-80GB", "8.0"
+        platform, device_kind, compute_capability = "gpu", "NVIDIA A100-SXM4-80GB", "8.0"
 
     cfg = config.preset("ouro-tiny")
     layout = kv_cache.make_layout(cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=4)
