@@ -162,7 +162,7 @@ def _kernel_call(x, w_qkv, cos, sin, *, num_heads: int, num_kv_heads: int, block
                     cs = (cs_smem.at[0], cs_smem.at[1])
                 else:
                     cs = (cos_ref, sin_ref)
-                cos_t, sin_t = (plmgpu.load(a.T, (), layout=wt, optimized=False) for a in cs)
+                cos_t, sin_t = (plmgpu.load(a.T, layout=wt, optimized=False) for a in cs)
                 return _rotated_halves(x1, x2, cos_t, sin_t, dtype)
 
             hk = num_heads + num_kv_heads

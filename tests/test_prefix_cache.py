@@ -77,8 +77,7 @@ def test_concurrent_requests_share_the_prefix_and_compute_only_the_rest():
     step(sched, runner)           # 0 P[A 0:10]: pages 0, 1 published
     sched.add(b)
     sched.add(c)
-    assert step(sched, runner).kind.value == "decode"  # 1 D[A] (prefill share used up)
-    plan = step(sched, runner)    # 2 P[B, C]: each hits A's two pages
+    plan = step(sched, runner)    # 1 P[B, C] (the first decode waits for the share): each hits A's two pages
     assert [r.request_id for r in plan.requests] == ["B", "C"]
     assert plan.token_ranges == ((8, 9), (8, 11)) and plan.positions() == [8, 8, 9, 10]
     assert plan.num_real_tokens == 4 and (b.num_cached_tokens, c.num_cached_tokens) == (8, 8)
