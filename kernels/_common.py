@@ -13,6 +13,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+NUM_SMS = 132  # the H200's streaming multiprocessors: the grids' sizing rules start from it
+
 
 def is_pow2(x: int) -> bool:
     return x > 0 and x & (x - 1) == 0

@@ -9,7 +9,7 @@ import math
 
 import jax.numpy as jnp
 
-from ._common import resolve_interpret
+from ._common import NUM_SMS, resolve_interpret
 from .paged_attention import check_paged_inputs, default_num_splits
 
 ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
@@ -58,7 +58,6 @@ def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     return default_num_splits(n, hkv, max_blocks, target_programs=FEW_PROGRAMS_TARGET)
 
 
-NUM_SMS = 132  # the H200's
 PROGRAMS_PER_SM = 2  # default_num_stages' slots take half an SM's shared memory each
 
 

@@ -10,10 +10,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from ._common import is_pow2, next_pow2
+from ._common import NUM_SMS, is_pow2, next_pow2
 
 MAX_ROWS = 128  # one row block holds every row; past this, weights are no longer the cost
-NUM_SMS = 132  # H200
 SMEM_BYTES = 200 * 1024  # of the H200's 227 KB per block, leaving room for Triton's scratch
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
