@@ -31,11 +31,12 @@ from loopjax import attention_backend, kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
+from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.engine_config import EngineConfig
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
-from loopjax.request import FINISH_STOP, Request, RequestOutput, check_prompt_ids
+from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
@@ -55,6 +56,7 @@ class _Extra:
     carry_slot: int | None = None
     token_slot: int | None = None           # its last sampled token on the device
     text: str | None = None
+    detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
 
@@ -73,7 +75,9 @@ class Engine:
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size, dtype=model.dtype,
                                       num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
-                                      default_tokens=config.max_num_rows * max_context)  # full contexts
+                                      # full contexts, each in whole pages
+                                      default_tokens=config.max_num_rows * config.page_size
+                                      * -(-max_context // config.page_size))
         attention_backend.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:
             print(layout.describe(), flush=True)
@@ -285,16 +289,19 @@ class Engine:
             raise ValueError("exit_weighted runs in fused steps; this engine has fused_decode=False")
 
     def _check_stop_strings(self, request: Request) -> None:
-        """Detokenize (only requests with stop strings, or finished) and apply stop strings."""
-        if self.model.tokenizer is None or not (request.sampling_params.stop or request.is_finished):
+        """Apply stop strings (a running request's new tokens decoded incrementally each step),
+        and set the text of a finished request (decoded once, if no stop string set it)."""
+        if self.model.tokenizer is None:
             return
-        extra = self._extra[request.request_id]
-        extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
-        for stop in request.sampling_params.stop:
-            at = extra.text.find(stop)
-            if at >= 0 and not request.is_finished:
-                extra.text = extra.text[:at]
+        extra, stop = self._extra[request.request_id], request.sampling_params.stop
+        if stop and not request.is_finished:
+            if extra.detokenizer is None:
+                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, stop)
+            if extra.detokenizer.update(request.output_token_ids):
                 self.scheduler.finish(request.request_id, FINISH_STOP)
+            extra.text = extra.detokenizer.text
+        elif request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
+            extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
 
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or _Extra()
@@ -304,10 +311,10 @@ class Engine:
                    "submissions": subs / max(1, request.num_output_tokens),
                    "decode_submissions_per_token": request.decode_submissions_per_token,
                    "num_preemptions": request.num_preemptions}
-        out = RequestOutput(request.request_id, list(new_tokens), list(request.output_token_ids),
-                            request.is_finished, request.finish_reason, list(request.exit_loops),
-                            extra.text, list(extra.logprobs) if want_lp else None,
-                            list(extra.top_logprobs) if want_lp else None, metrics)
+        out = RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
+                            request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
+                            extra.text, Snapshot(extra.logprobs) if want_lp else None,
+                            Snapshot(extra.top_logprobs) if want_lp else None, metrics)
         if request.is_finished:
             self._extra.pop(request.request_id, None)
         return out

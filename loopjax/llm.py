@@ -99,8 +99,8 @@ def _result(prompt, out, model) -> GenerateOutput:
     text = out.text
     if text is None and model.tokenizer is not None:
         text = model.detokenize(out.token_ids, skip_special_tokens=True)
-    return GenerateOutput(prompt, out.token_ids, text, out.exit_loops, out.finish_reason,
-                          out.logprobs, out.metrics)
+    return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
+                          None if out.logprobs is None else list(out.logprobs), out.metrics)
 
 
 _CACHE: dict = {}

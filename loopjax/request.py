@@ -21,6 +21,8 @@ Conventions:
   computed once per page and kept through preemption (the tokens never change).
 - `RequestOutput` is what the engine reports for a request after a step; `check_prompt_ids`
   validates a prompt before anything is queued.
+- `output_token_ids` and `exit_loops` are append-only (preemption keeps them): a RequestOutput
+  holds Snapshots of them, not copies.
 - The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops` and
   `cache_salt`, which the engine sets before `Scheduler.add`.
 """
@@ -28,6 +30,8 @@ Conventions:
 from __future__ import annotations
 
 import enum
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,17 +157,58 @@ class Request:
         return self.num_decode_submissions / self.num_decode_tokens
 
 
+class Snapshot(Sequence):
+    """The first `len(items)` items of an append-only list, as they are now: what a
+    RequestOutput reports of a request's growing lists without copying them every step (O(1)
+    per step, not O(tokens)). Later appends do not show; slicing gives a list; equal to any
+    list or tuple with the same items."""
+
+    __slots__ = ("_items", "_len")
+
+    def __init__(self, items: list):
+        self._items, self._len = items, len(items)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            start, stop, step = index.indices(self._len)
+            if step == 1:
+                return self._items[start:max(start, stop)]
+            return [self._items[i] for i in range(start, stop, step)]
+        if not -self._len <= index < self._len:
+            raise IndexError("Snapshot index out of range")
+        return self._items[index % self._len]
+
+    def __iter__(self):
+        return itertools.islice(self._items, self._len)
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str | bytes):
+            return NotImplemented
+        return len(other) == self._len and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # equal to lists, which are unhashable
+
+    def __repr__(self) -> str:
+        return repr(self[:])
+
+
 @dataclass
 class RequestOutput:
+    """What the engine reports for a request after a step. The cumulative fields are Snapshots
+    of the request's lists (append-only), so reporting a step costs no copy of its history."""
+
     request_id: str
     new_token_ids: list[int]              # tokens produced by this step
-    token_ids: list[int]                  # every generated token so far
+    token_ids: Sequence[int]              # every generated token so far
     finished: bool
     finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
-    exit_loops: list[int]                 # loops of the selected state, per generated token
+    exit_loops: Sequence[int]             # loops of the selected state, per generated token
     text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
-    logprobs: list[float] | None = None   # per generated token (when asked)
-    top_logprobs: list[list[tuple[int, float]]] | None = None
+    logprobs: Sequence[float] | None = None  # per generated token (when asked)
+    top_logprobs: Sequence[list[tuple[int, float]]] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
 
 

@@ -36,6 +36,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
+from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
     APIError,
@@ -54,28 +55,21 @@ class _Choice:
     def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
         self.index, self.tokenizer, self.stop = index, tokenizer, stop
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self._offsets = (0, 0)  # token ids [p, r): left context of the next decode, r: committed
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
-        self.token_ids, self.exit_loops = list(out.token_ids), list(out.exit_loops)
+        # NOTE: the outputs' cumulative fields are Snapshots: kept, not copied, every step
+        self.token_ids, self.exit_loops = out.token_ids, out.exit_loops
         self.logprobs, self.top_logprobs = out.logprobs, out.top_logprobs
         # NOTE: the engine reports submissions per output token; usage carries the total.
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
-        if self.tokenizer is not None:
-            # Incremental detokenization: decode from the last committed token with the previous
-            # step's tokens as left context (decode(a + b) != decode(a) + decode(b) at word
-            # boundaries); a trailing partial character (U+FFFD) waits for its next bytes.
-            ids, (p, r), old_len = self.token_ids, self._offsets, len(self.text)
-            before, now = self.tokenizer.decode(ids[p:r]), self.tokenizer.decode(ids[p:])
-            if len(now) > len(before) and (not now.endswith("\ufffd") or out.finished):
-                self.text, self._offsets = self.text + now[len(before):], (r, len(ids))
-            for s in self.stop:
-                cut = self.text.find(s, max(0, old_len - len(s) + 1))
-                if cut >= 0:
-                    self.text, self.finish_reason = self.text[:cut], "stop"
+        if self.detokenizer is not None:
+            if self.detokenizer.update(self.token_ids, final=out.finished):
+                self.finish_reason = "stop"
+            self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
             self.finish_reason = out.finish_reason
         end = len(self.text)

@@ -198,6 +198,30 @@ def test_pool_too_small_is_a_clear_error(ouro_model):
         Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": None, "kv_memory_bytes": 100}))
 
 
+def test_default_pool_holds_every_row_at_full_context(ouro_model):
+    """Without a size, the pool holds max_num_rows full contexts, each in whole pages (a
+    context of 60 tokens takes 8 pages of 8, not 7.5)."""
+    config = EngineConfig(**{**SMALL, "max_context_len": 60, "warmup": False})
+    assert Engine(ouro_model, config).layout.num_pages == config.max_num_rows * 8
+
+
+def test_earlier_outputs_keep_what_they_reported(ouro_engine, ouro_ref):
+    """Each step's RequestOutput reports the tokens so far without copying them (Snapshots of
+    the request's lists): later steps must not change what an earlier output holds."""
+    ouro_engine.add_request(ouro_ref["p0_input_ids"].tolist(), greedy(6, logprobs=0), "snap")
+    outs = []
+    while ouro_engine.has_unfinished():
+        outs += ouro_engine.step()
+    final = outs[-1]
+    assert final.finished and final.token_ids == ouro_ref["p0_greedy_tokens"].tolist()[:6]
+    assert [len(o.token_ids) for o in outs] == list(range(1, 7))
+    for o in outs:
+        n = len(o.token_ids)
+        assert o.token_ids == final.token_ids[:n] and o.new_token_ids == final.token_ids[n - 1:n]
+        assert (len(o.exit_loops), len(o.logprobs), len(o.top_logprobs)) == (n, n, n)
+        assert o.logprobs == final.logprobs[:n]
+
+
 # ------------------------------------------------------------------------------ Huginn
 
 @pytest.fixture(scope="module")

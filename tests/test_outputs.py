@@ -1,0 +1,74 @@
+"""What a step reports, at O(new tokens) per step: RequestOutput's Snapshots of the request's
+append-only lists, and the incremental detokenizer behind stop strings and streamed text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.request import Snapshot
+
+
+def test_snapshot_keeps_its_length_after_appends():
+    items = [3, 1, 4]
+    snap = Snapshot(items)
+    items += [1, 5]
+    assert len(snap) == 3 and list(snap) == [3, 1, 4] and snap == [3, 1, 4] and snap == (3, 1, 4)
+    assert snap != [3, 1, 4, 1] and snap != [3, 1, 5] and snap != "abc"
+    assert snap[-1] == 4 and snap[1:] == [1, 4] and snap[::-1] == [4, 1, 3] and snap[:10] == [3, 1, 4]
+    with pytest.raises(IndexError):
+        snap[3]
+    assert repr(snap) == "[3, 1, 4]" and json.dumps(snap[:]) == "[3, 1, 4]"
+    assert Snapshot(items) == Snapshot(list(items)) and not Snapshot([])
+
+
+def byte_tokenizer():
+    """Byte-level BPE without merges: one token per byte, so a multi-byte character spans
+    tokens (its first tokens decode to U+FFFD)."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+class CountingTokenizer:
+    """A tokenizer that counts the token ids it is asked to decode."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.decoded = tokenizer, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        self.decoded += len(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+
+
+TEXT = "loop naïve → 環境 done. " * 40
+
+
+def test_incremental_text_equals_the_whole_decode_at_linear_cost():
+    tok = byte_tokenizer()
+    ids = tok.encode(TEXT).ids
+    counting = CountingTokenizer(tok)
+    detok = IncrementalDetokenizer(counting)
+    texts = []
+    for n in range(1, len(ids) + 1):
+        assert not detok.update(ids[:n], final=n == len(ids))
+        texts.append(detok.text)
+        assert not detok.text.endswith("\ufffd")  # a split character waits for its bytes
+    assert detok.text == tok.decode(ids) == TEXT
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert counting.decoded <= 8 * len(ids)  # each id decoded a few times, not once per step
+
+
+def test_stop_string_spanning_tokens_trims_the_text():
+    tok = byte_tokenizer()
+    ids = tok.encode("abc 環境 xyz").ids
+    detok = IncrementalDetokenizer(tok, stop=("xy", "境 "))
+    stops = [detok.update(ids[:n]) for n in range(1, len(ids) + 1)]
+    assert stops.index(True) == len(tok.encode("abc 環境 ").ids) - 1  # at the stop's last byte
+    assert detok.text == "abc 環" and detok.stopped
+    assert not any(stops[stops.index(True) + 1:])  # reported once
