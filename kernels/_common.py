@@ -14,6 +14,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 NUM_SMS = 132  # the H200's streaming multiprocessors: the grids' sizing rules start from it
+# Shared memory a kernel's own buffers (rings, slots, staging) may take per block: of the H200's
+# 227 KB, the rest is left to barriers and the compiler's scratch (Triton's, Mosaic's reductions).
+SMEM_BUDGET = 200 * 1024
 
 
 def is_pow2(x: int) -> bool:

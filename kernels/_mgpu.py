@@ -10,7 +10,6 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from ._common import next_pow2
 
-SMEM_BUDGET = 200 * 1024  # of the H200's 227 KB per SM; the rest: barriers, Mosaic's scratch
 B_ROWS = (8, 16, 32, 64)  # wgmma B widths a swapped product (x as B) pads x's rows to
 
 

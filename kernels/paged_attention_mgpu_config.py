@@ -9,11 +9,10 @@ import math
 
 import jax.numpy as jnp
 
-from ._common import NUM_SMS, resolve_interpret
+from ._common import NUM_SMS, SMEM_BUDGET, resolve_interpret
 from .paged_attention import check_paged_inputs, default_num_splits
 
 ROWS = 64  # rows of a WGMMA register layout: keys are processed in tiles of 64
-SMEM_BYTES = 200 * 1024  # of an H200 block's 227 KiB, the rest left to reduction scratch
 
 
 def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str | None:
@@ -25,9 +24,9 @@ def shape_problem(group_size: int, page_size: int, head_dim: int, dtype) -> str 
         return (f"the Mosaic GPU kernel needs page_size a multiple of 8 (got {page_size}) and "
                 f"head_dim rows of 32-byte multiples (got {head_dim} x {row_bytes // head_dim} bytes)")
     slot_bytes = 2 * default_pages_per_block(page_size) * page_size * row_bytes  # K and V
-    if slot_bytes > SMEM_BYTES:
+    if slot_bytes > SMEM_BUDGET:
         return (f"the Mosaic GPU kernel's smallest block of pages at page_size {page_size} "
-                f"(K and V: {slot_bytes} bytes) exceeds its {SMEM_BYTES} bytes of shared memory")
+                f"(K and V: {slot_bytes} bytes) exceeds its {SMEM_BUDGET} bytes of shared memory")
     return None
 
 
@@ -38,7 +37,7 @@ def default_pages_per_block(page_size: int) -> int:
 
 def default_num_stages(slot_bytes: int) -> int:
     """Slots in flight by default: up to 3 in half the shared memory (two programs per SM)."""
-    return max(1, min(3, SMEM_BYTES // (2 * slot_bytes)))
+    return max(1, min(3, SMEM_BUDGET // (2 * slot_bytes)))
 
 
 ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
@@ -100,9 +99,9 @@ def settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, position
     slot_bytes = 2 * block_k * d * itemsize  # K and V of one block
     if num_stages is None:
         num_stages = default_num_stages(slot_bytes)
-    if num_stages < 1 or num_stages * slot_bytes > SMEM_BYTES:
+    if num_stages < 1 or num_stages * slot_bytes > SMEM_BUDGET:
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
-                         f"{SMEM_BYTES} bytes of shared memory (at least 1 slot)")
+                         f"{SMEM_BUDGET} bytes of shared memory (at least 1 slot)")
     if num_splits is None:
         m_pad = -(-m // pages_per_block) * pages_per_block
         num_splits = mosaic_num_splits(n, hkv, m_pad // pages_per_block)

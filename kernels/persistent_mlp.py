@@ -34,8 +34,8 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 
 from loopjax import layers
 
-from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import B_ROWS, SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
+from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
+from ._mgpu import B_ROWS, b_rows, stream_tiles, tile_transforms
 from .streaming_config import NUM_SMS
 
 __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",

@@ -10,10 +10,9 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from ._common import NUM_SMS, is_pow2, next_pow2
+from ._common import NUM_SMS, SMEM_BUDGET, is_pow2, next_pow2
 
 MAX_ROWS = 128  # one row block holds every row; past this, weights are no longer the cost
-SMEM_BYTES = 200 * 1024  # of the H200's 227 KB per block, leaving room for Triton's scratch
 _DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 
 
@@ -126,7 +125,7 @@ def default_config(m: int, k: int, n: int, dtype=jnp.bfloat16) -> Config:
 def _fit_stages(cfg: Config, block_m: int, weight_tiles: int, itemsize: int) -> Config:
     """Fewer stages when the pipelined tiles would not fit in shared memory (~200 KB)."""
     per_stage = (block_m * cfg.block_k + weight_tiles * cfg.block_k * cfg.block_n) * itemsize
-    return cfg._replace(num_stages=max(1, min(cfg.num_stages, SMEM_BYTES // per_stage)))
+    return cfg._replace(num_stages=max(1, min(cfg.num_stages, SMEM_BUDGET // per_stage)))
 
 
 def pick_config(m: int, k: int, n: int, dtype=jnp.bfloat16, **overrides) -> Config:

@@ -62,7 +62,7 @@ from .silu_mul import _silu
 from .streaming_config import (  # noqa: F401  (the kernel's configuration and validation)
     MAX_ROWS,
     NUM_SMS,
-    SMEM_BYTES,
+    SMEM_BUDGET,
     TUNED,
     Config,
     _check_config,

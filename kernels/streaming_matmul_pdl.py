@@ -29,8 +29,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
-from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import B_ROWS, SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
+from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
+from ._mgpu import B_ROWS, b_rows, stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
 __all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl", "swapped_partials"]

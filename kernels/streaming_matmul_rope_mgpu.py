@@ -33,8 +33,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plmgpu
 
-from ._common import one_lowering_per_config, resolve_interpret
-from ._mgpu import SMEM_BUDGET, b_rows, stream_tiles, tile_transforms
+from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
+from ._mgpu import b_rows, stream_tiles, tile_transforms
 from .rope import _rotated_halves
 from .streaming_matmul_rope import check_matmul_rope_inputs, ref_streaming_matmul_rope_qkv
 
