@@ -4,7 +4,8 @@ the pointwise kernels must be bitwise (as on CPU, tests/test_pointwise_ops.py), 
 weight-streaming products (matmul 'auto', 'streaming', 'persistent'; 'mosaic': 'streaming'
 with every matmul_ops.MOSAIC_ROWS op at 8-64 rows) within bf16 rounding of a different f32
 summation order. Prints per rows: differing elements and the largest |difference| relative
-to the output's largest |value|.
+to the output's largest |value|; a variant that fails prints its error and the others still
+run (exit status 1 if any failed).
 
     python -m loopjax.bench.probes.ops_check [--preset ouro-1.4b] [--rows 1,8,32]
 """
@@ -46,17 +47,24 @@ def main(argv=None):
     run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops),
                          compiler_options=IDENTITY_COMPILER_OPTIONS)
            for name, ops in {"xla": XLA_OPS, **variants}.items()}
+    failures = []
     for rows in map(int, args.rows.split(",")):
         x = jax.random.normal(jax.random.key(rows), (rows, cfg.hidden_size), jnp.bfloat16)
         want = run["xla"](params, x).astype(jnp.float32)
         scale = float(jnp.max(jnp.abs(want)))
         for name in variants:
-            with _every_mosaic_op() if name == "matmul mosaic" else contextlib.nullcontext():
-                got = run[name](params, x).astype(jnp.float32)
+            head = f"{args.preset} rows {rows:4d} {name:<18}"
+            try:  # NOTE: a variant that fails (e.g. a kernel refusing a shape) does not stop the others
+                with _every_mosaic_op() if name == "matmul mosaic" else contextlib.nullcontext():
+                    got = run[name](params, x).astype(jnp.float32)
+            except Exception as error:  # noqa: BLE001  (reported, then the next variant)
+                failures.append(f"{head} FAILED: {type(error).__name__}: {str(error).splitlines()[0]}")
+                print(failures[-1], flush=True)
+                continue
             diff = int(jnp.sum(got != want))
             rel = float(jnp.max(jnp.abs(got - want))) / scale
-            print(f"{args.preset} rows {rows:4d} {name:<18} differing {diff:7d}/{want.size}  "
-                  f"max |diff| / max |out| {rel:.2e}", flush=True)
+            print(f"{head} differing {diff:7d}/{want.size}  max |diff| / max |out| {rel:.2e}", flush=True)
+    return 1 if failures else 0
 
 
 def _every_mosaic_op():
@@ -65,4 +73,4 @@ def _every_mosaic_op():
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
