@@ -355,6 +355,8 @@ def main(argv=None):
     parser.add_argument("--seeds", type=int, default=1,
                         help="input draws the pointwise kernels' bitwise check covers")
     parser.add_argument("--models", default=None, help="comma list of the models to run (default: all)")
+    parser.add_argument("--tokens", default=None,
+                        help="pointwise: comma list of token counts (default: 128,2048)")
     parser.add_argument("--sweep-cases", default=None,
                         help="sweep: comma list of ROWSxCONTEXT (default: a fixed set)")
     parser.add_argument("--sweep-mgpu", default=None,
@@ -376,6 +378,8 @@ def main(argv=None):
         prefill_shapes, tokens = [(1, 2048, 0), (8, 256, 0), (4, 512, 512)], (128, 2048)
     if args.models:
         models = {name: models[name] for name in args.models.split(",")}
+    if args.tokens:
+        tokens = tuple(int(t) for t in args.tokens.split(","))
     device = jax.devices()[0].device_kind
     print(f"jax {jax.__version__} on {device}; dtype {jnp.dtype(dtype).name}; iters {iters}")
     b = Bench(args.smoke, iters, args.budget)

@@ -7,13 +7,14 @@ summation order. Prints per rows: differing elements and the largest |difference
 to the output's largest |value|; a variant that fails prints its error and the others still
 run (exit status 1 if any failed).
 
-    python -m loopjax.bench.probes.ops_check [--preset ouro-1.4b] [--rows 1,8,32]
+    python -m loopjax.bench.probes.ops_check [--preset ouro-1.4b] [--rows 1,8,32] [--variants ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import functools
 
 import jax
@@ -37,13 +38,25 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="ouro-1.4b")
     parser.add_argument("--rows", default="1,8,32")
+    parser.add_argument("--variants", default=None,
+                        help="comma-separated variant names to run (default: all), e.g. 'pointwise pallas'")
+    parser.add_argument("--num-layers", type=int, default=None,
+                        help="run only the first N layers (where a difference first appears)")
     args = parser.parse_args(argv)
     cfg = preset(args.preset)
+    if args.num_layers:
+        cfg = dataclasses.replace(cfg, num_layers=args.num_layers)
     params = ouro.init_params(cfg, jax.random.key(0), jnp.bfloat16)
     variants = {"matmul auto": matmul_ops("auto"), "matmul streaming": matmul_ops("streaming"),
                 "matmul persistent": matmul_ops("persistent"),
                 "matmul mosaic": matmul_ops("streaming"),
                 "pointwise pallas": with_pointwise(XLA_OPS, "pallas")}
+    if args.variants:
+        chosen = [v.strip() for v in args.variants.split(",")]
+        unknown = sorted(set(chosen) - set(variants))
+        if unknown:
+            parser.error(f"unknown variants {unknown}; choose from {sorted(variants)}")
+        variants = {name: variants[name] for name in chosen}
     run = {name: jax.jit(functools.partial(_loop, cfg=cfg, ops=ops),
                          compiler_options=IDENTITY_COMPILER_OPTIONS)
            for name, ops in {"xla": XLA_OPS, **variants}.items()}
