@@ -3,10 +3,11 @@ the residual norms, RoPE of q and k, SiLU*up.
 
 - 'xla' (default): the jitted XLA ops of loopjax/layers.py, fused by XLA into its own kernels.
 - 'pallas': the Pallas kernels of loopjax/kernels (rms_norm, rope, silu_mul; interpret mode on
-  a CPU), each bitwise equal to its XLA twin (bench/RESULTS.md runs 5 and 11 on the H200), so
-  switching them on leaves a bf16 model's layers bit-for-bit unchanged (tests/
-  test_pointwise_ops.py; in f32 on a CPU, XLA computes Ouro's RoPE inside its fusion 1 ulp
-  apart from the same ops alone).
+  a CPU), each bitwise equal to its XLA twin on the same inputs (bench/RESULTS.md runs 5, 11
+  and 20 on the H200; tests/test_pointwise_ops.py; in f32 on a CPU, XLA computes Ouro's RoPE
+  inside its fusion 1 ulp apart from the same ops alone). A step with them is bit-for-bit the
+  XLA step only where XLA picks the same GEMMs for its products in both executables (run 20:
+  one Ouro-1.4B loop at 8 rows differs with XLA's autotuned Triton GEMMs, not with cuBLAS's).
   The products are the matmul choice's plain products with the norm before them and the
   SiLU*up or the RoPE after them on the kernels (a streaming matmul's fused prologue/epilogue
   is not used).
