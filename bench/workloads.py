@@ -98,13 +98,14 @@ class InProcessBackend:
                 if record.first_token is None and out.new_token_ids:
                     record.first_token = now
                 record.end = now
-                record.token_ids = list(out.token_ids)
-                loops = list(out.exit_loops or [])
+                record.token_ids = out.token_ids  # a Snapshot (O(1)); a list once the stream ends
+                loops = out.exit_loops or []
                 record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
                 per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
                 record.submissions = round(per_token * max(1, len(out.token_ids)))
         finally:
             stream.close()  # cut by --max-seconds (cancelled): abort the request, free its pages
+            record.token_ids, record.exit_loops = list(record.token_ids), list(record.exit_loops)
         return record
 
 

@@ -160,8 +160,8 @@ class Request:
 class Snapshot(Sequence):
     """The first `len(items)` items of an append-only list, as they are now: what a
     RequestOutput reports of a request's growing lists without copying them every step (O(1)
-    per step, not O(tokens)). Later appends do not show; slicing gives a list; equal to any
-    list or tuple with the same items."""
+    per step, not O(tokens)). Later appends do not show; slicing and `+` give lists; equal to
+    any list or tuple with the same items."""
 
     __slots__ = ("_items", "_len")
 
@@ -190,6 +190,12 @@ class Snapshot(Sequence):
         return len(other) == self._len and all(a == b for a, b in zip(self, other, strict=True))
 
     __hash__ = None  # equal to lists, which are unhashable
+
+    def __add__(self, other) -> list:  # snapshot + list (or any sequence): a new list
+        return self[:] + list(other)
+
+    def __radd__(self, other) -> list:  # list + snapshot: a new list (e.g. the next turn's prompt)
+        return list(other) + self[:]
 
     def __repr__(self) -> str:
         return repr(self[:])

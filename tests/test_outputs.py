@@ -22,6 +22,7 @@ def test_snapshot_keeps_its_length_after_appends():
     with pytest.raises(IndexError):
         snap[3]
     assert repr(snap) == "[3, 1, 4]" and json.dumps(snap[:]) == "[3, 1, 4]"
+    assert [9] + snap == [9, 3, 1, 4] and snap + (9,) == [3, 1, 4, 9] and snap + snap == [3, 1, 4] * 2
     assert Snapshot(items) == Snapshot(list(items)) and not Snapshot([])
 
 
