@@ -12,6 +12,7 @@ raises. Every executable built is timed in `compile_times` (loopjax.compilation.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import os
 import time
 from dataclasses import dataclass
@@ -156,6 +157,12 @@ class Runner:
         self.precompile(steps, threads)
         jax.block_until_ready([self.submit(batch, kind) for batch, kind in steps])
         self.submissions -= len(steps)  # NOTE: warm-up runs are not the workload's submissions
+        # A full collection now, not during the first requests: tracing and compiling leave
+        # millions of objects, and Python's first full collection after them would stall the
+        # host for long enough to starve the device (bench/RESULTS.md run 20: burst-128's first
+        # burst 3,820 tok/s, the next 4,160; 4,185 with the collector off). After it, another
+        # full collection waits until the long-lived objects grow by a quarter.
+        gc.collect()
         self.warm = True
         return self.compilations
 

@@ -140,18 +140,34 @@ def test_the_cache_folder_is_an_engine_flag():
 
 def test_warmup_runs_each_executable_once_and_leaves_the_pool_as_it_was(model, monkeypatch):
     """Warm-up runs every compiled step once (padding rows only, so no request pays an
-    executable's first run); padding writes no real KV slot, and it is no workload submission."""
+    executable's first run), then collects garbage in full; padding writes no real KV slot, and
+    it is no workload submission."""
+    import gc
+
     import jax
     import numpy as np
 
     from loopjax.kv_cache import allocate_state
     from loopjax.runner import Runner
 
-    submitted = []
+    submitted, events = [], []
     real_submit = Runner.submit
-    monkeypatch.setattr(Runner, "submit", lambda self, batch, kind: submitted.append(
-        self._key(batch, kind)) or real_submit(self, batch, kind))
-    engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
+    def submit(self, batch, kind):
+        events.append("submit")
+        submitted.append(self._key(batch, kind))
+        return real_submit(self, batch, kind)
+    monkeypatch.setattr(Runner, "submit", submit)
+
+    def collected(phase, info):
+        if phase == "stop":
+            events.append(f"gc{info['generation']}")
+    gc.callbacks.append(collected)
+    try:
+        engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
+    finally:
+        gc.callbacks.remove(collected)
+    # the warm-up's full collection comes after its last run (none during the first requests)
+    assert "gc2" in events[events.index("submit"):] and events[-1] == "gc2"
     runner = engine.runner
     assert sorted(map(str, submitted)) == sorted(map(str, runner._compiled)) and len(submitted) == 5
     assert runner.submissions == 0
