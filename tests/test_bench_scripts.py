@@ -118,3 +118,15 @@ def test_prefill_flops_formula():
     assert 100e9 < per_token < 120e9
     assert prefill.parse_shapes("1x2048, 32X512") == [(1, 2048), (32, 512)]
     assert prefill.parse_shapes("none") == []
+
+
+def test_gc_pause_probe_runs(capsys):
+    import gc
+
+    from loopjax.bench.probes import gc_pause
+
+    assert gc_pause.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("ouro-tiny: ") and "objects tracked" in lines[0]
+    assert lines[1].startswith("full collection, ms:") and "frozen" in lines[2]
+    assert gc.get_freeze_count() == 0  # the probe leaves the collector as it found it

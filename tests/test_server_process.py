@@ -1,0 +1,30 @@
+"""What `loopjax serve` does to its process before it serves."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+
+
+def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
+    """After building its engine (warm-up ends with a full collection), `serve` moves every
+    object alive into the collector's permanent generation before uvicorn starts, so full
+    collections while serving skip the model, the engine and the compile's caches."""
+    import uvicorn
+    from server_helpers import SERVER_ENGINE
+
+    from loopjax import engine_args, server
+    from loopjax.engine import Engine, EngineConfig
+
+    engine = Engine(served_model, EngineConfig(**SERVER_ENGINE, warmup=False))
+    frozen_when_serving = []
+    monkeypatch.setattr(engine_args, "build_engine", lambda args: (served_model, engine))
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: frozen_when_serving.append(gc.get_freeze_count()))
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    gc.unfreeze()
+    try:
+        assert server.run(parser.parse_args(["ouro-tiny"])) == 0
+    finally:
+        gc.unfreeze()  # the rest of the test session collects as before
+    assert frozen_when_serving and frozen_when_serving[0] > 10_000
