@@ -16,8 +16,10 @@ from collections.abc import Sequence
 class IncrementalDetokenizer:
     """The text of a growing token sequence, trimmed before the first stop string found.
 
-    `update(token_ids, final)` takes the whole sequence so far (append-only; a Snapshot serves)
-    and decodes what is new; it returns True when a stop string matched in this update."""
+    `update(token_ids, final, check_stop)` takes the whole sequence so far (append-only; a
+    Snapshot serves) and decodes what is new; it returns True when a stop string matched in
+    this update. With check_stop False (e.g. before min_tokens) the new text is not searched:
+    a later update searches from its own new text (and the len(stop) - 1 characters before)."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = ()):
         self.tokenizer, self.stop = tokenizer, tuple(stop)
@@ -25,14 +27,14 @@ class IncrementalDetokenizer:
         self.stopped = False  # a stop string matched; text ends before it
         self._offsets = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
 
-    def update(self, token_ids: Sequence[int], final: bool = False) -> bool:
+    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True) -> bool:
         if self.stopped:
             return False
         (p, r), old_len = self._offsets, len(self.text)
         before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:])
         if len(now) > len(before) and (not now.endswith("\ufffd") or final):
             self.text, self._offsets = self.text + now[len(before):], (r, len(token_ids))
-        for s in self.stop:  # only where a match could end in the new text
+        for s in self.stop if check_stop else ():  # only where a match could end in the new text
             cut = self.text.find(s, max(0, old_len - len(s) + 1))
             if cut >= 0:
                 self.text, self.stopped = self.text[:cut], True

@@ -38,6 +38,7 @@ from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
+from loopjax.sampling import MAX_SUPPRESSED_TOKENS
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
@@ -155,6 +156,9 @@ class Engine:
                                        params.exit_check_every)
         if not params.ignore_eos and self._eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
+        if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
+            raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
+                             f"(EOS included), got {len(params.stop_token_ids)}")
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
         adaptive = extra.skip or extra.exit_spec is not None or extra.warm
@@ -293,11 +297,13 @@ class Engine:
         and set the text of a finished request (decoded once, if no stop string set it)."""
         if self.model.tokenizer is None:
             return
-        extra, stop = self._extra[request.request_id], request.sampling_params.stop
-        if stop and not request.is_finished:
+        extra, params = self._extra[request.request_id], request.sampling_params
+        if params.stop and not request.is_finished:
             if extra.detokenizer is None:
-                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, stop)
-            if extra.detokenizer.update(request.output_token_ids):
+                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop)
+            # NOTE: no stop string ends the output before min_tokens (as no stop token does)
+            if extra.detokenizer.update(request.output_token_ids,
+                                        check_stop=request.num_output_tokens >= params.min_tokens):
                 self.scheduler.finish(request.request_id, FINISH_STOP)
             extra.text = extra.detokenizer.text
         elif request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):

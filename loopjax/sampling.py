@@ -19,6 +19,9 @@ Semantics of one row, in order (Hugging Face's warper order):
   of the token being generated (0 = first output token), never on the batch.
 - Logprobs are those of the model's distribution: log_softmax(raw logits) at the chosen
   token, plus the `num_top_logprobs` largest (ids, values).
+- min_tokens: until a row has generated that many tokens, its stop ids (the engine adds EOS
+  to them) are set to -inf before the choice (as Hugging Face's MinNewTokensLengthLogitsProcessor);
+  its logprobs stay the model's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 # Rows whose top_k is in 1..TOP_K_CAP are filtered from the TOP_K_CAP largest values only
 # (top-p over the top-k survivors needs only them).
 TOP_K_CAP = 128
+# Stop token ids (EOS included) a row under its min_tokens may have suppressed: a static width.
+MAX_SUPPRESSED_TOKENS = 8
 
 
 @jax.tree_util.register_dataclass
@@ -48,6 +53,7 @@ class SamplingBatch:
     min_p: jax.Array  # [R] f32 in [0, 1]; 0 means off
     seed: jax.Array  # [R, 2] u32; threefry key words (seed >> 32, seed & 0xffffffff)
     token_index: jax.Array  # [R] i32; index of the token being generated (0 = first output)
+    suppressed: jax.Array  # [R, MAX_SUPPRESSED_TOKENS] i32; ids this row may not sample (-1: none)
 
     @classmethod
     def from_params(cls, params_list: Sequence[SamplingParams], num_rows: int,
@@ -70,7 +76,15 @@ class SamplingBatch:
         if n:  # negative seeds wrap, as a 64-bit two's complement
             seed[:n] = [((s := p.seed % 2**64) >> 32, s & 0xFFFFFFFF) for p in params_list]
         (temperature, top_p, min_p), (top_k, token_index) = floats, ints
-        return cls(temperature, top_k, top_p, min_p, seed, token_index)
+        # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them)
+        suppressed = np.full((num_rows, MAX_SUPPRESSED_TOKENS), -1, np.int32)
+        for i, (p, index) in enumerate(zip(params_list, step_counts)):
+            if index < p.min_tokens:
+                if len(p.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
+                    raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token "
+                                     f"ids (EOS included), got {len(p.stop_token_ids)}")
+                suppressed[i, :len(p.stop_token_ids)] = p.stop_token_ids
+        return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed)
 
 
 def row_keys(batch: SamplingBatch) -> jax.Array:
@@ -97,8 +111,9 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     if logits.dtype.itemsize not in _ORDER_KEY_TYPES:
         logits = logits.astype(jnp.float32)
     with jax.named_scope("sample"):
-        raw = logits.astype(jnp.float32)
-        tokens = jnp.argmax(raw, axis=-1).astype(jnp.int32)
+        raw = logits.astype(jnp.float32)  # logprobs are the model's, suppression aside
+        logits = _suppress(logits, batch.suppressed)
+        tokens = jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
         if not greedy:
             # NOTE: branch-free: the draw (noise for R x V and the filters) runs even when every
             # row is greedy. A lax.cond / lax.switch on a device value makes XLA:GPU read it back
@@ -117,6 +132,14 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
             top_ids = jnp.zeros((raw.shape[0], 0), jnp.int32)
             top_logprobs = jnp.zeros((raw.shape[0], 0), jnp.float32)
     return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+
+
+def _suppress(logits, suppressed):
+    """logits with -inf at each row's suppressed ids (-1 entries drop out): rows under their
+    min_tokens cannot pick a stop token; with none, the logits are unchanged bit for bit."""
+    ids = jnp.where(suppressed < 0, logits.shape[-1], suppressed)  # out of range: dropped
+    rows = jnp.arange(logits.shape[0])[:, None]
+    return logits.at[rows, ids].set(-jnp.inf, mode="drop")
 
 
 def _draw(logits, batch, greedy):

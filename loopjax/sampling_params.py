@@ -80,6 +80,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # finish when one of these is generated
     stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed)
     ignore_eos: bool = False  # keep generating past the model's EOS token
+    min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
@@ -108,6 +109,9 @@ class SamplingParams:
         object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
+        _check_int("min_tokens", self.min_tokens, 0)
+        if self.min_tokens > self.max_tokens:
+            _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         self._check_exit()
@@ -214,7 +218,7 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
-    "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos",
+    "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
 })

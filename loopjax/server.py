@@ -53,8 +53,8 @@ log = logging.getLogger("loopjax.server")
 class _Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, stop: tuple[str, ...]):
-        self.index, self.tokenizer, self.stop = index, tokenizer, stop
+    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
+        self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
@@ -68,7 +68,8 @@ class _Choice:
         # NOTE: the engine reports submissions per output token; usage carries the total.
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.detokenizer is not None:
-            if self.detokenizer.update(self.token_ids, final=out.finished):
+            if self.detokenizer.update(self.token_ids, final=out.finished,
+                                       check_stop=len(self.token_ids) >= self.min_tokens):
                 self.finish_reason = "stop"
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
@@ -185,7 +186,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         prompts = parser.prompts(body, chat)
         params = parser.sampling(body, chat, prompts)
         streams = await submit_choices(body, prompts, params)
-        choices = [_Choice(i, tokenizer, params.stop) for i in range(len(streams))]
+        choices = [_Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}

@@ -205,6 +205,25 @@ def test_default_pool_holds_every_row_at_full_context(ouro_model):
     assert Engine(ouro_model, config).layout.num_pages == config.max_num_rows * 8
 
 
+def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
+    """A stop token the greedy output reaches at index 2 ends it there; with min_tokens=6 the
+    first 6 tokens cannot be it (the first two are the golden's), then it may end the output.
+    More stop ids than the sampler can suppress are refused at once, in one line."""
+    prompt, golden = ouro_ref["p0_input_ids"].tolist(), ouro_ref["p0_greedy_tokens"].tolist()
+    stop = golden[2]
+    assert stop not in golden[:2]
+    ouro_engine.add_request(prompt, greedy(12, stop_token_ids=(stop,)), "plain")
+    ouro_engine.add_request(prompt, greedy(12, stop_token_ids=(stop,), min_tokens=6), "held")
+    finals = run_all(ouro_engine)
+    assert finals["plain"].token_ids == golden[:3] and finals["plain"].finish_reason == "stop"
+    held = finals["held"].token_ids
+    assert held[:2] == golden[:2] and len(held) >= 6 and stop not in held[:6]
+    assert finals["held"].finish_reason == ("stop" if held[-1] == stop else "length")
+    with pytest.raises(ValueError, match="at most 8 stop token ids") as info:
+        ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(9)), min_tokens=2))
+    assert "\n" not in str(info.value)
+
+
 def test_earlier_outputs_keep_what_they_reported(ouro_engine, ouro_ref):
     """Each step's RequestOutput reports the tokens so far without copying them (Snapshots of
     the request's lists): later steps must not change what an earlier output holds."""

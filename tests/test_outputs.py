@@ -73,3 +73,15 @@ def test_stop_string_spanning_tokens_trims_the_text():
     assert stops.index(True) == len(tok.encode("abc 環境 ").ids) - 1  # at the stop's last byte
     assert detok.text == "abc 環" and detok.stopped
     assert not any(stops[stops.index(True) + 1:])  # reported once
+
+
+def test_stop_strings_wait_for_check_stop():
+    """Updates with check_stop False (before min_tokens) decode without searching; the next
+    update searches its own new text and a stop string ending there, not the text before."""
+    tok = byte_tokenizer()
+    ids = tok.encode("ab STOP cd STOP ef").ids
+    detok = IncrementalDetokenizer(tok, stop=("STOP",))
+    cut = len(tok.encode("ab STOP cd ST").ids)  # min_tokens falls inside the second STOP
+    assert not any(detok.update(ids[:n], check_stop=False) for n in range(1, cut))
+    assert [detok.update(ids[:n]) for n in range(cut, len(ids) + 1)].count(True) == 1
+    assert detok.text == "ab STOP cd " and detok.stopped

@@ -283,6 +283,8 @@ def test_defaults_and_normalisation():
     (dict(exit_trace=[1, 5], loops=4), "every exit_trace entry must be in [1, 4], got 5"),
     (dict(exit_trace=[]), "exit_trace must list at least one loop count"),
     (dict(exit_trace=[2], exit_criterion="kl"), "exit_trace and exit_criterion exclude each other"),
+    (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
+    (dict(min_tokens=5, max_tokens=4), "min_tokens (5) must not exceed max_tokens (4)"),
 ])
 def test_bad_params_give_one_line_errors(kw, msg):
     with pytest.raises(ValueError) as err:
@@ -314,6 +316,7 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({"logprobs": False}).logprobs is None
     assert SamplingParams.from_openai({}).max_tokens == 16
     assert SamplingParams.from_openai({"n": 3, "best_of": 3}).n == 3
+    assert SamplingParams.from_openai({"min_tokens": 4, "max_tokens": 8}).min_tokens == 4
 
 
 def test_fan_out_derives_one_seed_per_sample():
@@ -363,3 +366,23 @@ def test_sort_descending_matches_numpy_on_every_kind_of_float():
     x[2] = -np.abs(x[2])  # all negative
     got = np.asarray(jax.jit(sort_descending)(jnp.asarray(x)))
     np.testing.assert_array_equal(got, -np.sort(-x, axis=-1))
+
+
+def test_min_tokens_suppresses_stop_ids_until_then():
+    """Before its min_tokens a row cannot pick its stop ids (greedy or sampled), from then on
+    it can; its logprobs stay the model's (raw logits); rows without it are untouched."""
+    logits = np.zeros((3, 16), np.float32)
+    logits[:, 3], logits[:, 5], logits[:, 7] = 30.0, 20.0, 10.0  # 3 first, then 5, then 7
+    stop = dict(stop_token_ids=(3, 5), min_tokens=2)
+    greedy = SamplingParams(temperature=0.0, **stop)
+    sampled = SamplingParams(temperature=1.0, top_k=4, seed=3, **stop)
+    tokens, lp, *_ = run(logits, [greedy, greedy, SamplingParams(temperature=0.0)], steps=[1, 2, 0])
+    assert tokens.tolist() == [7, 3, 3]  # row 0 is at its token 1 (< 2): 3 and 5 suppressed
+    raw = jax.nn.log_softmax(jnp.asarray(logits[0]))
+    np.testing.assert_allclose(lp[0], raw[7], rtol=1e-6)
+    draws = [run(logits[:1], [dataclasses.replace(sampled, seed=s)], steps=[0])[0][0] for s in range(20)]
+    assert 3 not in draws and 5 not in draws
+    plain, *_ = run(logits, [SamplingParams(temperature=0.0)] * 3)
+    assert plain.tolist() == [3, 3, 3]
+    with pytest.raises(ValueError, match="at most 8 stop token ids"):
+        SamplingBatch.from_params([SamplingParams(stop_token_ids=tuple(range(9)), min_tokens=1)], 1, [0])
