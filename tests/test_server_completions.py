@@ -29,6 +29,16 @@ def test_completion_greedy_equals_generate(client, served_model):
         assert len(choice.exit_loops) == len(choice.token_ids)
 
 
+def test_min_tokens_and_stop_token_ids_pass_through(client):
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13, 17, 21], max_tokens=8, temperature=0,
+              extra_body={"ignore_eos": True})
+    first = client.completions.create(**kw).choices[0].token_ids[0]
+    stop = dict(kw, extra_body={"ignore_eos": True, "stop_token_ids": [first]})
+    assert client.completions.create(**stop).choices[0].token_ids == [first]
+    held = client.completions.create(**dict(stop, extra_body={**stop["extra_body"], "min_tokens": 5}))
+    assert len(held.choices[0].token_ids) >= 5 and first not in held.choices[0].token_ids[:5]
+
+
 def test_text_prompt_and_batch_of_prompts(client):
     r = client.completions.create(model=MODEL_NAME, prompt=["hello world", "the loop model"], max_tokens=4,
                                   temperature=0, extra_body={"ignore_eos": True})

@@ -38,8 +38,8 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     text = "héllo wörld ✓ done"
     ids = tok.encode(text).ids
 
-    def stream(stop):
-        choice, deltas = _Choice(0, tok, stop), []
+    def stream(stop, min_tokens=0):
+        choice, deltas = _Choice(0, tok, stop, min_tokens), []
         for n in range(1, len(ids) + 1):
             done = n == len(ids)
             out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
@@ -53,4 +53,7 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     assert "".join(deltas) == choice.text == text and not any("\ufffd" in d for d in deltas)
     assert choice.finish_reason == "length"
     deltas, choice = stream(("ld ✓",))  # the stop string is trimmed and never streamed
+    assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
+    # min_tokens: no stop string ends the text before that many tokens ("héllo w" holds two "l")
+    deltas, choice = stream(("l",), min_tokens=len(tok.encode("héllo w").ids))
     assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
