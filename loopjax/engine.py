@@ -38,7 +38,7 @@ from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
-from loopjax.sampling import MAX_SUPPRESSED_TOKENS
+from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
@@ -156,9 +156,7 @@ class Engine:
                                        params.exit_check_every)
         if not params.ignore_eos and self._eos:
             params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
-        if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
-            raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
-                             f"(EOS included), got {len(params.stop_token_ids)}")
+        check_suppressible(params)  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
         adaptive = extra.skip or extra.exit_spec is not None or extra.warm

@@ -80,11 +80,17 @@ class SamplingBatch:
         suppressed = np.full((num_rows, MAX_SUPPRESSED_TOKENS), -1, np.int32)
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
             if index < p.min_tokens:
-                if len(p.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
-                    raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token "
-                                     f"ids (EOS included), got {len(p.stop_token_ids)}")
+                check_suppressible(p)
                 suppressed[i, :len(p.stop_token_ids)] = p.stop_token_ids
         return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed)
+
+
+def check_suppressible(params: SamplingParams) -> None:
+    """One-line ValueError when params has min_tokens and more stop ids (EOS included, as the
+    engine adds it) than a row can suppress."""
+    if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
+        raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
+                         f"(EOS included), got {len(params.stop_token_ids)}")
 
 
 def row_keys(batch: SamplingBatch) -> jax.Array:
