@@ -41,6 +41,7 @@ except ImportError:  # NOTE: a checkout run with PYTHONPATH=. (kernels/ not inst
 # NOTE: not re-exported by the package (it imports the Mosaic GPU backend): loaded by path.
 MGPU = importlib.import_module(f"{K.__name__}.paged_attention_mgpu")
 KV_WRITE = importlib.import_module(f"{K.__name__}.kv_write")
+ROPE_WRITE = importlib.import_module(f"{K.__name__}.rope_kv_write")
 
 COPY_RATE = 4.1e12  # bytes/s, device-to-device copy on the H200 (docs/h200.md)
 TIME_BUDGET_S = 280.0  # later cases print "skipped"; run sections apart with --only
@@ -234,11 +235,13 @@ def bench_prefill(b: Bench, models, shapes, dtype, interpret, page_size):
 
 
 def check_kv_write(models, token_counts, dtype, interpret, page_size):
-    """The Pallas KV write kernel against XLA's scatter on this device (bitwise: both copy),
-    prompts' tokens in consecutive slots of scattered pages, a few dropped. Not timed here:
-    a timing loop would have to carry the pools, and XLA copies them there; the kernel's cost
-    is measured inside prefill steps (`python -m loopjax.bench.prefill --trace`)."""
-    for model, (_, hkv, d, *_) in models.items():
+    """The Pallas KV write kernels against XLA on this device (bitwise): the write against
+    XLA's scatter (both copy), and the RoPE + write from the projection's qkv against the
+    model's RoPE, then the scatter. Prompts' tokens in consecutive slots of scattered pages,
+    a few dropped. Not timed here: a timing loop would have to carry the pools, and XLA copies
+    them there; the kernels' cost is measured inside prefill steps (`python -m
+    loopjax.bench.prefill --trace`)."""
+    for model, (hq, hkv, d, _, _, rope_style) in models.items():
         for n in token_counts:
             key = jax.random.key(n)
             pages = -(-n // page_size)
@@ -247,11 +250,19 @@ def check_kv_write(models, token_counts, dtype, interpret, page_size):
             t = jnp.arange(n, dtype=jnp.int32)
             slots = page_of[t // page_size] * page_size + t % page_size
             slots = jnp.where(t % 97 == 5, (pages + 1) * page_size, slots)  # the drop slot
-            k, v, kc, vc = (jax.random.normal(jax.random.fold_in(key, i), s, dtype)
-                            for i, s in enumerate(((n, hkv, d), (n, hkv, d), shape, shape)))
+            k, v, kc, vc, qkv, bias = (
+                jax.random.normal(jax.random.fold_in(key, i), s, dtype) for i, s in enumerate(
+                    ((n, hkv, d), (n, hkv, d), shape, shape, (n, (hq + 2 * hkv) * d), (2, hq, d))))
             kern = functools.partial(KV_WRITE.write_kv_kernel, interpret=interpret)
             check = _bitwise_check(kern, K.write_kv, [(kc, vc, jnp.int32(2), slots, k, v)])
             print(f"{f'kv_write {model} N={n}':<44} {'pallas':<10} {check()}")
+            cos, sin = layers.rope_angles(t * 3 + 1, d, 10000.0)
+            qk_bias = bias if rope_style == "interleaved" else None
+            heads = dict(num_heads=hq, num_kv_heads=hkv, qk_bias=qk_bias)
+            kern = functools.partial(ROPE_WRITE.rope_write_kv, interpret=interpret, **heads)
+            ref = functools.partial(ROPE_WRITE.ref_rope_write_kv, **heads)
+            check = _bitwise_check(kern, ref, [(qkv, cos, sin, kc, vc, jnp.int32(2), slots)])
+            print(f"{f'rope_write_kv {model} N={n}':<44} {'pallas':<10} {check()}")
 
 
 def _pointwise_inputs(seed, n, hq, hkv, d, h, f, dtype):

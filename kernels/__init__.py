@@ -3,7 +3,8 @@ Installed as `loopjax.kernels`; see docs/design.md for the KV pool and attention
 
 GPU backend: Triton-lowered `pl.pallas_call` (jax 0.11.2); `interpret=True` runs a kernel
 on CPU. Attention kernels match their twin to fp32-accumulation tolerance; the pointwise
-kernels (rms_norm, norm_add_norm, add_norm_norm, rope, silu_mul) spell the twin's ops and casts to be
+kernels (rms_norm, norm_add_norm, add_norm_norm, rope, silu_mul) and the K/V writes
+(kv_write, rope_kv_write) spell the twin's ops and casts to be
 bitwise equal.
 """
 
@@ -22,6 +23,7 @@ from .rms_norm import (
     rms_norm_add,
 )
 from .rope import ref_rope_interleaved_qk, ref_rope_rotate_half_qk, rope_interleaved_qk, rope_rotate_half_qk
+from .rope_kv_write import ref_rope_write_kv, rope_write_kv
 from .silu_mul import ref_silu_f32_mul, ref_silu_mul, silu_f32_mul, silu_mul
 
 __all__ = [
@@ -39,12 +41,14 @@ __all__ = [
     "ref_rms_norm_add",
     "ref_rope_interleaved_qk",
     "ref_rope_rotate_half_qk",
+    "ref_rope_write_kv",
     "ref_silu_f32_mul",
     "ref_silu_mul",
     "rms_norm",
     "rms_norm_add",
     "rope_interleaved_qk",
     "rope_rotate_half_qk",
+    "rope_write_kv",
     "silu_f32_mul",
     "silu_mul",
     "write_kv",

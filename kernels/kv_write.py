@@ -26,13 +26,34 @@ from jax.experimental.pallas import triton as plgpu
 from ._common import next_pow2, one_lowering_per_config, resolve_interpret
 from .paged_attention import check_write_inputs, write_kv
 
-__all__ = ["ref_write_kv", "write_kv_kernel"]
+__all__ = ["block_slots", "ref_write_kv", "store_at_slots", "write_kv_kernel"]
 
 BLOCK_TOKENS = 32  # tokens per program: [32, 128] bf16 = 8 KB per load and store
 
 
 def ref_write_kv(k_cache, v_cache, plane, slot_mapping, k, v):
     return write_kv(k_cache, v_cache, plane, slot_mapping, k, v)
+
+
+def block_slots(slots_ref, t0, block_tokens: int, num_tokens: int, drop_slot: int):
+    """(slots [BT], keep [BT] bool) of tokens t0..t0+BT: a token past N reads the drop slot,
+    and only real tokens with a real slot are kept."""
+    rows = t0 + jax.lax.broadcasted_iota(jnp.int32, (block_tokens,), 0)
+    real = rows < num_tokens
+    slots = plgpu.load(slots_ref.at[pl.ds(t0, block_tokens)], mask=real, other=drop_slot)
+    return slots, real & (slots < drop_slot)
+
+
+def store_at_slots(out_ref, plane, head, slots, keep, value, c0: int, valid_cols: int):
+    """out_ref [planes, Hkv, P * S, D]: out[plane, head, slots[i], c0 + c] = value[i, c] for
+    the kept rows i and c < valid_cols; value [BT, W] (W a power of two on the GPU)."""
+    cols = jax.lax.broadcasted_iota(jnp.int32, value.shape, 1)
+    # Every index a [BT, W] array: one pointer per element on the GPU, a plain scatter in
+    # interpret mode. Dropped rows keep their out-of-bounds slot: masked on the GPU, dropped by
+    # the interpreter's scatter (a stand-in in-bounds slot could collide with a real row's there).
+    index = (jnp.full(cols.shape, plane), jnp.full(cols.shape, head),
+             jnp.broadcast_to(slots[:, None], cols.shape), cols + c0)
+    plgpu.store(out_ref.at[index], value, mask=keep[:, None] & (cols < valid_cols))
 
 
 def _kernel(plane_ref, slots_ref, k_ref, v_ref, k_in_ref, v_in_ref, k_out_ref, v_out_ref, *,
@@ -42,22 +63,13 @@ def _kernel(plane_ref, slots_ref, k_ref, v_ref, k_in_ref, v_in_ref, k_out_ref, v
     n, _, d = k_ref.shape
     width = d if interpret else next_pow2(d)  # NOTE: Triton tiles are powers of two
     t0, h = pl.program_id(0) * block_tokens, pl.program_id(1)
-    rows = t0 + jax.lax.broadcasted_iota(jnp.int32, (block_tokens,), 0)
-    real = rows < n
-    slots = plgpu.load(slots_ref.at[pl.ds(t0, block_tokens)], mask=real, other=drop_slot)
-    keep = real & (slots < drop_slot)
+    slots, keep = block_slots(slots_ref, t0, block_tokens, n, drop_slot)
+    rows = t0 + jax.lax.broadcasted_iota(jnp.int32, (block_tokens, width), 0)
     cols = jax.lax.broadcasted_iota(jnp.int32, (block_tokens, width), 1)
-    load_mask = real[:, None] & (cols < d)
-    store_mask = keep[:, None] & (cols < d)
-    # Every index a [block_tokens, width] array: one pointer per element on the GPU, a plain
-    # scatter in interpret mode. Dropped rows keep their out-of-bounds slot: masked on the GPU,
-    # dropped by the interpreter's scatter (a stand-in in-bounds slot could collide with a
-    # real row's there).
-    index = (jnp.full(cols.shape, plane_ref[0]), jnp.full(cols.shape, h),
-             jnp.broadcast_to(slots[:, None], cols.shape), cols)
+    load_mask = (rows < n) & (cols < d)
     for new_ref, out_ref in ((k_ref, k_out_ref), (v_ref, v_out_ref)):
         tile = plgpu.load(new_ref.at[pl.ds(t0, block_tokens), h, pl.ds(0, width)], mask=load_mask, other=0)
-        plgpu.store(out_ref.at[index], tile, mask=store_mask)
+        store_at_slots(out_ref, plane_ref[0], h, slots, keep, tile, 0, d)
 
 
 def write_kv_kernel(k_cache, v_cache, plane, slot_mapping, k, v, *, interpret: bool | None = None):

@@ -108,6 +108,17 @@ def kv_write_fn(attend):
     return importlib.import_module("loopjax.kernels.kv_write").write_kv_kernel
 
 
+def rope_write_fn(attend, layout):
+    """The kernel that rotates a step's q and k from the fused projection and writes its K/V
+    before `attend` reads them (`kernels/rope_kv_write.py`, one kernel for XLA's two RoPE
+    fusions, v's slice and the write), or None (the model rotates, then `kv_write_fn`). Only
+    beside the Pallas prefill kernel, and only for layouts with one plane per write (Ouro
+    'shared' writes a token into several planes)."""
+    if attend is not importlib.import_module(_PA).prefill_attention or layout.decode_page_planes:
+        return None
+    return importlib.import_module("loopjax.kernels.rope_kv_write").rope_write_kv
+
+
 def write_attention_fn(attend, layout):
     """The kernel that writes a decode step's K/V and attends in one call, where the step's
     attention function is `attend`, or None (write_kv first, then attend). Only the Mosaic GPU

@@ -276,15 +276,19 @@ class PagedAttention:
     def with_write_mask(self, mask) -> PagedAttention:
         return PagedAttention(self.layout, self.batch, self.backend, mask)
 
+    def _slots(self):
+        """The step's slot_mapping [N], with the write mask's tokens sent to the drop slot."""
+        if self.write_mask is None:
+            return self.batch.slot_mapping
+        return jnp.where(self.write_mask, self.batch.slot_mapping, self.layout.drop_slot)
+
+    def _attend_fn(self, group_size: int):
+        return attention_backend.step_attention_fn(self.backend, self.batch.decode, self.layout, group_size)
+
     def __call__(self, kv: KVPool, layer_id: int, depth, q, k, v):
-        plane, batch = self.layout.plane(layer_id, depth), self.batch
-        slots = batch.slot_mapping
-        if self.write_mask is not None:
-            slots = jnp.where(self.write_mask, slots, self.layout.drop_slot)
+        plane, batch, slots = self.layout.plane(layer_id, depth), self.batch, self._slots()
         k, v = k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype)
-        decode = batch.decode  # static: the step's kind, set by its builder (not N == R)
-        attend = attention_backend.step_attention_fn(self.backend, decode, self.layout,
-                                                     q.shape[1] // k.shape[1])
+        attend = self._attend_fn(q.shape[1] // k.shape[1])  # batch.decode: static, set by the step's builder
         write_attend = attention_backend.write_attention_fn(attend, self.layout)
         if write_attend is not None:  # NOTE: one kernel writes the K/V and attends (no scatters)
             out, k_layer, v_layer = write_attend(q, k, v, slots, kv.k[layer_id], kv.v[layer_id], plane,
@@ -293,6 +297,26 @@ class PagedAttention:
             k_layer, v_layer, read_plane = self._write(kv, layer_id, plane, slots, k, v, attend)
             out = attend(q, k_layer, v_layer, read_plane, batch.page_table, batch.row_of_token,
                          batch.positions)
+        return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
+
+    def _rope_write(self, rope):
+        attend = self._attend_fn(rope.num_heads // rope.num_kv_heads)
+        return attend, attention_backend.rope_write_fn(attend, self.layout)
+
+    def rotates_qkv(self, rope) -> bool:
+        """Whether this step takes the fused projection's qkv and rotates q and k in its K/V
+        write (`rotate_attend`): a prefill step beside the Pallas prefill kernel."""
+        return self._rope_write(rope)[1] is not None
+
+    def rotate_attend(self, kv: KVPool, layer_id: int, depth, qkv, rope):
+        """`__call__` on qkv [N, (Hq + 2*Hkv) * D] before RoPE (layers.QKVRope `rope`): one
+        kernel rotates q and k and writes k and v, then the step's attention reads them."""
+        attend, rope_write = self._rope_write(rope)
+        plane, batch = self.layout.plane(layer_id, depth), self.batch
+        q, k_layer, v_layer = rope_write(qkv, rope.cos, rope.sin, kv.k[layer_id], kv.v[layer_id], plane,
+                                         self._slots(), num_heads=rope.num_heads,
+                                         num_kv_heads=rope.num_kv_heads, qk_bias=rope.qk_bias)
+        out = attend(q, k_layer, v_layer, plane, batch.page_table, batch.row_of_token, batch.positions)
         return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
 
     def _write(self, kv: KVPool, layer_id: int, plane, slots, k, v, attend):

@@ -223,6 +223,38 @@ class AttentionBackend(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class QKVRope:
+    """A layer's RoPE of q and k, for a fused projection qkv [N, (Hq + 2*Hkv) * D] (columns [q |
+    k | v], head-major): Ouro's rotate-half (qk_bias None) or Huginn's interleaved pairs of q, k
+    + qk_bias [2, Hq, D]. cos, sin [N, D/2] fp32 (rope_angles)."""
+
+    cos: Any
+    sin: Any
+    num_heads: int
+    num_kv_heads: int
+    qk_bias: Any = None
+
+    def project(self, ops: Ops, x, w_qkv):
+        """(q [N, Hq, D], k [N, Hkv, D], v [N, Hkv, D]) of x @ w_qkv on `ops`."""
+        if self.qk_bias is None:
+            return ops.linear_rope_rotate_half_qkv(x, w_qkv, self.cos, self.sin, self.num_heads,
+                                                   self.num_kv_heads)
+        qkv = ops.linear(x, w_qkv)
+        q, k = ops.rope_interleaved_qk(qkv, self.qk_bias, self.cos, self.sin)
+        return q, k, split_qkv(qkv, self.num_heads, self.num_kv_heads)[2]
+
+
+def rotary_attention(attn: AttentionBackend, ops: Ops, kv, layer_id: int, depth, x, w_qkv, rope: QKVRope):
+    """A layer's attention from its input x [N, H]: project, rotate q and k, attend; (kv, out
+    [N, Hq, D]). A backend that rotates in its K/V write (`rotates_qkv(rope)`, the paged pool's
+    prefill on the Pallas kernels) gets the product's qkv instead of q, k, v."""
+    rotates = getattr(attn, "rotates_qkv", None)
+    if rotates is not None and rotates(rope):
+        return attn.rotate_attend(kv, layer_id, depth, ops.linear(x, w_qkv), rope)
+    return attn(kv, layer_id, depth, *rope.project(ops, x, w_qkv))
+
+
 class DenseCausal:
     """Cache-free backend for one sequence of N tokens at positions 0..N-1: each token sees
     the current plane's keys of itself and earlier tokens. `kv` passes through untouched."""

@@ -105,6 +105,60 @@ def test_paged_backend_matches_dense_causal():
     assert np.count_nonzero(np.any(written != 0, axis=(1, 2))) == 9
 
 
+@pytest.mark.parametrize("family", ["ouro", "huginn"])
+def test_prefill_rotates_in_the_kv_write_on_the_pallas_kernels(family):
+    """layers.rotary_attention on a prefill batch: with the Pallas backend the step's K/V write
+    takes the projection's qkv and rotates q and k itself (kernels/rope_kv_write.py); the pool
+    and the attention's output are bit for bit those of the model's RoPE, then the call on
+    (q, k, v). XLA's backend, a decode batch and Ouro's 'shared' layout keep the call. In bf16:
+    in f32 XLA's CPU fusion of the RoPE is 1 ulp apart from the same ops alone (pointwise_ops)."""
+    import dataclasses
+    import functools
+
+    import jax
+
+    from loopjax import layers
+    from loopjax.batch import RowInput
+    cfg = config.preset(f"{family}-tiny")
+    hq = cfg.num_heads
+    hkv = cfg.num_kv_heads if family == "ouro" else hq
+    d = cfg.head_dim
+    layout = kv_cache.make_layout(cfg, "per_loop", page_size=4, dtype=jnp.bfloat16, num_pages=8)
+    params = SamplingParams(temperature=0.0, seed=0)
+    rows = [RowInput([1] * 6, 0, [5, 2], True, 4, params), RowInput([1] * 3, 0, [7], True, 4, params)]
+    batch = jax_tree_asarray(build_step_batch(
+        rows, decode=False, num_rows=2, num_tokens=12, max_pages=3, page_size=4,
+        drop_slot=layout.drop_slot, loop_begin=0, loop_end=4, pad_slot=2))
+    rng = np.random.default_rng(3)
+    x = jnp.asarray(rng.normal(size=(12, cfg.hidden_size)), jnp.bfloat16)
+    w = jnp.asarray(rng.normal(size=(cfg.hidden_size, (hq + 2 * hkv) * d)) * 0.1, jnp.bfloat16)
+    cos, sin = layers.rope_angles(batch.positions, d, 10000.0)
+    bias = None if family == "ouro" else jnp.asarray(rng.normal(size=(2, hq, d)), jnp.bfloat16)
+    rope = layers.QKVRope(cos, sin, hq, hkv, bias)
+    layer_id = 1 if family == "ouro" else 2  # Huginn's first core layer: 4 planes
+    pool = kv_cache.allocate(layout)
+
+    def run(backend, rotate):
+        attn = kv_cache.PagedAttention(layout, batch, backend)
+        if rotate:
+            return layers.rotary_attention(attn, layers.XLA_OPS, pool, layer_id, 1, x, w, rope)
+        return attn(pool, layer_id, 1, *rope.project(layers.XLA_OPS, x, w))
+
+    jit = functools.partial(jax.jit, compiler_options=layers.IDENTITY_COMPILER_OPTIONS)
+    assert kv_cache.PagedAttention(layout, batch, "pallas").rotates_qkv(rope)
+    assert "loopjax_rope_write_kv" in str(jax.make_jaxpr(lambda: run("pallas", True))())
+    got, want = jit(lambda: run("pallas", True))(), jit(lambda: run("pallas", False))()
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    assert np.count_nonzero(np.asarray(got[0].k[layer_id])) > 0
+    assert not kv_cache.PagedAttention(layout, batch, "xla").rotates_qkv(rope)
+    decode = dataclasses.replace(batch, decode=True)
+    assert not kv_cache.PagedAttention(layout, decode, "pallas").rotates_qkv(rope)
+    if family == "ouro":
+        shared = kv_cache.make_layout(cfg, "shared", page_size=4, dtype=jnp.bfloat16, num_pages=8)
+        assert not kv_cache.PagedAttention(shared, batch, "pallas").rotates_qkv(rope)
+
+
 def jax_tree_asarray(tree):
     import jax
     return jax.tree.map(jnp.asarray, tree)

@@ -115,6 +115,34 @@ def test_write_kv_kernel_is_write_kv(planes, hkv, pages, page_size, d, n, dtype)
         assert (np.asarray(g) != np.asarray(before)).any()
 
 
+@pytest.mark.parametrize("n, hq, hkv, d, dtype, cache_dtype, bias, block_tokens", [
+    (7, 2, 1, 16, F32, F32, False, 4),  # GQA, fewer tokens than a block
+    (40, 4, 2, 128, BF16, BF16, False, None),  # Ouro's head_dim, two token blocks
+    (40, 3, 3, 96, BF16, BF16, True, None),  # Huginn's head_dim (masked to 128) and bias
+    (9, 2, 2, 16, BF16, F32, False, 4),  # a wider pool: rounded to qkv's dtype first
+    (9, 2, 2, 32, F32, F32, True, 8),
+])
+def test_rope_write_kv_is_rope_then_write_kv(n, hq, hkv, d, dtype, cache_dtype, bias, block_tokens):
+    """The RoPE + K/V write kernel returns the model's rotated q and stores its rotated k and v
+    exactly where write_kv stores them (padding tokens dropped, the rest of the pool kept)."""
+    rs = np.random.default_rng(n + d)
+    qkv = _rand(rs, (n, (hq + 2 * hkv) * d), dtype)
+    cos, sin = layers.rope_angles(jnp.arange(n) * 37 + 5, d, 10000.0)
+    pages = n // 2 + 3
+    kc, vc = _pool(rs, 3, hkv, pages, 4, d, cache_dtype)
+    slots = np.asarray(rs.permutation(pages * 4)[:n], np.int32)
+    slots[::3] = pages * 4  # padding tokens
+    heads = dict(num_heads=hq, num_kv_heads=hkv, qk_bias=_rand(rs, (2, hq, d), dtype) if bias else None)
+    args = (qkv, cos, sin, kc, vc, jnp.int32(1), jnp.asarray(slots))
+    kern = functools.partial(K.rope_write_kv, block_tokens=block_tokens or 32, interpret=True, **heads)
+    got = jax.jit(kern, donate_argnums=(3, 4))(*args[:3], jnp.array(kc), jnp.array(vc), *args[5:])
+    want = _jit_twin(functools.partial(K.ref_rope_write_kv, **heads))(*args)
+    for g, w in zip(got, want, strict=True):
+        _same(g, w)
+    for g, before in zip(got[1:], (kc, vc), strict=True):
+        assert (np.asarray(g) != np.asarray(before)).any()
+
+
 # ------------------------------------------------------------------ paged decode kernel
 
 DECODE_CASES = [  # n, hq, hkv, d, page_size, max_pages, dtype, num_splits, pages_per_block
@@ -361,6 +389,13 @@ def test_bad_inputs_raise():
         K.rope_rotate_half_qk(z((2, 50)), z((2, 8)), z((2, 8)), num_heads=2, num_kv_heads=1)
     with pytest.raises(ValueError, match="cos"):
         K.ref_rope_interleaved_qk(z((2, 96)), z((2, 2, 16)), z((2, 4)), z((2, 8)))
+    cs = z((2, 8))
+    with pytest.raises(ValueError, match="needs num_kv_heads == num_heads"):
+        K.rope_write_kv(z((2, 64)), cs, cs, kc, vc, plane, z((2,), jnp.int32), num_heads=2, num_kv_heads=1,
+                        qk_bias=z((2, 2, 16)))
+    with pytest.raises(ValueError, match="k must be"):  # qkv's kv heads against the pool's
+        K.ref_rope_write_kv(z((2, 80)), cs, cs, kc, vc, plane, z((2,), jnp.int32), num_heads=3,
+                            num_kv_heads=1)
 
 
 # ------------------------------------------------------------------ CUDA lowering (no GPU)
@@ -379,6 +414,11 @@ def _attn_shapes(n, hq, hkv, d, rows=8, dtype=BF16):
     pool = S((4, hkv, 512, 16, d), dtype)
     i32 = jnp.int32
     return (S((n, hq, d), dtype), pool, pool, S((), i32), S((rows, 64), i32), S((n,), i32), S((n,), i32))
+
+
+def _rope_write_bias_last(*args, **kwargs):
+    """rope_write_kv with qk_bias as the last positional argument (a traced input)."""
+    return K.rope_write_kv(*args[:-1], qk_bias=args[-1], **kwargs)
 
 
 def _lowering_cases():
@@ -415,6 +455,14 @@ def _lowering_cases():
         pool, new, i32 = S((4, hkv, 512, 16, d), BF16), S((300, hkv, d), BF16), jnp.int32
         write_args = (pool, pool, S((), i32), S((300,), i32), new, new)
         yield f"kv_write-{model}", KV_WRITE.write_kv_kernel, write_args
+        heads = dict(num_heads=hq, num_kv_heads=hkv)
+        qkv, cs300 = S((300, (hq + 2 * hkv) * d), BF16), S((300, d // 2), F32)
+        rope_args = (qkv, cs300, cs300, pool, pool, S((), i32), S((300,), i32))
+        if model == "ouro":
+            yield "rope_write_kv-ouro", functools.partial(K.rope_write_kv, **heads), rope_args
+        else:
+            bias_last = functools.partial(_rope_write_bias_last, **heads)
+            yield "rope_write_kv-huginn", bias_last, (*rope_args, S((2, hq, d), BF16))
     yield "decode-gqa4-f32", K.paged_attention, _attn_shapes(4, 8, 2, 16, dtype=F32)
 
 

@@ -9,8 +9,9 @@
 Every layer is a sandwich block: x = norm_2(x + attn(norm_1 x)); x = norm_4(x + mlp(norm_3 x));
 a layer's norm_1 runs with the previous layer's norm_4 as one op (`_stack`).
 Attention: fused Wqkv (columns [q | k | v], head-major), qk_bias added to q and k before RoPE,
-interleaved-pair RoPE in fp32, no GQA. The model calls the attention backend as
-`attn(kv, layer_id, depth, q, k, v)` with cache-layer ids prelude i -> i, core j -> P + j,
+interleaved-pair RoPE in fp32, no GQA. The model calls the attention backend through
+`layers.rotary_attention` (as `attn(kv, layer_id, depth, q, k, v)`, or with the projection's
+qkv where the backend rotates in its K/V write) with cache-layer ids prelude i -> i, core j -> P + j,
 coda i -> P + R + i; `depth` is the loop index for core layers and 0 elsewhere.
 
 Shapes: tokens packed on the first axis (`x [N, H]`); cos, sin [N, D/2] fp32 from
@@ -29,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import HuginnConfig
-from loopjax.layers import XLA_OPS, DenseCausal, rms_norm, rope_angles
+from loopjax.layers import XLA_OPS, DenseCausal, QKVRope, rms_norm, rope_angles, rotary_attention
 
 # ---------------------------------------------------------------- params
 
@@ -109,11 +110,9 @@ def _block(layer, cfg: HuginnConfig, x, x_normed, next_norm, cos, sin, attn, kv,
     (x, None) without a next norm: each branch's closing norm and the next branch's input norm
     are one op (ops.linear_add_norm_norm), which a kernel runs in one pass."""
     n, eps = x.shape[0], cfg.norm_eps
-    qkv = ops.linear(x_normed, layer["wqkv"])
     # NOTE: the bias goes on before RoPE (the reference adds it to the projected q, k).
-    q, k = ops.rope_interleaved_qk(qkv, layer["qk_bias"], cos, sin)
-    v = qkv[:, 2 * cfg.num_heads * cfg.head_dim:].reshape(n, cfg.num_heads, cfg.head_dim)
-    kv, out = attn(kv, layer_id, depth, q, k, v)
+    rope = QKVRope(cos, sin, cfg.num_heads, cfg.num_heads, layer["qk_bias"])
+    kv, out = rotary_attention(attn, ops, kv, layer_id, depth, x_normed, layer["wqkv"], rope)
     x, x_normed = ops.linear_add_norm_norm(out.reshape(n, cfg.hidden_size), layer["wo"], x,
                                            layer["norm_2"], layer["norm_3"], eps)
     act = ops.linear_silu_mul(x_normed, layer["w_gate_up"])  # w_gate_up's columns: [gate | up]

@@ -28,7 +28,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import OuroConfig
-from loopjax.layers import IDENTITY_COMPILER_OPTIONS, XLA_OPS, DenseCausal, linear, rope_angles, silu_mul
+from loopjax.layers import (
+    IDENTITY_COMPILER_OPTIONS,
+    XLA_OPS,
+    DenseCausal,
+    QKVRope,
+    linear,
+    rope_angles,
+    rotary_attention,
+    silu_mul,
+)
 
 # Std of the normal the random (benchmark) weights are drawn from (HF's initializer_range).
 INIT_STD = 0.02
@@ -93,9 +102,8 @@ def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, laye
     n, eps = x.shape[0], cfg.rms_norm_eps
     q_dim = cfg.num_heads * cfg.head_dim
     with jax.named_scope("attention"):
-        q, k, v = ops.linear_rope_rotate_half_qkv(x_normed, lp["wqkv"], cos, sin, cfg.num_heads,
-                                                  cfg.num_kv_heads)
-        kv, out = attn(kv, layer_id, depth, q, k, v)
+        rope = QKVRope(cos, sin, cfg.num_heads, cfg.num_kv_heads)
+        kv, out = rotary_attention(attn, ops, kv, layer_id, depth, x_normed, lp["wqkv"], rope)
         x, x_normed = ops.linear_norm_add_norm(out.reshape(n, q_dim), lp["wo"], x,
                                                lp["attn_norm_2"], lp["mlp_norm"], eps)
     with jax.named_scope("mlp"):
