@@ -11,8 +11,9 @@ padding; extra contract of this kernel: each row's tokens are contiguous in the 
 (at most R + 1 runs of equal row_of_token, a padding run included).
 
 The packed tokens are cut into query blocks of at most `block_q` tokens of one run; one
-program per (query block, q head) walks key blocks 0..max position of its block with an
-online fp32 softmax (Triton-lowered `pl.pallas_call`, tensor-core dots).
+program per (q head, query block) walks key blocks 0..max position of its block with an
+online fp32 softmax (Triton-lowered `pl.pallas_call`, tensor-core dots). Blocks run heaviest
+first (`heaviest_first`).
 `ref_prefill_attention` is ref_paged_attention.
 """
 
@@ -37,7 +38,7 @@ from ._common import (
 )
 from .paged_attention import check_paged_inputs, ref_paged_attention, require_scalar_plane
 
-__all__ = ["prefill_attention", "query_blocks", "ref_prefill_attention", "shape_problem"]
+__all__ = ["heaviest_first", "prefill_attention", "query_blocks", "ref_prefill_attention", "shape_problem"]
 
 
 def ref_prefill_attention(q, k_cache, v_cache, plane, page_table, row_of_token, positions):
@@ -75,7 +76,7 @@ def _kernel(
     pages_per_block: int,
     group: int,
 ):
-    b, h = pl.program_id(0), pl.program_id(1)
+    h, b = pl.program_id(0), pl.program_id(1)
     n = row_ref.shape[0]
     d, s = k_ref.shape[4], k_ref.shape[3]
     block_k = pages_per_block * s
@@ -122,6 +123,17 @@ def _kernel(
         _, l_i, accs = jax.lax.fori_loop(0, num_kb, body, init)
         for (off, sz), a in zip(chunks, accs, strict=True):
             store_tile(o_ref, t0, h * d + off, (a / l_i[:, None]).astype(dtype), t1, sz)
+
+
+def heaviest_first(starts, ends, positions):
+    """query_blocks' (starts, ends) reordered by decreasing work: a block walks key blocks up
+    to its last token's position, so a prompt's last block walks the most; unused blocks go
+    last. The grid launches them in this order, so the longest programs start first instead of
+    ending the grid alone."""
+    n = positions.shape[0]
+    work = jnp.where(starts < n, positions[jnp.clip(ends - 1, 0, n - 1)] + 1, 0)
+    order = jnp.argsort(-work, stable=True)
+    return starts[order], ends[order]
 
 
 def shape_problem(page_size: int, head_dim: int, *, block_q: int = 64, block_k: int = 64) -> str | None:
@@ -175,12 +187,12 @@ def _prefill_call(q, k_cache, v_cache, plane, page_table, row_of_token, position
     m_pad = -(-m // pages_per_block) * pages_per_block
     if m_pad != m:  # NOTE: padded entries are never read as keys (masked by position).
         page_table = jnp.pad(page_table, ((0, 0), (0, m_pad - m)))
-    starts, ends = query_blocks(row_of_token, r, block_q)
+    starts, ends = heaviest_first(*query_blocks(row_of_token, r, block_q), positions)
     kernel = functools.partial(_kernel, block_q=block_q, pages_per_block=pages_per_block, group=hq // hkv)
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((n, hq * d), q.dtype),
-        grid=(starts.shape[0], hq),
+        grid=(hq, starts.shape[0]),  # NOTE: axis 0 launches fastest: a block's every head, then the next
         compiler_params=compiler_params(num_warps, num_stages),
         interpret=interpret,
         name="loopjax_paged_prefill",

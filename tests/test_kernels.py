@@ -18,7 +18,7 @@ from jax.sharding import AbstractDevice, AbstractMesh, AxisType
 
 from loopjax import kernels as K
 from loopjax import layers
-from loopjax.kernels.prefill_attention import query_blocks
+from loopjax.kernels.prefill_attention import heaviest_first, query_blocks
 
 KV_WRITE = importlib.import_module("loopjax.kernels.kv_write")
 
@@ -237,6 +237,11 @@ def test_query_blocks_cut_runs_and_block_size():
     starts, ends = query_blocks(jnp.asarray([0, 0, 0, 1, 1, 2, 2, 2, 2, 2], jnp.int32), 3, 2)
     assert starts.tolist() == [0, 2, 3, 5, 7, 9, 10, 10, 10]
     assert ends.tolist() == [2, 3, 5, 7, 9, 10, 10, 10, 10]
+    positions = jnp.asarray([0, 1, 2, 0, 1, 4, 5, 6, 7, 8], jnp.int32)  # row 2 a chunk after 4 cached
+    starts, ends = heaviest_first(starts, ends, positions)
+    # work (last position + 1): 2, 3, 2, 6, 8, 9, then the unused blocks; ties keep their order
+    assert starts.tolist() == [9, 7, 5, 2, 0, 3, 10, 10, 10]
+    assert ends.tolist() == [10, 9, 7, 3, 2, 5, 10, 10, 10]
 
 
 # ------------------------------------------------------------------ pointwise: bitwise
