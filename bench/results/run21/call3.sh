@@ -1,0 +1,16 @@
+# Run 21 call 3 (tree with the prefill's heaviest-first blocks, 8d0d5bd's successor): the prefill
+# attention's block sizes in that order (probe), then end to end on the tree.
+set -u
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
+python3 -m pip install -q --no-deps --no-build-isolation -e . >/dev/null 2>&1
+timeout 150 python3 -m loopjax.bench.probes.prefill_attn_sweep > /tmp/sweep.log 2>&1
+echo "== sweep rc=$?"; cat /tmp/sweep.log | cut -c1-140
+B="--workload burst -P 512 -O 128 --max-context-len 1024 --kv-memory-bytes 68719476736 --no-progress --max-seconds 90"
+b() { tag=$1; shift
+  timeout 120 python3 -m loopjax.bench.cli "$@" $B --out /tmp/$tag.json > /tmp/$tag.log 2>&1
+  echo "== $tag rc=$?"; grep -E "burst on|warm-up|compil" /tmp/$tag.log | cut -c1-170 | head -6; }
+b b32_1 ouro-1.4b -C 32 32 32
+b b32_2 ouro-1.4b -C 32 32 32
+b b128 ouro-1.4b -C 128 128 --max-num-rows 128
+b huginn8 huginn-0125 -C 8 8 8
+cd /tmp && tar czf $OUT/call3.tgz *.log *.json
