@@ -286,9 +286,12 @@ class PagedAttention:
         return attention_backend.step_attention_fn(self.backend, self.batch.decode, self.layout, group_size)
 
     def __call__(self, kv: KVPool, layer_id: int, depth, q, k, v):
+        return self._attend(kv, layer_id, depth, q, k, v, self._attend_fn(q.shape[1] // k.shape[1]))
+
+    def _attend(self, kv: KVPool, layer_id: int, depth, q, k, v, attend):
+        """`__call__` with the step's attention function `attend` chosen."""
         plane, batch, slots = self.layout.plane(layer_id, depth), self.batch, self._slots()
         k, v = k.astype(kv.k[layer_id].dtype), v.astype(kv.v[layer_id].dtype)
-        attend = self._attend_fn(q.shape[1] // k.shape[1])  # batch.decode: static, set by the step's builder
         write_attend = attention_backend.write_attention_fn(attend, self.layout)
         if write_attend is not None:  # NOTE: one kernel writes the K/V and attends (no scatters)
             out, k_layer, v_layer = write_attend(q, k, v, slots, kv.k[layer_id], kv.v[layer_id], plane,
@@ -299,22 +302,18 @@ class PagedAttention:
                          batch.positions)
         return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)
 
-    def _rope_write(self, rope):
-        attend = self._attend_fn(rope.num_heads // rope.num_kv_heads)
-        return attend, attention_backend.rope_write_fn(attend, self.layout)
-
-    def rotates_qkv(self, rope) -> bool:
-        """Whether this step takes the fused projection's qkv and rotates q and k in its K/V
-        write (`rotate_attend`): a prefill step beside the Pallas prefill kernel."""
-        return self._rope_write(rope)[1] is not None
-
-    def rotate_attend(self, kv: KVPool, layer_id: int, depth, qkv, rope):
-        """`__call__` on qkv [N, (Hq + 2*Hkv) * D] before RoPE (layers.QKVRope `rope`): one
-        kernel rotates q and k and writes k and v, then the step's attention reads them."""
-        attend, rope_write = self._rope_write(rope)
+    def attend_projected(self, kv: KVPool, layer_id: int, depth, ops, x, w_qkv, rope):
+        """`__call__` from a layer's normed input x [N, H] and fused projection w_qkv
+        (layers.rotary_attention): beside the Pallas prefill kernel, `ops.linear`'s qkv goes to
+        one kernel that rotates q and k and writes k and v (attention_backend.rope_write_fn);
+        otherwise the model's own projection and RoPE (`rope.project`), then `__call__`."""
+        attend = self._attend_fn(rope.num_heads // rope.num_kv_heads)  # batch.decode: static
+        rope_write = attention_backend.rope_write_fn(attend, self.layout)
+        if rope_write is None:
+            return self._attend(kv, layer_id, depth, *rope.project(ops, x, w_qkv), attend)
         plane, batch = self.layout.plane(layer_id, depth), self.batch
-        q, k_layer, v_layer = rope_write(qkv, rope.cos, rope.sin, kv.k[layer_id], kv.v[layer_id], plane,
-                                         self._slots(), num_heads=rope.num_heads,
+        q, k_layer, v_layer = rope_write(ops.linear(x, w_qkv), rope.cos, rope.sin, kv.k[layer_id],
+                                         kv.v[layer_id], plane, self._slots(), num_heads=rope.num_heads,
                                          num_kv_heads=rope.num_kv_heads, qk_bias=rope.qk_bias)
         out = attend(q, k_layer, v_layer, plane, batch.page_table, batch.row_of_token, batch.positions)
         return kv.replace_layer(layer_id, k_layer, v_layer), out.astype(q.dtype)

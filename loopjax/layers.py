@@ -219,7 +219,9 @@ def causal_attention(q, k, v, mask):
 class AttentionBackend(Protocol):
     def __call__(self, kv: Any, layer_id: int, plane, q, k, v) -> tuple[Any, jax.Array]:
         """Store k, v for (layer_id, plane) if the backend caches, attend, return (kv, out).
-        q [N, Hq, D], k/v [N, Hkv, D] after RoPE; out [N, Hq, D]."""
+        q [N, Hq, D], k/v [N, Hkv, D] after RoPE; out [N, Hq, D]. A backend may also define
+        `attend_projected(kv, layer_id, plane, ops, x, w_qkv, rope)`, the same from the layer's
+        normed input (rotary_attention calls it where it exists)."""
         ...
 
 
@@ -246,12 +248,12 @@ class QKVRope:
 
 
 def rotary_attention(attn: AttentionBackend, ops: Ops, kv, layer_id: int, depth, x, w_qkv, rope: QKVRope):
-    """A layer's attention from its input x [N, H]: project, rotate q and k, attend; (kv, out
-    [N, Hq, D]). A backend that rotates in its K/V write (`rotates_qkv(rope)`, the paged pool's
-    prefill on the Pallas kernels) gets the product's qkv instead of q, k, v."""
-    rotates = getattr(attn, "rotates_qkv", None)
-    if rotates is not None and rotates(rope):
-        return attn.rotate_attend(kv, layer_id, depth, ops.linear(x, w_qkv), rope)
+    """A layer's attention from its normed input x [N, H]: project, rotate q and k, attend;
+    (kv, out [N, Hq, D]). A backend with `attend_projected` (the paged pool's) takes the
+    projection itself: its prefill on the Pallas kernels rotates q and k in its K/V write."""
+    attend_projected = getattr(attn, "attend_projected", None)
+    if attend_projected is not None:
+        return attend_projected(kv, layer_id, depth, ops, x, w_qkv, rope)
     return attn(kv, layer_id, depth, *rope.project(ops, x, w_qkv))
 
 

@@ -138,25 +138,26 @@ def test_prefill_rotates_in_the_kv_write_on_the_pallas_kernels(family):
     layer_id = 1 if family == "ouro" else 2  # Huginn's first core layer: 4 planes
     pool = kv_cache.allocate(layout)
 
-    def run(backend, rotate):
+    def run(backend, rotate, layout=layout, batch=batch):
         attn = kv_cache.PagedAttention(layout, batch, backend)
         if rotate:
             return layers.rotary_attention(attn, layers.XLA_OPS, pool, layer_id, 1, x, w, rope)
         return attn(pool, layer_id, 1, *rope.project(layers.XLA_OPS, x, w))
 
+    def rotates(*args, **kwargs):
+        return "loopjax_rope_write_kv" in str(jax.make_jaxpr(lambda: run(*args, **kwargs))())
+
     jit = functools.partial(jax.jit, compiler_options=layers.IDENTITY_COMPILER_OPTIONS)
-    assert kv_cache.PagedAttention(layout, batch, "pallas").rotates_qkv(rope)
-    assert "loopjax_rope_write_kv" in str(jax.make_jaxpr(lambda: run("pallas", True))())
+    assert rotates("pallas", True)
     got, want = jit(lambda: run("pallas", True))(), jit(lambda: run("pallas", False))()
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a, np.float32), np.asarray(b, np.float32))
     assert np.count_nonzero(np.asarray(got[0].k[layer_id])) > 0
-    assert not kv_cache.PagedAttention(layout, batch, "xla").rotates_qkv(rope)
-    decode = dataclasses.replace(batch, decode=True)
-    assert not kv_cache.PagedAttention(layout, decode, "pallas").rotates_qkv(rope)
+    assert not rotates("xla", True)
+    assert not rotates("pallas", True, batch=dataclasses.replace(batch, decode=True))
     if family == "ouro":
         shared = kv_cache.make_layout(cfg, "shared", page_size=4, dtype=jnp.bfloat16, num_pages=8)
-        assert not kv_cache.PagedAttention(shared, batch, "pallas").rotates_qkv(rope)
+        assert not rotates("pallas", True, layout=shared)
 
 
 def jax_tree_asarray(tree):
