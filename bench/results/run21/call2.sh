@@ -1,4 +1,4 @@
-# Run 21 call 2 (tree 8d0d5bd-ish: the prefill attention's query blocks heaviest first; the
+# Run 21 call 2 (tree 4546bd3: the prefill attention's query blocks heaviest first; the
 # tree before it, 4a1fcce, shipped as _base/). Prefill steps traced, A/B; and the pointwise
 # kernels (norms, SiLU*up) against XLA's fusions at a prefill step's 2,048 tokens.
 set -u

@@ -1,4 +1,4 @@
-# Run 21 call 3 (tree with the prefill's heaviest-first blocks, 8d0d5bd's successor): the prefill
+# Run 21 call 3 (tree 4546bd3, the prefill attention's heaviest-first blocks): the prefill
 # attention's block sizes in that order (probe), then end to end on the tree.
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_MEM_FRACTION=0.92
