@@ -108,19 +108,15 @@ def kv_write_fn(attend):
     return importlib.import_module("loopjax.kernels.kv_write").write_kv_kernel
 
 
-def rope_write_fn(attend, layout, interleaved: bool):
+def rope_write_fn(attend, layout):
     """The kernel that rotates a step's q and k from the fused projection and writes its K/V
     before `attend` reads them (`kernels/rope_kv_write.py`, one kernel for XLA's two RoPE
-    fusions, v's slice and the write), or None (the model rotates, then `kv_write_fn` or
-    `write_attention_fn`). Beside the Pallas prefill kernel; beside the Mosaic GPU decode kernel
-    for the interleaved RoPE (Huginn's: Ouro's decode products run theirs in the product's
-    epilogue, matmul_ops). Only for layouts with one plane per write (Ouro 'shared' writes a
-    token into several planes)."""
-    if layout.decode_page_planes:
+    fusions, v's slice and the write), or None (the model rotates, then `kv_write_fn`). Only
+    beside the Pallas prefill kernel, and only for layouts with one plane per write (Ouro
+    'shared' writes a token into several planes)."""
+    if attend is not importlib.import_module(_PA).prefill_attention or layout.decode_page_planes:
         return None
-    fits = attend is importlib.import_module(_PA).prefill_attention or (
-        interleaved and attend is importlib.import_module(_MGPU).paged_attention_mgpu)
-    return importlib.import_module("loopjax.kernels.rope_kv_write").rope_write_kv if fits else None
+    return importlib.import_module("loopjax.kernels.rope_kv_write").rope_write_kv
 
 
 def write_attention_fn(attend, layout):

@@ -304,12 +304,11 @@ class PagedAttention:
 
     def attend_projected(self, kv: KVPool, layer_id: int, depth, ops, x, w_qkv, rope):
         """`__call__` from a layer's normed input x [N, H] and fused projection w_qkv
-        (layers.rotary_attention): where attention_backend.rope_write_fn has a kernel for the
-        step (prefill on the Pallas kernel; Huginn's decode on the Mosaic one), `ops.linear`'s
-        qkv goes to one kernel that rotates q and k and writes k and v, then the attention reads
-        them; otherwise the model's own projection and RoPE (`rope.project`), then `__call__`."""
+        (layers.rotary_attention): beside the Pallas prefill kernel, `ops.linear`'s qkv goes to
+        one kernel that rotates q and k and writes k and v (attention_backend.rope_write_fn);
+        otherwise the model's own projection and RoPE (`rope.project`), then `__call__`."""
         attend = self._attend_fn(rope.num_heads // rope.num_kv_heads)  # batch.decode: static
-        rope_write = attention_backend.rope_write_fn(attend, self.layout, rope.qk_bias is not None)
+        rope_write = attention_backend.rope_write_fn(attend, self.layout)
         if rope_write is None:
             return self._attend(kv, layer_id, depth, *rope.project(ops, x, w_qkv), attend)
         plane, batch = self.layout.plane(layer_id, depth), self.batch
