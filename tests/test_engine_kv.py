@@ -110,7 +110,7 @@ def test_prefill_rotates_in_the_kv_write_on_the_pallas_kernels(family):
     """layers.rotary_attention on a prefill batch: with the Pallas backend the step's K/V write
     takes the projection's qkv and rotates q and k itself (kernels/rope_kv_write.py); the pool
     and the attention's output are bit for bit those of the model's RoPE, then the call on
-    (q, k, v). XLA's backend, a decode batch and Ouro's 'shared' layout keep the call. In bf16:
+    (q, k, v). XLA's backend, decode batches and Ouro's 'shared' layout keep the call. In bf16:
     in f32 XLA's CPU fusion of the RoPE is 1 ulp apart from the same ops alone (pointwise_ops)."""
     import dataclasses
     import functools
@@ -158,6 +158,15 @@ def test_prefill_rotates_in_the_kv_write_on_the_pallas_kernels(family):
     if family == "ouro":
         shared = kv_cache.make_layout(cfg, "shared", page_size=4, dtype=jnp.bfloat16, num_pages=8)
         assert not rotates("pallas", True, layout=shared)
+    # Nor does a decode step on the Mosaic kernel (it writes in the attention kernel; Huginn's
+    # decode with the rotating write was 0.4% slower, bench/RESULTS.md run 21).
+    layout8 = kv_cache.make_layout(cfg, "per_loop", page_size=8, dtype=jnp.bfloat16, num_pages=4)
+    drows = [RowInput([1], 9, [3, 1], True, 4, params, decoded=True)] * 2
+    decode = jax_tree_asarray(build_step_batch(
+        drows, decode=True, num_rows=2, num_tokens=2, max_pages=2, page_size=8,
+        drop_slot=layout8.drop_slot, loop_begin=0, loop_end=4, pad_slot=2))
+    x, rope, pool = x[:2], layers.QKVRope(cos[:2], sin[:2], hq, hkv, bias), kv_cache.allocate(layout8)
+    assert not rotates("pallas_mgpu", True, layout=layout8, batch=decode)
 
 
 def jax_tree_asarray(tree):
