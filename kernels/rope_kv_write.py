@@ -16,7 +16,9 @@ application beside the write's 7.2 (bench/RESULTS.md run 16): each read its part
 wrote it back once more. Here one program per (block of `block_tokens` tokens, head of q, k or
 v) reads its [BT, D] tile of qkv once: a q head is rotated and stored to q, a k head rotated
 and stored at its tokens' slots, a v head stored there as it is. The pools are aliased in and
-out (XLA updates them in place).
+out (XLA updates them in place). Run 21: 24.5 -> 13.1 us per layer application (Ouro-1.4B,
+4 x 512), 92.8 -> 46.9 (Huginn-0125). Decode steps keep their own RoPE (there the Mosaic
+kernel writes K/V inside the attention; Huginn's decode with this kernel was 0.4% slower).
 """
 
 from __future__ import annotations
