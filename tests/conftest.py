@@ -5,13 +5,48 @@ word-level tokenizer and a ChatML template (tests/server_helpers.py), prefix cac
 built once per session: the engine's start-up compilation dominates these tests' time, and
 every server test file shares it. Tests leave it idle and its settings as they found them.
 Imports are inside the fixtures: other test files need neither the serve extras nor a server.
+
+Every test shares one JAX persistent compilation cache (`compilation_cache`): many tests build
+engines of the same tiny configurations, and a hit loads the executable instead of compiling
+it again. pytest-xdist's workers (pyproject's addopts) share it too. Tests of compile timing
+turn it off (`no_compilation_cache`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compilation_cache(tmp_path_factory):
+    """JAX's persistent compilation cache in this run's temporary folder (under pytest-xdist,
+    the folder above each worker's own, so that the workers share it)."""
+    from loopjax.compilation import use_compilation_cache
+
+    base = tmp_path_factory.getbasetemp()
+    run_dir = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    # NOTE: no size bound, which would turn on the cache's file lock and a scan of the whole
+    # folder at every write (O(entries^2) over a run). Without the lock, a worker may read an
+    # entry the other is still writing: JAX then warns and compiles it (a slower test, never
+    # a wrong executable: a truncated entry fails to decompress).
+    use_compilation_cache(str(run_dir / "jax-compilation-cache"))
+
+
+@pytest.fixture
+def no_compilation_cache():
+    """The persistent cache off for one test of compile timing (an earlier test may have
+    compiled the same executables), then on again."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    jax_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", True)
+    jax_cache.reset_cache()
 
 
 @pytest.fixture(scope="session")

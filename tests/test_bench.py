@@ -192,7 +192,7 @@ def _load(path):
         return json.load(f)
 
 
-def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch):
+def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilation_cache):
     # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
     for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
         monkeypatch.setitem(sys.modules, name, None)  # `import name` now raises ImportError
@@ -214,7 +214,7 @@ def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch):
     assert f"slowest: {slowest['label']} {slowest['seconds']:.1f} s" in printed
 
 
-def test_bench_compare_prefix_cache(tmp_path, capsys):
+def test_bench_compare_prefix_cache(tmp_path, capsys, no_compilation_cache):
     """Sessions with the cache off then on, one engine: same prompts and greedy outputs, the
     second turns hit the first turns' full page (16 of 27 tokens), ratios of both runs."""
     out = str(tmp_path / "compare.json")

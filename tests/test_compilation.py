@@ -28,7 +28,7 @@ def model():
     return loopjax.load("ouro-tiny")
 
 
-def test_every_compiled_executable_is_timed_once(model):
+def test_every_compiled_executable_is_timed_once(model, no_compilation_cache):
     engine = Engine(model, EngineConfig(**SMALL, strict_compile=True))
     runner, times = engine.runner, engine.runner.compile_times
     # decode rows 1 and 2, each with the full and the greedy sampler; prefill 2 x 16

@@ -122,8 +122,10 @@ def test_huginn_decode_fuses_its_sandwich_norms():
 
 def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     out = tmp_path / "probe.json"
+    # one prefill bucket: the decode buckets are what the settings change
     assert warmup_probe.main(["ouro-tiny", "--lower-only", "--max-num-rows", "8",
-                              "--max-context-len", "64", "--out", str(out)]) == 0
+                              "--max-context-len", "64", "--engine-arg", "max_prefill_tokens=16",
+                              "--engine-arg", "prefill_token_buckets=[16]", "--out", str(out)]) == 0
     results = {r["setting"]: r for r in json.loads(out.read_text())["results"]}
     labels = {s: [e["label"] for e in r["executables"]] for s, r in results.items()}
     decode = lambda s: [x for x in labels[s] if x.startswith("decode")]  # noqa: E731
@@ -134,7 +136,7 @@ def test_probe_lower_only_prints_each_executable(tmp_path, capsys):
     assert len(labels["default"]) == len(labels["old-buckets"]) - 4  # the same prefill buckets
     assert all(e["lower_s"] > 0 for r in results.values() for e in r["executables"])
     text = capsys.readouterr().out
-    assert "default: 12 executables" in text and "old-buckets: 16 executables" in text  # + 8 prefill
+    assert "default: 5 executables" in text and "old-buckets: 9 executables" in text  # + 1 prefill
     assert "(1 mgpu)" in text
 
 
