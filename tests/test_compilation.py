@@ -34,6 +34,8 @@ def test_every_compiled_executable_is_timed_once(model, no_compilation_cache):
     # decode rows 1 and 2, each with the full and the greedy sampler; prefill 2 x 16
     assert runner.compilations == len(times) == 5
     assert all(t.lower_s > 0 and t.compile_s > 0 and not t.cache_hit for t in times)
+    # lowered (and timed) the likely longest compiles first: the prefill step, then decode
+    assert [t.decode for t in times] == [False, True, True, True, True]
     labels = sorted(t.label for t in times)
     assert labels == ["decode rows=1 width=4 loops=4", "decode rows=1 width=4 loops=4 greedy",
                       "decode rows=2 width=4 loops=4", "decode rows=2 width=4 loops=4 greedy",

@@ -148,10 +148,10 @@ def test_probe_device_path_runs_on_cpu():
         "--decode-tokens", "5", "--engine-arg", "max_prefill_tokens=16",
         "--engine-arg", "prefill_token_buckets=[16]"])
     result = warmup_probe.run_on_device("default", args)
-    assert [e["label"] for e in result["executables"]] == [
-        "decode rows=1 width=4 loops=4", "decode rows=1 width=4 loops=4 greedy",
+    assert [e["label"] for e in result["executables"]] == [  # in runner.compile_order
+        "prefill rows=4 tokens=16 width=4 loops=4",
         "decode rows=8 width=4 loops=4", "decode rows=8 width=4 loops=4 greedy",
-        "prefill rows=4 tokens=16 width=4 loops=4"]
+        "decode rows=1 width=4 loops=4", "decode rows=1 width=4 loops=4 greedy"]
     assert all(e["lower_s"] > 0 and e["compile_s"] > 0 for e in result["executables"])
     assert result["warmup_s"] > 0 and result["decode_rows"] == [1, 8]
     assert result["compiles_in_request"] == 0 and result["one_request_tpot_ms"] > 0
