@@ -223,8 +223,8 @@ class Runner:
 def compile_order(step) -> tuple:
     """Sort key of a (batch, kind) pair: prefill steps before decode steps, the most tokens
     first. The warm-up's compiles run in parallel while its steps lower one at a time, so it
-    ends about when the compile started last ends: Huginn-0125's prefill steps compile in
-    13-28 s and its decode steps in 4-9 s on the H200, but lower in ~1 s and ~2 s
-    (bench/RESULTS.md run 22)."""
+    ends about when the compile started last ends. On the H200 Huginn-0125's prefill steps of
+    32-2,048 tokens compile in 13-28 s and its decode steps in 4-9 s, but they lower in ~1 s
+    and ~2 s (bench/RESULTS.md run 22, call 2)."""
     batch, _ = step
     return batch.decode, -batch.token_ids.shape[0]
