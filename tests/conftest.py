@@ -1,4 +1,5 @@
-"""Session fixtures of the server tests (test_server_*.py, test_openai_protocol.py).
+"""Session fixtures: the whole run's compilation cache, and the server tests' live server
+(test_server_*.py, test_openai_protocol.py).
 
 One uvicorn server (in a thread, on a free port) serves the tiny Ouro preset with a small
 word-level tokenizer and a ChatML template (tests/server_helpers.py), prefix cache on. It is
