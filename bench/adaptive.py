@@ -155,7 +155,7 @@ def bench_preset(model, preset: str, args, budget: Budget, records: list, save=l
                                       loop_end=max(r.loops for r in row_inputs), adaptive=adaptive)
             # NOTE: the kind the engine would dispatch (the greedy sampler for all-greedy rows)
             kind = fused_kind(depth if adaptive else count, decode=True, adaptive=adaptive,
-                              all_greedy=all(r.params.is_greedy for r in row_inputs))
+                              all_greedy=all(r.params.is_plain_greedy for r in row_inputs))
             plans[rows].append((variant, mode, rule, batch, kind))
     # Every (rows, kind) compiles ahead, the XLA compiles in parallel threads (Runner.precompile).
     compiled: set = set()

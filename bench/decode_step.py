@@ -202,7 +202,7 @@ def _cases(runner, row_inputs, args, loops: int, family: str, per_loop_too: bool
     batch = lambda rows, **kw: runner.make_batch(rows, decode=True, **kw)  # noqa: E731
     # each case runs the kind the engine's dispatch picks for its rows (greedy or not)
     kind = lambda rows, adaptive=False: fused_kind(  # noqa: E731
-        loops, decode=True, all_greedy=all(r.params.is_greedy for r in rows), adaptive=adaptive,
+        loops, decode=True, all_greedy=all(r.params.is_plain_greedy for r in rows), adaptive=adaptive,
         unroll=args.unroll if not adaptive else 1)
     cases = {"fused": [(batch(row_inputs, loop_begin=0, loop_end=loops), kind(row_inputs))]}
     if args.sampled_case:  # every row drawing (top-p), not greedy: the full sampler's executable

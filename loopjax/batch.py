@@ -22,6 +22,7 @@ import numpy as np
 from loopjax import exits
 from loopjax.exits import ExitParams, ExitSpec
 from loopjax.kv_cache import WRITE_EVERY_PLANE, WRITE_LOOP_PLANE
+from loopjax.penalties import HistoryReset, build_reset
 from loopjax.sampling import SamplingBatch
 from loopjax.sampling_params import SamplingParams
 
@@ -57,6 +58,8 @@ class StepBatch:
     exit_weighted: jax.Array     # [R] bool  Ouro weighted exit (read by weighted kinds only)
     page_plane: jax.Array        # [R, M] i32  Ouro 'shared': plane of a decode page, -1 full page
     write_plane: jax.Array       # [N] i32  Ouro 'shared': plane(s) a token writes (kv_cache.WRITE_*)
+    history_reset: HistoryReset | None  # prefill: rows starting their token history (penalties.py);
+    #                                     None in decode steps (a row starts it when it first emits)
     # static (pytree metadata: part of the jit key): a decode step, N = R and one token per
     # row (the attention takes the decode kernels), else a prefill of packed prompt chunks
     decode: bool = field(metadata=dict(static=True))
@@ -99,6 +102,9 @@ class RowInput:
     init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
     page_planes: list[int] | None = None  # Ouro 'shared': per page, its plane (-1 full page)
     decoded: bool = False         # the tokens are decoded tokens (a decode step's)
+    # (prompt ids, output ids so far, logit_bias pairs): the row starts its token slot's history
+    # this step (a prefill row that gets its slot and whose params process logits)
+    history: tuple | None = field(default=None, repr=False)
 
 
 def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_tokens: int,
@@ -186,10 +192,12 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
                                          [r.token_index for r in rows])
     threshold = np.array([r.exit_threshold for r in rows] + [1.0] * (num_rows - n), np.float32)
     from_device = np.array(on_device, bool)
+    history_reset = None if decode else build_reset([r.history for r in rows], num_rows,
+                                                    max_pages * page_size)
     return StepBatch(token_ids, from_device, positions, row_of_token, slot_mapping, page_table, last,
                      real, row_loops, carry_slot, token_slot, np.int32(loop_begin), np.int32(loop_end),
                      sampling, threshold, skip, exit_params, init_mode, init_seed, init_state,
-                     exit_step, weighted, page_plane, write_plane, decode)
+                     exit_step, weighted, page_plane, write_plane, history_reset, decode)
 
 
 def _columns(columns: list[list], size: int, fills: list, dtype) -> np.ndarray:
@@ -212,6 +220,8 @@ def _check_rows(rows: list[RowInput], needed: list[int], max_pages: int) -> None
             raise ValueError(f"row {i}: {num_pages} pages exceed the table width {max_pages}")
         if row.input_on_device and row.token_slot is None:
             raise ValueError(f"row {i}: an input on the device needs a token slot")
+        if row.history is not None and (row.decoded or row.token_slot is None):
+            raise ValueError(f"row {i}: a token history starts in a prefill row with a token slot")
 
 
 def greedy_row(token_ids, start_pos: int, pages, *, loops: int, emits: bool = True,

@@ -141,6 +141,9 @@ class Engine:
         if params.exit_criterion is not None and self.model.cfg.family != "huginn":
             raise ValueError("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
         self._check_ouro_exit(params)
+        if params.logit_bias and params.logit_bias[-1][0] >= self.model.cfg.vocab_size:
+            raise ValueError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
+                             f"vocabulary of {self.model.cfg.vocab_size}")
         if params.stop and self.model.tokenizer is None:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
@@ -211,9 +214,12 @@ class Engine:
         extra = self._extra[request.request_id]
         if (per_loop or extra.warm) and extra.carry_slot is None:
             extra.carry_slot = self._free_carry.pop()
+        params = request.sampling_params
+        history = None  # a new token slot starts the request's token history (penalties.py)
         if emits and extra.token_slot is None:
             extra.token_slot = self._free_token_slots.pop()
-        params = request.sampling_params
+            if params.processes_logits:
+                history = (request.prompt_token_ids, request.output_token_ids, params.logit_bias)
         threshold = self._default_exit_threshold if params.exit_threshold is None else params.exit_threshold
         states = None
         if extra.init_mode == INIT_EXPLICIT:
@@ -241,7 +247,7 @@ class Engine:
                         carry_slot=extra.carry_slot, exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,
                         init_seed=self.config.huginn_seed, init_states=states,
-                        page_planes=planes, decoded=decode)
+                        page_planes=planes, decoded=decode, history=history)
 
     def _update(self, plan, pending: PendingStep | None) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []

@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--attention-backend", default="auto",
                         choices=("auto", "xla", "pallas", "pallas_mgpu"))
     parser.add_argument("--min-p", type=float, default=0.0)
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="> 0; prompt and output tokens (1 = off)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
     exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
     exits.add_argument("--exit-mode", choices=("select", "skip"), default="select",
                        help="select: run every loop, pick by the rule; skip: stop at the exit")
@@ -80,6 +84,8 @@ def _run(args) -> int:
         exit_settings["warm_start"] = True
     out = generate(model, [prompt], max_new_tokens=args.max_tokens, temperature=args.temperature,
                    top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
+                   repetition_penalty=args.repetition_penalty,
+                   frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
                    loops=args.loops, ignore_eos=args.ignore_eos, engine_options=options,
                    **exit_settings)[0]
     if args.json:

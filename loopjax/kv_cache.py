@@ -47,7 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopjax import attention_backend
+from loopjax import attention_backend, penalties
 from loopjax.kernels.paged_attention import write_plane
 
 LAYOUTS = ("per_loop", "shared")
@@ -201,11 +201,13 @@ class DeviceState:
     carry: dict            # per-loop decode state, each [max_rows + 1, ...], indexed by carry slot
     last_tokens: jax.Array  # [max_rows + 1] i32 last sampled token per token slot (the last slot:
     #                         padding rows'); the next step reads a token the host has not yet
+    history: penalties.TokenHistory  # [max_rows + 1, V] per token slot: penalties and logit_bias
 
 
 def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
     """The pool plus `max_rows` carry slots (+1: the padding rows' slot) of per-loop state:
-    Huginn (e, s, warm), Ouro (x, exit state), and as many last-token slots."""
+    Huginn (e, s, warm), Ouro (x, exit state), and as many last-token slots and token
+    histories."""
     rows, h = max_rows + 1, cfg.hidden_size
     if cfg.family == "huginn":
         carry = {"e": jnp.zeros((rows, h), dtype), "s": jnp.zeros((rows, h), dtype),
@@ -215,7 +217,8 @@ def allocate_state(cfg, layout: KVLayout, max_rows: int, dtype) -> DeviceState:
         # NOTE: copies, so no two donated leaves share a buffer (exit_init reuses its zeros).
         carry = {"x": jnp.zeros((rows, h), dtype), "exit": jax.tree.map(
             lambda a: jnp.array(a, copy=True), ouro.exit_init(rows, h, cfg.total_ut_steps, dtype))}
-    return DeviceState(allocate(layout), carry, jnp.zeros(rows, jnp.int32))
+    return DeviceState(allocate(layout), carry, jnp.zeros(rows, jnp.int32),
+                       penalties.allocate(rows, cfg.vocab_size))
 
 
 def read_plane(cache, plane, slots):

@@ -125,7 +125,7 @@ class Runner:
         adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
         weighted = not series and any(r.exit_weighted for r in rows)
         kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
-                else fused_kind(count, decode=decode, all_greedy=all(r.params.is_greedy for r in rows),
+                else fused_kind(count, decode=decode, all_greedy=all(r.params.is_plain_greedy for r in rows),
                                 adaptive=adaptive, unroll=self.unroll, weighted=weighted))
         batch = self.make_batch(rows, decode=decode, loop_begin=loop_begin,
                                 loop_end=loop_begin + num_loops, num_rows=num_rows,

@@ -22,6 +22,9 @@ Semantics of one row, in order (Hugging Face's warper order):
 - min_tokens: until a row has generated that many tokens, its stop ids (the engine adds EOS
   to them) are set to -inf before the choice (as Hugging Face's MinNewTokensLengthLogitsProcessor);
   its logprobs stay the model's.
+- Penalties and logit_bias (`processed` rows, full samplers only): loopjax/penalties.py, on
+  f32 logits after min_tokens; greedy rows take the f32 argmax of the result, drawing rows
+  draw from it rounded to the logits' dtype (as every logit is). Logprobs stay the model's.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopjax import penalties
 from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 
 # Rows whose top_k is in 1..TOP_K_CAP are filtered from the TOP_K_CAP largest values only
@@ -54,6 +58,10 @@ class SamplingBatch:
     seed: jax.Array  # [R, 2] u32; threefry key words (seed >> 32, seed & 0xffffffff)
     token_index: jax.Array  # [R] i32; index of the token being generated (0 = first output)
     suppressed: jax.Array  # [R, MAX_SUPPRESSED_TOKENS] i32; ids this row may not sample (-1: none)
+    repetition_penalty: jax.Array  # [R] f32; 1 means off
+    frequency_penalty: jax.Array  # [R] f32; 0 means off
+    presence_penalty: jax.Array  # [R] f32; 0 means off
+    processed: jax.Array  # [R] bool; the row's logits go through its token history (penalties.py)
 
     @classmethod
     def from_params(cls, params_list: Sequence[SamplingParams], num_rows: int,
@@ -66,23 +74,28 @@ class SamplingBatch:
         if len(step_counts) != n:
             raise ValueError(f"step_counts must have one entry per params ({n}), got {len(step_counts)}")
         # NOTE: one conversion per dtype, no numpy call per row (host time of every step)
-        floats = np.zeros((3, num_rows), np.float32)
-        floats[1] = 1.0  # top_p off
+        floats = np.zeros((6, num_rows), np.float32)
+        floats[[1, 3]] = 1.0  # top_p, repetition_penalty off
         floats[:, :n] = [[p.temperature for p in params_list], [p.top_p for p in params_list],
-                         [p.min_p for p in params_list]]
+                         [p.min_p for p in params_list], [p.repetition_penalty for p in params_list],
+                         [p.frequency_penalty for p in params_list],
+                         [p.presence_penalty for p in params_list]]
         ints = np.zeros((2, num_rows), np.int32)
         ints[:, :n] = [[p.top_k for p in params_list], list(step_counts)]
         seed = np.zeros((num_rows, 2), np.uint32)
         if n:  # negative seeds wrap, as a 64-bit two's complement
             seed[:n] = [((s := p.seed % 2**64) >> 32, s & 0xFFFFFFFF) for p in params_list]
-        (temperature, top_p, min_p), (top_k, token_index) = floats, ints
+        (temperature, top_p, min_p, repetition, frequency, presence), (top_k, token_index) = floats, ints
+        processed = np.zeros(num_rows, bool)
+        processed[:n] = [p.processes_logits for p in params_list]
         # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them)
         suppressed = np.full((num_rows, MAX_SUPPRESSED_TOKENS), -1, np.int32)
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
             if index < p.min_tokens:
                 check_suppressible(p)
                 suppressed[i, :len(p.stop_token_ids)] = p.stop_token_ids
-        return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed)
+        return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed, repetition,
+                   frequency, presence, processed)
 
 
 def check_suppressible(params: SamplingParams) -> None:
@@ -101,7 +114,7 @@ def row_keys(batch: SamplingBatch) -> jax.Array:
 
 
 def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
-           greedy: bool = False):
+           greedy: bool = False, history: penalties.TokenHistory | None = None):
     """Sample one token per row.
 
     logits: [R, V] raw model logits, f32 or the model's 16-bit dtype (bf16 / f16: the draw
@@ -109,6 +122,8 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     greedy: static; the caller knows every real row is greedy (padding rows are): tokens are
     the argmax, no filter, sort or noise, and every output is bitwise what the full path gives
     for greedy rows (StepKind.greedy).
+    history: the rows' token histories ([R, V] each, `penalties.rows_of`) for the `processed`
+    rows' penalties and bias; None in the greedy sampler (no row processes logits there).
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
     top_logprobs [R, k] f32 (descending).
     """
@@ -119,7 +134,13 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     with jax.named_scope("sample"):
         raw = logits.astype(jnp.float32)  # logprobs are the model's, suppression aside
         logits = _suppress(logits, batch.suppressed)
-        tokens = jnp.argmax(logits.astype(jnp.float32), axis=-1).astype(jnp.int32)
+        scores = logits.astype(jnp.float32)
+        if history is not None:
+            scores = penalties.apply(scores, history, repetition=batch.repetition_penalty,
+                                     frequency=batch.frequency_penalty,
+                                     presence=batch.presence_penalty, processed=batch.processed)
+            logits = scores.astype(logits.dtype)  # other rows: the same bits
+        tokens = jnp.argmax(scores, axis=-1).astype(jnp.int32)
         if not greedy:
             # NOTE: branch-free: the draw (noise for R x V and the filters) runs even when every
             # row is greedy. A lax.cond / lax.switch on a device value makes XLA:GPU read it back

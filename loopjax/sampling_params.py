@@ -13,6 +13,12 @@ Conventions:
   the seed range; the device keys seeds mod 2**64). Sample 0 is the n=1 request itself.
 - `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
   `temperature` below `GREEDY_EPS` (0 included) means greedy.
+- Penalties and bias (vLLM's and OpenAI's meanings; applied on device, loopjax/penalties.py):
+  `repetition_penalty` r > 0 (1 = off) scales the logit x of every token seen in the prompt or
+  the output (x > 0: x / r, else x * r); `frequency_penalty` f and `presence_penalty` p in
+  [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
+  `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
+  logits first. They apply to greedy requests too; logprobs stay the model's.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
   Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
@@ -32,6 +38,9 @@ from typing import Any
 GREEDY_EPS = 1e-5
 MAX_TEMPERATURE = 2.0
 MAX_LOGPROBS = 20
+MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)
+MAX_BIAS = 100.0  # a logit_bias value lies in [-MAX_BIAS, MAX_BIAS] (OpenAI's range)
+MAX_LOGIT_BIAS = 1024  # logit_bias entries of one request: a static width on the device
 EXIT_MODES = ("select", "skip")
 EXIT_CRITERIA = ("kl", "entropy-diff", "latent-diff", "argmax-stability", "cosine", "minp-kl")
 # Seeds are stored mod 2**64 on the device (two uint32 words of a threefry key).
@@ -82,6 +91,10 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
+    repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
+    frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
+    presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
+    logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
@@ -114,7 +127,26 @@ class SamplingParams:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        self._check_penalties()
         self._check_exit()
+
+    def _check_penalties(self):
+        _check_float("repetition_penalty", self.repetition_penalty, 0, math.inf, lo_open=True)
+        _check_float("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
+        _check_float("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
+        bias = self.logit_bias
+        pairs = list(bias.items()) if isinstance(bias, dict) else bias
+        if isinstance(pairs, str | bytes) or not isinstance(pairs, list | tuple) or not all(
+                isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
+            _fail(f"logit_bias must map token ids to biases, got {bias!r}")
+        for token, value in pairs:
+            _check_int("every logit_bias token id", token, 0)
+            _check_float(f"logit_bias[{token}]", value, -MAX_BIAS, MAX_BIAS)
+        if len({t for t, _ in pairs}) != len(pairs):
+            _fail("logit_bias lists a token id twice")
+        if len(pairs) > MAX_LOGIT_BIAS:
+            _fail(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(pairs)}")
+        object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
 
     def _check_exit(self):
         if self.loops is not None:
@@ -155,6 +187,18 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 
+    @property
+    def processes_logits(self) -> bool:
+        """The logits go through the request's token history (penalties, logit_bias) before
+        the choice."""
+        return bool(self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
+                    or self.logit_bias)
+
+    @property
+    def is_plain_greedy(self) -> bool:
+        """Greedy on the model's logits as they are: the greedy-only sampler serves it."""
+        return self.is_greedy and not self.processes_logits
+
     def fan_out(self) -> list[SamplingParams]:
         """The n single-sample params of this request: sample i has seed `seed + i`, so the
         samples differ yet all of them follow from `seed`; greedy samples are identical."""
@@ -167,8 +211,8 @@ class SamplingParams:
 
         Request fields that are not sampling parameters (model, prompt, messages, stream...)
         are ignored; `null` values count as absent; an unknown field, an unsupported value
-        (best_of other than n, penalties, logit_bias) or a bad value raises a one-line
-        ValueError naming it.
+        (best_of other than n) or a bad value raises a one-line ValueError naming it.
+        logit_bias keys are token ids written as strings (JSON object keys).
         """
         if not isinstance(body, dict):
             _fail(f"request body must be a JSON object, got {type(body).__name__}")
@@ -178,9 +222,6 @@ class SamplingParams:
                 continue
             if key in _DIRECT_FIELDS:
                 kw[key] = value
-            elif key in _UNSUPPORTED_DEFAULTS:
-                if value != _UNSUPPORTED_DEFAULTS[key]:
-                    _fail(f"{key} is not supported (only {_UNSUPPORTED_DEFAULTS[key]!r}), got {value!r}")
             elif key not in _SPECIAL_FIELDS:
                 _fail(f"unknown request field {key!r}")
         _map_max_tokens(body, kw)
@@ -188,6 +229,8 @@ class SamplingParams:
         if best_of is not None and best_of != kw.get("n", 1):
             _fail(f"best_of must equal n ({kw.get('n', 1)!r}): every sample is returned, got {best_of!r}")
         _map_logprobs(body, kw)
+        if body.get("logit_bias") is not None:
+            kw["logit_bias"] = _logit_bias_pairs(body["logit_bias"])
         stop = body.get("stop")
         if stop is not None:
             kw["stop"] = (stop,) if isinstance(stop, str) else stop
@@ -219,21 +262,30 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
+    "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
 })
 # Fields mapped by hand below.
 _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
-                             "best_of"})
+                             "best_of", "logit_bias"})
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
     "metadata", "store", "service_tier",
 })
-# Accepted only at their neutral value.
-_UNSUPPORTED_DEFAULTS: dict[str, Any] = {
-    "presence_penalty": 0, "frequency_penalty": 0, "logit_bias": {},
-}
+
+
+def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
+    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params)."""
+    if not isinstance(bias, dict):
+        _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
+    pairs = []
+    for key, value in bias.items():
+        if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdigit():
+            _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        pairs.append((int(key), value))
+    return tuple(pairs)
 
 
 def _map_max_tokens(body, kw):

@@ -20,12 +20,13 @@ Padding rows write only to the drop slot.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 
-from loopjax import kv_cache
+from loopjax import kv_cache, penalties
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM
 from loopjax.kv_cache import DeviceState
 from loopjax.layers import rms_norm, rope_angles
@@ -58,9 +59,10 @@ def per_loop(first: bool, final: bool) -> StepKind:
 def fused_kind(num_loops: int, *, decode: bool, all_greedy: bool, adaptive: bool = False,
               unroll: int = 1, weighted: bool = False) -> StepKind:
     """The fused kind a step over such rows runs: the one rule that Runner.dispatch follows and
-    Runner.warmup_steps compiles. Decode steps whose rows are all greedy take the greedy
-    sampler (its sort alone is ~0.23 ms of the 8.7 ms Ouro-1.4B 32-row step, run 16); prefill
-    keeps one executable per bucket, as its sampler is a small part of it."""
+    Runner.warmup_steps compiles. Decode steps whose rows are all plain greedy (no penalties or
+    logit_bias: SamplingParams.is_plain_greedy) take the greedy sampler (its sort alone is
+    ~0.23 ms of the 8.7 ms Ouro-1.4B 32-row step, run 16); prefill keeps one executable per
+    bucket, as its sampler is a small part of it."""
     return fused(num_loops, adaptive, unroll, weighted, greedy=decode and all_greedy)
 
 
@@ -87,12 +89,22 @@ def _input_ids(state: DeviceState, batch):
 
 def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit_loops, kind):
     """Sample (logits in the model dtype: `sample` sorts 16-bit keys of 16-bit logits); each
-    emitting row's token also goes to its last-token slot (others: the spare)."""
-    tokens, logprobs, top_ids, top_lp = sample(logits, batch.sampling, greedy=kind.greedy,
-                                               num_top_logprobs=num_top_logprobs)
+    emitting row's token also goes to its last-token slot (others: the spare). The full
+    samplers also start the token histories a prefill batch resets, read the rows' histories
+    (penalties, logit_bias) and count the tokens in them (loopjax/penalties.py)."""
     spare = state.last_tokens.shape[0] - 1
-    last_tokens = _put(state.last_tokens, jnp.where(batch.row_is_real, batch.token_slot, spare), tokens)
-    return DeviceState(kv, carry, last_tokens), StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
+    slots = jnp.where(batch.row_is_real, batch.token_slot, spare)
+    history, rows = state.history, None
+    if not kind.greedy:
+        if batch.history_reset is not None:
+            history = penalties.reset(history, batch.token_slot, batch.history_reset)
+        rows = penalties.rows_of(history, slots)
+    tokens, logprobs, top_ids, top_lp = sample(logits, batch.sampling, greedy=kind.greedy,
+                                               num_top_logprobs=num_top_logprobs, history=rows)
+    if not kind.greedy:
+        history = penalties.record(history, slots, tokens)
+    state = DeviceState(kv, carry, _put(state.last_tokens, slots, tokens), history)
+    return state, StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
 
 
 def _depth_loop(kind: StepKind, batch, body, carry, done):
@@ -154,7 +166,7 @@ def ouro_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind: 
         carry = {"x": _put(carry["x"], batch.carry_slot, x),
                  "exit": jax.tree.map(lambda c, a: _put(c, batch.carry_slot, a), carry["exit"], ex)}
     if not kind.final:
-        return DeviceState(kv, carry, state.last_tokens), None
+        return dataclasses.replace(state, kv=kv, carry=carry), None
     if kind.adaptive:
         kv = kv_cache.fill_rows(kv, layout, range(cfg.num_layers), batch, ex.exit_loop)
     logits = ops.linear(ex.hidden, params["lm_head"])  # ouro.lm_head through the ops seam
@@ -211,7 +223,7 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         carry = {**carry, "e": _put(carry["e"], batch.carry_slot, e),
                  "s": _put(carry["s"], batch.carry_slot, s)}
     if not kind.final:
-        return DeviceState(kv, carry, state.last_tokens), None
+        return dataclasses.replace(state, kv=kv, carry=carry), None
     if kind.adaptive:
         core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
         kv = kv_cache.fill_rows(kv, layout, core, batch, ran - 1)

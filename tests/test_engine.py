@@ -322,10 +322,17 @@ def test_generate_cli(capsys):
     import json
     out = json.loads(capsys.readouterr().out)
     assert out["token_ids"] == [138, 138, 111, 111, 138, 138]
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220,249,138", "--max-tokens",
+                                               "6", "--ignore-eos", "--json", "--repetition-penalty", "1.5",
+                                               "--presence-penalty", "0.5"])) == 0
+    penalized = json.loads(capsys.readouterr().out)["token_ids"]
+    assert len(penalized) == 6 and penalized != out["token_ids"]  # tests/test_penalties.py: the values
     assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1,x"])) == 2
     assert generate_cli.run(parser.parse_args(["no-such-model", "--prompt-ids", "1"])) == 2
+    assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1", "--frequency-penalty", "3"])) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and all(line.startswith("loopjax generate: error:") for line in err)
+    assert len(err) == 3 and all(line.startswith("loopjax generate: error:") for line in err)
+    assert "frequency_penalty must be in [-2.0, 2.0], got 3.0" in err[2]
 
 
 def test_generate_cli_exit_flags(capsys):

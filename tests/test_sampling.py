@@ -285,6 +285,13 @@ def test_defaults_and_normalisation():
     (dict(exit_trace=[2], exit_criterion="kl"), "exit_trace and exit_criterion exclude each other"),
     (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
     (dict(min_tokens=5, max_tokens=4), "min_tokens (5) must not exceed max_tokens (4)"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty must be in (0, inf], got -1.0"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a number in (0, inf], got inf"),
+    (dict(presence_penalty=-2.1), "presence_penalty must be in [-2.0, 2.0], got -2.1"),
+    (dict(logit_bias={-1: 1.0}), "every logit_bias token id must be >= 0, got -1"),
+    (dict(logit_bias={2: float("nan")}), "logit_bias[2] must be a number in [-100.0, 100.0], got nan"),
+    (dict(logit_bias=[(1, 2.0), (1, 3.0)]), "logit_bias lists a token id twice"),
+    (dict(logit_bias="5"), "logit_bias must map token ids to biases, got '5'"),
 ])
 def test_bad_params_give_one_line_errors(kw, msg):
     with pytest.raises(ValueError) as err:
@@ -304,12 +311,15 @@ def test_from_openai_maps_fields():
         "model": "ouro", "prompt": "hi", "stream": False, "max_completion_tokens": 7,
         "temperature": 0.3, "top_p": 0.9, "seed": 42, "stop": "\n\n", "logprobs": True,
         "top_logprobs": 3, "top_k": 20, "min_p": 0.05, "loops": 4, "exit_mode": "skip",
-        "exit_threshold": 0.5, "exit_trace": [1, 2], "n": 1, "presence_penalty": 0,
-        "frequency_penalty": None, "user": "u",
+        "exit_threshold": 0.5, "exit_trace": [1, 2], "n": 1, "presence_penalty": 0.5,
+        "frequency_penalty": None, "repetition_penalty": 1.2, "logit_bias": {"7": -100, "3": 2.5},
+        "user": "u",
     })
     assert (p.max_tokens, p.temperature, p.top_p, p.seed, p.stop) == (7, 0.3, 0.9, 42, ("\n\n",))
     assert (p.logprobs, p.top_k, p.min_p, p.loops, p.exit_mode) == (3, 20, 0.05, 4, "skip")
     assert p.exit_trace == (1, 2) and p.exit_threshold == 0.5
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty) == (0.5, 0.0, 1.2)
+    assert p.logit_bias == ((3, 2.5), (7, -100.0)) and p.processes_logits and not p.is_plain_greedy
     q = SamplingParams.from_openai({"max_tokens": 5, "stop": ["a", "b"], "logprobs": 2})
     assert (q.max_tokens, q.stop, q.logprobs) == (5, ("a", "b"), 2)
     assert SamplingParams.from_openai({"logprobs": True}).logprobs == 0
@@ -344,8 +354,14 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"n": "x"}, "n must be an integer >= 1, got 'x'"),
     ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),
     ({"best_of": 2}, "best_of must equal n (1)"),
-    ({"presence_penalty": 0.5}, "presence_penalty is not supported"),
-    ({"logit_bias": {"5": 1}}, "logit_bias is not supported"),
+    ({"presence_penalty": 2.5}, "presence_penalty must be in [-2.0, 2.0], got 2.5"),
+    ({"frequency_penalty": "x"}, "frequency_penalty must be a number in [-2.0, 2.0], got 'x'"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be in (0, inf], got 0"),
+    ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids (non-negative integers), got 'x'"),
+    ({"logit_bias": {"-3": 1}}, "logit_bias keys must be token ids"),
+    ({"logit_bias": {"5": 101}}, "logit_bias[5] must be in [-100.0, 100.0], got 101"),
+    ({"logit_bias": [5, 1]}, "logit_bias must be an object mapping token ids to biases"),
+    ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias takes at most 1024 token ids, got 1025"),
     ({"stop": 5}, "stop must be a list of strings, got 5"),
     ({"exit_criterion": "foo"}, "exit_criterion must be None or one of"),
     ([1, 2], "request body must be a JSON object, got list"),

@@ -39,6 +39,25 @@ def test_min_tokens_and_stop_token_ids_pass_through(client):
     assert len(held.choices[0].token_ids) >= 5 and first not in held.choices[0].token_ids[:5]
 
 
+def test_penalties_and_logit_bias_pass_through(client, served_model):
+    """OpenAI's presence / frequency penalties and logit_bias (JSON keys: token ids as strings)
+    and vLLM's repetition_penalty reach the engine: the tokens of `loopjax.generate` with them."""
+    from loopjax.llm import generate
+
+    prompt = [5, 9, 13, 17, 21]
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    banned = client.completions.create(**kw).choices[0].token_ids[0]
+    body = dict(kw, presence_penalty=0.5, frequency_penalty=0.3, logit_bias={str(banned): -100},
+                extra_body={"ignore_eos": True, "repetition_penalty": 1.3})
+    choice = client.completions.create(**body).choices[0]
+    expect = generate(served_model, [prompt], max_new_tokens=8, ignore_eos=True, presence_penalty=0.5,
+                      frequency_penalty=0.3, logit_bias={banned: -100.0}, repetition_penalty=1.3,
+                      engine_options=dict(REF_ENGINE))[0]
+    assert choice.token_ids == list(expect.token_ids) and banned not in choice.token_ids
+    with pytest.raises(openai.BadRequestError, match="presence_penalty must be in"):
+        client.completions.create(**dict(kw, presence_penalty=2.5))
+
+
 def test_text_prompt_and_batch_of_prompts(client):
     r = client.completions.create(model=MODEL_NAME, prompt=["hello world", "the loop model"], max_tokens=4,
                                   temperature=0, extra_body={"ignore_eos": True})
