@@ -342,7 +342,7 @@ def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
         return finals
 
     # NOTE: no warm-up: it would run every executable once more in the interpreter (~20 s).
-    # Each decode step takes 10-30 s in the interpreter: 5 tokens (4 decode steps) take p0
+    # Each decode step takes 6-9 s in the interpreter: 5 tokens (4 decode steps) take p0
     # (5 prompt tokens) across a page, its 4th decode step writing position 8.
     tokens = greedy("pallas_mgpu", ("p0", "p1"), 5, pointwise="pallas", warmup=False)
     for k in ("p0", "p1"):
