@@ -11,13 +11,6 @@ Every test shares one JAX persistent compilation cache (`compilation_cache`): ma
 engines of the same tiny configurations, and a hit loads the executable instead of compiling
 it again. pytest-xdist's workers (pyproject's addopts) share it too. Tests of compile timing
 turn it off (`no_compilation_cache`).
-
-The CPU backend compiles at LLVM optimization level 0 for the whole run (set here, before any
-test imports JAX; each xdist worker imports this file first). The suite compiles hundreds of
-small executables, and LLVM's optimizations dominate their compile time: on this repository's
-2-core machine test_engine_exit_modes.py took 47.9 s at the default level and 33.5 s at 0, and
-the Mosaic interpreter's engine test 85 s and 77 s. XLA's own passes and floating-point
-semantics (no fast-math) are the same at every level; every golden test passes at 0.
 """
 
 from __future__ import annotations
@@ -26,8 +19,6 @@ import dataclasses
 import os
 
 import pytest
-
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level=0".strip()
 
 
 @pytest.fixture(scope="session", autouse=True)
