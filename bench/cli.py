@@ -42,6 +42,7 @@ from loopjax.bench.workloads import HttpBackend, InProcessBackend, Record, Workl
 
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
+    from loopjax.sampling_params import add_sampling_arguments
 
     d = WorkloadSpec("burst")
     parser.add_argument("model", help="checkpoint folder or preset (in-process), or the served name (--url)")
@@ -55,6 +56,10 @@ def add_arguments(parser):
     parser.add_argument("--turns", "-T", type=int, default=d.num_turns, help="turns per session")
     parser.add_argument("--user-len", "-U", type=int, default=d.user_len, help="tokens per later user turn")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+    add_sampling_arguments(parser)
+    parser.add_argument("--sampling-seed", type=int, default=None,
+                        help="drawing requests: a request's seed is SAMPLING_SEED + crc32(its prompt "
+                             "ids), so runs repeat (default: a random seed per request)")
     parser.add_argument("--url", default=None, help="http://host:port of a running `loopjax serve`")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --url: token ids to draw from (default: the server's /v1/models)")
@@ -71,6 +76,19 @@ def add_arguments(parser):
     add_engine_arguments(parser)
 
 
+def _sampling(args) -> dict:
+    """The request fields of the sampling flags, refused here (one line) when out of range."""
+    from loopjax.sampling_params import SamplingParams, sampling_options
+
+    options = sampling_options(args)
+    SamplingParams(**options, seed=args.sampling_seed)
+    return options
+
+
+def _backend_args(args) -> dict:
+    return {"sampling": _sampling(args), "sampling_seed": args.sampling_seed}
+
+
 def _specs(args) -> list[WorkloadSpec]:
     """One spec per burst concurrency level (a sweep when several are given)."""
     levels = args.concurrency if args.workload == "burst" else args.concurrency[:1]
@@ -84,6 +102,7 @@ def _plan(args) -> list[tuple[bool | None, list[tuple[str, WorkloadSpec]]]]:
     (None: as the engine was built). One group, or the two arms of --compare-prefix-cache."""
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise ValueError(f"--max-seconds must be > 0, got {args.max_seconds}")
+    _sampling(args)  # bad sampling flags are refused before the engine is built
     specs = _specs(args)
     if args.compare_prefix_cache:
         if args.url:
@@ -236,8 +255,9 @@ async def _run_in_process(args, plan, deadline):
         await aengine.start()
         left -= len(items)
         try:
-            group = await run_specs(items, InProcessBackend(aengine), model.cfg.vocab_size,
-                                    _snapshot(aengine), deadline=deadline, runs_after=left,
+            backend = InProcessBackend(aengine, **_backend_args(args))
+            group = await run_specs(items, backend, model.cfg.vocab_size, _snapshot(aengine),
+                                    deadline=deadline, runs_after=left,
                                     warmup_request=not args.no_warmup_request, progress=not args.no_progress)
         finally:
             aengine.shutdown()
@@ -267,7 +287,8 @@ async def _run_http(args, plan, deadline):
         async def stats():  # the server's gauges and counters, as /metrics has them, by stats() key
             return engine_stats_from_samples(parse((await client.get("/metrics")).text))
 
-        runs = await run_specs(items, HttpBackend(client, args.model), vocab_size, stats, deadline=deadline,
+        backend = HttpBackend(client, args.model, **_backend_args(args))
+        runs = await run_specs(items, backend, vocab_size, stats, deadline=deadline,
                                warmup_request=not args.no_warmup_request, progress=not args.no_progress)
     for run in runs:
         enabled = run.stats_after.get("prefix_cache_enabled")
@@ -280,7 +301,9 @@ def _report(run: Run, args) -> dict:
     loops = None if any(r.exit_loops for r in run.records) else stats.get("mean_loops_per_token")
     return rep.summarize(run.records, run.duration_s, workload=run.spec.name, model=args.model,
                      target=args.url or "in-process", engine_stats=stats, mean_loops_per_token=loops,
-                     spec=dataclasses.asdict(run.spec) | {"num_requests": run.spec.num_requests},
+                     spec=dataclasses.asdict(run.spec) | {"num_requests": run.spec.num_requests,
+                                                          "sampling": _sampling(args),
+                                                          "sampling_seed": args.sampling_seed},
                      stats_before=run.stats_before, prefix_caching=run.prefix_caching, startup=run.startup,
                      truncated=run.truncated)
 

@@ -119,6 +119,11 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
     return report
 
 
+# The sampling fields' values that leave greedy decoding alone (the summary names the others).
+_SAMPLING_OFF = {"temperature": 0.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0,
+                 "frequency_penalty": 0.0, "presence_penalty": 0.0}
+
+
 def format_summary(report: dict) -> str:
     def ms(x):
         return "n/a" if x is None else f"{x * 1e3:.1f} ms"
@@ -133,6 +138,10 @@ def format_summary(report: dict) -> str:
             f"TPOT p50 {ms(report['tpot_p50_s'])} | "
             f"submissions/token {num(report['submissions_per_output_token'], '.2f')} | "
             f"loops/token {num(report['mean_loops_per_token'], '.2f')}")
+    drawn = {k: v for k, v in ((report.get("spec") or {}).get("sampling") or {}).items()
+             if v != _SAMPLING_OFF.get(k)}
+    if drawn:
+        text += " | " + " ".join(f"{k}={v}" for k, v in drawn.items())
     pc = report.get("prefix_cache") or {}
     if pc.get("enabled") or pc.get("queried_tokens"):
         text += (f" | prefix cache hit {pct(pc['hit_rate'])} of tokens, {pct(pc['page_hit_rate'])} of "

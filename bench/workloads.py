@@ -11,16 +11,21 @@ only decide what to send and when:
   (the first turn: a P-token opening), O output tokens per turn.
 
 Prompts are uniform random token ids in [token_low, vocab_size) from `random.Random(seed)`,
-so a (workload, sizes, seed) triple always sends the same prompts. Every request runs
-greedy with ignore_eos, so each one generates exactly O tokens.
+so a (workload, sizes, seed) triple always sends the same prompts. Every request runs with
+ignore_eos, so each one generates exactly O tokens, and with the backend's `sampling`
+(SamplingParams keywords, the same fields over HTTP; {} is greedy). With `sampling_seed` a
+request draws with the seed `sampling_seed + crc32(its prompt ids)`: a prompt draws the same
+way whatever order the requests go out in (sessions interleave), so drawn runs repeat.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import json
 import random
 import time
+import zlib
 from dataclasses import dataclass, field
 
 
@@ -79,16 +84,31 @@ class WorkloadSpec:
         return self.prompt_len + self.num_turns * self.output_len + (self.num_turns - 1) * self.user_len
 
 
-class InProcessBackend:
-    """Streams requests through an AsyncEngine; greedy, ignore_eos, exactly max_tokens tokens."""
+class _Sampling:
+    """The request fields every request of a backend sends (see the module note)."""
 
-    def __init__(self, aengine):
+    def __init__(self, sampling: dict | None, sampling_seed: int | None):
+        self.sampling = {"temperature": 0.0} | (sampling or {})
+        self.sampling_seed = sampling_seed
+
+    def request_fields(self, prompt_ids: list[int], max_tokens: int) -> dict:
+        fields = dict(self.sampling, max_tokens=max_tokens, ignore_eos=True)
+        if self.sampling_seed is not None:
+            fields["seed"] = self.sampling_seed + zlib.crc32(array.array("q", prompt_ids).tobytes())
+        return fields
+
+
+class InProcessBackend(_Sampling):
+    """Streams requests through an AsyncEngine; ignore_eos, exactly max_tokens tokens."""
+
+    def __init__(self, aengine, sampling: dict | None = None, sampling_seed: int | None = None):
+        super().__init__(sampling, sampling_seed)
         self.aengine = aengine
 
     async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
         from loopjax.sampling_params import SamplingParams
 
-        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(**self.request_fields(prompt_ids, max_tokens))
         start = time.perf_counter()
         stream = await self.aengine.submit(prompt_ids, params)
         record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
@@ -109,15 +129,16 @@ class InProcessBackend:
         return record
 
 
-class HttpBackend:
+class HttpBackend(_Sampling):
     """Streams requests from a loopjax server's /v1/completions (token-id prompts, SSE)."""
 
-    def __init__(self, client, model: str):
+    def __init__(self, client, model: str, sampling: dict | None = None, sampling_seed: int | None = None):
+        super().__init__(sampling, sampling_seed)
         self.client, self.model = client, model
 
     async def generate(self, prompt_ids: list[int], max_tokens: int) -> Record:
-        body = {"model": self.model, "prompt": prompt_ids, "max_tokens": max_tokens, "temperature": 0.0,
-                "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+        body = {"model": self.model, "prompt": prompt_ids, "stream": True,
+                "stream_options": {"include_usage": True}} | self.request_fields(prompt_ids, max_tokens)
         start = time.perf_counter()
         record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
         async with self.client.stream("POST", "/v1/completions", json=body) as resp:

@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from loopjax.sampling_params import add_sampling_arguments, sampling_options
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="checkpoint folder, Hugging Face folder or preset name")
@@ -18,9 +20,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
@@ -28,11 +28,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"))
     parser.add_argument("--attention-backend", default="auto",
                         choices=("auto", "xla", "pallas", "pallas_mgpu"))
-    parser.add_argument("--min-p", type=float, default=0.0)
-    parser.add_argument("--repetition-penalty", type=float, default=1.0,
-                        help="> 0; prompt and output tokens (1 = off)")
-    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
-    parser.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
     exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
     exits.add_argument("--exit-mode", choices=("select", "skip"), default="select",
                        help="select: run every loop, pick by the rule; skip: stop at the exit")
@@ -82,12 +77,9 @@ def _run(args) -> int:
                      "exit_step": args.exit_step, "exit_weighted": args.exit_weighted}
     if args.warm_start:
         exit_settings["warm_start"] = True
-    out = generate(model, [prompt], max_new_tokens=args.max_tokens, temperature=args.temperature,
-                   top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, seed=args.seed,
-                   repetition_penalty=args.repetition_penalty,
-                   frequency_penalty=args.frequency_penalty, presence_penalty=args.presence_penalty,
-                   loops=args.loops, ignore_eos=args.ignore_eos, engine_options=options,
-                   **exit_settings)[0]
+    out = generate(model, [prompt], max_new_tokens=args.max_tokens, seed=args.seed, loops=args.loops,
+                   ignore_eos=args.ignore_eos, engine_options=options,
+                   **sampling_options(args), **exit_settings)[0]
     if args.json:
         print(json.dumps({"token_ids": out.token_ids, "text": out.text, "exit_loops": out.exit_loops,
                           "finish_reason": out.finish_reason, "metrics": out.metrics}))

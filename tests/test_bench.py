@@ -154,11 +154,71 @@ def test_budget_cuts_and_skips_runs(capsys):
     assert runs == [] and capsys.readouterr().err.count("skipped") == 2
 
 
+class FakeStreams:
+    """An AsyncEngine's submit(): records the params, streams nothing."""
+
+    def __init__(self):
+        self.params = []
+
+    async def submit(self, prompt_ids, params):
+        self.params.append(params)
+
+        async def nothing():
+            return
+            yield
+
+        class Stream:
+            def __aiter__(self):
+                return nothing()
+
+            def close(self):
+                pass
+
+        return Stream()
+
+
+def test_requests_carry_the_sampling_flags_and_seeds():
+    """Greedy by default; the flags' fields on every request; with a sampling seed, a prompt's
+    seed depends on the prompt only (not on the order requests go out), in-process and over HTTP."""
+    from loopjax.bench.workloads import HttpBackend, InProcessBackend
+
+    streams = FakeStreams()
+    asyncio.run(InProcessBackend(streams).generate([5, 6], 3))
+    (params,) = streams.params
+    assert params.is_plain_greedy and params.max_tokens == 3 and params.ignore_eos
+    sampling = {"temperature": 0.7, "top_k": 5, "repetition_penalty": 1.3}
+    streams = FakeStreams()
+    backend = InProcessBackend(streams, sampling, sampling_seed=100)
+    for prompt in ([5, 6], [7], [5, 6]):
+        asyncio.run(backend.generate(prompt, 2))
+    a, b, c = streams.params
+    assert (a.temperature, a.top_k, a.repetition_penalty, a.frequency_penalty) == (0.7, 5, 1.3, 0.0)
+    assert a.seed == c.seed != b.seed and a.seed >= 100
+    http = HttpBackend(None, "m", sampling, sampling_seed=100)
+    assert http.request_fields([5, 6], 2) == dict(sampling, max_tokens=2, ignore_eos=True, seed=a.seed)
+    assert HttpBackend(None, "m").request_fields([5], 2) == {"temperature": 0.0, "max_tokens": 2,
+                                                             "ignore_eos": True}
+
+
+def test_bad_sampling_flags_are_refused_before_the_engine_is_built(capsys, monkeypatch):
+    import loopjax.engine_args
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine was built")
+
+    monkeypatch.setattr(loopjax.engine_args, "build_engine", no_engine)
+    for flags, field in ((["--temperature", "3"], "temperature"), (["--presence-penalty", "-2.5"],
+                         "presence_penalty"), (["--repetition-penalty", "0"], "repetition_penalty")):
+        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("loopjax bench: ") and field in err and "\n" not in err
+
+
 def check_report(report, workload, num_requests, in_process=True):
     """Every field of a real run's report (tiny preset, O = 4, a warm engine)."""
     assert tuple(report) == rep.REPORT_FIELDS
     assert report["workload"] == workload and report["num_requests"] == num_requests
-    assert report["output_tokens"] == 4 * num_requests  # greedy + ignore_eos: exactly O each
+    assert report["output_tokens"] == 4 * num_requests  # ignore_eos: exactly O each
     for key in ("tokens_per_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s", "submissions_per_output_token",
                 "mean_loops_per_token"):
         assert isinstance(report[key], float) and report[key] > 0, key
@@ -215,10 +275,12 @@ def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilat
 
 
 def test_bench_compare_prefix_cache(tmp_path, capsys, no_compilation_cache):
-    """Sessions with the cache off then on, one engine: same prompts and greedy outputs, the
-    second turns hit the first turns' full page (16 of 27 tokens), ratios of both runs."""
+    """Sessions with the cache off then on, one engine: same prompts and, drawn with the same
+    seeds (--sampling-seed), the same outputs; the second turns hit the first turns' full page
+    (16 of 27 tokens), ratios of both runs."""
     out = str(tmp_path / "compare.json")
-    assert main(["bench", "ouro-tiny", "--workload", "sessions", *TINY, "-P", "20", *ENGINE_FLAGS,
+    drawn = ["--temperature", "0.8", "--top-p", "0.9", "--presence-penalty", "0.5", "--sampling-seed", "11"]
+    assert main(["bench", "ouro-tiny", "--workload", "sessions", *TINY, "-P", "20", *ENGINE_FLAGS, *drawn,
                  "--compare-prefix-cache", "--out", out]) == 0
     result = _load(out)
     assert tuple(result) == rep.COMPARE_FIELDS and result["compare"] == "prefix_cache"
@@ -231,7 +293,11 @@ def test_bench_compare_prefix_cache(tmp_path, capsys, no_compilation_cache):
     assert (on["prefix_cache"]["hit_tokens"], on["prefix_cache"]["queried_tokens"]) == (32, 94)
     assert on["prefix_cache"]["page_hit_rate"] == 0.5 and on["prefix_cache"]["evictions"] == 0
     assert off["warmup_s"] == on["warmup_s"]  # one engine: its scheduler switched between the arms
-    assert result["matching_outputs"] == 1.0  # fp32 greedy: the cache changes no token
+    assert result["matching_outputs"] == 1.0  # fp32, seeded draws: the cache changes no token
+    assert off["spec"]["sampling"] == on["spec"]["sampling"] == {
+        "temperature": 0.8, "top_k": 0, "top_p": 0.9, "min_p": 0.0, "repetition_penalty": 1.0,
+        "frequency_penalty": 0.0, "presence_penalty": 0.5}
+    assert off["spec"]["sampling_seed"] == 11
     ratio = result["ratio"]
     assert tuple(ratio) == rep.RATIO_FIELDS and ratio["prefix_cache_hit_rate"] is None  # off hits nothing
     assert ratio["tokens_per_s"] == pytest.approx(on["tokens_per_s"] / off["tokens_per_s"])
@@ -239,6 +305,7 @@ def test_bench_compare_prefix_cache(tmp_path, capsys, no_compilation_cache):
     assert ratio["tpot_p50_s"] == pytest.approx(on["tpot_p50_s"] / off["tpot_p50_s"])
     printed = capsys.readouterr().out
     assert "prefix cache off vs on" in printed and "hit rate (tokens)" in printed and "34.0%" in printed
+    assert printed.count("temperature=0.8 top_p=0.9 presence_penalty=0.5") == 2  # the runs' summaries
     # The comparison runs the sessions workload in-process only: one clear line, exit code 1.
     assert main(["bench", "ouro-tiny", *TINY, "--compare-prefix-cache", "--out", out]) == 1
     assert main(["bench", "x", "--workload", "sessions", *TINY, "--compare-prefix-cache", "--url",

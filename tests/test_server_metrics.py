@@ -60,10 +60,12 @@ def test_bench_over_http_sessions(server, tmp_path):
 
     out = str(tmp_path / "sessions.json")
     assert main(["bench", MODEL_NAME, "--workload", "sessions", *TINY, "-P", "20", "--url", server.url,
+                 "--temperature", "0.9", "--frequency-penalty", "0.4", "--sampling-seed", "5",
                  "--out", out]) == 0
     with open(out) as f:
         report = json.load(f)
-    check_report(report, "sessions", 4, in_process=False)
+    check_report(report, "sessions", 4, in_process=False)  # drawn, with ignore_eos: 4 tokens each
+    assert report["spec"]["sampling"]["frequency_penalty"] == 0.4
     assert report["target"] == server.url and report["engine_stats"]["requests_finished_total"] >= 4
     # 2 sessions x 2 turns of prompts 20 and 27 tokens: each second turn hits page 0 (16 tokens).
     pc = report["prefix_cache"]
