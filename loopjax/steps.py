@@ -208,9 +208,9 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         if kind.adaptive:  # the logit criteria need the coda (with its KV writes) on checked loops
             logits, kv = jax.lax.cond(
                 exits.needs_logits(batch.exit, xs, depth, active=row_live),
-                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv, ops),
-                lambda kv: (jnp.zeros((s.shape[0], cfg.vocab_size), dtype), kv), kv)
-            xs, _ = exits.update(xs, batch.exit, logits[last], s, depth,
+                lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv, ops, logit_rows=last),
+                lambda kv: (jnp.zeros((last.shape[0], cfg.vocab_size), dtype), kv), kv)
+            xs, _ = exits.update(xs, batch.exit, logits, s, depth,
                                  row_of_token=batch.row_of_token, active=row_live)
         selecting = row_live & ~exited  # rows follow s up to their exit loop, then keep it
         sel = jnp.where(selecting[batch.row_of_token][:, None], s, sel)
@@ -228,10 +228,10 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
         core = range(cfg.num_prelude_layers, cfg.num_prelude_layers + cfg.num_core_layers)
         kv = kv_cache.fill_rows(kv, layout, core, batch, ran - 1)
     # NOTE: the coda of the selected state runs over every token (its KV is the one later
-    # tokens read), lm_head included; only the rows' last tokens are sampled.
-    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv, ops)
+    # tokens read); lm_head only over the rows' last tokens, the ones sampled.
+    logits, kv = huginn.coda(params, cfg, sel, cos, sin, attn, kv, ops, logit_rows=last)
     # Warm start: the next token of a row starts from ln_f of this token's selected state.
     warm = rms_norm(sel[last], params["ln_f"], cfg.norm_eps)
     carry = {**carry, "warm": _put(carry["warm"], batch.carry_slot, warm)}
     loops = ran if kind.first else jnp.minimum(batch.row_loops, batch.loop_end)
-    return _finish(state, kv, carry, logits[last], batch, num_top_logprobs, loops, kind)
+    return _finish(state, kv, carry, logits, batch, num_top_logprobs, loops, kind)

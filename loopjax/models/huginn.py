@@ -168,14 +168,16 @@ def lm_head(params, x):
                       preferred_element_type=jnp.float32).astype(x.dtype)
 
 
-def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv, ops=XLA_OPS):
-    """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype."""
+def coda(params, cfg: HuginnConfig, s, cos, sin, attn, kv, ops=XLA_OPS, logit_rows=None):
+    """ln_f, the coda layers, ln_f again, tied lm_head: logits [N, V] in the params dtype, or
+    only the tokens at `logit_rows` ([R] indices: [R, V]). The coda layers run over every
+    token either way (later tokens read their KV); the head is the step's largest product."""
     with jax.named_scope("huginn_coda"):
         x = ops.rms_norm(s, params["ln_f"], cfg.norm_eps)
         first_id = cfg.num_prelude_layers + cfg.num_core_layers
         _, x, kv = _stack(params["coda"], cfg, x, cos, sin, attn, kv, first_id, 0, ops,
                           final_norm=params["ln_f"])
-        return lm_head(params, x), kv
+        return lm_head(params, x if logit_rows is None else x[logit_rows]), kv
 
 
 # ---------------------------------------------------------------- initial state
