@@ -21,6 +21,6 @@ for _ in range(5):
     start = time.perf_counter()
     outs = llm.generate(prompts, **kw)
     times.append(time.perf_counter() - start)
-print("adaptive prefill, 4 x 512, kl select: median %.1f ms (min %.1f, max %.1f); loops %s; compiles %s"
-      % (1e3 * statistics.median(times), 1e3 * min(times), 1e3 * max(times),
-         [o.exit_loops for o in outs], llm.engine.stats().get("compilations")))
+median, low, high = (1e3 * f(times) for f in (statistics.median, min, max))
+print(f"adaptive prefill, 4 x 512, kl select: median {median:.1f} ms (min {low:.1f}, max {high:.1f}); "
+      f"loops {[o.exit_loops for o in outs]}; compiles {llm.engine.stats().get('compilations')}")
