@@ -152,6 +152,32 @@ class RequestParser:
                               f"got {params.logprobs}", field)
         return params
 
+    def tokenize(self, body: dict) -> list[int]:
+        """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered
+        by the chat template, as the completions would see them; any length (the client
+        compares the count with max_model_len)."""
+        if (body.get("prompt") is None) == (body.get("messages") is None):
+            raise bad_request("give either prompt or messages", "prompt")
+        unbounded = dataclasses.replace(self, max_context=None)
+        if body.get("messages") is not None:
+            return unbounded._chat_prompt(body)
+        prompts = unbounded._completion_prompts(body)
+        if len(prompts) != 1:
+            raise bad_request(f"prompt must be one text or one list of token ids, got {len(prompts)}",
+                              "prompt")
+        return prompts[0]
+
+    def detokenize(self, body: dict) -> str:
+        """/detokenize: the text of `tokens`, special tokens kept (the inverse of /tokenize)."""
+        tokens = body.get("tokens")
+        if not isinstance(tokens, list):
+            raise bad_request("tokens must be a list of integer token ids", "tokens")
+        if self.tokenizer is None:
+            raise bad_request(f"model {self.model_name!r} has no tokenizer to detokenize with", "tokens")
+        if tokens:
+            dataclasses.replace(self, max_context=None)._check_ids(tokens, "tokens")
+        return self.tokenizer.decode(tokens, skip_special_tokens=False)
+
     def _check_ids(self, ids, param: str) -> list[int]:
         if not ids:
             raise bad_request(f"{param} is empty", param)

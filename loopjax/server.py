@@ -1,7 +1,9 @@
 """OpenAI-compatible HTTP server: `loopjax serve MODEL [--host] [--port] [engine options]`.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream with server-sent
-events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics.
+events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics,
+POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) and POST
+/detokenize (`tokens` -> {prompt}), as vLLM's.
 
 Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
@@ -259,6 +261,15 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         return await handle(request, chat=True)
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        ids = parser.tokenize(parser.body(await request.body()))
+        return {"count": len(ids), "max_model_len": max_context, "tokens": ids}
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return {"prompt": parser.detokenize(parser.body(await request.body()))}
 
     @app.get("/v1/models")
     async def models():

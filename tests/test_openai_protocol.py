@@ -46,6 +46,44 @@ def test_bad_requests_get_400(server, body, status, param, words):
     assert "\n" not in err["message"]
 
 
+def test_tokenize_and_detokenize(server, client, served_model):
+    """/tokenize gives the ids the completions see (text, ids, chat messages: the chat's
+    usage counts the same tokens), at any length; /detokenize inverts it; bad bodies are 400
+    naming the field."""
+    def post(path, body):
+        return httpx.post(server.url + path, json={"model": MODEL_NAME, **body}, timeout=30)
+
+    text = "hello world the loop model"
+    r = post("/tokenize", {"prompt": text})
+    assert r.status_code == 200, r.text
+    got = r.json()
+    ids = served_model.tokenizer.encode(text, add_special_tokens=False).ids
+    assert got == {"count": 5, "max_model_len": 512, "tokens": ids} and 0 not in ids  # no <unk>
+    assert post("/detokenize", {"tokens": ids}).json() == {"prompt": text}
+    assert post("/tokenize", {"prompt": [7] * 600}).json()["count"] == 600  # longer than the context
+    messages = [{"role": "system", "content": "be the loop"}, {"role": "user", "content": "hello"}]
+    chat_ids = post("/tokenize", {"messages": messages}).json()["tokens"]
+    assert chat_ids[0] == 1 and chat_ids[-2:] == [1, served_model.tokenizer.token_to_id("assistant")]
+    used = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1).usage
+    assert used.prompt_tokens == len(chat_ids)
+    assert post("/detokenize", {"tokens": chat_ids}).json()["prompt"].startswith("<|im_start|>")
+    for path, body, param, words in [
+        ("/tokenize", {}, "prompt", "either prompt or messages"),
+        ("/tokenize", {"prompt": "hi", "messages": messages}, "prompt", "either prompt or messages"),
+        ("/tokenize", {"prompt": ["hello", "world"]}, "prompt", "one text or one list"),
+        ("/tokenize", {"prompt": [5, 999]}, "prompt", "token ids outside"),
+        ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role"),
+        ("/detokenize", {"tokens": "hello"}, "tokens", "list of integer token ids"),
+        ("/detokenize", {"tokens": [5, 999]}, "tokens", "token ids outside"),
+        ("/detokenize", {"tokens": [5, 1.5]}, "tokens", "integer token ids"),
+        ("/tokenize", {"model": "gpt-4", "prompt": "hi"}, "model", "gpt-4"),
+    ]:
+        r = post(path, body)
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == param and words in err["message"], (path, body, err)
+    assert post("/detokenize", {"tokens": []}).json() == {"prompt": ""}
+
+
 def test_malformed_json_and_chat_errors(server, client):
     r = httpx.post(server.url + "/v1/completions", content=b"{not json",
                    headers={"content-type": "application/json"}, timeout=30)
@@ -108,6 +146,10 @@ def test_chat_without_template_is_400():
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "max_tokens": 3})
         assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
+        r = httpx.post(live.url + "/detokenize", timeout=30, json={"tokens": [4, 5]})
+        assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5]})
+        assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5]}
 
 
 def test_chatml_fallback_without_jinja2(monkeypatch):
