@@ -11,6 +11,7 @@ _EXPORTS = {
     "forward": "loopjax.model",
     "Model": "loopjax.model",
     "generate": "loopjax.llm",
+    "score": "loopjax.scoring",
     "LLM": "loopjax.llm",
     "SamplingParams": "loopjax.sampling_params",
     "Engine": "loopjax.engine",

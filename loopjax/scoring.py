@@ -1,0 +1,82 @@
+"""Log-likelihood scoring on the identity path: `loopjax.score(model, sequences)`.
+
+For a sequence x of T >= 2 tokens: log p(x_t | x_<t) for t = 1..T-1 from `loopjax.forward`'s
+exit-selected logits (the reference's numbers), and whether x_t is the greedy choice there.
+Summed over a continuation's slice, that is lm-eval's `loglikelihood(context, continuation)`.
+
+Each sequence runs alone, right-padded to a power of two (at least MIN_BUCKET tokens, at most
+the model's context) so that sequences of similar length share one compiled forward: attention
+is causal and Huginn's initial state is keyed by position, so padding changes no real position
+beyond the rounding of products over more rows (tests/test_scoring.py: within 1e-5 of the
+unpadded forward). The log-softmax runs on the device; only [T-1] numbers come back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MIN_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoreOutput:
+    token_ids: list[int]  # [T] the scored sequence
+    token_logprobs: list[float]  # [T - 1]: log p(x_t | x_<t), t = 1..T-1
+    greedy: list[bool]  # [T - 1]: x_t is the argmax of the logits it follows
+
+    def logprob(self, start: int, end: int | None = None) -> float:
+        """The sum of log p(x_t | x_<t) over tokens start..end-1 (start >= 1): a continuation
+        x[start:end] given the context x[:start]."""
+        if start < 1:
+            raise ValueError(f"start must be >= 1 (the first token has no prefix), got {start}")
+        return float(sum(self.token_logprobs[start - 1:None if end is None else end - 1]))
+
+
+def bucket_len(length: int, max_len: int) -> int:
+    """The padded length of a `length`-token sequence: a power of two >= MIN_BUCKET, <= max_len."""
+    if length > max_len:
+        raise ValueError(f"a sequence of {length} tokens exceeds the model's context of {max_len}")
+    return min(max(MIN_BUCKET, 1 << (length - 1).bit_length()), max_len)
+
+
+@jax.jit
+def _next_token_logprobs(logits, ids):
+    """logits [P, V] f32 at positions 0..P-1, ids [P] -> (log p(ids[t] | ...) [P-1], greedy [P-1])."""
+    log_probs = jax.nn.log_softmax(logits[:-1], axis=-1)
+    nxt = ids[1:]
+    chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
+    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt
+
+
+def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
+          initial_state: str | None = None) -> list[ScoreOutput]:
+    """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, a
+    checkpoint folder or a preset name); one ScoreOutput per sequence, in order. `loops`,
+    `exit_threshold` (Ouro) and `initial_state` (Huginn: None for the position-keyed s_0, or
+    'zero'; an explicit s_0 goes through `loopjax.forward`) as in `loopjax.forward`."""
+    from loopjax.model import forward, load
+
+    model = load(model) if isinstance(model, str) else model
+    if initial_state is not None and not (isinstance(initial_state, str) and initial_state == "zero"):
+        raise ValueError(f"initial_state must be None or 'zero' when scoring, got a "
+                         f"{type(initial_state).__name__} (an explicit s_0 [T, H]: use loopjax.forward)")
+    single = isinstance(sequences, str) or (bool(sequences) and isinstance(sequences[0], int | np.integer))
+    items: Sequence = [sequences] if single else list(sequences)
+    if not items:
+        raise ValueError("sequences is empty")
+    outputs = []
+    for i, seq in enumerate(items):
+        ids = [int(t) for t in (model.tokenize(seq) if isinstance(seq, str) else seq)]
+        if len(ids) < 2:
+            raise ValueError(f"sequence {i} has {len(ids)} token(s): scoring needs at least 2")
+        padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
+        out = forward(model, padded, loops=loops, exit_threshold=exit_threshold, initial_state=initial_state)
+        logprobs, greedy = _next_token_logprobs(out.logits, jnp.asarray(padded, jnp.int32))
+        n = len(ids) - 1
+        outputs.append(ScoreOutput(ids, np.asarray(logprobs[:n]).tolist(), np.asarray(greedy[:n]).tolist()))
+    return outputs

@@ -1,0 +1,91 @@
+"""`loopjax.score`: next-token log-probabilities from the identity path, equal to the
+reference's (golden logits, Ouro and Huginn), the same padded as unpadded, greedy flags, the
+continuation sum, and one clear error per bad input."""
+
+import os
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+import loopjax
+from loopjax.scoring import MIN_BUCKET, bucket_len
+
+DATA = os.path.join(os.path.dirname(__file__), "data")
+OURO = os.path.join(DATA, "ouro")
+HUGINN = os.path.join(DATA, "huginn", "huginn_shape_242")
+
+
+def reference_scores(logits, ids):
+    """numpy: log_softmax(logits[t]) at ids[t + 1], and whether it is the argmax."""
+    logits = np.asarray(logits, np.float64)[:-1]
+    shifted = logits - logits.max(-1, keepdims=True)
+    log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    nxt = np.asarray(ids)[1:]
+    return log_probs[np.arange(len(nxt)), nxt], logits.argmax(-1) == nxt
+
+
+@pytest.fixture(scope="module")
+def ouro():
+    return loopjax.load(OURO), np.load(os.path.join(OURO, "reference_fp32.npz"))
+
+
+def test_ouro_scores_are_the_reference_logits(ouro):
+    model, ref = ouro
+    sequences = [ref[f"p{k}_input_ids"].tolist() for k in range(3)]  # 5, 12, 17 tokens
+    outs = loopjax.score(model, sequences)
+    for k, (seq, out) in enumerate(zip(sequences, outs, strict=True)):
+        want, greedy = reference_scores(ref[f"p{k}_logits"], seq)
+        assert out.token_ids == seq and len(out.token_logprobs) == len(seq) - 1
+        np.testing.assert_allclose(out.token_logprobs, want, atol=2e-5, rtol=0)
+        assert out.greedy == greedy.tolist()
+        assert out.logprob(2) == pytest.approx(float(want[1:].sum()), abs=1e-4)  # x[2:] given x[:2]
+        assert out.logprob(1, 3) == pytest.approx(float(want[:2].sum()), abs=1e-5)
+    # the threshold reaches the exit rule: the reference's threshold-0.5 logits
+    half = loopjax.score(model, sequences[1], exit_threshold=0.5)[0]
+    want, _ = reference_scores(ref["p1_exit_logits_thr0p5"], sequences[1])
+    np.testing.assert_allclose(half.token_logprobs, want, atol=2e-5, rtol=0)
+
+
+def test_padding_changes_no_score(ouro):
+    """Scored in a 16-token bucket, a 12-token sequence gets what its unpadded forward gives
+    (Ouro; Huginn with its position-keyed s_0, whose state must not depend on the length)."""
+    model, ref = ouro
+    seq = ref["p1_input_ids"].tolist()
+    assert bucket_len(len(seq), model.cfg.max_context_len) == 16
+    want, _ = reference_scores(loopjax.forward(model, seq).logits, seq)
+    np.testing.assert_allclose(loopjax.score(model, seq)[0].token_logprobs, want, atol=1e-5, rtol=0)
+    huginn = loopjax.load(HUGINN)
+    seq = load_file(os.path.join(HUGINN, "inputs.safetensors"))["prompt_ids"][0].tolist()[:9]
+    want, _ = reference_scores(loopjax.forward(huginn, seq, loops=2).logits, seq)
+    np.testing.assert_allclose(loopjax.score(huginn, seq, loops=2)[0].token_logprobs, want, atol=1e-5, rtol=0)
+
+
+def test_huginn_zero_state_scores_are_the_reference_logits():
+    model = loopjax.load(HUGINN)
+    inputs = load_file(os.path.join(HUGINN, "inputs.safetensors"))
+    golden = load_file(os.path.join(HUGINN, "forward.safetensors"))
+    seq = inputs["prompt_ids"][0].tolist()
+    out = loopjax.score(model, seq, loops=4, initial_state="zero")[0]
+    want, greedy = reference_scores(golden["logits_zero_state_steps4"][0], seq)
+    np.testing.assert_allclose(out.token_logprobs, want, atol=5e-5, rtol=0)
+    assert out.greedy == greedy.tolist()
+
+
+def test_buckets_and_errors(ouro):
+    model, _ = ouro
+    assert [bucket_len(n, 64) for n in (2, 16, 17, 33, 64)] == [MIN_BUCKET, 16, 32, 64, 64]
+    assert bucket_len(5, 8) == 8  # capped at the context
+    for args, kwargs, words in [
+        (([5],), {}, r"sequence 0 has 1 token\(s\)"),
+        (([],), {}, "sequences is empty"),
+        (([[3, 4], [7] * (model.cfg.max_context_len + 1)],), {}, "exceeds the model's context"),
+        (([3, 999],), {}, "outside the vocabulary"),
+        (("hello world",), {}, "tokenizer"),
+        (([3, 4],), {"initial_state": np.zeros((2, 4))}, "use loopjax.forward"),
+    ]:
+        with pytest.raises(ValueError, match=words) as err:
+            loopjax.score(model, *args, **kwargs)
+        assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="start must be >= 1"):
+        loopjax.score(model, [3, 4])[0].logprob(0)
