@@ -97,6 +97,7 @@ class RequestParser:
     max_context: int | None = None  # prompt + generation tokens the engine serves
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
     max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
+    echo_state: str | None = "unsupported"  # initial_state for `score` (echo); "unsupported": none
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -115,9 +116,8 @@ class RequestParser:
                               f"{self.model_name!r}", "model")
         if not isinstance(body.get("stream") or False, bool):
             raise bad_request(f"stream must be true or false, got {body['stream']!r}", "stream")
-        for key in ("echo", "suffix"):  # accepted by from_openai, but this server cannot honour them
-            if body.get(key):
-                raise bad_request(f"{key} is not supported by this server", key)
+        if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
+            raise bad_request("suffix is not supported by this server", "suffix")
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
@@ -150,7 +150,26 @@ class RequestParser:
             field = "top_logprobs" if chat else "logprobs"
             raise bad_request(f"{field} must be at most {self.max_logprobs} (this server's max_logprobs), "
                               f"got {params.logprobs}", field)
+        if body.get("echo"):
+            self._check_echo(body, chat, params)
         return params
+
+    def _check_echo(self, body: dict, chat: bool, params: SamplingParams) -> None:
+        """echo (completions, not streamed): the prompt's tokens and log-probabilities come
+        first, scored on the identity path (loopjax.score): a fixed depth or Ouro's threshold
+        exit in select mode, as the reference computes every prompt position."""
+        if chat:
+            raise bad_request("echo applies to /v1/completions only", "echo")
+        if body.get("stream"):
+            raise bad_request("echo is not supported with stream", "echo")
+        if self.echo_state == "unsupported":
+            raise bad_request("echo is not supported by this server (its prompts cannot be scored)", "echo")
+        rule = next((k for k in ("exit_criterion", "exit_trace", "exit_step", "exit_weighted")
+                     if getattr(params, k)), None)
+        if rule or params.exit_mode != "select":
+            raise bad_request(f"echo scores prompts at a fixed depth or with Ouro's threshold exit in "
+                              f"select mode; {rule or 'exit_mode=' + params.exit_mode} is not supported "
+                              f"with it", "echo")
 
     def tokenize(self, body: dict) -> list[int]:
         """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from functools import partial
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ class ScoreOutput:
     token_ids: list[int]  # [T] the scored sequence
     token_logprobs: list[float]  # [T - 1]: log p(x_t | x_<t), t = 1..T-1
     greedy: list[bool]  # [T - 1]: x_t is the argmax of the logits it follows
+    top_logprobs: list[list[tuple[int, float]]]  # [T - 1][top_k]: (id, log p), most likely first
 
     def logprob(self, start: int, end: int | None = None) -> float:
         """The sum of log p(x_t | x_<t) over tokens start..end-1 (start >= 1): a continuation
@@ -44,24 +46,28 @@ def bucket_len(length: int, max_len: int) -> int:
     return min(max(MIN_BUCKET, 1 << (length - 1).bit_length()), max_len)
 
 
-@jax.jit
-def _next_token_logprobs(logits, ids):
-    """logits [P, V] f32 at positions 0..P-1, ids [P] -> (log p(ids[t] | ...) [P-1], greedy [P-1])."""
+@partial(jax.jit, static_argnames="top_k")
+def _next_token_logprobs(logits, ids, top_k: int):
+    """logits [P, V] f32 at positions 0..P-1, ids [P] -> log p(ids[t + 1]) [P-1], greedy [P-1],
+    and the top_k (log p [P-1, k], ids [P-1, k]) of each position."""
     log_probs = jax.nn.log_softmax(logits[:-1], axis=-1)
     nxt = ids[1:]
     chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
-    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt
+    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, jax.lax.top_k(log_probs, top_k)
 
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
-          initial_state: str | None = None) -> list[ScoreOutput]:
+          initial_state: str | None = None, top_k: int = 0) -> list[ScoreOutput]:
     """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, a
     checkpoint folder or a preset name); one ScoreOutput per sequence, in order. `loops`,
     `exit_threshold` (Ouro) and `initial_state` (Huginn: None for the position-keyed s_0, or
-    'zero'; an explicit s_0 goes through `loopjax.forward`) as in `loopjax.forward`."""
+    'zero'; an explicit s_0 goes through `loopjax.forward`) as in `loopjax.forward`; `top_k`
+    most likely tokens of each position in `top_logprobs` (0: none)."""
     from loopjax.model import forward, load
 
     model = load(model) if isinstance(model, str) else model
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= model.cfg.vocab_size:
+        raise ValueError(f"top_k must be an integer in [0, {model.cfg.vocab_size}], got {top_k!r}")
     if initial_state is not None and not (isinstance(initial_state, str) and initial_state == "zero"):
         raise ValueError(f"initial_state must be None or 'zero' when scoring, got a "
                          f"{type(initial_state).__name__} (an explicit s_0 [T, H]: use loopjax.forward)")
@@ -76,7 +82,11 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
             raise ValueError(f"sequence {i} has {len(ids)} token(s): scoring needs at least 2")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
         out = forward(model, padded, loops=loops, exit_threshold=exit_threshold, initial_state=initial_state)
-        logprobs, greedy = _next_token_logprobs(out.logits, jnp.asarray(padded, jnp.int32))
+        logprobs, greedy, (top_lp, top_ids) = _next_token_logprobs(
+            out.logits, jnp.asarray(padded, jnp.int32), top_k)
         n = len(ids) - 1
-        outputs.append(ScoreOutput(ids, np.asarray(logprobs[:n]).tolist(), np.asarray(greedy[:n]).tolist()))
+        tops = [list(zip(i, lp, strict=True)) for i, lp in zip(np.asarray(top_ids[:n]).tolist(),
+                                                               np.asarray(top_lp[:n]).tolist(), strict=True)]
+        outputs.append(ScoreOutput(ids, np.asarray(logprobs[:n]).tolist(), np.asarray(greedy[:n]).tolist(),
+                                   tops))
     return outputs

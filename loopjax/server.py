@@ -18,6 +18,8 @@ Contract:
   prompt pages.
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
+- `echo` (completions, not streamed): the prompt's text, tokens and log-probabilities first,
+  scored by `loopjax.score` (the identity path) in a thread while the engine generates.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 This module and `openai_protocol.py` are the only ones that import FastAPI / uvicorn;
@@ -93,11 +95,27 @@ class _Choice:
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 
+    def echo(self, choice: dict, scored) -> None:
+        """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs."""
+        prompt = scored.token_ids
+        if self.tokenizer is not None:
+            choice["text"] = self.tokenizer.decode(prompt, skip_special_tokens=True) + choice["text"]
+        if choice["logprobs"] is not None:
+            name = self._token_name()
+            lp = choice["logprobs"]
+            lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
+            lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
+            lp["top_logprobs"] = [None, *({name(u): v for u, v in top} for top in scored.top_logprobs),
+                                  *lp["top_logprobs"]]
+
+    def _token_name(self):
+        tok = self.tokenizer
+        return (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
+
     def _logprobs(self, start: int, chat: bool):
         if self.logprobs is None:
             return None
-        tok = self.tokenizer
-        name = (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
+        name = self._token_name()
         ids, lps = self.token_ids[start:], self.logprobs[start:]
         tops = (self.top_logprobs or [[]] * len(self.token_ids))[start:]
         if chat:
@@ -124,8 +142,19 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     sched = getattr(getattr(aengine.engine, "scheduler", None), "config", None)
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
     max_logprobs = getattr(getattr(aengine.engine, "config", None), "max_logprobs", None)
+    echo_state = _echo_state(model, getattr(aengine.engine, "config", None))
     parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
-                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs)
+                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state)
+
+    def score_prompts(prompts: list[list[int]], params) -> list:
+        """echo: each prompt's next-token log-probabilities on the identity path, at the depth
+        and exit threshold the request runs with (its own thread: the event loop goes on)."""
+        from loopjax.scoring import score
+
+        return score(model, prompts, loops=params.loops if params.loops is not None else
+                     getattr(sched, "num_loops", None), top_k=params.logprobs or 0,
+                     exit_threshold=params.exit_threshold if model.family == "ouro" else None,
+                     initial_state=echo_state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -189,6 +218,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         params = parser.sampling(body, chat, prompts)
         streams = await submit_choices(body, prompts, params)
         choices = [_Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
+        echo = None  # the prompts' scores (echo), computed while the engine generates
+        if body.get("echo"):
+            echo = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
@@ -227,6 +259,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["choices"] = [
                 c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
                                      else {"text": c.text}) for c in choices]
+            if echo is not None:
+                scored = await echo
+                for c, choice in zip(choices, head["choices"], strict=True):
+                    c.echo(choice, scored[c.index // params.n])
             head["usage"] = usage()
             return JSONResponse(head)
 
@@ -288,6 +324,19 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def _echo_state(model, config) -> str | None:
+    """The initial_state `loopjax.score` needs to score prompts as the engine runs them (echo):
+    None (Ouro; Huginn's position-keyed s_0 of seed 0) or 'zero'; "unsupported" without the
+    model's weights, or for a Huginn seed `loopjax.forward` does not take."""
+    if not hasattr(model, "params") or getattr(model, "family", None) not in ("ouro", "huginn"):
+        return "unsupported"
+    if model.family == "ouro" or config is None:
+        return None
+    if config.huginn_init == "zero":
+        return "zero"
+    return None if config.huginn_seed == 0 else "unsupported"
 
 
 def _positive_int(text: str) -> int:

@@ -30,7 +30,10 @@ from loopjax.server import create_app
     ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
-    ({"prompt": [5], "echo": True}, 400, "echo", "not supported"),
+    ({"prompt": [5], "echo": True, "stream": True}, 400, "echo", "echo is not supported with stream"),
+    ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
+    ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
+     "exit_mode=skip"),
     ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
     ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
@@ -115,6 +118,7 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
     ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
+    ({"echo": True}, "echo", "echo applies to /v1/completions only"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}], **extra}
@@ -146,6 +150,8 @@ def test_chat_without_template_is_400():
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "max_tokens": 3})
         assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "echo": True})
+        assert r.status_code == 400 and "echo is not supported by this server" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/detokenize", timeout=30, json={"tokens": [4, 5]})
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5]})

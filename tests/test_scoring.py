@@ -33,12 +33,18 @@ def ouro():
 def test_ouro_scores_are_the_reference_logits(ouro):
     model, ref = ouro
     sequences = [ref[f"p{k}_input_ids"].tolist() for k in range(3)]  # 5, 12, 17 tokens
-    outs = loopjax.score(model, sequences)
+    outs = loopjax.score(model, sequences, top_k=3)
     for k, (seq, out) in enumerate(zip(sequences, outs, strict=True)):
         want, greedy = reference_scores(ref[f"p{k}_logits"], seq)
         assert out.token_ids == seq and len(out.token_logprobs) == len(seq) - 1
         np.testing.assert_allclose(out.token_logprobs, want, atol=2e-5, rtol=0)
         assert out.greedy == greedy.tolist()
+        logits = ref[f"p{k}_logits"][:-1]
+        top_ids = np.argsort(-logits, axis=-1)[:, :3]  # the reference's 3 most likely, in order
+        assert [[i for i, _ in top] for top in out.top_logprobs] == top_ids.tolist()
+        for t, top in enumerate(out.top_logprobs):
+            if out.greedy[t]:  # the scored token is the top one, with its own log-probability
+                assert top[0] == (seq[t + 1], pytest.approx(out.token_logprobs[t], abs=1e-6))
         assert out.logprob(2) == pytest.approx(float(want[1:].sum()), abs=1e-4)  # x[2:] given x[:2]
         assert out.logprob(1, 3) == pytest.approx(float(want[:2].sum()), abs=1e-5)
     # the threshold reaches the exit rule: the reference's threshold-0.5 logits
@@ -83,9 +89,11 @@ def test_buckets_and_errors(ouro):
         (([3, 999],), {}, "outside the vocabulary"),
         (("hello world",), {}, "tokenizer"),
         (([3, 4],), {"initial_state": np.zeros((2, 4))}, "use loopjax.forward"),
+        (([3, 4],), {"top_k": -1}, r"top_k must be an integer in \[0, 256\]"),
     ]:
         with pytest.raises(ValueError, match=words) as err:
             loopjax.score(model, *args, **kwargs)
         assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="start must be >= 1"):
         loopjax.score(model, [3, 4])[0].logprob(0)
+    assert loopjax.score(model, [3, 4])[0].top_logprobs == [[]]  # top_k 0: none

@@ -29,6 +29,42 @@ def test_completion_greedy_equals_generate(client, served_model):
         assert len(choice.exit_loops) == len(choice.token_ids)
 
 
+def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
+    """lm-eval's loglikelihood request (echo, logprobs=1, max_tokens=1, greedy): the prompt's
+    tokens and log-probabilities (loopjax.score, the identity path) come before the generated
+    token's, which are the request's without echo; each top entry says whether the scored token
+    is the greedy one. The engine's logprob of the generated token is the identity path's."""
+    from loopjax.scoring import score
+
+    tok = served_model.tokenizer
+    prompt = "hello world the loop model user"
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    kw = dict(model=MODEL_NAME, prompt=prompt, max_tokens=1, temperature=0, logprobs=1)
+    plain = client.completions.create(**kw).choices[0]
+    echoed = client.completions.create(**kw, echo=True).choices[0]
+    assert echoed.text == tok.decode(ids) + plain.text and echoed.token_ids == plain.token_ids
+    lp = echoed.logprobs
+    assert lp.tokens == [tok.id_to_token(t) for t in ids] + plain.logprobs.tokens
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    ref = score(served_model, ids, top_k=1)[0]
+    assert lp.token_logprobs[1:len(ids)] == pytest.approx(ref.token_logprobs, abs=1e-6)
+    assert lp.token_logprobs[len(ids):] == plain.logprobs.token_logprobs
+    assert lp.top_logprobs[len(ids):] == plain.logprobs.top_logprobs
+    for t in range(1, len(ids)):  # lm-eval's is_greedy: the top entry is the scored token
+        (name, top), = lp.top_logprobs[t].items()
+        assert (name == lp.tokens[t]) == ref.greedy[t - 1] and top >= lp.token_logprobs[t]
+    generated = score(served_model, ids + plain.token_ids)[0].token_logprobs[-1]
+    assert plain.logprobs.token_logprobs[0] == pytest.approx(generated, abs=1e-4)
+    # Prompts as ids, n samples each: every choice echoes its own prompt; no logprobs asked.
+    r = client.completions.create(model=MODEL_NAME, prompt=[ids[:3], ids[2:]], n=2, max_tokens=2,
+                                  temperature=0.8, seed=5, echo=True)
+    assert all(c.text.startswith(tok.decode(p)) for c, p in zip(r.choices, [ids[:3]] * 2 + [ids[2:]] * 2,
+                                                                  strict=True))
+    assert all(c.logprobs is None and len(c.token_ids) == 2 for c in r.choices)
+    assert r.choices[0].text == tok.decode(ids[:3]) + client.completions.create(
+        model=MODEL_NAME, prompt=ids[:3], max_tokens=2, temperature=0.8, seed=5).choices[0].text
+
+
 def test_min_tokens_and_stop_token_ids_pass_through(client):
     kw = dict(model=MODEL_NAME, prompt=[5, 9, 13, 17, 21], max_tokens=8, temperature=0,
               extra_body={"ignore_eos": True})
