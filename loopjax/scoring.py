@@ -63,7 +63,8 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     `exit_threshold` (Ouro) and `initial_state` (Huginn: None for the position-keyed s_0, or
     'zero'; an explicit s_0 goes through `loopjax.forward`) as in `loopjax.forward`; `top_k`
     most likely tokens of each position in `top_logprobs` (0: none)."""
-    from loopjax.model import forward, load
+    from loopjax.model import _check_ids, forward, load
+    from loopjax.models import huginn
 
     model = load(model) if isinstance(model, str) else model
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= model.cfg.vocab_size:
@@ -81,7 +82,14 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
         if len(ids) < 2:
             raise ValueError(f"sequence {i} has {len(ids)} token(s): scoring needs at least 2")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
-        out = forward(model, padded, loops=loops, exit_threshold=exit_threshold, initial_state=initial_state)
+        if model.family == "huginn":  # the final logits only: no per-loop coda and head
+            if exit_threshold is not None:
+                raise ValueError("exit_threshold is an Ouro argument: Huginn has no exit gate")
+            out = huginn.forward(model.params, model.cfg, _check_ids(padded, model.cfg.vocab_size),
+                                 loops=loops, initial_state=initial_state, per_loop_logits=False)
+        else:
+            out = forward(model, padded, loops=loops, exit_threshold=exit_threshold,
+                          initial_state=initial_state)
         logprobs, greedy, (top_lp, top_ids) = _next_token_logprobs(
             out.logits, jnp.asarray(padded, jnp.int32), top_k)
         n = len(ids) - 1
