@@ -72,8 +72,12 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     if initial_state is not None and not (isinstance(initial_state, str) and initial_state == "zero"):
         raise ValueError(f"initial_state must be None or 'zero' when scoring, got a "
                          f"{type(initial_state).__name__} (an explicit s_0 [T, H]: use loopjax.forward)")
-    single = isinstance(sequences, str) or (bool(sequences) and isinstance(sequences[0], int | np.integer))
-    items: Sequence = [sequences] if single else list(sequences)
+    if isinstance(sequences, str) or (isinstance(sequences, np.ndarray) and sequences.ndim == 1):
+        items: Sequence = [sequences]
+    else:
+        items = list(sequences)
+        if items and isinstance(items[0], int | np.integer):  # one sequence of token ids
+            items = [items]
     if not items:
         raise ValueError("sequences is empty")
     outputs = []
