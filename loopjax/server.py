@@ -34,6 +34,7 @@ import gc
 import json
 import logging
 import re
+import threading
 import time
 import uuid
 
@@ -146,15 +147,19 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
                            special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state)
 
+    scoring = threading.Lock()
+
     def score_prompts(prompts: list[list[int]], params) -> list:
         """echo: each prompt's next-token log-probabilities on the identity path, at the depth
-        and exit threshold the request runs with (its own thread: the event loop goes on)."""
+        and exit threshold the request runs with (its own thread: the event loop goes on).
+        One request's forwards at a time: each holds a whole sequence's activations."""
         from loopjax.scoring import score
 
-        return score(model, prompts, loops=params.loops if params.loops is not None else
-                     getattr(sched, "num_loops", None), top_k=params.logprobs or 0,
-                     exit_threshold=params.exit_threshold if model.family == "ouro" else None,
-                     initial_state=echo_state)
+        with scoring:
+            return score(model, prompts, loops=params.loops if params.loops is not None else
+                         getattr(sched, "num_loops", None), top_k=params.logprobs or 0,
+                         exit_threshold=params.exit_threshold if model.family == "ouro" else None,
+                         initial_state=echo_state)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
