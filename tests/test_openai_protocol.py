@@ -32,6 +32,7 @@ from loopjax.server import create_app
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True, "stream": True}, 400, "echo", "echo is not supported with stream"),
     ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
+    ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
      "exit_mode=skip"),
     ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
