@@ -1,6 +1,6 @@
 """Log-likelihood scoring on the identity path: `loopjax.score(model, sequences)`.
 
-For a sequence x of T >= 2 tokens: log p(x_t | x_<t) for t = 1..T-1 from `loopjax.forward`'s
+For a sequence x of T >= 1 tokens: log p(x_t | x_<t) for t = 1..T-1 from `loopjax.forward`'s
 exit-selected logits (the reference's numbers), and whether x_t is the greedy choice there.
 Summed over a continuation's slice, that is lm-eval's `loglikelihood(context, continuation)`.
 
@@ -83,8 +83,8 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     outputs = []
     for i, seq in enumerate(items):
         ids = [int(t) for t in (model.tokenize(seq) if isinstance(seq, str) else seq)]
-        if len(ids) < 2:
-            raise ValueError(f"sequence {i} has {len(ids)} token(s): scoring needs at least 2")
+        if not ids:  # one token has nothing to score (its lists are empty), none is an error
+            raise ValueError(f"sequence {i} is empty")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
         if model.family == "huginn":  # the final logits only: no per-loop coda and head
             if exit_threshold is not None:

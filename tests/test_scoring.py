@@ -84,7 +84,7 @@ def test_buckets_and_errors(ouro):
     assert [bucket_len(n, 64) for n in (2, 16, 17, 33, 64)] == [MIN_BUCKET, 16, 32, 64, 64]
     assert bucket_len(5, 8) == 8  # capped at the context
     for args, kwargs, words in [
-        (([5],), {}, r"sequence 0 has 1 token\(s\)"),
+        (([[3, 4], []],), {}, "sequence 1 is empty"),
         (([],), {}, "sequences is empty"),
         (([[3, 4], [7] * (model.cfg.max_context_len + 1)],), {}, "exceeds the model's context"),
         (([3, 999],), {}, "outside the vocabulary"),
@@ -98,3 +98,5 @@ def test_buckets_and_errors(ouro):
     with pytest.raises(ValueError, match="start must be >= 1"):
         loopjax.score(model, [3, 4])[0].logprob(0)
     assert loopjax.score(model, [3, 4])[0].top_logprobs == [[]]  # top_k 0: none
+    one, = loopjax.score(model, [5], top_k=2)  # one token: no prefix, nothing to score
+    assert (one.token_ids, one.token_logprobs, one.greedy, one.top_logprobs) == ([5], [], [], [])

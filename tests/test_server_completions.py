@@ -55,6 +55,9 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
         assert (name == lp.tokens[t]) == ref.greedy[t - 1] and top >= lp.token_logprobs[t]
     generated = score(served_model, ids + plain.token_ids)[0].token_logprobs[-1]
     assert plain.logprobs.token_logprobs[0] == pytest.approx(generated, abs=1e-4)
+    # A one-token prompt has no log-probability of its own.
+    one = client.completions.create(**dict(kw, prompt=ids[:1]), echo=True).choices[0].logprobs
+    assert one.token_logprobs[0] is None and len(one.token_logprobs) == 2 and one.top_logprobs[0] is None
     # Prompts as ids, n samples each: every choice echoes its own prompt; no logprobs asked.
     r = client.completions.create(model=MODEL_NAME, prompt=[ids[:3], ids[2:]], n=2, max_tokens=2,
                                   temperature=0.8, seed=5, echo=True)
