@@ -265,7 +265,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
                                      else {"text": c.text}) for c in choices]
             if echo is not None:
-                scored = await echo
+                try:
+                    scored = await echo
+                except ValueError as e:  # the scorer's one line (the prompts were checked above)
+                    raise bad_request(str(e), "echo") from None
                 for c, choice in zip(choices, head["choices"], strict=True):
                     c.echo(choice, scored[c.index // params.n])
             head["usage"] = usage()
