@@ -94,6 +94,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="rows for which the per-loop baseline is timed too (first context only)")
     parser.add_argument("--sampled-case", action="store_true",
                         help="also time the fused step with every row sampling (top-p 0.9)")
+    parser.add_argument("--max-logprobs", type=int, default=0,
+                        help="the full sampler's top logprobs per row (EngineConfig.max_logprobs; "
+                             "the greedy sampler computes none)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--kv-gb", type=float, default=40.0, help="KV pool cap in GB")
@@ -152,6 +155,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
     table_pages = -(-width // args.page_size)  # the runner's only page-table width
     runner = Runner(model, layout, decode_rows=tuple(rows_list), prefill_buckets=(),
                     max_pages=table_pages, max_loops=loops, backend=backend,
+                    num_top_logprobs=args.max_logprobs,
                     ops=with_pointwise(matmul_ops(args.current_matmul), args.current_pointwise))
     cases = {rows: _cases(runner, decode_rows(rows, pages_per_row, num_pages, context, loops), args, loops,
                           cfg.family, rows in per_loop_rows) for rows in rows_list}
@@ -165,7 +169,7 @@ def _bench_context(model, args, backend: str, context: int, width: int, first: b
                     mosaic=args.current_mosaic,
                     attn_write=args.current_attn[0], attn_splits=args.current_attn[1],
                     attn_stages=args.current_attn[2], attn_heads=args.current_attn[3],
-                    layout=args.layout, rows=rows,
+                    layout=args.layout, rows=rows, max_logprobs=args.max_logprobs,
                     context=context, page_width=table_pages * args.page_size, loops=loops,
                     kv_pages_wrapped=rows * pages_per_row > num_pages,
                     pool_pages=num_pages, page_size=args.page_size,
@@ -333,6 +337,7 @@ def _print(records: list[dict]) -> None:
               + ("" if r["attn_splits"] == "auto" else f"splits {r['attn_splits']} ")
               + ("" if r["attn_stages"] == "auto" else f"stages {r['attn_stages']} ")
               + ("" if r.get("attn_heads", "auto") == "auto" else f"heads {r['attn_heads']} ")
+              + (f"top-{r['max_logprobs']} " if r.get("max_logprobs") else "")
               + f"ctx {r['context']:>5} width {r['page_width']:>5} loops {r['loops']:>2}: "
               f"{r['median_us']:>10.1f} us "
               f"{r['tokens_per_s']:>9.1f} tok/s  roofline {r['roofline_pct']:5.1f}%"

@@ -39,7 +39,7 @@ from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
-from loopjax.sampling_params import SamplingParams
+from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import DECODE_ROW_BUCKETS
@@ -70,6 +70,8 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
+        if not 0 <= config.max_logprobs <= MAX_LOGPROBS:
+            raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {config.max_logprobs}")
         if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
                              f"choose one of {', '.join(attention_backend.ATTENTION_BACKENDS)}")
@@ -98,7 +100,8 @@ class Engine:
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
                              max_pages=sc.max_pages_per_request, max_loops=self.max_loops,
-                             backend=config.attention_backend, num_top_logprobs=config.max_logprobs,
+                             backend=config.attention_backend,
+                             num_top_logprobs=min(config.max_logprobs, cfg.vocab_size),
                              strict=config.strict_compile,
                              decode_page_widths=tuple(-(-c // config.page_size)
                                                       for c in config.decode_context_buckets),

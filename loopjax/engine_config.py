@@ -31,7 +31,8 @@ class EngineConfig:
     max_prefill_batches_before_decode: int = 1
     prefill_share_per_loop: bool = True   # a decode of L loops allows L x the prefill batches
     enable_prefix_caching: bool = False   # share KV pages of common prefixes (Huginn: s0 by seed)
-    max_logprobs: int = 0                 # largest `logprobs` a request may ask (static top-k)
+    max_logprobs: int = 20                # largest `logprobs` a request may ask: the full sampler's
+                                          # static top-k (vLLM's default; the greedy sampler has none)
     adaptive_exit: bool = False           # also compile the adaptive (while_loop) steps at start-up
     enable_weighted_exit: bool = False    # Ouro: compile the weighted-exit steps (exit_weighted)
     huginn_init: str = "seeded"           # default Huginn s0: 'seeded' (position-keyed) | 'zero'

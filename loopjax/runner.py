@@ -72,8 +72,10 @@ class Runner:
                 raise CompileAfterWarmup(f"step compiled after warm-up: rows "
                                          f"{batch.page_table.shape[0]}, tokens "
                                          f"{batch.token_ids.shape[0]}, {kind}")
-            return step(params, state, batch, cfg=self.cfg, layout=layout, backend=backend,
-                        kind=kind, num_top_logprobs=num_top_logprobs, ops=ops)
+            # NOTE: the greedy sampler computes no top logprobs (rows asking for them take the
+            # full one, SamplingParams.is_plain_greedy): its steps pay nothing for max_logprobs
+            return step(params, state, batch, cfg=self.cfg, layout=layout, backend=backend, kind=kind,
+                        num_top_logprobs=0 if kind.greedy else num_top_logprobs, ops=ops)
 
         self._step = jax.jit(traced, static_argnums=3, donate_argnums=1,
                              compiler_options=IDENTITY_COMPILER_OPTIONS)

@@ -196,8 +196,9 @@ class SamplingParams:
 
     @property
     def is_plain_greedy(self) -> bool:
-        """Greedy on the model's logits as they are: the greedy-only sampler serves it."""
-        return self.is_greedy and not self.processes_logits
+        """Greedy on the model's logits as they are, asking no top logprobs (the chosen
+        token's may be asked): the greedy-only sampler serves it."""
+        return self.is_greedy and not self.processes_logits and not self.logprobs
 
     def fan_out(self) -> list[SamplingParams]:
         """The n single-sample params of this request: sample i has seed `seed + i`, so the

@@ -59,10 +59,10 @@ def per_loop(first: bool, final: bool) -> StepKind:
 def fused_kind(num_loops: int, *, decode: bool, all_greedy: bool, adaptive: bool = False,
               unroll: int = 1, weighted: bool = False) -> StepKind:
     """The fused kind a step over such rows runs: the one rule that Runner.dispatch follows and
-    Runner.warmup_steps compiles. Decode steps whose rows are all plain greedy (no penalties or
-    logit_bias: SamplingParams.is_plain_greedy) take the greedy sampler (its sort alone is
-    ~0.23 ms of the 8.7 ms Ouro-1.4B 32-row step, run 16); prefill keeps one executable per
-    bucket, as its sampler is a small part of it."""
+    Runner.warmup_steps compiles. Decode steps whose rows are all plain greedy (no penalties,
+    logit_bias or top logprobs: SamplingParams.is_plain_greedy) take the greedy sampler (its
+    sort alone is ~0.23 ms of the 8.7 ms Ouro-1.4B 32-row step, run 16); prefill keeps one
+    executable per bucket, as its sampler is a small part of it."""
     return fused(num_loops, adaptive, unroll, weighted, greedy=decode and all_greedy)
 
 

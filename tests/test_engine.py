@@ -21,7 +21,7 @@ PROMPTS = ("p0", "p1", "p2")
 
 SMALL = dict(page_size=8, max_num_rows=4, decode_row_buckets=(4,), max_prefill_tokens=32,
              prefill_token_buckets=(32,), max_prefill_rows=2, max_context_len=64,
-             strict_compile=True, verbose=False)
+             max_logprobs=2, strict_compile=True, verbose=False)
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +193,11 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
     assert finals["good"].token_ids == ouro_ref["p0_greedy_tokens"].tolist()
 
 
+def test_max_logprobs_out_of_range_is_a_clear_error(ouro_model):
+    with pytest.raises(ValueError, match=r"^max_logprobs must be in \[0, 20\], got 21$"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "max_logprobs": 21}))
+
+
 def test_pool_too_small_is_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match="too small"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "num_pages": None, "kv_memory_bytes": 100}))
@@ -239,6 +244,23 @@ def test_earlier_outputs_keep_what_they_reported(ouro_engine, ouro_ref):
         assert o.token_ids == final.token_ids[:n] and o.new_token_ids == final.token_ids[n - 1:n]
         assert (len(o.exit_loops), len(o.logprobs), len(o.top_logprobs)) == (n, n, n)
         assert o.logprobs == final.logprobs[:n]
+
+
+def test_greedy_request_with_top_logprobs_runs_the_full_sampler(ouro_engine, ouro_ref):
+    """Top logprobs leave the greedy executable (it computes none): the full sampler's decode
+    steps give the same greedy tokens, each token first among its top logprobs."""
+    decode_kinds = []
+    submit = ouro_engine.runner.submit
+    ouro_engine.runner.submit = lambda batch, kind: decode_kinds.append(kind.greedy) or submit(batch, kind)
+    try:
+        ouro_engine.add_request(ouro_ref["p0_input_ids"].tolist(), greedy(5, logprobs=2), "top")
+        final = run_all(ouro_engine)["top"]
+    finally:
+        ouro_engine.runner.submit = submit
+    assert final.token_ids == ouro_ref["p0_greedy_tokens"].tolist()[:5]
+    assert decode_kinds and not any(decode_kinds)
+    for token, logprob, top in zip(final.token_ids, final.logprobs, final.top_logprobs):
+        assert len(top) == 2 and top[0] == (token, logprob) and top[1][1] <= logprob < 0
 
 
 # ------------------------------------------------------------------------------ Huginn

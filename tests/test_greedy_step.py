@@ -19,6 +19,8 @@ from loopjax.steps import fused
 GREEDY = SamplingParams(temperature=0.0)
 NEAR_ZERO = SamplingParams(temperature=1e-6, top_k=3, seed=5)  # below GREEDY_EPS: greedy
 SAMPLED = SamplingParams(temperature=0.7, top_p=0.9, seed=1)
+CHOSEN_LOGPROB = SamplingParams(temperature=0.0, logprobs=0)  # the greedy sampler computes it
+TOP_LOGPROBS = SamplingParams(temperature=0.0, logprobs=2)  # top logprobs: the full sampler's
 
 
 def tiny_runner(preset, dtype, **kw):
@@ -39,7 +41,8 @@ def ouro_runner():
 
 @pytest.mark.parametrize("params, greedy", [((GREEDY, GREEDY), True), ((GREEDY, NEAR_ZERO), True),
                                             ((GREEDY,), True), ((GREEDY, SAMPLED), False),
-                                            ((SAMPLED,), False)])
+                                            ((SAMPLED,), False), ((GREEDY, CHOSEN_LOGPROB), True),
+                                            ((GREEDY, TOP_LOGPROBS), False)])
 def test_dispatch_picks_the_greedy_kind_iff_every_decode_row_is_greedy(ouro_runner, monkeypatch,
                                                                        params, greedy):
     """Decode steps only (prefill and per-loop series keep the full sampler), and every kind
@@ -62,7 +65,8 @@ def test_dispatch_picks_the_greedy_kind_iff_every_decode_row_is_greedy(ouro_runn
 @pytest.mark.parametrize("preset", ["ouro-tiny", "huginn-tiny"])
 def test_greedy_and_full_executables_agree_bitwise_on_greedy_rows(preset):
     """One all-greedy decode batch (a padding row included) through both executables, bf16
-    weights (16-bit logits reach the sampler), from the same device state."""
+    weights (16-bit logits reach the sampler), from the same device state. The greedy one
+    computes no top logprobs (rows asking for them run the full one)."""
     runner = tiny_runner(preset, "bfloat16", num_top_logprobs=3)
     batch = runner.make_batch(rows(GREEDY), decode=True, loop_begin=0, loop_end=4, num_rows=2)
     state = jax.tree.map(jnp.copy, runner.state)
@@ -71,7 +75,9 @@ def test_greedy_and_full_executables_agree_bitwise_on_greedy_rows(preset):
         runner.state = jax.tree.map(jnp.copy, state)  # the step donates the state
         outs.append(jax.device_get(runner.submit(batch, fused(4, greedy=greedy))))
     full, greedy = outs
-    for name in ("tokens", "exit_loops", "logprobs", "top_ids", "top_logprobs"):
+    for name in ("tokens", "exit_loops", "logprobs"):
         np.testing.assert_array_equal(getattr(greedy, name), getattr(full, name), err_msg=name)
-    assert greedy.top_ids.shape == (2, 3) and np.isfinite(greedy.logprobs).all()
+    assert greedy.top_ids.shape == greedy.top_logprobs.shape == (2, 0) and np.isfinite(greedy.logprobs).all()
+    assert full.top_ids.shape == (2, 3) and (full.top_ids[:, 0] == full.tokens).all()
+    np.testing.assert_array_equal(full.top_logprobs[:, 0], full.logprobs)
     assert runner.compilations == 2

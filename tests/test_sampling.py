@@ -7,7 +7,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from loopjax.sampling import TOP_K_CAP, SamplingBatch, filter_threshold, row_keys, sample, sort_descending
+from loopjax.sampling import (
+    TOP_K_CAP,
+    SamplingBatch,
+    filter_threshold,
+    row_keys,
+    sample,
+    sort_descending,
+    top_k,
+)
 from loopjax.sampling_params import SamplingParams
 
 _sample = jax.jit(sample, static_argnames="num_top_logprobs")
@@ -219,6 +227,21 @@ def test_empirical_distribution_matches_softmax(kw):
     freq = np.bincount(tokens, minlength=5) / n
     np.testing.assert_allclose(freq, want, atol=0.03)  # ~4 standard deviations
     assert freq[want == 0].sum() == 0
+
+
+@pytest.mark.parametrize("vocab, k", [(3000, 20), (4096, 17), (3000, 5), (700, 20)])
+def test_top_k_equals_lax_top_k_ties_included(vocab, k):
+    """sampling.top_k (two stages above TWO_STAGE_MIN_K over more than a chunk, the vocabulary
+    padded to whole chunks) gives lax.top_k's values and ids, equal values lowest id first."""
+    rng = np.random.default_rng(vocab + k)
+    x = np.round(rng.normal(size=(3, vocab)) * 3).astype(np.float32)  # many ties
+    x[1, ::7] = -np.inf
+    x[2] = 1.0  # every value tied
+    got = jax.jit(top_k, static_argnums=1)(jnp.asarray(x), k)
+    want = jax.lax.top_k(jnp.asarray(x), k)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    np.testing.assert_array_equal(np.asarray(got[1])[2], np.arange(k))
 
 
 def test_logprobs_are_log_softmax_of_raw_logits():
