@@ -20,6 +20,14 @@ of x its B), so x needs 8-64 rows of shared memory, not 64.
   norm_add_norm's math: h = residual + norm(y), and norm(h) with the next weight.
 `persistent_mlp` stops after phase 2: act and the partials [split_k, M, H] f32.
 
+The programs synchronize through `counters`, a jax Ref of int32 [NUM_COUNTERS] updated in
+place, zero on entry and zero again on exit (so one buffer serves every call of a step:
+Ops.mlp_scratch). Each waiting program has its own counter: a signaller adds 1 to each of
+its waiters' counters (release), and a waiter waits for its count and takes it back off
+(acquire). Pallas's own global semaphores are zero-filled before every call instead (a memset
+and one more launch gap per call: bench/RESULTS.md run 17). Counters [0, units2) are phase 2's,
+[units2, units2 + M) phase 3's rows'.
+
 Interpret mode has no semaphores and runs programs one after another, so there each phase
 runs as its own kernel (same bodies) for the CPU tests; the GPU runs the phases in one
 kernel, checked against the same twins on the device (bench/probes/persistent_mlp_check.py).
@@ -43,6 +51,7 @@ __all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", 
 
 TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
 F32 = jnp.float32
+NUM_COUNTERS = NUM_SMS + 64  # phase 2's programs (<= NUM_SMS) and phase 3's rows (<= 64)
 
 
 def ref_persistent_mlp(x, w_gate_up, w_down):
@@ -93,30 +102,37 @@ def silu_mul_product(x, w_gate_up, *, num_stages: int = 6, interpret: bool | Non
     problem = silu_mul_problem(x, w_gate_up)
     if problem:
         raise ValueError(problem)
-    (act,) = _call(x, w_gate_up, None, None, None, None, split_k=1, num_stages=num_stages,
+    (act,) = _call(x, w_gate_up, None, None, None, None, None, split_k=1, num_stages=num_stages,
                    phases=(1,), eps=None, interpret=resolve_interpret(interpret))
     return act
+
+
+def new_counters():
+    """A zeroed counters Ref (see the module's docstring): one per step is enough."""
+    return jax.new_ref(jnp.zeros((NUM_COUNTERS,), jnp.int32))
 
 
 def persistent_mlp(x, w_gate_up, w_down, *, split_k: int | None = None, num_stages: int = 6,
                    phases: tuple | None = None, interpret: bool | None = None):
     """x [M, H] (M <= 64, bf16) -> (act [M, F], partials [split_k, M, H] f32) with
     act = layers.linear_silu_mul(x, w_gate_up) and sum(partials) = act @ w_down in fp32."""
-    act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages, phases, interpret)
+    act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages, phases, interpret, None)
     return act[: x.shape[0]], partials[:, : x.shape[0]]
 
 
 def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight,
-                                 eps: float, *, split_k: int | None = None, num_stages: int = 6,
-                                 phases: tuple | None = None, interpret: bool | None = None):
+                                 eps: float, counters=None, *, split_k: int | None = None,
+                                 num_stages: int = 6, phases: tuple | None = None,
+                                 interpret: bool | None = None):
     """layers.mlp_norm_add_norm (Ouro's MLP branch and the norms after it) -> (h, norm(h)),
-    all three phases in one kernel on the GPU (the interpreter: one kernel per phase)."""
+    all three phases in one kernel on the GPU (the interpreter: one kernel per phase, counters
+    unused). counters: a new_counters() Ref, shared by the calls of a step (None: a new one)."""
     _, _, (h, h_normed) = _run(x, w_gate_up, w_down, (residual, norm_weight, next_norm_weight),
-                               float(eps), split_k, num_stages, phases, interpret)
+                               float(eps), split_k, num_stages, phases, interpret, counters)
     return h, h_normed
 
 
-def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpret):
+def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpret, counters):
     """Checks the inputs, then runs each group of phases as one kernel, feeding a group the
     outputs of the earlier ones -> (act, partials, (h, h_normed)) (None where not run).
     phases None: phases 1, 2 (and 3 with norms) in one kernel, one kernel each when
@@ -133,8 +149,12 @@ def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpre
         phases = (phases,)
     act = partials = normed = None
     for run in phases:
-        outs = list(_call(x, w_gate_up, w_down, act, partials, norms, split_k=split_k,
-                          num_stages=num_stages, phases=tuple(run), eps=eps, interpret=interpret))
+        sync = len(run) > 1 and not interpret
+        if sync and counters is None:
+            counters = new_counters()
+        outs = list(_call(x, w_gate_up, w_down, act, partials, norms, counters if sync else None,
+                          split_k=split_k, num_stages=num_stages, phases=tuple(run), eps=eps,
+                          interpret=interpret))
         act = outs.pop(0) if 1 in run else act
         partials = outs.pop(0) if 2 in run else partials
         normed = tuple(outs) if 3 in run else normed
@@ -156,12 +176,46 @@ def _proxy_fence():
     fence()
 
 
+def _signal(counters, count: int):
+    """Add 1 to each of counters[0:count] (a slice of the counters ref) after the warpgroup's
+    earlier stores: a barrier, one release fence at GPU scope, then relaxed adds from one
+    thread (a release add per counter fences every time: bench/RESULTS.md run 25)."""
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
+    def signal(ctx, ref):
+        del ctx
+        mgpu_utils.warpgroup_barrier()
+        mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
+        base = mgpu_utils.memref_ptr(ref)
+        for i in range(count):
+            ptr = mgpu_utils.getelementptr(base, [i], ir.IntegerType.get_signless(32))
+            mgpu_utils.SemaphoreRef(ptr).signal(1, relaxed=True, memory_scope="gpu")
+
+    signal(counters)
+
+
+def _wait(counter, value: int):
+    """Wait until counter (a one-element slice of the counters ref) holds `value`, then take
+    it off (acquire at GPU scope): the counter is zero again for the next call."""
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
+    def wait(ctx, ref):
+        del ctx
+        mgpu_utils.SemaphoreRef(mgpu_utils.memref_ptr(ref)).wait(value, decrement=True, memory_scope="gpu")
+
+    wait(counter)
+
+
 @one_lowering_per_config("split_k", "num_stages", "phases", "eps", "interpret")
-def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: int,
+def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, num_stages: int,
           phases: tuple[int, ...], eps: float | None, interpret: bool):
     """The kernel running `phases` (a subset of 1, 2, 3 in order); act_in / part_in: the
     earlier phases' outputs when they ran as their own kernels; norms: (residual, norm_weight,
-    next_norm_weight) for phase 3."""
+    next_norm_weight) for phase 3; counters: the Ref the phases synchronize through (None when
+    one phase runs)."""
     (m, h), f = x.shape, w_gu.shape[1] // 2
     dtype, rows = x.dtype, b_rows(m)
     units1, col_tiles2 = f // TILE, h // TILE
@@ -173,12 +227,14 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
     stages1, stages2 = min(max(2, num_stages), steps1), min(max(2, num_stages), steps2)
     stages1, stages2 = _fit_smem(stages1 if 1 in phases else 0, stages2 if 2 in phases else 0, rows,
                                  dtype.itemsize)
-    sync = len(phases) > 1 and not interpret
+    sync = counters is not None
+    assert sync == (len(phases) > 1 and not interpret) and units2 + m <= NUM_COUNTERS
     transforms = tile_transforms(TILE, dtype)  # 64 columns: the weight tile (A) and x (B)
     in_names = ["x", "w_gu"] + (["w_down"] if 2 in phases else [])
     in_names += ["act"] if 2 in phases and 1 not in phases else []
     in_names += ["part"] if 3 in phases and 2 not in phases else []
     in_names += ["residual", "norm_w", "next_norm_w"] if 3 in phases else []
+    in_names += ["counters"] if sync else []
     out_names = (["act"] if 1 in phases else []) + (["part"] if 2 in phases else []) + (
         ["h", "h_normed"] if 3 in phases else [])
 
@@ -187,8 +243,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
         (wg_smem, wu_smem, x1_smem, bar1_w, bar1_x,
          wd_smem, x2_smem, bar2_w, bar2_x) = refs[len(in_names) + len(out_names):]
         p = jax.lax.axis_index("p")
-        # split_k semaphores: phase-1 programs done per down K split; one more: phase 2 done
-        sems = pl.get_global(plmgpu.SemaphoreType.REGULAR((split_k + 1,))) if sync else None
+        cnt = r.get("counters")  # [0, units2): phase 2's programs, then phase 3's rows
         c2, s2 = jax.lax.rem(p, col_tiles2), jax.lax.div(p, col_tiles2)  # phase-2 unit of p
 
         def fetch_w2(t, slot):
@@ -227,8 +282,9 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                     act = (silu * up).astype(dtype)  # [TILE, rows]: act^T's tile
                     r["act"].at[pl.ds(0, rows), pl.ds(p * TILE, TILE)].T[...] = plmgpu.layout_cast(
                         act, plmgpu.Layout.WGMMA_TRANSPOSED)
-                    if sync:
-                        pl.semaphore_signal(sems.at[jax.lax.div(p, per_split)])
+                    if sync:  # the phase-2 programs of this columns' K split
+                        _signal(cnt.at[pl.ds(jax.lax.div(p, per_split) * col_tiles2, col_tiles2)],
+                                col_tiles2)
 
             if 2 in phases:
                 @pl.when(p < units2)
@@ -242,7 +298,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                         for t in range(stages2):
                             fetch_w2(t, t)
                     if sync and 1 in phases:
-                        pl.semaphore_wait(sems.at[s2], per_split, decrement=False)
+                        _wait(cnt.at[pl.ds(p, 1)], per_split)
                         _proxy_fence()
 
                     def fetch_x(t, slot):
@@ -264,14 +320,14 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                     plmgpu.wgmma_wait(0)
                     r["part"].at[s2, pl.ds(0, rows), pl.ds(c2 * TILE, TILE)].T[...] = plmgpu.layout_cast(
                         acc_d[...], plmgpu.Layout.WGMMA_TRANSPOSED)
-                    if sync and 3 in phases:
-                        pl.semaphore_signal(sems.at[split_k])
+                    if sync and 3 in phases:  # every row
+                        _signal(cnt.at[pl.ds(units2, m)], m)
 
             if 3 in phases:
                 @pl.when(p < m)
                 def _():  # row p: kernels/rms_norm.py norm_add_norm's math on the partials
                     if sync and 2 in phases:
-                        pl.semaphore_wait(sems.at[split_k], units2, decrement=False)
+                        _wait(cnt.at[pl.ds(units2 + p, 1)], units2)
                     y = r["part"][0, p]
                     for s in range(1, split_k):  # the partials summed in split order
                         y = y + r["part"][s, p]
@@ -298,7 +354,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, *, split_k: int, num_stages: 
                plmgpu.Barrier(num_arrivals=1, num_barriers=s2_)]
     num_programs = max(units1 if 1 in phases else 0, units2 if 2 in phases else 0,
                        m if 3 in phases else 0)
-    args = dict(x=x, w_gu=w_gu, w_down=w_down, act=act_in, part=part_in)
+    args = dict(x=x, w_gu=w_gu, w_down=w_down, act=act_in, part=part_in, counters=counters)
     if norms is not None:
         args.update(residual=norms[0], norm_w=norms[1], next_norm_w=norms[2])
     return plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(num_programs,),

@@ -281,7 +281,8 @@ class Ops:
     kernel may run the RoPE in its epilogue and write q, k, v). Ouro's whole MLP branch is the
     method mlp_norm_add_norm: this Ops' linear_silu_mul then linear_norm_add_norm, or
     `fused_mlp` where set (one kernel for both products, kernels/persistent_mlp.py), so that
-    replacing either op needs no other change."""
+    replacing either op needs no other change; it takes `mlp_scratch()` (the fused kernel's
+    synchronization counters, a Ref updated in place; None otherwise), one for many calls."""
 
     linear: Callable = linear
     linear_accumulate: Callable = linear_accumulate
@@ -291,17 +292,23 @@ class Ops:
     linear_norm_add_norm: Callable = linear_norm_add_norm
     linear_add_norm_norm: Callable = linear_add_norm_norm
     fused_mlp: Callable | None = None  # mlp_norm_add_norm's signature
+    fused_mlp_scratch: Callable | None = None  # () -> a scratch Ref fused_mlp's calls share
     linear_rope_rotate_half_qkv: Callable = linear_rope_rotate_half_qkv
     rms_norm: Callable = rms_norm
     rms_norm_add: Callable = rms_norm_add
     add_rms_norm: Callable = add_rms_norm
     rope_interleaved_qk: Callable = rope_interleaved_qk
 
+    def mlp_scratch(self):
+        """The scratch a run of layers hands to each mlp_norm_add_norm (None: nothing)."""
+        return self.fused_mlp_scratch() if self.fused_mlp_scratch is not None else None
+
     def mlp_norm_add_norm(self, x, w_gate_up, w_down, residual, norm_weight, next_norm_weight,
-                          eps: float):
-        """Ouro's MLP branch (layers.mlp_norm_add_norm) on this Ops."""
+                          eps: float, scratch=None):
+        """Ouro's MLP branch (layers.mlp_norm_add_norm) on this Ops; scratch: mlp_scratch()'s."""
         if self.fused_mlp is not None:
-            return self.fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
+            return self.fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps,
+                                  scratch)
         return mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps,
                                  silu_mul_op=self.linear_silu_mul,
                                  norm_add_norm_op=self.linear_norm_add_norm)

@@ -23,9 +23,11 @@
   RoPE at 1-64 rows, SiLU*up and the norms' partials at 8-64; context-512 steps 1 row 4,804
   -> 4,669 us, 8 rows 5,513 -> 5,305, 32 rows 8,353 -> 8,073, 64 rows 12,119 -> 11,458 with
   wqkv and w_gate_up now streamed there).
-- 'persistent' (experimental, measured in bench/RESULTS.md run 17): 'auto' with Ouro's whole MLP
-  branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in one
-  resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes.
+- 'persistent' (experimental, measured in bench/RESULTS.md runs 17 and 25): 'auto' with Ouro's
+  whole MLP branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in
+  one resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes, its
+  programs synchronizing through Ops.mlp_scratch's counters (run 25: still 2.4-3.9% slower
+  than 'auto' at 1-32 rows).
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """
@@ -112,7 +114,7 @@ def matmul_ops(name: str) -> Ops:
                   for name, weight_arg in PRODUCTS.items()})
     if name == "auto":
         return auto
-    return dataclasses.replace(auto, fused_mlp=_persistent_mlp_or(auto))
+    return dataclasses.replace(auto, fused_mlp=_persistent_mlp_or(auto), fused_mlp_scratch=pm.new_counters)
 
 
 @functools.cache
@@ -120,11 +122,12 @@ def _persistent_mlp_or(ops: Ops):
     """Ops.fused_mlp: Ouro's MLP branch on kernels/persistent_mlp.py (both products and the
     norms after them in one resident kernel) where the kernel takes the shapes (decode rows);
     elsewhere `ops`' own two ops."""
-    def fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float):
+    def fused_mlp(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps: float, counters):
         if mosaic_gpu_problem() or pm.shape_problem(x, w_gate_up, w_down) is not None:
-            return ops.mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps)
+            return ops.mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, eps,
+                                         counters)
         return pm.persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight,
-                                               next_norm_weight, eps)
+                                               next_norm_weight, eps, counters)
     return fused_mlp
 
 

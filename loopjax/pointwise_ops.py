@@ -48,7 +48,7 @@ def with_pointwise(ops: Ops, name: str) -> Ops:
         linear_norm_add_norm=_then_kernel_norms(ops.linear, kernels.norm_add_norm),
         linear_add_norm_norm=_then_kernel_norms(ops.linear, kernels.add_norm_norm),
         linear_rope_rotate_half_qkv=_then_kernel_rope(ops.linear),
-        fused_mlp=None,  # the MLP branch: the two ops above
+        fused_mlp=None, fused_mlp_scratch=None,  # the MLP branch: the two ops above
     )
 
 

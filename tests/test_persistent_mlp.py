@@ -1,12 +1,14 @@
 """The persistent MLP kernel (kernels/persistent_mlp.py): its phases in the Mosaic GPU CPU
 interpreter vs the XLA twin (rows padded to 8 and 32, K splits, more tiles than ring slots;
 with the norms, bitwise), bad shapes, the fused kernel lowered for CUDA on this CPU host at
-Ouro-1.4B's shapes (one kernel with its semaphores), the `mlp_norm_add_norm` op of every Ops
+Ouro-1.4B's shapes (one kernel, its phases synchronized through one counters Ref that a loop's
+layers share), the `mlp_norm_add_norm` op of every Ops
 (XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas'): the two ops it replaces unless
 a kernel runs it, and the device probe's --smoke run."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -86,6 +88,61 @@ def test_fused_kernel_lowers_for_cuda(norms, m):
     with use_abstract_mesh(H200):
         text = jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert mosaic_kernels(text) == (1, 1) and "loopjax_persistent_mlp" in text
+
+
+def test_fused_kernels_thread_one_counters_buffer():
+    """Two fused calls in one step share one zeroed counters Ref (the kernel leaves it zero),
+    updated in place (an aliased output), and nothing zero-fills a buffer per call: Pallas's
+    own global semaphores would (bench/RESULTS.md run 17)."""
+    shapes = ((8, 2048), (2048, 11264), (5632, 2048), (8, 2048), (2048,), (2048,))
+    args = [jax.ShapeDtypeStruct(s, BF16) for s in shapes]
+
+    def two_layers(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight):
+        counters = pm.new_counters()
+        for _ in range(2):
+            residual, x = pm.persistent_mlp_norm_add_norm(
+                x, w_gate_up, w_down, residual, norm_weight, next_norm_weight, 1e-6, counters,
+                interpret=False)
+        return x
+
+    with use_abstract_mesh(H200):
+        text = jax.jit(two_layers).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+    assert len(calls) == 2 and all("output_operand_alias" in line for line in calls)
+    fills = _int32_fills(text)
+    assert len(fills) == 1 and f"-> tensor<{pm.NUM_COUNTERS}xi32>" in fills[0]
+
+
+def _int32_fills(text: str) -> list[str]:
+    """The lines of lowered StableHLO that fill an int32 array with a scalar (zeros)."""
+    return [line for line in text.splitlines()
+            if "broadcast_in_dim" in line and "dims = [] :" in line and "xi32>" in line]
+
+
+def test_a_loop_shares_one_counters_ref(monkeypatch):
+    """ouro.loop on 'persistent' (a GPU's Ops, lowered for CUDA): every layer's MLP runs the
+    fused kernel, and the loop's layers share Ops.mlp_scratch's one counters Ref (a single
+    zero fill for the loop, no fill per call)."""
+    from loopjax.config import preset
+    from loopjax.models import ouro
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    cfg = dataclasses.replace(preset("ouro-tiny"), hidden_size=256, intermediate_size=512)
+    persistent = mo.matmul_ops("persistent")  # its MLP; XLA's other ops (Mosaic's qkv: D >= 64)
+    ops = dataclasses.replace(layers.XLA_OPS, fused_mlp=persistent.fused_mlp,
+                              fused_mlp_scratch=persistent.fused_mlp_scratch)
+    params = jax.eval_shape(lambda: ouro.init_params(cfg, jax.random.key(0), BF16))
+
+    def one_loop(params, x):
+        cos, sin = layers.rope_angles(jnp.arange(x.shape[0]), cfg.head_dim, cfg.rope_theta)
+        return ouro.loop(params, cfg, x, cos, sin, layers.DenseCausal(), None, 0, ops)[0]
+
+    with use_abstract_mesh(H200):
+        lowered = jax.jit(one_loop).trace(params, jax.ShapeDtypeStruct((8, cfg.hidden_size), BF16))
+        text = lowered.lower(lowering_platforms=("cuda",)).as_text()
+    fills = _int32_fills(text)
+    assert cfg.num_layers == 2 and "loopjax_persistent_mlp" in text
+    assert len(fills) == 1 and f"-> tensor<{pm.NUM_COUNTERS}xi32>" in fills[0]
 
 
 def _mlp_args(m, h, f):

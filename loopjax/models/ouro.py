@@ -94,11 +94,13 @@ def embed(params, ids):
 _silu_mul = silu_mul
 
 
-def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, layer_id: int, depth, ops):
+def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, layer_id: int, depth, ops,
+           scratch):
     """One sandwich-norm decoder layer: x + norm_2(attn(norm(x))), then the same for the MLP.
     x_normed = rms_norm(x, attn_norm) comes in with x, and the layer hands on (x, rms_norm(x,
     next_norm)): each branch's closing norms and the next branch's input norm are one op
-    (ops.linear_norm_add_norm), which a kernel runs in one pass."""
+    (ops.linear_norm_add_norm), which a kernel runs in one pass. scratch: ops.mlp_scratch()'s,
+    one for the loop's layers."""
     n, eps = x.shape[0], cfg.rms_norm_eps
     q_dim = cfg.num_heads * cfg.head_dim
     with jax.named_scope("attention"):
@@ -108,7 +110,7 @@ def _layer(lp, cfg: OuroConfig, x, x_normed, next_norm, cos, sin, attn, kv, laye
                                                lp["attn_norm_2"], lp["mlp_norm"], eps)
     with jax.named_scope("mlp"):
         x, x_normed = ops.mlp_norm_add_norm(x_normed, lp["w_gate_up"], lp["w_down"], x,
-                                            lp["mlp_norm_2"], next_norm, eps)
+                                            lp["mlp_norm_2"], next_norm, eps, scratch)
     return x, x_normed, kv
 
 
@@ -119,10 +121,11 @@ def loop(params, cfg: OuroConfig, x, cos, sin, attn, kv, depth, ops=XLA_OPS):
     layers = params["layers"]
     next_norms = [lp["attn_norm"] for lp in layers[1:]] + [params["norm"]]
     x_normed = ops.rms_norm(x, layers[0]["attn_norm"], cfg.rms_norm_eps)
+    scratch = ops.mlp_scratch()
     for layer_id, (lp, next_norm) in enumerate(zip(layers, next_norms)):
         with jax.named_scope(f"layer_{layer_id}"):
             x, x_normed, kv = _layer(lp, cfg, x, x_normed, next_norm, cos, sin, attn, kv,
-                                     layer_id, depth, ops)
+                                     layer_id, depth, ops, scratch)
     return x_normed, kv  # the last layer's next norm is the final norm
 
 
