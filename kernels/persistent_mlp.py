@@ -23,10 +23,10 @@ of x its B), so x needs 8-64 rows of shared memory, not 64.
 The programs synchronize through `counters`, a jax Ref of int32 [NUM_COUNTERS] updated in
 place, zero on entry and zero again on exit (so one buffer serves every call of a step:
 Ops.mlp_scratch). Each waiting program has its own counter: a signaller adds 1 to each of
-its waiters' counters (release), and a waiter waits for its count and takes it back off
-(acquire). Pallas's own global semaphores are zero-filled before every call instead (a memset
-and one more launch gap per call: bench/RESULTS.md run 17). Counters [0, units2) are phase 2's,
-[units2, units2 + M) phase 3's rows'.
+its waiters' counters (one release fence, then relaxed adds), and a waiter waits for its
+count and takes it back off (acquire). Pallas's own global semaphores are zero-filled before
+every call instead (a memset and one more launch gap per call: bench/RESULTS.md runs 17 and
+25). Counters [0, units2) are phase 2's, [units2, units2 + M) phase 3's rows'.
 
 Interpret mode has no semaphores and runs programs one after another, so there each phase
 runs as its own kernel (same bodies) for the CPU tests; the GPU runs the phases in one
@@ -108,7 +108,7 @@ def silu_mul_product(x, w_gate_up, *, num_stages: int = 6, interpret: bool | Non
 
 
 def new_counters():
-    """A zeroed counters Ref (see the module's docstring): one per step is enough."""
+    """A zeroed counters Ref (see the module's docstring): one serves any number of calls."""
     return jax.new_ref(jnp.zeros((NUM_COUNTERS,), jnp.int32))
 
 
@@ -126,7 +126,7 @@ def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, ne
                                  interpret: bool | None = None):
     """layers.mlp_norm_add_norm (Ouro's MLP branch and the norms after it) -> (h, norm(h)),
     all three phases in one kernel on the GPU (the interpreter: one kernel per phase, counters
-    unused). counters: a new_counters() Ref, shared by the calls of a step (None: a new one)."""
+    unused). counters: a new_counters() Ref, shared with other calls (None: a new one)."""
     _, _, (h, h_normed) = _run(x, w_gate_up, w_down, (residual, norm_weight, next_norm_weight),
                                float(eps), split_k, num_stages, phases, interpret, counters)
     return h, h_normed
