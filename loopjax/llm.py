@@ -28,7 +28,8 @@ class GenerateOutput:
     text: str | None                  # detokenized generation (None without a tokenizer)
     exit_loops: list[int]             # loops of the selected state, per generated token
     finish_reason: str | None         # 'stop' | 'length' | 'abort'
-    logprobs: list[float] | None = None
+    logprobs: list[float] | None = None  # of each generated token (SamplingParams.logprobs set)
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: `logprobs` (id, log p)
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
 
 
@@ -100,7 +101,9 @@ def _result(prompt, out, model) -> GenerateOutput:
     if text is None and model.tokenizer is not None:
         text = model.detokenize(out.token_ids, skip_special_tokens=True)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
-                          None if out.logprobs is None else list(out.logprobs), out.metrics)
+                          None if out.logprobs is None else list(out.logprobs),
+                          None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
+                          out.metrics)
 
 
 _CACHE: dict = {}

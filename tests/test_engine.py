@@ -324,6 +324,12 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref):
     for _ in range(2):
         first = llm.generate(ids[2], max_new_tokens=5, ignore_eos=True)[0]
         assert first.token_ids == ouro_ref["p2_greedy_tokens"][:5].tolist()
+        assert first.logprobs is None and first.top_logprobs is None
+    # the generated tokens' logprobs and top logprobs (the greedy token first among them)
+    scored = llm.generate(ids[2], max_new_tokens=5, ignore_eos=True, logprobs=2)[0]
+    assert scored.token_ids == first.token_ids and len(scored.logprobs) == len(scored.top_logprobs) == 5
+    assert all(top[0] == (t, lp) and len(top) == 2 for t, lp, top in
+               zip(scored.token_ids, scored.logprobs, scored.top_logprobs))
     # n samples per prompt: result p * n + i is prompt p's sample i, drawn with seed + i.
     sampled = dict(max_tokens=6, temperature=1.0, ignore_eos=True)
     outs = llm.generate(ids[:2], SamplingParams(n=3, seed=40, **sampled))
