@@ -43,6 +43,17 @@ def time_calls(fn, iters: int) -> list[float]:
     return times
 
 
+def pipelined_us(fn, iters: int = 50) -> float:
+    """Microseconds per call of `fn` over `iters` calls submitted back to back with one wait
+    at the end (after one warm-up call): device time once dispatch overlaps the calls."""
+    jax.block_until_ready(fn())
+    start = time.perf_counter()
+    for _ in range(iters):
+        out = fn()
+    jax.block_until_ready(out)
+    return (time.perf_counter() - start) / iters * 1e6
+
+
 class Budget:
     """Wall-clock budget: a case starts only if the longest case of its kind so far fits."""
 

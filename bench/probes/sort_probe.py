@@ -8,12 +8,13 @@ compiled HLO calls CUB, and whether the two agree (as float values).
 
 from __future__ import annotations
 
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopjax.bench.common import pipelined_us
 from loopjax.sampling import sort_descending
 
 SHAPES = ((8, 49152), (32, 49152), (128, 49152), (32, 65536), (128, 65536))
@@ -23,15 +24,6 @@ def sort_desc_float(x):
     return -jnp.sort(-x, axis=-1)
 
 
-def _time(fn, x, iters=50):
-    jax.block_until_ready(fn(x))
-    start = time.perf_counter()
-    for _ in range(iters):
-        out = fn(x)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / iters * 1e6
-
-
 def main():
     print(f"sort probe on {jax.devices()[0].device_kind}")
     for r, v in SHAPES:
@@ -39,7 +31,7 @@ def main():
         fns = {name: jax.jit(fn) for name, fn in (("float", sort_desc_float), ("int_keys", sort_descending))}
         hlo = fns["int_keys"].lower(x).compile().as_text()
         same = bool(np.array_equal(np.asarray(fns["float"](x)), np.asarray(fns["int_keys"](x))))
-        times = {name: _time(fn, x) for name, fn in fns.items()}
+        times = {name: pipelined_us(functools.partial(fn, x)) for name, fn in fns.items()}
         print(f"[{r:>4}, {v}]  float {times['float']:8.1f} us   int keys {times['int_keys']:8.1f} us   "
               f"cub {'cub' in hlo.lower()}   equal {same}", flush=True)
 

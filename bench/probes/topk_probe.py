@@ -9,14 +9,14 @@ candidates). Prints µs per call, whether the compiled HLO sorts, and whether th
 
 from __future__ import annotations
 
-import time
+import functools
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from loopjax import sampling
-from loopjax.bench.common import patched
+from loopjax.bench.common import patched, pipelined_us
 
 SHAPES = ((1, 49152), (32, 49152), (128, 49152), (8, 65536), (32, 65536))
 KS = (1, 5, 16, 20)
@@ -25,15 +25,6 @@ KS = (1, 5, 16, 20)
 def two_stage_top_k(x, k: int):
     with patched(sampling, TWO_STAGE_MIN_K=0):
         return sampling.top_k(x, k)
-
-
-def _time(fn, x, iters=50):
-    jax.block_until_ready(fn(x))
-    start = time.perf_counter()
-    for _ in range(iters):
-        out = fn(x)
-    jax.block_until_ready(out)
-    return (time.perf_counter() - start) / iters * 1e6
 
 
 def main():
@@ -46,7 +37,7 @@ def main():
             sorts = {name: "sort(" in fn.lower(x).compile().as_text() for name, fn in fns.items()}
             got = {name: jax.device_get(fn(x)) for name, fn in fns.items()}
             same = all(np.array_equal(a, b) for a, b in zip(got["lax"], got["two_stage"]))
-            times = {name: _time(fn, x) for name, fn in fns.items()}
+            times = {name: pipelined_us(functools.partial(fn, x)) for name, fn in fns.items()}
             print(f"[{r:>4}, {v}] k {k:>2}  lax {times['lax']:8.1f} us (sort {sorts['lax']})   "
                   f"two-stage {times['two_stage']:8.1f} us (sort {sorts['two_stage']})   equal {same}",
                   flush=True)
