@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopjax.sampling import top_k as top_k_of  # the sampler's top-k (two stages above k = 16)
+
 MIN_BUCKET = 16
 
 
@@ -53,7 +55,7 @@ def _next_token_logprobs(logits, ids, top_k: int):
     log_probs = jax.nn.log_softmax(logits[:-1], axis=-1)
     nxt = ids[1:]
     chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
-    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, jax.lax.top_k(log_probs, top_k)
+    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, top_k_of(log_probs, top_k)
 
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
