@@ -10,6 +10,10 @@ Huginn `initial_state` per prompt: None (the engine default: position-keyed rand
 `gen_init_states`); `warm_start=True` starts each generated token from ln_f of the previous
 token's final state. Adaptive exits: the SamplingParams exit fields (exit_mode, exit_threshold,
 exit_criterion, exit_trace) run on device.
+
+`prompt_logprobs` (vLLM's): each distinct prompt a call asks it for is scored once on the
+identity path (`loopjax.score`, after the generation, at the depth, Ouro threshold and Huginn
+s_0 the request runs with: `scoring.score_options`); its samples share the result.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 
 from loopjax.engine import Engine, EngineConfig
 from loopjax.sampling_params import SamplingParams
+from loopjax.scoring import score, score_options
 
 
 @dataclass
@@ -30,6 +35,9 @@ class GenerateOutput:
     finish_reason: str | None         # 'stop' | 'length' | 'abort'
     logprobs: list[float] | None = None  # of each generated token (SamplingParams.logprobs set)
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: `logprobs` (id, log p)
+    # Per prompt position (SamplingParams.prompt_logprobs = k set): None at 0 (no prefix, as in
+    # vLLM), then (log p of the prompt token, the k most likely (id, log p) there, most likely first).
+    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
 
 
@@ -53,18 +61,52 @@ class LLM:
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
         if len(states) != len(ids):
             raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
-        jobs = [(prompt, sample, s) for prompt, p, s in zip(ids, params, states) for sample in p.fan_out()]
+        scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
+        jobs = [(k, sample) for k, p in enumerate(params) for sample in p.fan_out()]
         order = []
         try:
-            for prompt, p, s in jobs:
-                order.append(self.engine.add_request(prompt, p, initial_state=s, warm_start=warm_start))
+            for k, sample in jobs:
+                order.append(self.engine.add_request(ids[k], sample, initial_state=states[k],
+                                                     warm_start=warm_start))
         except ValueError:
             for rid in order:  # all or nothing: nothing of this call stays queued
                 self.engine.abort(rid)
             self._drain()
             raise
         finals = self._drain()
-        return [_result(prompt, finals[rid], self.model) for (prompt, _, _), rid in zip(jobs, order)]
+        prompt_lps = self._prompt_logprobs(ids, scoring)
+        return [_result(ids[k], finals[rid], self.model, prompt_lps[k]) for (k, _), rid in zip(jobs, order)]
+
+    def _score_options(self, params: SamplingParams, state) -> dict | None:
+        """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;
+        a one-line ValueError naming prompt_logprobs where the prompt cannot be scored."""
+        if params.prompt_logprobs is None:
+            return None
+        if params.prompt_logprobs > self.model.cfg.vocab_size:
+            raise ValueError(f"prompt_logprobs={params.prompt_logprobs} exceeds the vocabulary of "
+                             f"{self.model.cfg.vocab_size}")
+        try:
+            options = score_options(self.model, params, num_loops=self.engine.scheduler.config.num_loops,
+                                    engine_config=self.engine.config, initial_state=state)
+        except ValueError as e:
+            raise ValueError(f"prompt_logprobs: {e}") from None
+        return {**options, "top_k": params.prompt_logprobs}
+
+    def _prompt_logprobs(self, ids: list[list[int]], scoring: list[dict | None]) -> list:
+        """Per prompt: GenerateOutput.prompt_logprobs, or None; one `score` per distinct
+        (prompt, settings)."""
+        done: dict = {}
+        results = []
+        for prompt, options in zip(ids, scoring, strict=True):
+            if options is None:
+                results.append(None)
+                continue
+            key = (tuple(prompt), tuple(sorted(options.items())))
+            if key not in done:
+                out = score(self.model, [prompt], **options)[0]
+                done[key] = [None] + list(zip(out.token_logprobs, out.top_logprobs, strict=True))
+            results.append(done[key])
+        return results
 
     def _drain(self) -> dict:
         finals = {}
@@ -96,13 +138,15 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     return [SamplingParams(**kwargs)] * num_prompts
 
 
-def _result(prompt, out, model) -> GenerateOutput:
+def _result(prompt, out, model, prompt_logprobs) -> GenerateOutput:
     text = out.text
     if text is None and model.tokenizer is not None:
         text = model.detokenize(out.token_ids, skip_special_tokens=True)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
                           None if out.logprobs is None else list(out.logprobs),
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
+                          None if prompt_logprobs is None else  # a copy per sample
+                          [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
                           out.metrics)
 
 

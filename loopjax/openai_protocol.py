@@ -164,9 +164,7 @@ class RequestParser:
             raise bad_request("echo is not supported with stream", "echo")
         if self.echo_state == "unsupported":
             raise bad_request("echo is not supported by this server (its prompts cannot be scored)", "echo")
-        rule = next((k for k in ("exit_criterion", "exit_trace", "exit_step", "exit_weighted")
-                     if getattr(params, k) is not None and getattr(params, k) is not False
-                     and getattr(params, k) != ()), None)  # exit_step 0 is a rule too
+        rule = params.exit_rule
         if rule or params.exit_mode != "select":
             raise bad_request(f"echo scores prompts at a fixed depth or with Ouro's threshold exit in "
                               f"select mode; {rule or 'exit_mode=' + params.exit_mode} is not supported "

@@ -19,6 +19,8 @@ Conventions:
   [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
   `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
   logits first. They apply to greedy requests too; logprobs stay the model's.
+- `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) scores the prompt on the
+  identity path (`scoring.py`); the engine never reads it, so it changes no decode.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
   Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
@@ -91,6 +93,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
+    prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (LLM.generate)
     repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
     frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
@@ -127,6 +130,8 @@ class SamplingParams:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+        if self.prompt_logprobs is not None:
+            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
         self._check_penalties()
         self._check_exit()
 
@@ -182,6 +187,15 @@ class SamplingParams:
             _fail(f"{' and '.join(fixed + others)} exclude each other: give one exit rule")
         if self.exit_weighted and self.exit_mode == "skip":
             _fail("exit_weighted needs every loop's logits: use exit_mode='select'")
+
+    @property
+    def exit_rule(self) -> str | None:
+        """The exit rule besides Ouro's threshold exit (exit_criterion, exit_trace, exit_step or
+        exit_weighted) this request sets, by field name; None: a fixed depth or the threshold."""
+        return next((name for name, on in (("exit_criterion", self.exit_criterion is not None),
+                                           ("exit_trace", self.exit_trace is not None),
+                                           ("exit_step", self.exit_step is not None),
+                                           ("exit_weighted", self.exit_weighted)) if on), None)
 
     @property
     def is_greedy(self) -> bool:

@@ -9,6 +9,10 @@ the model's context) so that sequences of similar length share one compiled forw
 is causal and Huginn's initial state is keyed by position, so padding changes no real position
 beyond the rounding of products over more rows (tests/test_scoring.py: within 1e-5 of the
 unpadded forward). The log-softmax runs on the device; only [T-1] numbers come back.
+
+`score_options` gives the `score` settings that see a prompt as an engine request runs it
+(its depth, Ouro threshold and Huginn s_0); the server's `echo` and `LLM.generate`'s
+`prompt_logprobs` both use it.
 """
 
 from __future__ import annotations
@@ -104,3 +108,48 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
         outputs.append(ScoreOutput(ids, np.asarray(logprobs[:n]).tolist(), np.asarray(greedy[:n]).tolist(),
                                    tops))
     return outputs
+
+
+def score_state(model, engine_config=None, initial_state=None) -> str | None:
+    """The `initial_state` under which `score` sees a prompt as an engine of `engine_config`
+    (an EngineConfig; None: the defaults) runs it, given the request's `initial_state`
+    (Huginn: None for the engine's default, 'seeded' or 'zero'): None (Ouro; Huginn's
+    position-keyed s_0 of seed 0) or 'zero'. A one-line ValueError where `score` cannot
+    follow: a model without weights, an explicit s_0, a position-keyed s_0 of another seed."""
+    if not hasattr(model, "params") or getattr(model, "family", None) not in ("ouro", "huginn"):
+        raise ValueError("prompts cannot be scored without an Ouro or Huginn model's weights")
+    if model.family == "ouro":
+        if initial_state is not None:
+            raise ValueError("initial_state applies to Huginn models only")
+        return None
+    if initial_state is not None and not isinstance(initial_state, str):
+        raise ValueError(f"an explicit initial_state (a {type(initial_state).__name__}) cannot be "
+                         f"scored: scoring takes the engine's 'seeded' or 'zero' s_0")
+    spec = getattr(engine_config, "huginn_init", "seeded") if initial_state is None else initial_state
+    if spec == "zero":
+        return "zero"
+    if spec != "seeded":
+        raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
+    seed = getattr(engine_config, "huginn_seed", 0)
+    if seed != 0:
+        raise ValueError(f"scoring keys the position-keyed s_0 by seed 0; this engine's "
+                         f"huginn_seed is {seed}")
+    return None
+
+
+def score_options(model, params, *, num_loops: int | None = None, engine_config=None,
+                  initial_state=None) -> dict:
+    """`score`'s loops, exit_threshold and initial_state for a prompt that `params` (a
+    SamplingParams) generates from on an engine of `engine_config` whose default depth is
+    `num_loops` (None: the model's): the request's depth, else num_loops; Ouro's threshold as
+    the request sets it (None: the config's, as the engine); `score_state`'s s_0. The identity
+    path computes every prompt position at a fixed depth or with Ouro's threshold exit in
+    select mode: any other exit rule is a one-line ValueError."""
+    rule = params.exit_rule or (None if params.exit_mode == "select" else f"exit_mode={params.exit_mode}")
+    if rule:
+        raise ValueError(f"prompts are scored at a fixed depth or with Ouro's threshold exit in select "
+                         f"mode; {rule} is not supported with it")
+    state = score_state(model, engine_config, initial_state)
+    return {"loops": params.loops if params.loops is not None else num_loops,
+            "exit_threshold": params.exit_threshold if model.family == "ouro" else None,
+            "initial_state": state}

@@ -142,8 +142,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     # NOTE: the engine may serve less context than the model has (its scheduler's limit).
     sched = getattr(getattr(aengine.engine, "scheduler", None), "config", None)
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
-    max_logprobs = getattr(getattr(aengine.engine, "config", None), "max_logprobs", None)
-    echo_state = _echo_state(model, getattr(aengine.engine, "config", None))
+    config = getattr(aengine.engine, "config", None)
+    max_logprobs = getattr(config, "max_logprobs", None)
+    echo_state = _echo_state(model, config)
     parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
                            special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state)
 
@@ -153,13 +154,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         """echo: each prompt's next-token log-probabilities on the identity path, at the depth
         and exit threshold the request runs with (its own thread: the event loop goes on).
         One request's forwards at a time: each holds a whole sequence's activations."""
-        from loopjax.scoring import score
+        from loopjax.scoring import score, score_options
 
+        options = score_options(model, params, num_loops=getattr(sched, "num_loops", None),
+                                engine_config=config)
         with scoring:
-            return score(model, prompts, loops=params.loops if params.loops is not None else
-                         getattr(sched, "num_loops", None), top_k=params.logprobs or 0,
-                         exit_threshold=params.exit_threshold if model.family == "ouro" else None,
-                         initial_state=echo_state)
+            return score(model, prompts, top_k=params.logprobs or 0, **options)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -335,16 +335,14 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
 
 def _echo_state(model, config) -> str | None:
-    """The initial_state `loopjax.score` needs to score prompts as the engine runs them (echo):
-    None (Ouro; Huginn's position-keyed s_0 of seed 0) or 'zero'; "unsupported" without the
-    model's weights, or for a Huginn seed `loopjax.forward` does not take."""
-    if not hasattr(model, "params") or getattr(model, "family", None) not in ("ouro", "huginn"):
+    """The initial_state `loopjax.score` needs to score prompts as the engine runs them (echo),
+    `scoring.score_state`'s; "unsupported" where it cannot."""
+    from loopjax.scoring import score_state
+
+    try:
+        return score_state(model, config)
+    except ValueError:
         return "unsupported"
-    if model.family == "ouro" or config is None:
-        return None
-    if config.huginn_init == "zero":
-        return "zero"
-    return None if config.huginn_seed == 0 else "unsupported"
 
 
 def _positive_int(text: str) -> int:
