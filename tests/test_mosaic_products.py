@@ -122,6 +122,28 @@ def test_probe_smoke():
     assert rope_qkv_chain.main(["--smoke", "--rows", "8", "--arms", "triton,mgpu@k64t2"]) == 0
 
 
+def test_l2_prefetch_probe_lowers_for_cuda():
+    """bench/probes/l2_prefetch_probe.py's chains lower for an H200 on this host: in the prefetch
+    arm one Mosaic kernel (a lowering shared by every site) before each product, none in the
+    plain arm (a kernel with no output must not be dropped as dead code)."""
+    import re
+
+    from loopjax.bench.probes import l2_prefetch_probe as probe
+
+    x = jax.ShapeDtypeStruct((8, 256), jnp.bfloat16)
+    ws = [jax.ShapeDtypeStruct((256, 256), jnp.bfloat16)] * 3
+
+    def lowered(mode):
+        fn = functools.partial(probe.chain, mode=mode, num_programs=4)
+        with use_abstract_mesh(H200):
+            return jax.jit(fn).trace(x, ws).lower(lowering_platforms=("cuda",)).as_text()
+
+    text = lowered("prefetch")
+    assert len(set(re.findall(r'kernel_hash = "([^"]*)"', text))) == 1
+    assert text.count("call @l2_prefetch") == 3 and text.count("dot_general") == 3
+    assert "mosaic_gpu" not in lowered("plain")
+
+
 def test_ouro_loop_on_the_mosaic_ops(monkeypatch):
     """One Ouro loop at 8 rows, bf16, D = 128, on matmul 'streaming' with every Mosaic op
     (interpret mode): each layer runs the qkv + RoPE kernel, the SiLU*up kernel and two
