@@ -8,6 +8,8 @@ Contract:
   text is encoded with the model's tokenizer, chat messages rendered by its chat template.
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
+- `echo` and `prompt_logprobs` score the prompt (not streamed): refused where the server's
+  model cannot be scored or the request's exit rule is not one the identity path follows.
 This module imports FastAPI for the error response only; nothing here touches the engine.
 """
 
@@ -97,7 +99,7 @@ class RequestParser:
     max_context: int | None = None  # prompt + generation tokens the engine serves
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
     max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
-    echo_state: str | None = "unsupported"  # initial_state for `score` (echo); "unsupported": none
+    echo_state: str | None = "unsupported"  # `score`'s initial_state; "unsupported": no echo, prompt_logprobs
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -151,24 +153,30 @@ class RequestParser:
             raise bad_request(f"{field} must be at most {self.max_logprobs} (this server's max_logprobs), "
                               f"got {params.logprobs}", field)
         if body.get("echo"):
-            self._check_echo(body, chat, params)
+            if chat:
+                raise bad_request("echo applies to /v1/completions only", "echo")
+            self._check_scorable("echo", body, params)
+        if params.prompt_logprobs is not None:
+            self._check_scorable("prompt_logprobs", body, params)
+            if self.vocab_size is not None and params.prompt_logprobs > self.vocab_size:
+                raise bad_request(f"prompt_logprobs={params.prompt_logprobs} exceeds the vocabulary of "
+                                  f"{self.vocab_size}", "prompt_logprobs")
         return params
 
-    def _check_echo(self, body: dict, chat: bool, params: SamplingParams) -> None:
-        """echo (completions, not streamed): the prompt's tokens and log-probabilities come
-        first, scored on the identity path (loopjax.score): a fixed depth or Ouro's threshold
-        exit in select mode, as the reference computes every prompt position."""
-        if chat:
-            raise bad_request("echo applies to /v1/completions only", "echo")
+    def _check_scorable(self, field: str, body: dict, params: SamplingParams) -> None:
+        """`field` (echo, prompt_logprobs; not streamed) asks the prompt's log-probabilities,
+        scored on the identity path (loopjax.score): a fixed depth or Ouro's threshold exit in
+        select mode, as the reference computes every prompt position."""
         if body.get("stream"):
-            raise bad_request("echo is not supported with stream", "echo")
+            raise bad_request(f"{field} is not supported with stream", field)
         if self.echo_state == "unsupported":
-            raise bad_request("echo is not supported by this server (its prompts cannot be scored)", "echo")
+            raise bad_request(f"{field} is not supported by this server (its prompts cannot be scored)",
+                              field)
         rule = params.exit_rule
         if rule or params.exit_mode != "select":
-            raise bad_request(f"echo scores prompts at a fixed depth or with Ouro's threshold exit in "
+            raise bad_request(f"{field} scores prompts at a fixed depth or with Ouro's threshold exit in "
                               f"select mode; {rule or 'exit_mode=' + params.exit_mode} is not supported "
-                              f"with it", "echo")
+                              f"with it", field)
 
     def tokenize(self, body: dict) -> list[int]:
         """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered

@@ -19,8 +19,8 @@ Conventions:
   [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
   `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
   logits first. They apply to greedy requests too; logprobs stay the model's.
-- `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) scores the prompt on the
-  identity path (`scoring.py`); the engine never reads it, so it changes no decode.
+- `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) and the server score the
+  prompt on the identity path (`scoring.py`); the engine never reads it, so it changes no decode.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
   Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
@@ -93,7 +93,7 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
-    prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (LLM.generate)
+    prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
     repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
     frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
@@ -303,6 +303,7 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
+    "prompt_logprobs",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",

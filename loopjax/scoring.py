@@ -36,6 +36,7 @@ class ScoreOutput:
     token_logprobs: list[float]  # [T - 1]: log p(x_t | x_<t), t = 1..T-1
     greedy: list[bool]  # [T - 1]: x_t is the argmax of the logits it follows
     top_logprobs: list[list[tuple[int, float]]]  # [T - 1][top_k]: (id, log p), most likely first
+    ranks: list[int]  # [T - 1]: 1 + the number of tokens with a higher logit than x_t (1 when greedy)
 
     def logprob(self, start: int, end: int | None = None) -> float:
         """The sum of log p(x_t | x_<t) over tokens start..end-1 (start >= 1): a continuation
@@ -55,11 +56,15 @@ def bucket_len(length: int, max_len: int) -> int:
 @partial(jax.jit, static_argnames="top_k")
 def _next_token_logprobs(logits, ids, top_k: int):
     """logits [P, V] f32 at positions 0..P-1, ids [P] -> log p(ids[t + 1]) [P-1], greedy [P-1],
-    and the top_k (log p [P-1, k], ids [P-1, k]) of each position."""
+    rank [P-1] (1 + the logits strictly above ids[t + 1]'s), and the top_k (log p [P-1, k],
+    ids [P-1, k]) of each position."""
     log_probs = jax.nn.log_softmax(logits[:-1], axis=-1)
     nxt = ids[1:]
     chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
-    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, top_k_of(log_probs, top_k)
+    # NOTE: ranked on the logits: log_softmax's shift may round two close logits to one value.
+    above = logits[:-1] > jnp.take_along_axis(logits[:-1], nxt[:, None], axis=-1)
+    rank = 1 + jnp.sum(above, axis=-1, dtype=jnp.int32)
+    return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, rank, top_k_of(log_probs, top_k)
 
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
@@ -100,13 +105,13 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
         else:
             out = forward(model, padded, loops=loops, exit_threshold=exit_threshold,
                           initial_state=initial_state)
-        logprobs, greedy, (top_lp, top_ids) = _next_token_logprobs(
+        logprobs, greedy, ranks, (top_lp, top_ids) = _next_token_logprobs(
             out.logits, jnp.asarray(padded, jnp.int32), top_k)
         n = len(ids) - 1
         tops = [list(zip(i, lp, strict=True)) for i, lp in zip(np.asarray(top_ids[:n]).tolist(),
                                                                np.asarray(top_lp[:n]).tolist(), strict=True)]
         outputs.append(ScoreOutput(ids, np.asarray(logprobs[:n]).tolist(), np.asarray(greedy[:n]).tolist(),
-                                   tops))
+                                   tops, np.asarray(ranks[:n]).tolist()))
     return outputs
 
 

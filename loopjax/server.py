@@ -20,6 +20,10 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - `echo` (completions, not streamed): the prompt's text, tokens and log-probabilities first,
   scored by `loopjax.score` (the identity path) in a thread while the engine generates.
+- `prompt_logprobs=k` (vLLM's extra, not streamed): the same scoring in vLLM's shape
+  (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
+  response (its one prompt), as vLLM's server puts it. A request asking both scores once
+  (top max(logprobs, k)); the choices of one prompt share its score.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 This module and `openai_protocol.py` are the only ones that import FastAPI / uvicorn;
@@ -42,7 +46,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
-from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.openai_choice import Choice, prompt_logprobs
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
     APIError,
@@ -53,79 +57,6 @@ from loopjax.openai_protocol import (
 )
 
 log = logging.getLogger("loopjax.server")
-
-
-class _Choice:
-    """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
-
-    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
-        self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
-        self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
-        self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
-        self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
-
-    def update(self, out) -> tuple[str, int]:
-        """Apply one RequestOutput; returns (text delta, number of new tokens)."""
-        # NOTE: the outputs' cumulative fields are Snapshots: kept, not copied, every step
-        self.token_ids, self.exit_loops = out.token_ids, out.exit_loops
-        self.logprobs, self.top_logprobs = out.logprobs, out.top_logprobs
-        # NOTE: the engine reports submissions per output token; usage carries the total.
-        self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
-        if self.detokenizer is not None:
-            if self.detokenizer.update(self.token_ids, final=out.finished,
-                                       check_stop=len(self.token_ids) >= self.min_tokens):
-                self.finish_reason = "stop"
-            self.text = self.detokenizer.text
-        if out.finished and self.finish_reason is None:
-            self.finish_reason = out.finish_reason
-        end = len(self.text)
-        if self.finish_reason is None:  # hold back what may still become a stop string
-            for s in self.stop:
-                for k in range(min(len(s) - 1, end), 0, -1):
-                    if self.text[:end].endswith(s[:k]):
-                        end -= k
-                        break
-        delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
-        return delta, len(out.new_token_ids)
-
-    def fields(self, start: int, chat: bool) -> dict:
-        """finish_reason, OpenAI logprobs and loopjax's extras of the tokens from `start` on."""
-        ids = self.token_ids[start:]
-        return {"index": self.index, "finish_reason": self.finish_reason,
-                "logprobs": self._logprobs(start, chat), "token_ids": ids,
-                "exit_loops": self.exit_loops[start:]}
-
-    def echo(self, choice: dict, scored) -> None:
-        """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs."""
-        prompt = scored.token_ids
-        if self.tokenizer is not None:
-            choice["text"] = self.tokenizer.decode(prompt, skip_special_tokens=True) + choice["text"]
-        if choice["logprobs"] is not None:
-            name = self._token_name()
-            lp = choice["logprobs"]
-            lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
-            lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
-            lp["top_logprobs"] = [None, *({name(u): v for u, v in top} for top in scored.top_logprobs),
-                                  *lp["top_logprobs"]]
-
-    def _token_name(self):
-        tok = self.tokenizer
-        return (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
-
-    def _logprobs(self, start: int, chat: bool):
-        if self.logprobs is None:
-            return None
-        name = self._token_name()
-        ids, lps = self.token_ids[start:], self.logprobs[start:]
-        tops = (self.top_logprobs or [[]] * len(self.token_ids))[start:]
-        if chat:
-            def entry(t, lp):
-                return {"token": name(t), "logprob": lp, "bytes": list(name(t).encode())}
-            return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
-                                for t, lp, top in zip(ids, lps, tops)]}
-        return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
-                "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
@@ -150,16 +81,17 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
     scoring = threading.Lock()
 
-    def score_prompts(prompts: list[list[int]], params) -> list:
-        """echo: each prompt's next-token log-probabilities on the identity path, at the depth
-        and exit threshold the request runs with (its own thread: the event loop goes on).
-        One request's forwards at a time: each holds a whole sequence's activations."""
+    def score_prompts(prompts: list[list[int]], params, top_k: int) -> list:
+        """echo, prompt_logprobs: each prompt's next-token log-probabilities (and `top_k` most
+        likely) on the identity path, at the depth and exit threshold the request runs with
+        (its own thread: the event loop goes on). One request's forwards at a time: each
+        holds a whole sequence's activations."""
         from loopjax.scoring import score, score_options
 
         options = score_options(model, params, num_loops=getattr(sched, "num_loops", None),
                                 engine_config=config)
         with scoring:
-            return score(model, prompts, top_k=params.logprobs or 0, **options)
+            return score(model, prompts, top_k=top_k, **options)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -222,10 +154,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         prompts = parser.prompts(body, chat)
         params = parser.sampling(body, chat, prompts)
         streams = await submit_choices(body, prompts, params)
-        choices = [_Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
-        echo = None  # the prompts' scores (echo), computed while the engine generates
-        if body.get("echo"):
-            echo = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params))
+        choices = [Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
+        echo, k = bool(body.get("echo")), params.prompt_logprobs
+        scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
+        if echo or k is not None:
+            top_k = max((params.logprobs or 0) if echo else 0, k or 0)
+            scores = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params, top_k))
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
@@ -264,13 +198,20 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["choices"] = [
                 c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
                                      else {"text": c.text}) for c in choices]
-            if echo is not None:
+            if scores is not None:
                 try:
-                    scored = await echo
+                    scored = await scores
                 except ValueError as e:  # the scorer's one line (the prompts were checked above)
-                    raise bad_request(str(e), "echo") from None
+                    raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
+                # one per prompt, shared by its choices
+                formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
                 for c, choice in zip(choices, head["choices"], strict=True):
-                    c.echo(choice, scored[c.index // params.n])
+                    if echo:
+                        c.echo(choice, scored[c.index // params.n], params.logprobs or 0)
+                    if k is not None and not chat:
+                        choice["prompt_logprobs"] = formatted[c.index // params.n]
+                if k is not None and chat:
+                    head["prompt_logprobs"] = formatted[0]
             head["usage"] = usage()
             return JSONResponse(head)
 

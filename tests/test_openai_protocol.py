@@ -35,6 +35,16 @@ from loopjax.server import create_app
     ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
      "exit_mode=skip"),
+    ({"prompt": [5], "prompt_logprobs": 21}, 400, "prompt_logprobs", "must be in [0, 20], got 21"),
+    ({"prompt": [5], "prompt_logprobs": -1}, 400, "prompt_logprobs", "must be in [0, 20], got -1"),
+    ({"prompt": [5], "prompt_logprobs": True}, 400, "prompt_logprobs",
+     "prompt_logprobs must be an integer [0, 20], got True"),
+    ({"prompt": [5], "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs",
+     "prompt_logprobs is not supported with stream"),
+    ({"prompt": [5], "prompt_logprobs": 0, "exit_weighted": True}, 400, "prompt_logprobs",
+     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
+     "exit_weighted is not supported with it"),
+    ({"prompt": [5], "prompt_logprobs": 1, "exit_mode": "skip"}, 400, "prompt_logprobs", "exit_mode=skip"),
     ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
     ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
@@ -120,6 +130,8 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
     ({"echo": True}, "echo", "echo applies to /v1/completions only"),
+    ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "is not supported with stream"),
+    ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
     body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hello"}], **extra}
@@ -153,6 +165,11 @@ def test_chat_without_template_is_400():
         assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "echo": True})
         assert r.status_code == 400 and "echo is not supported by this server" in r.json()["error"]["message"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4], "prompt_logprobs": 0})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == "prompt_logprobs", r.text
+        assert err["message"] == ("prompt_logprobs is not supported by this server (its prompts cannot be "
+                                  "scored)")
         r = httpx.post(live.url + "/detokenize", timeout=30, json={"tokens": [4, 5]})
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5]})

@@ -126,8 +126,9 @@ def test_params_behave_as_before():
     assert not SamplingParams(temperature=0.0, logprobs=5, prompt_logprobs=5).is_plain_greedy
     samples = SamplingParams(n=2, seed=3, prompt_logprobs=4).fan_out()
     assert [(s.n, s.seed, s.prompt_logprobs) for s in samples] == [(1, 3, 4), (1, 4, 4)]
-    with pytest.raises(ValueError, match="unknown request field 'prompt_logprobs'"):
-        SamplingParams.from_openai({"prompt_logprobs": 1})  # the server does not serve it
+    assert SamplingParams.from_openai({"prompt_logprobs": 1}).prompt_logprobs == 1  # the server's field
+    with pytest.raises(ValueError, match=r"prompt_logprobs must be in \[0, 20\], got 21"):
+        SamplingParams.from_openai({"prompt_logprobs": 21})
 
 
 def test_unscorable_requests_are_refused_before_queueing(ouro, huginn, monkeypatch):

@@ -1,6 +1,6 @@
 """`loopjax.score`: next-token log-probabilities from the identity path, equal to the
-reference's (golden logits, Ouro and Huginn), the same padded as unpadded, greedy flags, the
-continuation sum, and one clear error per bad input."""
+reference's (golden logits, Ouro and Huginn), the same padded as unpadded, greedy flags and
+ranks, the continuation sum, and one clear error per bad input."""
 
 import os
 
@@ -52,6 +52,24 @@ def test_ouro_scores_are_the_reference_logits(ouro):
     half, = loopjax.score(model, ref["p1_input_ids"], exit_threshold=0.5)
     want, _ = reference_scores(ref["p1_exit_logits_thr0p5"], sequences[1])
     np.testing.assert_allclose(half.token_logprobs, want, atol=2e-5, rtol=0)
+
+
+def test_ranks_count_the_logits_above_the_scored_token(ouro):
+    """ScoreOutput.ranks: 1 + the number of logits strictly above the scored token's, in the
+    padded forward `score` runs (numpy over the same logits); 1 where greedy."""
+    model, ref = ouro
+    seq = ref["p2_input_ids"].tolist()  # 17 tokens: a 32-token bucket
+    out, = loopjax.score(model, seq, top_k=2)
+    padded = seq + [0] * (bucket_len(len(seq), model.cfg.max_context_len) - len(seq))
+    logits = np.asarray(loopjax.forward(model, padded).logits)[:len(seq) - 1]
+    scored = logits[np.arange(len(seq) - 1), seq[1:]]
+    want = 1 + (logits > scored[:, None]).sum(-1)
+    assert out.ranks == want.tolist() and max(out.ranks) > 2  # some token outside the top 2
+    assert all(r == 1 for r, greedy in zip(out.ranks, out.greedy, strict=True) if greedy)
+    for t, top in enumerate(out.top_logprobs):  # within the top k, the rank is the position
+        ids = [i for i, _ in top]
+        assert (out.ranks[t] == ids.index(seq[t + 1]) + 1) if seq[t + 1] in ids else (out.ranks[t] > 2)
+    assert loopjax.score(model, [5], top_k=2)[0].ranks == []
 
 
 def test_padding_changes_no_score(ouro):

@@ -1,6 +1,7 @@
 """/v1/completions and /v1/chat/completions on the live server (tests/conftest.py), answers
-in full: greedy tokens equal `loopjax.generate`'s, text and batched prompts, the chat
-template, logprobs, per-request loop and exit settings, 16 requests at once."""
+in full: greedy tokens equal `loopjax.generate`'s, echo and prompt_logprobs (loopjax.score's),
+text and batched prompts, the chat template, logprobs, per-request loop and exit settings, 16
+requests at once."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from server_helpers import CHATML, MODEL_NAME, REF_ENGINE, wait_idle
 
 from loopjax.openai_protocol import render_chat
+from loopjax.scoring import score  # bound at import: count_scores counts the server's calls only
 
 
 def test_completion_greedy_equals_generate(client, served_model):
@@ -34,8 +36,6 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
     tokens and log-probabilities (loopjax.score, the identity path) come before the generated
     token's, which are the request's without echo; each top entry says whether the scored token
     is the greedy one. The engine's logprob of the generated token is the identity path's."""
-    from loopjax.scoring import score
-
     tok = served_model.tokenizer
     prompt = "hello world the loop model user"
     ids = tok.encode(prompt, add_special_tokens=False).ids
@@ -66,6 +66,79 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
     assert all(c.logprobs is None and len(c.token_ids) == 2 for c in r.choices)
     assert r.choices[0].text == tok.decode(ids[:3]) + client.completions.create(
         model=MODEL_NAME, prompt=ids[:3], max_tokens=2, temperature=0.8, seed=5).choices[0].text
+
+
+@pytest.fixture
+def count_scores(monkeypatch):
+    """(prompts, top_k) of each `loopjax.score` call the server makes (echo, prompt_logprobs)."""
+    import loopjax.scoring
+
+    calls, real = [], loopjax.scoring.score
+
+    def counted(model, sequences, **kw):
+        calls.append(([list(s) for s in sequences], kw["top_k"]))
+        return real(model, sequences, **kw)
+
+    monkeypatch.setattr(loopjax.scoring, "score", counted)
+    return calls
+
+
+def check_prompt_logprobs(got, ids, k, model):
+    """vLLM's prompt_logprobs of `ids`: null, then per token {id: {logprob, rank, decoded_token}}
+    holding the prompt token (loopjax.score's log p and rank, exactly) and the k most likely."""
+    want, = score(model, ids, top_k=k)
+    everything, = score(model, ids, top_k=model.cfg.vocab_size)  # every token's log p, most likely first
+    assert len(got) == len(ids) and got[0] is None
+    name = lambda t: model.tokenizer.decode([t], skip_special_tokens=False)  # noqa: E731
+    for t, position in enumerate(got[1:]):
+        token, top = ids[t + 1], want.top_logprobs[t]
+        assert position[str(token)] == {"logprob": want.token_logprobs[t], "rank": want.ranks[t],
+                                        "decoded_token": name(token)}
+        lps = [v for _, v in everything.top_logprobs[t]]
+        assert want.ranks[t] == 1 + sum(v > want.token_logprobs[t] for v in lps)  # its rank of all V
+        assert set(position) == {str(token)} | {str(u) for u, _ in top}
+        for rank, (u, v) in enumerate(top, 1):
+            if u != token:
+                assert position[str(u)] == {"logprob": v, "rank": rank, "decoded_token": name(u)}
+    return want
+
+
+def test_prompt_logprobs_in_vllms_shape(client, served_model, count_scores):
+    """prompt_logprobs=k (vLLM's extra field): each choice carries its prompt's, loopjax.score's
+    numbers; the choices of a prompt share one scoring; with echo the prompt is scored once (top
+    max(logprobs, k)), each field keeping its own top; chat puts it at the top (vLLM's place)."""
+    tok = served_model.tokenizer
+    ids = tok.encode("hello world the loop model user w7 w42", add_special_tokens=False).ids
+    ids[4] = score(served_model, ids[:5], top_k=1)[0].top_logprobs[3][0][0]  # a greedy token: rank 1
+    r = client.completions.create(model=MODEL_NAME, prompt=[ids, ids[:3]], n=2, max_tokens=2, temperature=0.8,
+                                  seed=1, extra_body={"prompt_logprobs": 3})
+    assert count_scores == [([ids, ids[:3]], 3)]  # one call, one sequence per prompt
+    want = check_prompt_logprobs(r.choices[0].prompt_logprobs, ids, 3, served_model)
+    assert want.ranks[3] == 1 and len(r.choices[0].prompt_logprobs[4]) == 3  # a prompt token in the top 3
+    assert any(rank > 3 for rank in want.ranks)  # ... and one outside it (4 entries)
+    assert r.choices[1].prompt_logprobs == r.choices[0].prompt_logprobs
+    assert r.choices[2].prompt_logprobs == r.choices[3].prompt_logprobs
+    check_prompt_logprobs(r.choices[2].prompt_logprobs, ids[:3], 3, served_model)
+    assert r.choices[0].logprobs is None and len(r.choices[0].token_ids) == 2
+    # with echo: one scoring with the larger top; echo keeps logprobs' 1, prompt_logprobs its 2
+    count_scores.clear()
+    kw = dict(model=MODEL_NAME, prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True)
+    both = client.completions.create(**kw, extra_body={"prompt_logprobs": 2}).choices[0]
+    assert count_scores == [([ids], 2)]
+    check_prompt_logprobs(both.prompt_logprobs, ids, 2, served_model)
+    echoed = client.completions.create(**kw).choices[0]
+    assert both.logprobs == echoed.logprobs and not hasattr(echoed, "prompt_logprobs")
+    # prompt_logprobs=0: the prompt token alone
+    zero = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1,
+                                     extra_body={"prompt_logprobs": 0}).choices[0].prompt_logprobs
+    assert [list(p) for p in zero[1:]] == [[str(t)] for t in ids[1:]]
+    # chat: the rendered prompt's, once at the top of the response
+    messages = [{"role": "user", "content": "hello loop"}]
+    chat_ids = tok.encode(render_chat(CHATML, messages), add_special_tokens=False).ids
+    r = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=2,
+                                       extra_body={"prompt_logprobs": 1})
+    check_prompt_logprobs(r.prompt_logprobs, chat_ids, 1, served_model)
+    assert r.usage.prompt_tokens == len(chat_ids) and not hasattr(r.choices[0], "prompt_logprobs")
 
 
 def test_min_tokens_and_stop_token_ids_pass_through(client):

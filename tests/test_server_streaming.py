@@ -28,7 +28,7 @@ def test_streaming_completion_and_chat(client):
 def test_incremental_text_with_split_characters_and_stop_strings():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-    from loopjax.server import _Choice
+    from loopjax.openai_choice import Choice
 
     # Byte-level tokenizer without merges: "é", "ö", "✓" span two or three tokens each.
     vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
@@ -39,7 +39,7 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     ids = tok.encode(text).ids
 
     def stream(stop, min_tokens=0):
-        choice, deltas = _Choice(0, tok, stop, min_tokens), []
+        choice, deltas = Choice(0, tok, stop, min_tokens), []
         for n in range(1, len(ids) + 1):
             done = n == len(ids)
             out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,

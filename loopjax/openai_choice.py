@@ -1,0 +1,108 @@
+"""One choice of an OpenAI completions / chat response, as the server builds it (no FastAPI).
+
+`Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
+string, OpenAI's `logprobs` of its tokens, and (echo) the scored prompt put before them.
+`prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
+`None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
+{"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
+higher logit) and the k most likely tokens (ranks 1..k). Tokens are named by the model's
+tokenizer (`tokenizers.Tokenizer`) or, without one, by their ids (decoded_token null, as vLLM).
+"""
+
+from __future__ import annotations
+
+from loopjax.detokenizer import IncrementalDetokenizer
+
+
+def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
+    """vLLM's `prompt_logprobs` of one scored prompt, with the top `k` (<= scored's) per token."""
+    names: dict[int, str | None] = {}  # each token decoded once per prompt
+
+    def entry(token: int, logprob: float, rank: int) -> dict:
+        if token not in names:  # NOTE: vLLM decodes each token alone, special tokens kept
+            names[token] = None if tokenizer is None else tokenizer.decode([token], skip_special_tokens=False)
+        return {"logprob": logprob, "rank": rank, "decoded_token": names[token]}
+
+    out: list[dict | None] = [None]
+    for token, lp, rank, top in zip(scored.token_ids[1:], scored.token_logprobs, scored.ranks,
+                                    scored.top_logprobs, strict=True):
+        position = {str(token): entry(token, lp, rank)}
+        for r, (u, v) in enumerate(top[:k], 1):
+            if str(u) not in position:  # the prompt token keeps its own rank (equal unless a tie)
+                position[str(u)] = entry(u, v, r)
+        out.append(position)
+    return out
+
+
+class Choice:
+    """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
+
+    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
+        self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
+        self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
+        self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
+        self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
+
+    def update(self, out) -> tuple[str, int]:
+        """Apply one RequestOutput; returns (text delta, number of new tokens)."""
+        # NOTE: the outputs' cumulative fields are Snapshots: kept, not copied, every step
+        self.token_ids, self.exit_loops = out.token_ids, out.exit_loops
+        self.logprobs, self.top_logprobs = out.logprobs, out.top_logprobs
+        # NOTE: the engine reports submissions per output token; usage carries the total.
+        self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
+        if self.detokenizer is not None:
+            if self.detokenizer.update(self.token_ids, final=out.finished,
+                                       check_stop=len(self.token_ids) >= self.min_tokens):
+                self.finish_reason = "stop"
+            self.text = self.detokenizer.text
+        if out.finished and self.finish_reason is None:
+            self.finish_reason = out.finish_reason
+        end = len(self.text)
+        if self.finish_reason is None:  # hold back what may still become a stop string
+            for s in self.stop:
+                for k in range(min(len(s) - 1, end), 0, -1):
+                    if self.text[:end].endswith(s[:k]):
+                        end -= k
+                        break
+        delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
+        return delta, len(out.new_token_ids)
+
+    def fields(self, start: int, chat: bool) -> dict:
+        """finish_reason, OpenAI logprobs and loopjax's extras of the tokens from `start` on."""
+        ids = self.token_ids[start:]
+        return {"index": self.index, "finish_reason": self.finish_reason,
+                "logprobs": self._logprobs(start, chat), "token_ids": ids,
+                "exit_loops": self.exit_loops[start:]}
+
+    def echo(self, choice: dict, scored, num_top: int) -> None:
+        """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs
+        (the top `num_top` of each prompt token: the request's `logprobs`)."""
+        prompt = scored.token_ids
+        if self.tokenizer is not None:
+            choice["text"] = self.tokenizer.decode(prompt, skip_special_tokens=True) + choice["text"]
+        if choice["logprobs"] is not None:
+            name = self._token_name()
+            lp = choice["logprobs"]
+            lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
+            lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
+            tops = ({name(u): v for u, v in top[:num_top]} for top in scored.top_logprobs)
+            lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
+
+    def _token_name(self):
+        tok = self.tokenizer
+        return (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
+
+    def _logprobs(self, start: int, chat: bool):
+        if self.logprobs is None:
+            return None
+        name = self._token_name()
+        ids, lps = self.token_ids[start:], self.logprobs[start:]
+        tops = (self.top_logprobs or [[]] * len(self.token_ids))[start:]
+        if chat:
+            def entry(t, lp):
+                return {"token": name(t), "logprob": lp, "bytes": list(name(t).encode())}
+            return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
+                                for t, lp, top in zip(ids, lps, tops)]}
+        return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
+                "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
