@@ -60,13 +60,15 @@ log = logging.getLogger("loopjax.server")
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
-               max_n: int = DEFAULT_MAX_N) -> FastAPI:
+               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.002) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
-    `max_n` caps the samples per prompt. The app's lifespan starts the AsyncEngine and shuts
+    `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
+    AsyncEngine built around an Engine. The app's lifespan starts the AsyncEngine and shuts
     it down."""
-    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(engine, max_waiting=max_waiting)
+    aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
+        engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
     tokenizer = getattr(model, "tokenizer", None)
     vocab_size = getattr(cfg := getattr(model, "cfg", None), "vocab_size", None)
@@ -294,6 +296,18 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _non_negative_float(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
@@ -306,6 +320,9 @@ def add_arguments(parser):
                         help="requests that may wait for a first token before new ones get 429")
     parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
                         help="the largest `n` (samples per prompt) a request may ask for")
+    parser.add_argument("--admission-window-ms", type=_non_negative_float, default=2.0,
+                        help="an idle engine takes requests arriving less than this apart before "
+                             "its first step (at most 10 windows; 0: off)")
     parser.add_argument("--log-level", default="info")
     add_engine_arguments(parser)
 
@@ -327,7 +344,7 @@ def run(args) -> int:
     if getattr(model, "tokenizer", None) is None:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
     app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting,
-                     max_n=args.max_n)
+                     max_n=args.max_n, admission_window_s=args.admission_window_ms / 1e3)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
     return 0

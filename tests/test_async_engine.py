@@ -87,3 +87,55 @@ def test_async_engine_contract():
                 pass
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+class _CountingEngine(FakeEngine):
+    """FakeEngine that records how many requests each step saw."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows_per_step = []
+
+    def step(self):
+        self.rows_per_step.append(len(self.requests))
+        return super().step()
+
+
+def test_idle_engine_admits_a_burst_before_its_first_step():
+    """Requests reaching an idle engine a few ms apart (the server parses them one by one) share
+    its first step when they arrive within the admission window of each other; with the window
+    off the first one steps alone. A lone request waits one window, not the longest wait."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def first_step_rows(window_s: float, gap_s: float, count: int) -> tuple[int, float]:
+        fake = _CountingEngine()
+        aeng = AsyncEngine(fake, admission_window_s=window_s, idle_timeout_s=0.01)
+        await aeng.start()
+        start = asyncio.get_running_loop().time()
+        streams = []
+        for i in range(count):
+            streams.append(await aeng.submit([i + 1], params))
+            await asyncio.sleep(gap_s)
+        first = await streams[0].__anext__()
+        waited = asyncio.get_running_loop().time() - start
+        for s in streams:
+            async for _ in s:
+                pass
+        aeng.shutdown()
+        assert first.token_ids == [2]
+        return fake.rows_per_step[0], waited
+
+    async def main():
+        rows, _ = await first_step_rows(0.05, 0.003, 6)  # gaps well inside the window
+        assert rows == 6
+        rows, _ = await first_step_rows(0.0, 0.005, 6)  # off: the first request steps alone
+        assert rows < 6
+        _, waited = await first_step_rows(0.05, 0.0, 1)  # one window, not ADMISSION_WINDOWS
+        assert 0.04 < waited < 0.3
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_admission_window_is_checked():
+    with pytest.raises(ValueError, match="admission_window_s must be >= 0"):
+        AsyncEngine(FakeEngine(), admission_window_s=-1)

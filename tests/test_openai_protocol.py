@@ -27,6 +27,8 @@ from loopjax.server import create_app
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
+    ({"prompt": [5, True]}, 400, "prompt", "integer token ids"),  # JSON true is no token id
+    ({"prompt": [-1, 5]}, 400, "prompt", "outside [0,"),
     ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),

@@ -19,12 +19,29 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     engine = Engine(served_model, EngineConfig(**SERVER_ENGINE, warmup=False))
     frozen_when_serving = []
     monkeypatch.setattr(engine_args, "build_engine", lambda args: (served_model, engine))
+    windows = []
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: frozen_when_serving.append(gc.get_freeze_count()))
+    monkeypatch.setattr(server, "create_app", lambda *a, **kw: windows.append(kw["admission_window_s"]))
     parser = argparse.ArgumentParser()
     server.add_arguments(parser)
     gc.unfreeze()
     try:
-        assert server.run(parser.parse_args(["ouro-tiny"])) == 0
+        assert server.run(parser.parse_args(["ouro-tiny", "--admission-window-ms", "5"])) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
+    assert windows == [0.005]  # --admission-window-ms reaches the AsyncEngine in seconds
+
+
+def test_serve_refuses_a_negative_admission_window(capsys):
+    import pytest
+
+    from loopjax import server
+
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    for bad in ("-1", "nan", "x"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
+        assert "--admission-window-ms: must be a number >= 0" in capsys.readouterr().err
+    assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 2.0
