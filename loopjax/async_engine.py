@@ -11,12 +11,13 @@ Contract:
 - Outputs reach the event loop in one `loop.call_soon_threadsafe` per engine step and are
   fed to per-request asyncio queues. Closing a stream early (client gone) aborts its
   request: the engine thread frees its pages before its next step.
-- Admission window: when work arrives at an idle engine, the thread keeps taking requests
-  while they arrive less than `admission_window_s` apart (at most ADMISSION_WINDOWS windows)
-  before its first step, so that a burst's prompts share the first prefill steps. Over HTTP
-  the server parses requests one at a time: without the wait the first prompt ran alone and
-  burst-32 lost 4.8% (bench/RESULTS.md run 26). A lone request pays one window (2 ms by
-  default; 0 turns it off); a busy engine takes new requests at its next step as before.
+- Admission window (`admission_window_s`, off by default): when work arrives at an idle
+  engine, the thread keeps taking requests while they arrive less than a window apart (at
+  most ADMISSION_WINDOWS windows) before its first step, so that a burst's prompts can share
+  the first prefill steps; a lone request pays one window. Over HTTP the first prompt of a
+  burst prefills alone (the server handles requests one at a time); a 2 ms window did not
+  change that on the H200 host, nor the throughput (bench/RESULTS.md run 26), so it stays
+  off; longer windows are not measured. A busy engine takes new requests at its next step.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
 - `shutdown()` sets the stop event, joins the thread and fails the streams still open.
 This module imports neither JAX nor FastAPI; it works with any object that has the
@@ -101,7 +102,7 @@ class RequestStream:
 
 class AsyncEngine:
     def __init__(self, engine, *, max_waiting: int = 256, idle_timeout_s: float = 0.5,
-                 admission_window_s: float = 0.002, metrics: ServingMetrics | None = None):
+                 admission_window_s: float = 0.0, metrics: ServingMetrics | None = None):
         if max_waiting < 0:
             raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
         if not admission_window_s >= 0:

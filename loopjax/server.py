@@ -60,7 +60,7 @@ log = logging.getLogger("loopjax.server")
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
-               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.002) -> FastAPI:
+               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
@@ -320,9 +320,9 @@ def add_arguments(parser):
                         help="requests that may wait for a first token before new ones get 429")
     parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
                         help="the largest `n` (samples per prompt) a request may ask for")
-    parser.add_argument("--admission-window-ms", type=_non_negative_float, default=2.0,
+    parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
-                             "its first step (at most 10 windows; 0: off)")
+                             "its first step (at most 10 windows; default 0: off)")
     parser.add_argument("--log-level", default="info")
     add_engine_arguments(parser)
 

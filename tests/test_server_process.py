@@ -44,4 +44,4 @@ def test_serve_refuses_a_negative_admission_window(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
         assert "--admission-window-ms: must be a number >= 0" in capsys.readouterr().err
-    assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 2.0
+    assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
