@@ -70,7 +70,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated Mosaic decode attention slots in flight (auto: the default)")
     parser.add_argument("--attn-splits", default="auto",
                         help="comma-separated experiments: auto (the kernel's heuristic) or a fixed "
-                             "number of context splits of the Mosaic decode attention")
+                             "number of context splits of the Mosaic decode attention, each optionally "
+                             "':M' with M the fewest blocks a split takes (e.g. auto,8:2)")
     parser.add_argument("--attn-heads", default="auto",
                         help="comma-separated experiments: auto (the kernel's rule) or a fixed "
                              "number of kv heads per program of the Mosaic decode attention")
@@ -270,7 +271,10 @@ def _attention_experiment(write: str, splits: str, stages: str, heads: str = "au
     kernel's context splits (capped by its blocks), slots or kv heads per program."""
     from loopjax import attention_backend
     from loopjax.kernels import paged_attention_mgpu_config as mgpu
-    if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in (splits, stages, heads)):
+    splits, _, min_blocks = splits.partition(":")
+    numbers = (splits, stages, heads)
+    if write not in ("kernel", "xla") or not all(v == "auto" or v.isdigit() for v in numbers) \
+            or not (min_blocks == "" or min_blocks.isdigit()):
         raise ValueError(f"--attn-write {write!r} / --attn-splits {splits!r} / --attn-stages "
                          f"{stages!r} / --attn-heads {heads!r}")
     rules = {}
@@ -278,6 +282,8 @@ def _attention_experiment(write: str, splits: str, stages: str, heads: str = "au
         rules["default_num_stages"] = lambda slot_bytes: int(stages)
     if splits != "auto":
         rules["mosaic_num_splits"] = lambda n, hkv, max_blocks: max(1, min(int(splits), max_blocks))
+    if min_blocks:
+        rules["default_min_blocks_per_split"] = lambda n, hkv, max_blocks: int(min_blocks)
     if heads != "auto":
         rules["default_heads_per_program"] = lambda n, hkv, num_splits: int(heads)
     backend = {"write_attention_fn": lambda attend, layout: None} if write == "xla" else {}

@@ -21,7 +21,9 @@ One program (one warpgroup) per (token, group of `heads_per_program` kv heads, c
 split). It streams its row's K/V pages of each of its kv heads in turn straight from the pool
 (a page of one head is a contiguous [S, D] tile: one TMA copy into a swizzled smem slot)
 through `num_stages` slots, a block of `pages_per_block` pages per slot (block_k =
-pages_per_block * S keys, a multiple of 64), and stops at the row's own length. The slots
+pages_per_block * S keys, a multiple of 64), and stops at the row's own length (a row's
+blocks are divided among the splits in runs of at least `min_blocks_per_split`, so a short
+row leaves its last splits empty: they write a zero-weight partial). The slots
 run on across the program's heads (the next head's first blocks load while this head's last
 are read), so a program of several heads pays the pipeline's ramp once: with many rows the
 grid then fits in one wave of resident programs (the config's `default_heads_per_program`).
@@ -128,6 +130,7 @@ def _decode_body(
     *,
     pages_per_block: int,
     num_splits: int,
+    min_blocks_per_split: int,
     num_stages: int,
     heads_per_program: int,
     normalize: bool,
@@ -144,7 +147,9 @@ def _decode_body(
     plane = None if per_page else plane_ref[0, 0]
     ctx = pos_ref[n] + 1  # keys 0..positions[n]
     num_blocks = pl.cdiv(ctx, block_k)
-    per_split = pl.cdiv(num_blocks, num_splits)
+    # NOTE: a split takes at least min_blocks_per_split blocks, so a short context leaves the
+    # last splits empty (they write a zero-weight partial) instead of spreading thin.
+    per_split = jnp.maximum(pl.cdiv(num_blocks, num_splits), min_blocks_per_split)
     start = split * per_split
     steps = jnp.maximum(jnp.minimum(start + per_split, num_blocks) - start, 0)  # blocks per head
     # Global steps g = i * steps + block run over the program's heads i = 0..heads_per_program-1
@@ -263,6 +268,7 @@ def paged_attention_mgpu(
     *,
     pages_per_block: int | None = None,
     num_splits: int | None = None,
+    min_blocks_per_split: int | None = None,
     num_stages: int | None = None,
     heads_per_program: int | None = None,
     interpret: bool | None = None,
@@ -271,8 +277,8 @@ def paged_attention_mgpu(
     contract and result (to fp32-accumulation tolerance) as ref_paged_attention."""
     config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
-                     num_stages=num_stages, heads_per_program=heads_per_program,
-                     interpret=interpret)
+                     min_blocks_per_split=min_blocks_per_split, num_stages=num_stages,
+                     heads_per_program=heads_per_program, interpret=interpret)
     return _decode_call(q, k_cache, v_cache, jnp.asarray(plane, jnp.int32), page_table,
                         row_of_token, positions, **config)
 
@@ -291,6 +297,7 @@ def paged_attention_mgpu_write(
     *,
     pages_per_block: int | None = None,
     num_splits: int | None = None,
+    min_blocks_per_split: int | None = None,
     num_stages: int | None = None,
     heads_per_program: int | None = None,
     interpret: bool | None = None,
@@ -305,22 +312,22 @@ def paged_attention_mgpu_write(
                          f"{write_slots.dtype}{write_slots.shape}")
     config = settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions,
                      pages_per_block=pages_per_block, num_splits=num_splits,
-                     num_stages=num_stages, heads_per_program=heads_per_program,
-                     interpret=interpret)
+                     min_blocks_per_split=min_blocks_per_split, num_stages=num_stages,
+                     heads_per_program=heads_per_program, interpret=interpret)
     return _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, jnp.asarray(plane, jnp.int32),
                        page_table, row_of_token, positions, **config)
 
 
-@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "heads_per_program",
-                         "normalize", "interpret")
+@one_lowering_per_config("pages_per_block", "num_splits", "min_blocks_per_split", "num_stages",
+                         "heads_per_program", "normalize", "interpret")
 def _decode_call(q, k_cache, v_cache, plane, page_table, row_of_token, positions, **config):
     """The kernel (and its split combine) for inputs `settle_config` checked; plane: an i32 scalar
     or [R, M] table."""
     return _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, (), **config)
 
 
-@one_lowering_per_config("pages_per_block", "num_splits", "num_stages", "heads_per_program",
-                         "normalize", "interpret")
+@one_lowering_per_config("pages_per_block", "num_splits", "min_blocks_per_split", "num_stages",
+                         "heads_per_program", "normalize", "interpret")
 def _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, plane, page_table, row_of_token,
                 positions, **config):
     """The writing kernel for checked inputs; plane: an i32 scalar. The pools enter as refs,
@@ -332,8 +339,8 @@ def _write_call(q, k_new, v_new, write_slots, k_cache, v_cache, plane, page_tabl
 
 
 def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new, *,
-            pages_per_block: int, num_splits: int, num_stages: int, heads_per_program: int,
-            normalize: bool, interpret: bool):
+            pages_per_block: int, num_splits: int, min_blocks_per_split: int, num_stages: int,
+            heads_per_program: int, normalize: bool, interpret: bool):
     """One kernel call: new = () (attend only) or (write_slots, k_new, v_new) (write, then
     attend); k_cache, v_cache: arrays, or refs when written."""
     n, hq, d = q.shape
@@ -348,7 +355,8 @@ def _attend(q, k_cache, v_cache, plane, page_table, row_of_token, positions, new
         if jnp.ndim(plane):
             plane_table = jnp.pad(plane_table, ((0, 0), (0, m_pad - m)))
     part = (num_splits, n, hkv, g)
-    config = dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
+    config = dict(pages_per_block=pages_per_block, num_splits=num_splits,
+                  min_blocks_per_split=min_blocks_per_split, num_stages=num_stages,
                   heads_per_program=heads_per_program, normalize=normalize)
     num_in, num_out = 7 + len(new), 1 if normalize else 3
 

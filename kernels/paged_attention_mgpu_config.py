@@ -42,6 +42,8 @@ def default_num_stages(slot_bytes: int) -> int:
 
 ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
 FEW_PROGRAMS_TARGET = 64  # below that: split the context until about this many programs run
+LONG_CONTEXT_BLOCKS = 64  # page tables wider than this many blocks (4,096 keys) split more
+LONG_CONTEXT_MIN_BLOCKS = 2  # ... in splits of at least this many blocks
 
 
 def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
@@ -51,10 +53,26 @@ def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     8.88 ms at 2048; one split also needs no combine kernel). Fewer programs split the context
     until ~FEW_PROGRAMS_TARGET run (run 13, Ouro-1.4B 1 row x 16 heads: 4 splits 4.87 / 5.24 ms
     per step at context 512 / 2048, against 4.94 / 5.56 with the shared heuristic's 8 / 17
-    splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two; longer contexts are not measured)."""
-    if n * hkv >= ONE_SPLIT_PROGRAMS:
+    splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two), or ~ONE_SPLIT_PROGRAMS where the page
+    table is wider than LONG_CONTEXT_BLOCKS, in splits of at least LONG_CONTEXT_MIN_BLOCKS
+    blocks (`default_min_blocks_per_split`; run 27, Ouro-1.4B 1 row, pipelined steps: 8 such
+    splits against 4 at context 512 / 2,048 / 8,192 / 32,768: 4,940 / 5,196 / 6,299 / 10,635
+    against 4,826 / 5,273 / 6,657 / 12,731 us)."""
+    programs = n * hkv
+    if programs >= ONE_SPLIT_PROGRAMS:
         return 1
+    if max_blocks > LONG_CONTEXT_BLOCKS:
+        return max(1, min(max_blocks, -(-ONE_SPLIT_PROGRAMS // programs)))
     return default_num_splits(n, hkv, max_blocks, target_programs=FEW_PROGRAMS_TARGET)
+
+
+def default_min_blocks_per_split(n: int, hkv: int, max_blocks: int) -> int:
+    """The fewest blocks a context split takes by default (the kernel divides each row's own
+    context among its splits, so a short context leaves the last splits empty rather than
+    spreading thin): LONG_CONTEXT_MIN_BLOCKS where `mosaic_num_splits` splits a wide page
+    table, else 1."""
+    wide = n * hkv < ONE_SPLIT_PROGRAMS and max_blocks > LONG_CONTEXT_BLOCKS
+    return LONG_CONTEXT_MIN_BLOCKS if wide else 1
 
 
 PROGRAMS_PER_SM = 2  # default_num_stages' slots take half an SM's shared memory each
@@ -80,7 +98,8 @@ def default_heads_per_program(n: int, hkv: int, num_splits: int) -> int:
 
 
 def settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, positions, *,
-            pages_per_block, num_splits, num_stages, interpret, heads_per_program=None) -> dict:
+            pages_per_block, num_splits, num_stages, interpret, heads_per_program=None,
+            min_blocks_per_split=None) -> dict:
     """Checks the attention inputs and fills in the configuration -> the static keyword
     arguments of paged_attention_mgpu's `_decode_call` / `_write_call`."""
     n, hq, d, _, hkv, _, s, _, m = check_paged_inputs(
@@ -102,13 +121,18 @@ def settle_config(q, k_cache, v_cache, plane, page_table, row_of_token, position
     if num_stages < 1 or num_stages * slot_bytes > SMEM_BUDGET:
         raise ValueError(f"num_stages={num_stages} slots of {slot_bytes} bytes do not fit the "
                          f"{SMEM_BUDGET} bytes of shared memory (at least 1 slot)")
+    max_blocks = -(-m // pages_per_block)
     if num_splits is None:
-        m_pad = -(-m // pages_per_block) * pages_per_block
-        num_splits = mosaic_num_splits(n, hkv, m_pad // pages_per_block)
+        num_splits = mosaic_num_splits(n, hkv, max_blocks)
+    if min_blocks_per_split is None:
+        min_blocks_per_split = default_min_blocks_per_split(n, hkv, max_blocks)
+    if min_blocks_per_split < 1:
+        raise ValueError(f"min_blocks_per_split must be >= 1, got {min_blocks_per_split}")
     if heads_per_program is None:
         heads_per_program = default_heads_per_program(n, hkv, num_splits)
     if heads_per_program < 1 or hkv % heads_per_program:
         raise ValueError(f"heads_per_program must divide the {hkv} kv heads, got {heads_per_program}")
-    return dict(pages_per_block=pages_per_block, num_splits=num_splits, num_stages=num_stages,
+    return dict(pages_per_block=pages_per_block, num_splits=num_splits,
+                min_blocks_per_split=min_blocks_per_split, num_stages=num_stages,
                 heads_per_program=heads_per_program, normalize=num_splits == 1,
                 interpret=resolve_interpret(interpret))

@@ -111,6 +111,34 @@ def test_write_matches_write_kv_then_ref(case):
                                atol=ATOL[case[6]], rtol=0)
 
 
+MIN_BLOCKS_CASES = [  # a CASES case, fewest blocks per split
+    ((5, 2, 2, 128, 16, 16, BF16, 4, None, 2), 2),  # rows of 1-4 blocks: 1-2 splits used of 4
+    ((5, 2, 2, 128, 16, 16, F32, 3, None, 2), 5),  # every row in its first split
+    ((4, 2, 1, 128, 8, 40, F32, 8, None, 3), 3),  # 8-slot pages, 5 blocks: splits of 3 and 2 blocks
+]
+
+
+@pytest.mark.parametrize("case, min_blocks", MIN_BLOCKS_CASES,
+                         ids=[f"{'-'.join(map(str, c[:8]))}-m{b}" for c, b in MIN_BLOCKS_CASES])
+def test_min_blocks_per_split_matches_ref(case, min_blocks):
+    """Splits of at least min_blocks blocks (the last ones empty for short rows): the writing
+    kernel (the new key's owner is the split holding the row's last block) and the reading
+    one match write_kv then ref_paged_attention."""
+    args, config, _ = _write_case(case)
+    q, k_new, v_new, slots, kc, vc, plane, pt, rows, pos = args
+    config = mgpu.settle_config(q, kc, vc, plane, pt, rows, pos, interpret=True,
+                                min_blocks_per_split=min_blocks, **config)
+    assert config["min_blocks_per_split"] == min_blocks and not config["normalize"]
+    out, k_out, v_out = mgpu._write_call(*args, **config)
+    k_ref, v_ref = write_kv(kc, vc, plane, slots, k_new, v_new)
+    np.testing.assert_array_equal(np.asarray(k_out), np.asarray(k_ref))
+    ref = ref_paged_attention(q, k_ref, v_ref, plane, pt, rows, pos)
+    read = mgpu._decode_call(q, k_ref, v_ref, plane, pt, rows, pos, **config)
+    for got in (out, read):
+        np.testing.assert_allclose(np.asarray(got, np.float32), np.asarray(ref, np.float32),
+                                   atol=ATOL[case[6]], rtol=0)
+
+
 @pytest.mark.parametrize("case", [CASES[2], CASES[3]], ids=["lanes", "tiles"])
 def test_one_split_normalizes_in_kernel_bitwise(case):
     """With one context split the kernel writes acc / sum in q's dtype: bitwise the partials
@@ -277,10 +305,11 @@ def _lower_cuda(fn, rows, hq, hkv, d, context, dtype=BF16, page_size=16, plane_t
 
 
 @pytest.mark.parametrize("model", MODELS)
-@pytest.mark.parametrize("rows, context", [(32, 1024), (1, 4096)])
+@pytest.mark.parametrize("rows, context", [(32, 1024), (1, 4096), (1, 32768)])
 def test_lowers_for_cuda(model, rows, context):
     """Real decode shapes, default configs (32 rows: one split, normalized in the kernel; 1 row:
-    the context split across programs), both entry points: the writing one is the one kernel
+    the context split across programs; at 32,768 in splits of at least 2 blocks), both entry
+    points: the writing one is the one kernel
     of its call (no scatter), its two pools aliased in and out."""
     text = _lower_cuda(paged_attention_mgpu, rows, *MODELS[model], context)
     assert text.count("stablehlo.custom_call @mosaic_gpu") == 1
@@ -368,3 +397,23 @@ def test_default_splits_one_from_a_program_per_sm():
     assert default_num_splits(1, 16, 32) == 17 and mgpu.mosaic_num_splits(1, 16, 32) == 4
     assert mgpu.mosaic_num_splits(1, 16, 2) == 2  # a 2-block context: at most 2 splits
     assert mgpu.mosaic_num_splits(7, 16, 32) == 1 and mgpu.mosaic_num_splits(1, 55, 32) == 2
+
+
+def test_wide_page_tables_split_into_a_program_per_sm():
+    """Above LONG_CONTEXT_BLOCKS blocks of page table (long contexts), few programs split the
+    context until ~ONE_SPLIT_PROGRAMS run, in splits of at least LONG_CONTEXT_MIN_BLOCKS blocks
+    (a short row then fills only its first splits); up to it, and from ONE_SPLIT_PROGRAMS
+    programs, the rules above hold with splits of any size. settle_config applies both."""
+    from loopjax.kernels import paged_attention_mgpu_config as mgpu
+
+    wide = mgpu.LONG_CONTEXT_BLOCKS + 1
+    assert mgpu.mosaic_num_splits(1, 16, wide) == 8 and mgpu.mosaic_num_splits(1, 16, 64) == 4
+    assert mgpu.mosaic_num_splits(4, 16, 512) == 2 and mgpu.mosaic_num_splits(8, 16, 512) == 1
+    assert mgpu.mosaic_num_splits(1, 55, 512) == 3
+    assert mgpu.default_min_blocks_per_split(1, 16, wide) == mgpu.LONG_CONTEXT_MIN_BLOCKS == 2
+    assert mgpu.default_min_blocks_per_split(1, 16, 64) == mgpu.default_min_blocks_per_split(8, 16, wide) == 1
+    rs = np.random.default_rng(5)
+    q, kc, vc, pt, pos = _case(rs, 1, 16, 16, 128, 16, 4 * wide, BF16, planes=1)
+    config = mgpu.settle_config(q, kc, vc, jnp.int32(0), pt, jnp.zeros(1, jnp.int32), pos,
+                                pages_per_block=None, num_splits=None, num_stages=None, interpret=True)
+    assert (config["num_splits"], config["min_blocks_per_split"]) == (8, 2)
