@@ -9,6 +9,8 @@ import math
 
 import jax.numpy as jnp
 
+from loopjax.step_plan import LONG_CONTEXT_KEYS
+
 from ._common import NUM_SMS, SMEM_BUDGET, resolve_interpret
 from .paged_attention import check_paged_inputs, default_num_splits
 
@@ -42,26 +44,30 @@ def default_num_stages(slot_bytes: int) -> int:
 
 ONE_SPLIT_PROGRAMS = 128  # (token, kv head) programs from which one context split is fastest
 FEW_PROGRAMS_TARGET = 64  # below that: split the context until about this many programs run
-LONG_CONTEXT_BLOCKS = 64  # page tables wider than this many blocks (4,096 keys) split more
-LONG_CONTEXT_MIN_BLOCKS = 2  # ... in splits of at least this many blocks
+# Page tables wider than this many blocks (64-key blocks by default: 4,096 keys, where the
+# engine adds its 4-row decode bucket) split toward one program per SM.
+LONG_CONTEXT_BLOCKS = LONG_CONTEXT_KEYS // ROWS
+LONG_CONTEXT_MIN_BLOCKS = 2  # splits toward one program per SM take at least this many blocks
 
 
 def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     """Context splits by default: one from ONE_SPLIT_PROGRAMS (token, kv head) programs, about
     one per SM of the H200's 132 (run 12, in the decode step: Ouro-1.4B 8 rows x 16 heads,
     6.10 vs 6.64 ms per step with the shared heuristic's 3 splits at context 512, 8.31 vs
-    8.88 ms at 2048; one split also needs no combine kernel). Fewer programs split the context
-    until ~FEW_PROGRAMS_TARGET run (run 13, Ouro-1.4B 1 row x 16 heads: 4 splits 4.87 / 5.24 ms
-    per step at context 512 / 2048, against 4.94 / 5.56 with the shared heuristic's 8 / 17
-    splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two), or ~ONE_SPLIT_PROGRAMS where the page
-    table is wider than LONG_CONTEXT_BLOCKS, in splits of at least LONG_CONTEXT_MIN_BLOCKS
-    blocks (`default_min_blocks_per_split`; run 27, Ouro-1.4B 1 row, pipelined steps: 8 such
-    splits against 4 at context 512 / 2,048 / 8,192 / 32,768: 4,940 / 5,196 / 6,299 / 10,635
-    against 4,826 / 5,273 / 6,657 / 12,731 us)."""
+    8.88 ms at 2048; one split also needs no combine kernel). Below FEW_PROGRAMS_TARGET
+    programs the context is split until ~FEW_PROGRAMS_TARGET run (run 13, Ouro-1.4B 1 row x 16
+    heads: 4 splits 4.87 / 5.24 ms per step at context 512 / 2048, against 4.94 / 5.56 with
+    the shared heuristic's 8 / 17 splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two). From
+    FEW_PROGRAMS_TARGET programs, or where the page table is wider than LONG_CONTEXT_BLOCKS,
+    it is split until ~ONE_SPLIT_PROGRAMS run, in runs of at least LONG_CONTEXT_MIN_BLOCKS
+    blocks (`default_min_blocks_per_split`). Run 27, Ouro-1.4B, pipelined steps at context 512
+    / 2,048 / 8,192 / 32,768: 1 row with a 32,768-key table, 8 such splits 4,918 / 5,200 /
+    6,322 / 10,645 us against 4 splits' 4,816 / 5,197 / 6,699 / 12,696; 4 rows (64 programs),
+    2 splits 5,272 / 6,455 / 10,924 / 28,706 against one's 5,350 / 6,822 / 12,872 / 37,538."""
     programs = n * hkv
     if programs >= ONE_SPLIT_PROGRAMS:
         return 1
-    if max_blocks > LONG_CONTEXT_BLOCKS:
+    if _splits_to_one_per_sm(programs, max_blocks):
         return max(1, min(max_blocks, -(-ONE_SPLIT_PROGRAMS // programs)))
     return default_num_splits(n, hkv, max_blocks, target_programs=FEW_PROGRAMS_TARGET)
 
@@ -69,10 +75,14 @@ def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
 def default_min_blocks_per_split(n: int, hkv: int, max_blocks: int) -> int:
     """The fewest blocks a context split takes by default (the kernel divides each row's own
     context among its splits, so a short context leaves the last splits empty rather than
-    spreading thin): LONG_CONTEXT_MIN_BLOCKS where `mosaic_num_splits` splits a wide page
-    table, else 1."""
-    wide = n * hkv < ONE_SPLIT_PROGRAMS and max_blocks > LONG_CONTEXT_BLOCKS
-    return LONG_CONTEXT_MIN_BLOCKS if wide else 1
+    spreading thin): LONG_CONTEXT_MIN_BLOCKS where `mosaic_num_splits` splits toward one
+    program per SM, else 1."""
+    return LONG_CONTEXT_MIN_BLOCKS if _splits_to_one_per_sm(n * hkv, max_blocks) else 1
+
+
+def _splits_to_one_per_sm(programs: int, max_blocks: int) -> bool:
+    return programs < ONE_SPLIT_PROGRAMS and (programs >= FEW_PROGRAMS_TARGET
+                                              or max_blocks > LONG_CONTEXT_BLOCKS)
 
 
 PROGRAMS_PER_SM = 2  # default_num_stages' slots take half an SM's shared memory each

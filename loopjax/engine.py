@@ -42,7 +42,7 @@ from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
-from loopjax.step_plan import DECODE_ROW_BUCKETS
+from loopjax.step_plan import default_decode_row_buckets
 
 
 @dataclass
@@ -87,7 +87,7 @@ class Engine:
         self.layout = layout
         self.scheduler = Scheduler(SchedulerConfig(
             page_size=config.page_size, num_pages=layout.num_pages, max_num_rows=config.max_num_rows,
-            decode_row_buckets=config.decode_row_buckets or DECODE_ROW_BUCKETS,
+            decode_row_buckets=config.decode_row_buckets or default_decode_row_buckets(max_context),
             max_prefill_tokens=config.max_prefill_tokens,
             prefill_token_buckets=config.prefill_token_buckets,
             max_prefill_rows=config.max_prefill_rows, max_context_len=max_context,

@@ -13,7 +13,7 @@ class EngineConfig:
     num_pages: int | None = None          # KV pool pages; None: from kv_memory_bytes
     kv_memory_bytes: int | None = None    # pool budget; both None: max_num_rows full contexts
     max_num_rows: int = 32                # rows of a decode step (running requests)
-    decode_row_buckets: tuple[int, ...] | None = None  # None: step_plan.DECODE_ROW_BUCKETS
+    decode_row_buckets: tuple[int, ...] | None = None  # None: step_plan.default_decode_row_buckets
     max_prefill_tokens: int = 2048        # packed prompt tokens per prefill step (chunked above; run 12)
     prefill_token_buckets: tuple[int, ...] = (16, 32, 64, 128, 256, 512, 1024, 2048)
     max_prefill_rows: int = 4             # prompts packed into one prefill step

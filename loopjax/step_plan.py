@@ -30,13 +30,28 @@ def _capped(buckets: tuple[int, ...], limit: int) -> tuple[int, ...]:
 
 
 # Decode row buckets (each capped by max_num_rows). 2-7 rows run padded to 8, which is not slower
-# on the H200 (run 1: weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row with XLA products;
-# the Pallas decode kernels stop at each row's length, so a padding token reads a single block).
-# Two executables fewer at start-up than 1, 2, 4, 8, ... (run 10: the 1-, 2- and 4-row ones were
-# the slowest). One row keeps its own bucket, where `matmul='auto'` streams every product: the
-# device step is 11% shorter than padded to 8 rows for Ouro-1.4B (run 12, context 512, steps
-# back to back as the engine runs them: 6.0 vs 6.8 ms) and 9% for Huginn-0125 (30.2 vs 33.0 ms).
+# on the H200 at short contexts (run 1: weights-only step 4.90 ms at 8 rows vs 8.57 ms at 1 row
+# with XLA products; the Pallas decode kernels stop at each row's length, so a padding token
+# reads a single block; run 27: 4 short requests 745-747 tok/s padded to 8 against 723-724 in
+# a 4-row bucket). Each bucket dropped is an executable less at start-up (run 10: the 1-, 2-
+# and 4-row ones were the slowest). One row keeps its own bucket, where `matmul='auto'` streams
+# every product: the device step is 11% shorter than padded to 8 rows for Ouro-1.4B (run 12,
+# context 512, steps back to back as the engine runs them: 6.0 vs 6.8 ms) and 9% for
+# Huginn-0125 (30.2 vs 33.0 ms).
 DECODE_ROW_BUCKETS = (1, 8, 16, 32, 64, 128)
+# Where a request may grow past LONG_CONTEXT_KEYS, 2-4 rows get a bucket of their own: the decode
+# attention then splits their contexts toward one program per SM, which a padded 8-row step
+# (one split: 64 of its 128 programs real at 4 rows) does not (kernels/paged_attention_mgpu_
+# config.py; its wide page tables start at the same 4,096 keys). Run 27, Ouro-1.4B, 4 requests
+# of 8,192-token prompts, max_context_len 16,384: 268-271 tok/s (TPOT p50 12.2-12.4 ms) against
+# 217-235 (14.5-15.9 ms) padded to 8.
+LONG_CONTEXT_KEYS = 4096
+LONG_CONTEXT_DECODE_ROW_BUCKETS = (1, 4, 8, 16, 32, 64, 128)
+
+
+def default_decode_row_buckets(max_context_len: int) -> tuple[int, ...]:
+    """The decode row buckets an engine compiles unless configured (before max_num_rows caps them)."""
+    return LONG_CONTEXT_DECODE_ROW_BUCKETS if max_context_len > LONG_CONTEXT_KEYS else DECODE_ROW_BUCKETS
 
 
 @dataclass(frozen=True)

@@ -210,6 +210,21 @@ def test_default_pool_holds_every_row_at_full_context(ouro_model):
     assert Engine(ouro_model, config).layout.num_pages == config.max_num_rows * 8
 
 
+def test_default_row_buckets_follow_the_context_limit(ouro_model, monkeypatch):
+    """Unconfigured, an engine whose requests may pass LONG_CONTEXT_KEYS (4,096; 256 here, the
+    tiny model's context being 512) compiles a 4-row decode bucket
+    (step_plan.default_decode_row_buckets); one that may not pads 2-7 rows to 8."""
+    from loopjax import step_plan
+
+    monkeypatch.setattr(step_plan, "LONG_CONTEXT_KEYS", 256)
+    buckets = {}
+    for context in (256, 512):
+        config = EngineConfig(**{**SMALL, "decode_row_buckets": None, "max_num_rows": 16, "num_pages": 64,
+                                 "max_context_len": context, "warmup": False})
+        buckets[context] = Engine(ouro_model, config).scheduler.config.row_buckets
+    assert buckets == {256: (1, 8, 16), 512: (1, 4, 8, 16)}
+
+
 def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
     """A stop token the greedy output reaches at index 2 ends it there; with min_tokens=6 the
     first 6 tokens cannot be it (the first two are the golden's), then it may end the output.

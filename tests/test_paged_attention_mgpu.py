@@ -396,22 +396,26 @@ def test_default_splits_one_from_a_program_per_sm():
     assert mgpu.mosaic_num_splits(8, 16, 32) == 1 and mgpu.mosaic_num_splits(3, 55, 32) == 1
     assert default_num_splits(1, 16, 32) == 17 and mgpu.mosaic_num_splits(1, 16, 32) == 4
     assert mgpu.mosaic_num_splits(1, 16, 2) == 2  # a 2-block context: at most 2 splits
-    assert mgpu.mosaic_num_splits(7, 16, 32) == 1 and mgpu.mosaic_num_splits(1, 55, 32) == 2
+    assert mgpu.mosaic_num_splits(1, 55, 32) == 2
 
 
-def test_wide_page_tables_split_into_a_program_per_sm():
-    """Above LONG_CONTEXT_BLOCKS blocks of page table (long contexts), few programs split the
-    context until ~ONE_SPLIT_PROGRAMS run, in splits of at least LONG_CONTEXT_MIN_BLOCKS blocks
-    (a short row then fills only its first splits); up to it, and from ONE_SPLIT_PROGRAMS
-    programs, the rules above hold with splits of any size. settle_config applies both."""
+def test_wide_page_tables_and_64_programs_split_into_a_program_per_sm():
+    """From FEW_PROGRAMS_TARGET programs (Ouro-1.4B's 4-row bucket), and above
+    LONG_CONTEXT_BLOCKS blocks of page table (long contexts) at any count below
+    ONE_SPLIT_PROGRAMS, the context is split until ~ONE_SPLIT_PROGRAMS programs run, in splits
+    of at least LONG_CONTEXT_MIN_BLOCKS blocks (a short row then fills only its first splits);
+    elsewhere the rules above hold with splits of any size. settle_config applies both."""
     from loopjax.kernels import paged_attention_mgpu_config as mgpu
+    from loopjax.step_plan import LONG_CONTEXT_KEYS
 
-    wide = mgpu.LONG_CONTEXT_BLOCKS + 1
+    assert mgpu.LONG_CONTEXT_BLOCKS * mgpu.ROWS == LONG_CONTEXT_KEYS  # where the 4-row bucket starts
+    wide, min_blocks = mgpu.LONG_CONTEXT_BLOCKS + 1, mgpu.default_min_blocks_per_split
     assert mgpu.mosaic_num_splits(1, 16, wide) == 8 and mgpu.mosaic_num_splits(1, 16, 64) == 4
-    assert mgpu.mosaic_num_splits(4, 16, 512) == 2 and mgpu.mosaic_num_splits(8, 16, 512) == 1
+    assert mgpu.mosaic_num_splits(4, 16, 512) == mgpu.mosaic_num_splits(4, 16, 32) == 2
+    assert mgpu.mosaic_num_splits(7, 16, 32) == 2 and mgpu.mosaic_num_splits(8, 16, 512) == 1
     assert mgpu.mosaic_num_splits(1, 55, 512) == 3
-    assert mgpu.default_min_blocks_per_split(1, 16, wide) == mgpu.LONG_CONTEXT_MIN_BLOCKS == 2
-    assert mgpu.default_min_blocks_per_split(1, 16, 64) == mgpu.default_min_blocks_per_split(8, 16, wide) == 1
+    assert min_blocks(1, 16, wide) == min_blocks(4, 16, 32) == mgpu.LONG_CONTEXT_MIN_BLOCKS == 2
+    assert min_blocks(1, 16, 64) == min_blocks(8, 16, wide) == min_blocks(1, 55, 64) == 1
     rs = np.random.default_rng(5)
     q, kc, vc, pt, pos = _case(rs, 1, 16, 16, 128, 16, 4 * wide, BF16, planes=1)
     config = mgpu.settle_config(q, kc, vc, jnp.int32(0), pt, jnp.zeros(1, jnp.int32), pos,

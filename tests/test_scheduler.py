@@ -45,6 +45,16 @@ def test_continuous_batching_order():
     assert not sched.has_unfinished() and sched.block_manager.num_free_pages == 64
 
 
+def test_default_decode_row_buckets_add_4_rows_past_4096_keys():
+    """An engine whose requests may pass LONG_CONTEXT_KEYS compiles a 4-row decode bucket (its
+    attention splits long contexts toward one program per SM); otherwise 2-7 rows pad to 8."""
+    from loopjax.step_plan import DECODE_ROW_BUCKETS, LONG_CONTEXT_KEYS, default_decode_row_buckets
+
+    assert default_decode_row_buckets(LONG_CONTEXT_KEYS) == DECODE_ROW_BUCKETS == (1, 8, 16, 32, 64, 128)
+    assert default_decode_row_buckets(LONG_CONTEXT_KEYS + 1) == (1, 4, 8, 16, 32, 64, 128)
+    assert cfg(max_num_rows=32, decode_row_buckets=default_decode_row_buckets(8192)).row_bucket(3) == 4
+
+
 def test_decode_row_buckets_with_real_row_count():
     config = cfg(max_num_rows=6, decode_row_buckets=(1, 2, 4, 8, 16))
     assert config.row_buckets == (1, 2, 4, 6) and config.prefill_row_buckets == (1, 2, 4)
