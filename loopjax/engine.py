@@ -301,8 +301,9 @@ class Engine:
 
     def _check_stop_strings(self, request: Request) -> None:
         """Apply stop strings (a running request's new tokens decoded incrementally each step),
-        and set the text of a finished request (decoded once, if no stop string set it)."""
-        if self.model.tokenizer is None:
+        and set the text of a finished request (decoded once, if no stop string set it); none
+        for a request with detokenize=False (the server's: it detokenizes as it streams)."""
+        if self.model.tokenizer is None or not request.sampling_params.detokenize:
             return
         extra, params = self._extra[request.request_id], request.sampling_params
         if params.stop and not request.is_finished:

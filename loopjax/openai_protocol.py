@@ -146,6 +146,9 @@ class RequestParser:
             params = dataclasses.replace(params, max_tokens=room)
         if params.n > self.max_n:
             raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
+        if params.stop and self.tokenizer is None:  # NOTE: the server, not the engine, matches them
+            raise bad_request("stop strings need a tokenizer; this model has none (use stop_token_ids)",
+                              "stop")
         if self.max_logprobs is not None and (params.logprobs or 0) > self.max_logprobs:
             # NOTE: checked here, not left to the engine, so the error names the field sent (chat's
             # top_logprobs becomes SamplingParams.logprobs).

@@ -92,6 +92,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed)
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
+    detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
     repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
@@ -126,6 +127,10 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         _check_int("min_tokens", self.min_tokens, 0)
+        if not isinstance(self.detokenize, bool):
+            _fail(f"detokenize must be true or false, got {self.detokenize!r}")
+        if self.stop and not self.detokenize:
+            _fail("stop strings need detokenize=True: they are matched on the text")
         if self.min_tokens > self.max_tokens:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import logging
@@ -155,7 +156,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         body = parser.body(await request.body())
         prompts = parser.prompts(body, chat)
         params = parser.sampling(body, chat, prompts)
-        streams = await submit_choices(body, prompts, params)
+        # NOTE: each Choice detokenizes its outputs as it streams them and matches the stop
+        # strings on that text (closing its stream as stopped), so the engine makes no text.
+        streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
         choices = [Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
         echo, k = bool(body.get("echo")), params.prompt_logprobs
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs

@@ -122,8 +122,10 @@ def test_stop_string_while_the_next_step_is_in_flight(engine, monkeypatch):
     tok.decoder = decoders.ByteLevel()
     monkeypatch.setattr(engine, "model", dataclasses.replace(engine.model, tokenizer=tok))
     prompt = [ord(c) for c in "loop"]
-    texts = [o.text for o in run(engine, {0: [("free", prompt, greedy(16))]}, pipelined=False).values()]
-    text = texts[0]
+    free = run(engine, {0: [("free", prompt, greedy(16))]}, pipelined=False)["free"]
+    text = free.text
+    raw = run(engine, {0: [("raw", prompt, greedy(16, detokenize=False))]}, pipelined=False)["raw"]
+    assert raw.text is None and raw.token_ids == free.token_ids and text  # detokenize=False: no text
     stop = next(text[i - 2:i] for i in range(4, len(text)) if text[i - 2:i] not in text[:i - 1])
     outs, submissions = [], []
     for pipelined in (False, True):

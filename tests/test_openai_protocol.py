@@ -165,6 +165,9 @@ def test_chat_without_template_is_400():
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "max_tokens": 3})
         assert r.json()["choices"][0]["token_ids"] == [6, 7, 8]  # the fake engine counts up
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "stop": ["x"]})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "stop", r.text
+        assert "stop strings need a tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4, 5], "echo": True})
         assert r.status_code == 400 and "echo is not supported by this server" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"prompt": [4], "prompt_logprobs": 0})

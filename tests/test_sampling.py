@@ -292,6 +292,8 @@ def test_defaults_and_normalisation():
     (dict(stop_token_ids=[-3]), "every stop_token_ids entry must be >= 0, got -3"),
     (dict(stop="abc"), "stop must be a list of strings"),
     (dict(stop=[""]), "every stop entry must be a non-empty string"),
+    (dict(detokenize=1), "detokenize must be true or false"),
+    (dict(stop=["a"], detokenize=False), "stop strings need detokenize=True"),
     (dict(ignore_eos=1), "ignore_eos must be true or false"),
     (dict(loops=0), "loops must be >= 1, got 0"),
     (dict(exit_mode="fast"), "exit_mode must be one of select, skip, got 'fast'"),

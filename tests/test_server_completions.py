@@ -232,3 +232,27 @@ def test_sixteen_concurrent_requests(client, server):
     assert all(len(o) == 6 for o in outs)
     assert outs[0] == one(0)  # batch composition does not change greedy tokens
     wait_idle(server.aengine)
+
+
+def test_stop_strings_end_the_text_on_the_server_side(client, served_model, monkeypatch):
+    """A stop string ends the choice before it (answer and stream alike, finish_reason "stop"),
+    matched by the server on the text it streams: the engine gets the request without stop
+    strings and makes no text of its own (no second detokenization)."""
+    import loopjax.engine
+
+    made = []
+    monkeypatch.setattr(loopjax.engine, "IncrementalDetokenizer",
+                        lambda *a, **k: made.append(a) or pytest.fail("the engine detokenized"))
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=12, temperature=0,
+              extra_body={"ignore_eos": True})
+    full = client.completions.create(**kw).choices[0].text
+    words = full.split()
+    assert full == " ".join(words)
+    starts = [len(" ".join(words[:i])) + (i > 0) for i in range(len(words))]
+    i = next(i for i, w in enumerate(words) if i >= 2 and full.find(w) == starts[i])  # first seen there
+    word, expected = words[i], full[:starts[i]]
+    answer = client.completions.create(**kw, stop=[word]).choices[0]
+    assert (answer.text, answer.finish_reason) == (expected, "stop")
+    chunks = list(client.completions.create(**kw, stop=[word], stream=True))
+    assert "".join(ch.text for c in chunks for ch in c.choices) == expected
+    assert [ch.finish_reason for c in chunks for ch in c.choices][-1] == "stop" and not made
