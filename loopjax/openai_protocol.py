@@ -8,7 +8,7 @@ Contract:
   text is encoded with the model's tokenizer, chat messages rendered by its chat template.
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
-- `echo` and `prompt_logprobs` score the prompt (not streamed): refused where the server's
+- `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
   model cannot be scored or the request's exit rule is not one the identity path follows.
 This module imports FastAPI for the error response only; nothing here touches the engine.
 """
@@ -167,11 +167,9 @@ class RequestParser:
         return params
 
     def _check_scorable(self, field: str, body: dict, params: SamplingParams) -> None:
-        """`field` (echo, prompt_logprobs; not streamed) asks the prompt's log-probabilities,
-        scored on the identity path (loopjax.score): a fixed depth or Ouro's threshold exit in
-        select mode, as the reference computes every prompt position."""
-        if body.get("stream"):
-            raise bad_request(f"{field} is not supported with stream", field)
+        """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities, scored on the
+        identity path (loopjax.score): a fixed depth or Ouro's threshold exit in select mode, as
+        the reference computes every prompt position."""
         if self.echo_state == "unsupported":
             raise bad_request(f"{field} is not supported by this server (its prompts cannot be scored)",
                               field)

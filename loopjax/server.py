@@ -18,9 +18,10 @@ Contract:
   prompt pages.
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
-- `echo` (completions, not streamed): the prompt's text, tokens and log-probabilities first,
-  scored by `loopjax.score` (the identity path) in a thread while the engine generates.
-- `prompt_logprobs=k` (vLLM's extra, not streamed): the same scoring in vLLM's shape
+- `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
+  `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
+  chunk of no tokens opening each choice, once scored.
+- `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
   (top max(logprobs, k)); the choices of one prompt share its score.
@@ -169,6 +170,22 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
+        async def prompt_part(answers: list[dict]) -> list:
+            """Await the prompts' scores; put echo's prompt text and logprobs and prompt_logprobs
+            on the completions `answers` (dicts of `choices`, in order); -> prompt_logprobs per
+            prompt (vLLM's shape; one per prompt, shared by its choices)."""
+            try:
+                scored = await scores
+            except ValueError as e:  # the scorer's one line (the prompts were checked above)
+                raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
+            formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
+            for c, answer in zip(choices, answers, strict=True):
+                if echo:
+                    c.echo(answer, scored[c.index // params.n], params.logprobs or 0)
+                if k is not None and not chat:
+                    answer["prompt_logprobs"] = formatted[c.index // params.n]
+            return formatted
+
         def usage():
             gen, given = sum(len(c.token_ids) for c in choices), sum(len(p) for p in prompts)
             return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
@@ -204,17 +221,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
                                      else {"text": c.text}) for c in choices]
             if scores is not None:
-                try:
-                    scored = await scores
-                except ValueError as e:  # the scorer's one line (the prompts were checked above)
-                    raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
-                # one per prompt, shared by its choices
-                formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
-                for c, choice in zip(choices, head["choices"], strict=True):
-                    if echo:
-                        c.echo(choice, scored[c.index // params.n], params.logprobs or 0)
-                    if k is not None and not chat:
-                        choice["prompt_logprobs"] = formatted[c.index // params.n]
+                formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
                     head["prompt_logprobs"] = formatted[0]
             head["usage"] = usage()
@@ -226,11 +233,20 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
         async def events():
             try:
-                if chat:
-                    for c in choices:
-                        first = {"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": [],
-                                 "delta": {"role": "assistant", "content": ""}}
-                        yield sse(json.dumps({**head, "choices": [first]}))
+                # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
+                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
+                opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
+                           | ({"delta": {"role": "assistant", "content": ""}} if chat else
+                              {"text": "", "logprobs": None if params.logprobs is None else
+                               {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": None}})
+                           for c in choices]
+                top = {}
+                if scores is not None:
+                    formatted = await prompt_part(opening)
+                    top = {"prompt_logprobs": formatted[0]} if k is not None and chat else {}
+                if chat or scores is not None:
+                    for i, first in enumerate(opening):
+                        yield sse(json.dumps({**head, "choices": [first], **(top if i == 0 else {})}))
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})
@@ -239,6 +255,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except EngineDeadError as e:
                 yield sse(APIError(503, str(e), None, "server_error").response().body.decode())
+            except APIError as e:  # the scorer's error, after the stream began
+                yield sse(e.response().body.decode())
             yield sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream",

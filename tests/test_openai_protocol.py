@@ -32,7 +32,6 @@ from loopjax.server import create_app
     ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
-    ({"prompt": [5], "echo": True, "stream": True}, 400, "echo", "echo is not supported with stream"),
     ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
@@ -41,8 +40,6 @@ from loopjax.server import create_app
     ({"prompt": [5], "prompt_logprobs": -1}, 400, "prompt_logprobs", "must be in [0, 20], got -1"),
     ({"prompt": [5], "prompt_logprobs": True}, 400, "prompt_logprobs",
      "prompt_logprobs must be an integer [0, 20], got True"),
-    ({"prompt": [5], "prompt_logprobs": 1, "stream": True}, 400, "prompt_logprobs",
-     "prompt_logprobs is not supported with stream"),
     ({"prompt": [5], "prompt_logprobs": 0, "exit_weighted": True}, 400, "prompt_logprobs",
      "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
      "exit_weighted is not supported with it"),
@@ -132,7 +129,6 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
     ({"echo": True}, "echo", "echo applies to /v1/completions only"),
-    ({"prompt_logprobs": 2, "stream": True}, "prompt_logprobs", "is not supported with stream"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):

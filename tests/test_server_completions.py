@@ -6,7 +6,9 @@ requests at once."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
+import httpx
 import openai
 import pytest
 from server_helpers import CHATML, MODEL_NAME, REF_ENGINE, wait_idle
@@ -256,3 +258,39 @@ def test_stop_strings_end_the_text_on_the_server_side(client, served_model, monk
     chunks = list(client.completions.create(**kw, stop=[word], stream=True))
     assert "".join(ch.text for c in chunks for ch in c.choices) == expected
     assert [ch.finish_reason for c in chunks for ch in c.choices][-1] == "stop" and not made
+
+
+def _streamed(server, path: str, body: dict) -> list[dict]:
+    """The JSON chunks of a streamed request (server-sent events ending in [DONE])."""
+    r = httpx.post(server.url + path, json={**body, "stream": True}, timeout=60)
+    assert r.status_code == 200, r.text
+    data = [event[6:] for event in r.text.split("\n\n") if event.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    return [json.loads(d) for d in data[:-1]]
+
+
+def test_echo_and_prompt_logprobs_stream(server, served_model):
+    """Streamed, each choice opens with a chunk of no tokens holding the prompt's part (echo's
+    text and logprobs, prompt_logprobs), then its generation: reassembled, the answer in full
+    (two prompts, n = 2); a chat stream's first chunk carries prompt_logprobs at the top."""
+    ids = served_model.tokenizer.encode("hello world the loop model", add_special_tokens=False).ids
+    body = dict(model=MODEL_NAME, prompt=[ids, ids[:3]], n=2, max_tokens=3, temperature=0, logprobs=1,
+                echo=True, prompt_logprobs=2, ignore_eos=True)
+    full = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()
+    chunks = _streamed(server, "/v1/completions", body)
+    assert len(full["choices"]) == 4
+    for choice in full["choices"]:
+        mine = [ch for c in chunks for ch in c["choices"] if ch["index"] == choice["index"]]
+        assert mine[0]["token_ids"] == [] and mine[0]["prompt_logprobs"] == choice["prompt_logprobs"]
+        assert mine[0]["text"] and "".join(m["text"] for m in mine) == choice["text"]
+        for key in ("tokens", "token_logprobs", "top_logprobs"):
+            assert [x for m in mine for x in m["logprobs"][key]] == choice["logprobs"][key], key
+        assert [t for m in mine for t in m["token_ids"]] == choice["token_ids"]
+        assert all("prompt_logprobs" not in m for m in mine[1:])
+    chat = dict(model=MODEL_NAME, messages=[{"role": "user", "content": "hello loop"}], max_tokens=2,
+                prompt_logprobs=1)
+    full = httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=60).json()
+    chunks = _streamed(server, "/v1/chat/completions", chat)
+    assert chunks[0]["prompt_logprobs"] == full["prompt_logprobs"] is not None
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    assert all("prompt_logprobs" not in c for c in chunks[1:])
