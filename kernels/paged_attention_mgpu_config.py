@@ -59,7 +59,7 @@ def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     heads: 4 splits 4.87 / 5.24 ms per step at context 512 / 2048, against 4.94 / 5.56 with
     the shared heuristic's 8 / 17 splits, 5.05 / 6.43 with one, 4.96 / 5.63 with two). From
     FEW_PROGRAMS_TARGET programs, or where the page table is wider than LONG_CONTEXT_BLOCKS,
-    it is split until ~ONE_SPLIT_PROGRAMS run, in runs of at least LONG_CONTEXT_MIN_BLOCKS
+    it is split until up to ONE_SPLIT_PROGRAMS run, in runs of at least LONG_CONTEXT_MIN_BLOCKS
     blocks (`default_min_blocks_per_split`). Run 27, Ouro-1.4B, pipelined steps at context 512
     / 2,048 / 8,192 / 32,768: 1 row with a 32,768-key table, 8 such splits 4,918 / 5,200 /
     6,322 / 10,645 us against 4 splits' 4,816 / 5,197 / 6,699 / 12,696; 4 rows (64 programs),
@@ -67,8 +67,8 @@ def mosaic_num_splits(n: int, hkv: int, max_blocks: int) -> int:
     programs = n * hkv
     if programs >= ONE_SPLIT_PROGRAMS:
         return 1
-    if _splits_to_one_per_sm(programs, max_blocks):
-        return max(1, min(max_blocks, -(-ONE_SPLIT_PROGRAMS // programs)))
+    if _splits_to_one_per_sm(programs, max_blocks):  # NOTE: at most ONE_SPLIT_PROGRAMS programs
+        return max(1, min(max_blocks, ONE_SPLIT_PROGRAMS // programs))
     return default_num_splits(n, hkv, max_blocks, target_programs=FEW_PROGRAMS_TARGET)
 
 
@@ -81,6 +81,7 @@ def default_min_blocks_per_split(n: int, hkv: int, max_blocks: int) -> int:
 
 
 def _splits_to_one_per_sm(programs: int, max_blocks: int) -> bool:
+    """Whether `programs` (token, kv head) programs split toward one per SM (see above)."""
     return programs < ONE_SPLIT_PROGRAMS and (programs >= FEW_PROGRAMS_TARGET
                                               or max_blocks > LONG_CONTEXT_BLOCKS)
 

@@ -412,8 +412,8 @@ def test_wide_page_tables_and_64_programs_split_into_a_program_per_sm():
     wide, min_blocks = mgpu.LONG_CONTEXT_BLOCKS + 1, mgpu.default_min_blocks_per_split
     assert mgpu.mosaic_num_splits(1, 16, wide) == 8 and mgpu.mosaic_num_splits(1, 16, 64) == 4
     assert mgpu.mosaic_num_splits(4, 16, 512) == mgpu.mosaic_num_splits(4, 16, 32) == 2
-    assert mgpu.mosaic_num_splits(7, 16, 32) == 2 and mgpu.mosaic_num_splits(8, 16, 512) == 1
-    assert mgpu.mosaic_num_splits(1, 55, 512) == 3
+    assert mgpu.mosaic_num_splits(7, 16, 32) == 1 and mgpu.mosaic_num_splits(8, 16, 512) == 1
+    assert mgpu.mosaic_num_splits(1, 55, 512) == 2 and mgpu.mosaic_num_splits(2, 55, 32) == 1  # <= 128
     assert min_blocks(1, 16, wide) == min_blocks(4, 16, 32) == mgpu.LONG_CONTEXT_MIN_BLOCKS == 2
     assert min_blocks(1, 16, 64) == min_blocks(8, 16, wide) == min_blocks(1, 55, 64) == 1
     rs = np.random.default_rng(5)
