@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from loopjax.bench import decode_step
 
 
@@ -78,6 +80,14 @@ def test_decode_step_sampled_case_and_attention_stages(tmp_path):
     with decode_step._attention_experiment("kernel", "auto", "2"):
         assert mgpu.default_num_stages(4096) == 2
     assert mgpu.default_num_stages(32768) == 3 and mgpu.default_num_stages is default
+    # --attn-splits S:M: S context splits (capped by the blocks) of at least M blocks each
+    rules = (mgpu.mosaic_num_splits, mgpu.default_min_blocks_per_split)
+    with decode_step._attention_experiment("kernel", "8:3", "auto"):
+        assert mgpu.mosaic_num_splits(1, 16, 512) == 8 and mgpu.mosaic_num_splits(1, 16, 4) == 4
+        assert mgpu.default_min_blocks_per_split(1, 16, 512) == 3
+    assert (mgpu.mosaic_num_splits, mgpu.default_min_blocks_per_split) == rules
+    with pytest.raises(ValueError, match="--attn-splits"):
+        decode_step._attention_experiment("kernel", "8:x", "auto")
 
 
 def test_decode_step_times_the_sampler_the_engine_picks(tmp_path):
