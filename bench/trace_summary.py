@@ -50,28 +50,7 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
 
     Kernels: complete ("X") events on the "Stream ..." threads of "/device:..." processes
     other than CPUs (when no thread is named "Stream": every thread but the DERIVED_ROWS)."""
-    processes, threads = {}, {}
-    for e in events:
-        if e.get("ph") == "M" and e.get("name") == "process_name":
-            processes[e["pid"]] = str(e.get("args", {}).get("name", ""))
-        elif e.get("ph") == "M" and e.get("name") == "thread_name":
-            threads[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", ""))
-    devices = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
-    streams = {key for key, name in threads.items() if key[0] in devices and name.startswith("Stream")}
-    derived = {key for key, name in threads.items() if key[0] in devices and name in DERIVED_ROWS}
-    kernels, steps = [], []
-    for e in events:
-        if e.get("ph") != "X" or "dur" not in e:
-            continue
-        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
-        if e["pid"] in devices:
-            key = (e["pid"], e.get("tid"))
-            if key in streams or not (streams or key in derived):
-                kernels.append((start, end, str(e.get("name", "?"))))
-        else:
-            m = re.fullmatch(re.escape(STEP_PREFIX) + r"(\d+)", str(e.get("name", "")))
-            if m:
-                steps.append((int(m.group(1)), start, end))
+    kernels, steps, threads, streams = _device_kernels(events)
     if not kernels:
         return None
     merged = _union((s, e) for s, e, _ in kernels)
@@ -95,6 +74,69 @@ def device_summary(events: list[dict], *, gap_us: float = 50.0, top: int = 15) -
                      "over_threshold_total_us": sum(g for g in gaps if g > gap_us)},
             "top_kernels": ranked, "top_kernel_groups": groups,
             "steps": per_step}
+
+
+DECODE_ANCHOR = "paged_decode"  # the decode attention kernel: one per layer application
+
+
+def kernel_positions(events: list[dict], anchor: str = DECODE_ANCHOR) -> list[dict]:
+    """Device kernels by their position in the unit that each kernel named with `anchor`
+    begins (a decode step's layer application): kernels of one name are told apart by their
+    order since the last anchor (`name#k`: wo's and w_down's partials share a kernel). Per
+    position: count, mean µs, mean idle µs before it (from the latest end of the kernels
+    before), total µs of both; largest total first. [] when no kernel holds the anchor."""
+    kernels = sorted(_device_kernels(events)[0])
+    if not any(anchor in name for _, _, name in kernels):
+        return []
+    seen, stats, last_end = defaultdict(int), defaultdict(lambda: [0, 0.0, 0.0]), None
+    for start, end, name in kernels:
+        if anchor in name:
+            seen.clear()
+        label = f"{name}#{seen[name]}"
+        seen[name] += 1
+        entry = stats[label]
+        entry[0] += 1
+        entry[1] += end - start
+        entry[2] += 0.0 if last_end is None else max(0.0, start - last_end)
+        last_end = end if last_end is None else max(last_end, end)
+    rows = [{"position": label, "count": c, "mean_us": d / c, "mean_gap_us": g / c, "total_us": d + g}
+            for label, (c, d, g) in stats.items()]
+    return sorted(rows, key=lambda r: -r["total_us"])
+
+
+def format_positions(rows: list[dict], top: int = 16) -> str:
+    lines = [f"{'count':>7}{'mean µs':>10}{'gap µs':>9}{'total ms':>10}  kernel#position in the layer"]
+    lines += [f"{r['count']:>7}{r['mean_us']:>10.2f}{r['mean_gap_us']:>9.2f}{r['total_us'] / 1e3:>10.2f}  "
+              f"{r['position'][:90]}" for r in rows[:top]]
+    return "\n".join(lines)
+
+
+def _device_kernels(events: list[dict]):
+    """(kernels [(start, end, name)], host steps [(index, start, end)], thread names, the
+    device "Stream" threads) of a trace: see device_summary."""
+    processes, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e["pid"]] = str(e.get("args", {}).get("name", ""))
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e.get("tid"))] = str(e.get("args", {}).get("name", ""))
+    devices = {pid for pid, name in processes.items() if name.startswith("/device:") and "CPU" not in name}
+    streams = {key for key, name in threads.items() if key[0] in devices and name.startswith("Stream")}
+    derived = {key for key, name in threads.items() if key[0] in devices and name in DERIVED_ROWS}
+    kernels, steps = [], []
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e:
+            continue
+        start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+        if e["pid"] in devices:
+            key = (e["pid"], e.get("tid"))
+            if key in streams or not (streams or key in derived):
+                kernels.append((start, end, str(e.get("name", "?"))))
+        else:
+            m = re.fullmatch(re.escape(STEP_PREFIX) + r"(\d+)", str(e.get("name", "")))
+            if m:
+                steps.append((int(m.group(1)), start, end))
+    return kernels, steps, threads, streams
 
 
 def kernel_group(name: str) -> str:
@@ -148,7 +190,8 @@ def trace_runs(run, trace_dir: str, num_runs: int) -> dict:
     with jax.profiler.trace(trace_dir, create_perfetto_trace=True, profiler_options=options):
         for _ in range(num_runs):
             run()
-    summary = device_summary(load_trace_events(trace_dir), top=40)
+    events = load_trace_events(trace_dir)
+    summary = device_summary(events, top=40)
     if summary is None:
         print(f"trace: no device kernels in {trace_dir}", flush=True)
         return {}
@@ -156,4 +199,7 @@ def trace_runs(run, trace_dir: str, num_runs: int) -> dict:
         for k in ranked:
             k["per_step_count"], k["per_step_us"] = k["count"] / num_runs, k["total_us"] / num_runs
     print(format_device_summary(summary), flush=True)
+    summary["positions"] = kernel_positions(events)
+    if summary["positions"]:
+        print(format_positions(summary["positions"]), flush=True)
     return summary

@@ -68,6 +68,27 @@ def test_device_summary_without_stream_rows_uses_every_device_row_and_none_on_cp
     assert profile.device_summary(cpu_only) is None
 
 
+def test_kernel_positions_tell_apart_one_kernel_at_two_places():
+    """Two layer applications of attention, a product P, a norm, P again (wo's and w_down's
+    partials share a kernel): P#0 and P#1 get their own times and the idle gaps before them;
+    no anchor kernel, no table."""
+    from loopjax.bench.trace_summary import format_positions, kernel_positions
+
+    events, t = [_meta(GPU, "/device:GPU:0"), _meta(GPU, "Stream #14(Compute)", STREAM)], 0
+    layer = (("loopjax_paged_decode_write", 5, 1), ("P", 4, 2), ("norm", 2, 0), ("P", 8, 1))
+    for _ in range(2):
+        for name, dur, gap in layer:
+            t += gap
+            events.append(_x(GPU, STREAM, name, t, dur))
+            t += dur
+    rows = {r["position"]: (r["count"], r["mean_us"], r["mean_gap_us"]) for r in kernel_positions(events)}
+    assert rows == {"loopjax_paged_decode_write#0": (2, 5, 0.5), "P#0": (2, 4, 2), "norm#0": (2, 2, 0),
+                    "P#1": (2, 8, 1)}
+    assert kernel_positions(events)[0]["position"] == "P#1"  # the largest total first
+    assert "P#1" in format_positions(kernel_positions(events))
+    assert kernel_positions([e for e in events if "paged" not in e["name"]]) == []
+
+
 def test_load_trace_events_reads_the_newest_perfetto_file(tmp_path):
     run = tmp_path / "plugins" / "profile" / "2026_01_01"
     run.mkdir(parents=True)
