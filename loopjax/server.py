@@ -257,6 +257,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 yield sse(APIError(503, str(e), None, "server_error").response().body.decode())
             except APIError as e:  # the scorer's error, after the stream began
                 yield sse(e.response().body.decode())
+            finally:  # NOTE: also when the client leaves while the prompts are scored
+                for stream in streams:
+                    stream.close()
             yield sse("[DONE]")
 
         return StreamingResponse(events(), media_type="text/event-stream",

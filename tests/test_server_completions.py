@@ -294,3 +294,21 @@ def test_echo_and_prompt_logprobs_stream(server, served_model):
     assert chunks[0]["prompt_logprobs"] == full["prompt_logprobs"] is not None
     assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
     assert all("prompt_logprobs" not in c for c in chunks[1:])
+
+
+def test_a_scoring_error_mid_stream_ends_it_and_frees_the_rows(server, monkeypatch):
+    """Streamed echo whose scoring fails: the stream carries the error then [DONE], and the
+    request's engine row is aborted at once (not left to run its 400 tokens)."""
+    import loopjax.scoring
+
+    def failing(*args, **kw):
+        raise ValueError("the scorer refused")
+
+    monkeypatch.setattr(loopjax.scoring, "score", failing)
+    before = server.aengine.metrics.aborted.value
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json=dict(
+        model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=400, echo=True, stream=True, ignore_eos=True))
+    events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "the scorer refused" in json.loads(events[-2])["error"]["message"]
+    assert server.aengine.metrics.aborted.value == before + 1
+    wait_idle(server.aengine)
