@@ -8,6 +8,11 @@ are resident or get an SM as soon as any other kernel's blocks retire (no other 
 waits on this one), and a program never waits for a later phase. Every product is taken with
 swapped operands (out^T = w_tile^T @ x^T: the 64-column weight tile is wgmma's A, the few rows
 of x its B), so x needs 8-64 rows of shared memory, not 64.
+- Phase 0 (`norm_add_norm_silu_mul`, with phase 1), programs r < M: the attention branch's
+  norms before the MLP, row r of kernels/rms_norm.py norm_add_norm on wo's product or
+  partials y: h = residual + norm(y) and phase 1's input x = norm(h), stored, then signalled
+  to every phase-1 program. Those have their first weight tiles in flight meanwhile and load
+  x once all M rows are in.
 - Phase 1, programs j < F / 64: the gate and up tiles of columns [64j, 64j + 64) over all of K,
   then act's columns = silu(gate) * up (layers.silu_mul's roundings), stored to `act`, then a
   release-add on the semaphore of the down product's K split that holds those columns.
@@ -26,7 +31,8 @@ Ops.mlp_scratch). Each waiting program has its own counter: a signaller adds 1 t
 its waiters' counters (one release fence, then relaxed adds), and a waiter waits for its
 count and takes it back off (acquire). Pallas's own global semaphores are zero-filled before
 every call instead (a memset and one more launch gap per call: bench/RESULTS.md runs 17 and
-25). Counters [0, units2) are phase 2's, [units2, units2 + M) phase 3's rows'.
+25). Counters [0, units2) are phase 2's, [units2, units2 + M) phase 3's rows', and
+[PHASE1_COUNTERS, + F / 64) phase 1's programs' (waiting for phase 0).
 
 Interpret mode has no semaphores and runs programs one after another, so there each phase
 runs as its own kernel (same bodies) for the CPU tests; the GPU runs the phases in one
@@ -44,14 +50,17 @@ from loopjax import layers
 
 from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
 from ._mgpu import B_ROWS, b_rows, stream_tiles, tile_transforms
+from .rms_norm import check_norm_add_norm_inputs, ref_norm_add_norm
 from .streaming_config import NUM_SMS
 
-__all__ = ["default_split_k", "persistent_mlp", "persistent_mlp_norm_add_norm", "ref_persistent_mlp",
+__all__ = ["default_split_k", "norm_add_norm_silu_mul", "norms_silu_mul_problem", "persistent_mlp",
+           "persistent_mlp_norm_add_norm", "ref_norm_add_norm_silu_mul", "ref_persistent_mlp",
            "shape_problem", "silu_mul_problem", "silu_mul_product"]
 
 TILE = 64  # weight tile columns (wgmma's A rows) and rows (K per step)
 F32 = jnp.float32
-NUM_COUNTERS = NUM_SMS + 64  # phase 2's programs (<= NUM_SMS) and phase 3's rows (<= 64)
+PHASE1_COUNTERS = NUM_SMS + 64  # phase 2's programs (<= NUM_SMS) and phase 3's rows (<= 64) below
+NUM_COUNTERS = PHASE1_COUNTERS + NUM_SMS  # then phase 1's programs (waiting for phase 0)
 
 
 def ref_persistent_mlp(x, w_gate_up, w_down):
@@ -59,6 +68,12 @@ def ref_persistent_mlp(x, w_gate_up, w_down):
     partials summed)."""
     act = layers.linear_silu_mul(x, w_gate_up)
     return act, jnp.dot(act, w_down, preferred_element_type=F32)
+
+
+def ref_norm_add_norm_silu_mul(y, residual, norm_weight, next_norm_weight, eps: float, w_gate_up):
+    """(h, act): kernels/rms_norm.py ref_norm_add_norm, then layers.linear_silu_mul of its normed h."""
+    h, x = ref_norm_add_norm(y, residual, norm_weight, next_norm_weight, eps)
+    return h, layers.linear_silu_mul(x, w_gate_up)
 
 
 def default_split_k(h: int, f: int) -> int | None:
@@ -117,7 +132,7 @@ def persistent_mlp(x, w_gate_up, w_down, *, split_k: int | None = None, num_stag
     """x [M, H] (M <= 64, bf16) -> (act [M, F], partials [split_k, M, H] f32) with
     act = layers.linear_silu_mul(x, w_gate_up) and sum(partials) = act @ w_down in fp32."""
     act, partials, _ = _run(x, w_gate_up, w_down, None, None, split_k, num_stages, phases, interpret, None)
-    return act[: x.shape[0]], partials[:, : x.shape[0]]
+    return act, partials[:, : x.shape[0]]
 
 
 def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, next_norm_weight,
@@ -130,6 +145,46 @@ def persistent_mlp_norm_add_norm(x, w_gate_up, w_down, residual, norm_weight, ne
     _, _, (h, h_normed) = _run(x, w_gate_up, w_down, (residual, norm_weight, next_norm_weight),
                                float(eps), split_k, num_stages, phases, interpret, counters)
     return h, h_normed
+
+
+def norms_silu_mul_problem(y, residual, w_gate_up) -> str | None:
+    """Why `norm_add_norm_silu_mul` cannot take these inputs (a one-line error), or None.
+    Assumes y and residual that passed kernels/rms_norm.py check_norm_add_norm_inputs."""
+    (m, h), n = residual.shape, w_gate_up.shape[1]
+    if residual.dtype == F32 or w_gate_up.dtype != residual.dtype or w_gate_up.shape[0] != h:
+        return ("norm_add_norm_silu_mul takes a bfloat16/float16 residual [M, H] and w_gate_up [H, 2F] "
+                "of its dtype")
+    if m > 64 or h % TILE or n % (2 * TILE) or n // (2 * TILE) > NUM_SMS:
+        return (f"norm_add_norm_silu_mul takes <= 64 rows, H a multiple of {TILE} and F of {TILE} up to "
+                f"{TILE * NUM_SMS}: M={m}, H={h}, 2F={n}")
+    return None
+
+
+def norm_add_norm_silu_mul(y, residual, norm_weight, next_norm_weight, eps: float, w_gate_up, counters=None,
+                           *, num_stages: int = 6, interpret: bool | None = None):
+    """(h, act): (h, x) = kernels/rms_norm.py norm_add_norm(y, residual, norm_weight,
+    next_norm_weight, eps) with y a product [M, H] in residual's dtype or its fp32 split-K
+    partials [S, M, H], and act = layers.linear_silu_mul(x, w_gate_up) [M, F] (Ouro: the
+    attention branch's norms, then the MLP's first product). On the GPU, phases 0 and 1 in one
+    kernel: every phase-1 program puts its first weight tiles in flight, programs r < M norm
+    row r and signal, and the phase-1 programs load x once every row is signalled; no norms
+    kernel runs between wo's product and this one. Measured slower than the norms kernel then
+    SiLU*up (bench/RESULTS.md run 28), so no step uses it. The interpreter runs the two phases
+    as two kernels. counters: a new_counters() Ref, shared with other calls (None: a new one)."""
+    check_norm_add_norm_inputs(y, residual, norm_weight, next_norm_weight)
+    problem = norms_silu_mul_problem(y, residual, w_gate_up)
+    if problem:
+        raise ValueError(problem)
+    interpret = resolve_interpret(interpret)
+    attn = (y if y.ndim == 3 else y[None], residual, norm_weight, next_norm_weight)
+    kw = dict(split_k=1, num_stages=num_stages, eps=float(eps), interpret=interpret)
+    if interpret:  # no counters there, and programs run one after another
+        h, x = _call(None, w_gate_up, None, None, None, None, None, attn, phases=(0,), **kw)
+        (act,) = _call(x, w_gate_up, None, None, None, None, None, phases=(1,), **kw)
+        return h, act
+    counters = new_counters() if counters is None else counters
+    h, _, act = _call(None, w_gate_up, None, None, None, None, counters, attn, phases=(0, 1), **kw)
+    return h, act
 
 
 def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpret, counters):
@@ -210,14 +265,15 @@ def _wait(counter, value: int):
 
 
 @one_lowering_per_config("split_k", "num_stages", "phases", "eps", "interpret")
-def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, num_stages: int,
+def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split_k: int, num_stages: int,
           phases: tuple[int, ...], eps: float | None, interpret: bool):
-    """The kernel running `phases` (a subset of 1, 2, 3 in order); act_in / part_in: the
-    earlier phases' outputs when they ran as their own kernels; norms: (residual, norm_weight,
-    next_norm_weight) for phase 3; counters: the Ref the phases synchronize through (None when
-    one phase runs)."""
-    (m, h), f = x.shape, w_gu.shape[1] // 2
-    dtype, rows = x.dtype, b_rows(m)
+    """The kernel running `phases` (a subset of 0, 1, 2, 3 in order); x: phase 1's input (None
+    when phase 0 makes it); act_in / part_in: the earlier phases' outputs when they ran as their
+    own kernels; norms: (residual, norm_weight, next_norm_weight) for phase 3; attn: (y [S, M, H],
+    residual, norm_weight, next_norm_weight) for phase 0; counters: the Ref the phases
+    synchronize through (None when one phase runs)."""
+    (m, h), f = (x if attn is None else attn[1]).shape, w_gu.shape[1] // 2
+    dtype, rows = w_gu.dtype, b_rows(m)
     units1, col_tiles2 = f // TILE, h // TILE
     units2, k2 = col_tiles2 * split_k, f // split_k
     steps1, steps2 = h // TILE, k2 // TILE
@@ -228,23 +284,36 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, nu
     stages1, stages2 = _fit_smem(stages1 if 1 in phases else 0, stages2 if 2 in phases else 0, rows,
                                  dtype.itemsize)
     sync = counters is not None
-    assert sync == (len(phases) > 1 and not interpret) and units2 + m <= NUM_COUNTERS
+    assert sync == (len(phases) > 1 and not interpret) and units2 + m <= PHASE1_COUNTERS
+    staged = rows != m  # act's tiles leave through shared memory, TMA clipping the rows past M
     transforms = tile_transforms(TILE, dtype)  # 64 columns: the weight tile (A) and x (B)
-    in_names = ["x", "w_gu"] + (["w_down"] if 2 in phases else [])
+    in_names = (["y", "attn_residual", "attn_norm_w", "mlp_norm_w"] if 0 in phases else [])
+    in_names += (["x"] if 1 in phases and 0 not in phases else []) + ["w_gu"]
+    in_names += ["w_down"] if 2 in phases else []
     in_names += ["act"] if 2 in phases and 1 not in phases else []
     in_names += ["part"] if 3 in phases and 2 not in phases else []
     in_names += ["residual", "norm_w", "next_norm_w"] if 3 in phases else []
     in_names += ["counters"] if sync else []
-    out_names = (["act"] if 1 in phases else []) + (["part"] if 2 in phases else []) + (
-        ["h", "h_normed"] if 3 in phases else [])
+    out_names = (["attn_h", "x"] if 0 in phases else []) + (["act"] if 1 in phases else [])
+    out_names += (["part"] if 2 in phases else []) + (["h", "h_normed"] if 3 in phases else [])
 
     def body(*refs):
         r = dict(zip(in_names + out_names, refs, strict=False))
         (wg_smem, wu_smem, x1_smem, bar1_w, bar1_x,
-         wd_smem, x2_smem, bar2_w, bar2_x) = refs[len(in_names) + len(out_names):]
+         wd_smem, x2_smem, bar2_w, bar2_x, *act_smem) = refs[len(in_names) + len(out_names):]
         p = jax.lax.axis_index("p")
-        cnt = r.get("counters")  # [0, units2): phase 2's programs, then phase 3's rows
+        # [0, units2): phase 2's programs, then phase 3's rows; from PHASE1_COUNTERS phase 1's
+        cnt = r.get("counters")
         c2, s2 = jax.lax.rem(p, col_tiles2), jax.lax.div(p, col_tiles2)  # phase-2 unit of p
+
+        def fetch_w1(t, slot):
+            for w_smem, col in ((wg_smem, p * TILE), (wu_smem, f + p * TILE)):
+                plmgpu.copy_gmem_to_smem(r["w_gu"].at[pl.ds(t * TILE, TILE), pl.ds(col, TILE)],
+                                         w_smem.at[slot], bar1_w.at[slot])
+
+        def fetch_x1(t, slot):
+            plmgpu.copy_gmem_to_smem(r["x"].at[pl.ds(0, rows), pl.ds(t * TILE, TILE)],
+                                     x1_smem.at[slot], bar1_x.at[slot])
 
         def fetch_w2(t, slot):
             plmgpu.copy_gmem_to_smem(
@@ -252,18 +321,38 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, nu
                 wd_smem.at[slot], bar2_w.at[slot])
 
         def scope(acc_g, acc_u, acc_d):  # [TILE, rows] f32 each: out^T tiles
+            def issue_w1():  # the weights need no activation: in flight before x is in
+                for t in range(stages1):
+                    fetch_w1(t, t)
+
+            # NOTE: phase 0's row programs norm and signal before their own tiles are in flight:
+            # the signal's release fence waited for the copies the signaller had in flight
+            # (bench/RESULTS.md run 28: the handoff 5.7 -> 2.8 µs at 1 row)
+            if 1 in phases:
+                pl.when((p < units1) & (p >= m) if 0 in phases else p < units1)(issue_w1)
+
+            if 0 in phases:
+                @pl.when(p < m)
+                def _():  # row p of the attention branch's norms, and phase 1's input x
+                    _norm_add_norm_row(r["y"], p, r["attn_residual"], r["attn_norm_w"], r["mlp_norm_w"],
+                                       r["attn_h"], r["x"], eps, dtype)
+                    if sync:
+                        _signal(cnt.at[pl.ds(PHASE1_COUNTERS, units1)], units1)
+                    if 1 in phases:
+                        pl.when(p < units1)(issue_w1)
+
             if 1 in phases:
                 @pl.when(p < units1)
                 def _():
-                    def fetch(t, slot):
-                        for w_smem, col in ((wg_smem, p * TILE), (wu_smem, f + p * TILE)):
-                            plmgpu.copy_gmem_to_smem(r["w_gu"].at[pl.ds(t * TILE, TILE), pl.ds(col, TILE)],
-                                                     w_smem.at[slot], bar1_w.at[slot])
-                        plmgpu.copy_gmem_to_smem(r["x"].at[pl.ds(0, rows), pl.ds(t * TILE, TILE)],
-                                                 x1_smem.at[slot], bar1_x.at[slot])
-
+                    if sync and 0 in phases:
+                        _wait(cnt.at[pl.ds(PHASE1_COUNTERS + p, 1)], m)
+                        _proxy_fence()
                     for t in range(stages1):
-                        fetch(t, t)
+                        fetch_x1(t, t)
+
+                    def fetch(t, slot):
+                        fetch_w1(t, slot)
+                        fetch_x1(t, slot)
 
                     def multiply(t, slot):
                         x_t = x1_smem.at[slot].T
@@ -279,12 +368,20 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, nu
                     gate = acc_g[...].astype(dtype).astype(F32)
                     up = acc_u[...].astype(dtype).astype(F32)
                     silu = (gate / (1.0 + jnp.exp(-gate))).astype(dtype).astype(F32)
-                    act = (silu * up).astype(dtype)  # [TILE, rows]: act^T's tile
-                    r["act"].at[pl.ds(0, rows), pl.ds(p * TILE, TILE)].T[...] = plmgpu.layout_cast(
-                        act, plmgpu.Layout.WGMMA_TRANSPOSED)
-                    if sync:  # the phase-2 programs of this columns' K split
+                    act = plmgpu.layout_cast((silu * up).astype(dtype),  # [TILE, rows]: act^T's tile
+                                             plmgpu.Layout.WGMMA_TRANSPOSED)
+                    act_cols = r["act"].at[pl.ds(0, rows), pl.ds(p * TILE, TILE)]
+                    if staged:
+                        act_smem[0].T[...] = act
+                        plmgpu.commit_smem()
+                        plmgpu.copy_smem_to_gmem(act_smem[0], act_cols)
+                        plmgpu.wait_smem_to_gmem(0)
+                    else:
+                        act_cols.T[...] = act
+                    if sync and 2 in phases:  # the phase-2 programs of this columns' K split
+                        # NOTE: a TMA store is complete (wait_smem_to_gmem) before the fence
                         _signal(cnt.at[pl.ds(jax.lax.div(p, per_split) * col_tiles2, col_tiles2)],
-                                col_tiles2)
+                                        col_tiles2)
 
             if 2 in phases:
                 @pl.when(p < units2)
@@ -328,20 +425,14 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, nu
                 def _():  # row p: kernels/rms_norm.py norm_add_norm's math on the partials
                     if sync and 2 in phases:
                         _wait(cnt.at[pl.ds(units2 + p, 1)], units2)
-                    y = r["part"][0, p]
-                    for s in range(1, split_k):  # the partials summed in split order
-                        y = y + r["part"][s, p]
-                    y = _rnd(y, dtype)
-                    out = _rnd(r["residual"][p].astype(F32) + _normalize(y, r["norm_w"][...], h, eps, dtype),
-                               dtype)
-                    r["h"][p] = out.astype(dtype)
-                    r["h_normed"][p] = _normalize(out, r["next_norm_w"][...], h, eps, dtype).astype(dtype)
+                    _norm_add_norm_row(r["part"], p, r["residual"], r["norm_w"], r["next_norm_w"], r["h"],
+                                       r["h_normed"], eps, dtype)
 
         acc = plmgpu.ACC((TILE, rows), F32)
         pl.run_scoped(scope, acc, acc, acc)
 
-    shapes = dict(act=((rows, f), dtype), part=((split_k, rows, h), F32), h=((m, h), dtype),
-                  h_normed=((m, h), dtype))
+    shapes = dict(attn_h=((m, h), dtype), x=((m, h), dtype), act=((m, f), dtype),
+                  part=((split_k, rows, h), F32), h=((m, h), dtype), h_normed=((m, h), dtype))
     out_type = [jax.ShapeDtypeStruct(*shapes[name]) for name in out_names]
     smem = lambda *shape: plmgpu.SMEM(shape, dtype, transforms=transforms)  # noqa: E731
     s1 = stages1 or 1
@@ -352,15 +443,33 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, *, split_k: int, nu
                smem(s2_, TILE, TILE), smem(s2_, rows, TILE),
                plmgpu.Barrier(num_arrivals=1, num_barriers=s2_),
                plmgpu.Barrier(num_arrivals=1, num_barriers=s2_)]
+    scratch += [plmgpu.SMEM((rows, TILE), dtype)] if staged and 1 in phases else []
     num_programs = max(units1 if 1 in phases else 0, units2 if 2 in phases else 0,
-                       m if 3 in phases else 0)
+                       m if 3 in phases or 0 in phases else 0)
     args = dict(x=x, w_gu=w_gu, w_down=w_down, act=act_in, part=part_in, counters=counters)
     if norms is not None:
         args.update(residual=norms[0], norm_w=norms[1], next_norm_w=norms[2])
+    if attn is not None:
+        args.update(y=attn[0], attn_residual=attn[1], attn_norm_w=attn[2], mlp_norm_w=attn[3])
     return plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(num_programs,),
                          grid_names=("p",), kernel_name="loopjax_persistent_mlp",
                          interpret=plmgpu.InterpretGPUParams() if interpret else None)(
         *[args[name] for name in in_names])
+
+
+def _norm_add_norm_row(y_ref, row, residual_ref, norm_w_ref, next_norm_w_ref, h_ref, h_normed_ref,
+                       eps: float, dtype):
+    """Row `row` of kernels/rms_norm.py norm_add_norm: y_ref [S, M, H] (a product in dtype, S = 1,
+    or fp32 split-K partials, summed in split order and rounded once), h = residual + norm(y),
+    stored with norm(h) by the next weight."""
+    h = residual_ref.shape[1]
+    y = y_ref[0, row].astype(F32)
+    for s in range(1, y_ref.shape[0]):
+        y = y + y_ref[s, row]
+    y = _rnd(y, dtype)
+    out = _rnd(residual_ref[row].astype(F32) + _normalize(y, norm_w_ref[...], h, eps, dtype), dtype)
+    h_ref[row] = out.astype(dtype)
+    h_normed_ref[row] = _normalize(out, next_norm_w_ref[...], h, eps, dtype).astype(dtype)
 
 
 def _fit_smem(stages1: int, stages2: int, rows: int, itemsize: int) -> tuple[int, int]:

@@ -2,7 +2,9 @@
 interpreter vs the XLA twin (rows padded to 8 and 32, K splits, more tiles than ring slots;
 with the norms, bitwise), bad shapes, the fused kernel lowered for CUDA on this CPU host at
 Ouro-1.4B's shapes (one kernel, its phases synchronized through one counters Ref that a loop's
-layers share), the `mlp_norm_add_norm` op of every Ops
+layers share); phases 0 and 1 (`norm_add_norm_silu_mul`: the attention branch's norms in the
+MLP's first product, not used by a step: bench/RESULTS.md run 28) against their twin and
+lowered for CUDA; the `mlp_norm_add_norm` op of every Ops
 (XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas'): the two ops it replaces unless
 a kernel runs it, and the device probe's --smoke run."""
 
@@ -119,6 +121,71 @@ def _int32_fills(text: str) -> list[str]:
             if "broadcast_in_dim" in line and "dims = [] :" in line and "xi32>" in line]
 
 
+def _norms_args(m, h, f, num_partials=4, seed=3):
+    """(y, residual, norm_weight, next_norm_weight, eps, w_gate_up): y as fp32 partials
+    [num_partials, M, H], or a bf16 product [M, H] for num_partials 0."""
+    ky, kr, kn, kg = jax.random.split(jax.random.PRNGKey(seed), 4)
+    y = jax.random.normal(ky, (max(num_partials, 1), m, h), F32)
+    y = y[0].astype(BF16) if num_partials == 0 else y
+    residual = jax.random.normal(kr, (m, h), F32).astype(BF16)
+    norms = [(1 + 0.1 * jax.random.normal(k, (h,), F32)).astype(BF16) for k in jax.random.split(kn)]
+    w_gate_up = (jax.random.normal(kg, (h, 2 * f), F32) * h**-0.5).astype(BF16)
+    return y, residual, *norms, 1e-6, w_gate_up
+
+
+def _twin(*args):
+    # NOTE: no excess precision (XLA on CPU would keep some bf16 roundings in f32)
+    return jax.jit(pm.ref_norm_add_norm_silu_mul, static_argnums=4,
+                   compiler_options=layers.IDENTITY_COMPILER_OPTIONS)(*args)
+
+
+@pytest.mark.parametrize("m, num_partials, stages", [
+    (1, 4, 6),  # the 1-row step: 4 fp32 partials, act through shared memory (TMA clips row 1-7)
+    (3, 0, 2),  # a bf16 product (y unsplit); 2 K tiles through 2 slots
+    (8, 2, 1),  # its own row padding: act stored straight from registers
+])
+def test_norm_add_norm_silu_mul_matches_twin(m, num_partials, stages):
+    """Phases 0 and 1 (interpreted: two kernels): h bitwise, act within one bf16 rounding of the
+    twin (silu's exp) and bitwise on most elements."""
+    args = _norms_args(m, 128, 256, num_partials)
+    h, act = pm.norm_add_norm_silu_mul(*args, num_stages=stages, interpret=True)
+    want_h, want_act = _twin(*args)
+    assert h.shape == (m, 128) and act.shape == (m, 256) and act.dtype == BF16
+    assert jnp.array_equal(h, want_h)
+    np.testing.assert_allclose(np.asarray(act, F32), np.asarray(want_act, F32), rtol=2 ** -7, atol=1e-6)
+    assert np.mean(np.asarray(act == want_act)) > 0.99
+
+
+def test_norm_add_norm_silu_mul_refuses():
+    y, residual, nw, nnw, eps, w_gate_up = _norms_args(3, 128, 256)
+    assert pm.norms_silu_mul_problem(y, residual, w_gate_up) is None
+    assert "<= 64 rows" in pm.norms_silu_mul_problem(y, jnp.zeros((65, 128), BF16), w_gate_up)
+    assert "bfloat16/float16" in pm.norms_silu_mul_problem(y, residual.astype(F32), w_gate_up)
+    with pytest.raises(ValueError, match="H a multiple of 64"):
+        pm.norm_add_norm_silu_mul(*_norms_args(3, 96, 256), interpret=True)
+    with pytest.raises(ValueError, match="partials must be float32"):
+        pm.norm_add_norm_silu_mul(y.astype(BF16), residual, nw, nnw, eps, w_gate_up, interpret=True)
+
+
+@pytest.mark.parametrize("m", [1, 8, 32])
+def test_norm_add_norm_silu_mul_lowers_for_cuda(m):
+    """Ouro-1.4B's shapes: one Mosaic GPU kernel for phases 0 and 1, its counters an aliased
+    operand (updated in place, no fill per call)."""
+    from loopjax.bench.warmup_probe import mosaic_kernels
+
+    args = [jax.ShapeDtypeStruct(s, dt) for s, dt in (((4, m, 2048), F32), ((m, 2048), BF16),
+                                                      ((2048,), BF16), ((2048,), BF16))]
+    w_gate_up = jax.ShapeDtypeStruct((2048, 11264), BF16)
+
+    def fn(y, residual, nw, nnw, w):
+        return pm.norm_add_norm_silu_mul(y, residual, nw, nnw, 1e-6, w, pm.new_counters(), interpret=False)
+
+    with use_abstract_mesh(H200):
+        text = jax.jit(fn).trace(*args, w_gate_up).lower(lowering_platforms=("cuda",)).as_text()
+    calls = [line for line in text.splitlines() if "custom_call @mosaic_gpu" in line]
+    assert mosaic_kernels(text) == (1, 1) and len(calls) == 1 and "output_operand_alias" in calls[0]
+
+
 def test_a_loop_shares_one_counters_ref(monkeypatch):
     """ouro.loop on 'persistent' (a GPU's Ops, lowered for CUDA): every layer's MLP runs the
     fused kernel, and the loop's layers share Ops.mlp_scratch's one counters Ref (a single
@@ -206,3 +273,18 @@ def test_probe_smoke(tmp_path):
     import json
     arms = [r["arm"] for r in json.loads(out.read_text())["records"]]
     assert arms == ["triton", "two_kernels"]
+
+
+def test_norms_prologue_probe_smoke(tmp_path):
+    """bench/probes/norms_prologue.py in the interpreter: every arm runs, the fused op's h and
+    act match the unfused ops'."""
+    import json
+
+    from loopjax.bench.probes import norms_prologue
+
+    out = tmp_path / "np.json"
+    arms = "unfused,fused@t2,fused-nowork@t2"
+    assert norms_prologue.main(["--smoke", "--rows", "1", "--arms", arms, "--out", str(out)]) == 0
+    records = {r["arm"]: r for r in json.loads(out.read_text())["records"]}
+    assert list(records) == arms.split(",")
+    assert records["fused@t2"]["h_diff"] == 0 and records["fused@t2"]["act_diff"] < 1e-2
