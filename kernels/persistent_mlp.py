@@ -360,9 +360,6 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                         plmgpu.wgmma(acc_u, wu_smem.at[slot].T, x_t)
 
                     stream_tiles(steps1, stages1, (bar1_w, bar1_x), fetch, multiply, groups=2)
-                    if 2 in phases:  # this program's phase-2 weights start streaming now
-                        for t in range(stages2):
-                            fetch_w2(t, t)
                     plmgpu.wgmma_wait(0)
                     # layers.silu_mul's roundings: gate, up in dtype; silu in f32 rounded; * up
                     gate = acc_g[...].astype(dtype).astype(F32)
@@ -381,7 +378,11 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                     if sync and 2 in phases:  # the phase-2 programs of this columns' K split
                         # NOTE: a TMA store is complete (wait_smem_to_gmem) before the fence
                         _signal(cnt.at[pl.ds(jax.lax.div(p, per_split) * col_tiles2, col_tiles2)],
-                                        col_tiles2)
+                                col_tiles2)
+                    if 2 in phases:  # this program's phase-2 weights start streaming now, after
+                        # the signal: its release fence would wait for them (run 28)
+                        for t in range(stages2):
+                            fetch_w2(t, t)
 
             if 2 in phases:
                 @pl.when(p < units2)

@@ -23,11 +23,12 @@
   RoPE at 1-64 rows, SiLU*up and the norms' partials at 8-64; context-512 steps 1 row 4,804
   -> 4,669 us, 8 rows 5,513 -> 5,305, 32 rows 8,353 -> 8,073, 64 rows 12,119 -> 11,458 with
   wqkv and w_gate_up now streamed there).
-- 'persistent' (experimental, measured in bench/RESULTS.md runs 17 and 25): 'auto' with Ouro's
-  whole MLP branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after them) in
-  one resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the shapes, its
-  programs synchronizing through Ops.mlp_scratch's counters (run 25: still 2.4-3.9% slower
-  than 'auto' at 1-32 rows).
+- 'persistent' (experimental, measured in bench/RESULTS.md runs 17, 25 and 28): 'auto' with
+  Ouro's whole MLP branch (w_gate_up + SiLU*up, w_down's split-K partials, the norms after
+  them) in one resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the
+  shapes, its programs synchronizing through Ops.mlp_scratch's counters (run 25: still 2.4-3.9%
+  slower than 'auto' at 1-32 rows; run 28, its phase-1 programs signalling before their
+  phase-2 copies: 2.0-6.2%).
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """

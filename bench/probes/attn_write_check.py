@@ -18,9 +18,11 @@ import numpy as np
 from loopjax.kernels.paged_attention import ref_paged_attention, write_kv
 from loopjax.kernels.paged_attention_mgpu import paged_attention_mgpu, paged_attention_mgpu_write
 
-CASES = (  # name, rows, q heads, kv heads, head_dim, context
+CASES = (  # name, rows, q heads, kv heads, head_dim, context (1 row, and 4 rows at 8,192: split contexts)
     ("ouro-1.4b", 1, 16, 16, 128, 512), ("ouro-1.4b", 8, 16, 16, 128, 512),
     ("ouro-1.4b", 32, 16, 16, 128, 600), ("huginn-0125", 8, 55, 55, 96, 512),
+    ("ouro-1.4b", 1, 16, 16, 128, 8192), ("ouro-1.4b", 4, 16, 16, 128, 8192),
+    ("huginn-0125", 1, 55, 55, 96, 512),
 )
 PAGE, PLANES, ATOL = 16, 2, 3e-2
 
