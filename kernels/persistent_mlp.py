@@ -327,7 +327,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
 
             # NOTE: phase 0's row programs norm and signal before their own tiles are in flight:
             # the signal's release fence waited for the copies the signaller had in flight
-            # (bench/RESULTS.md run 28: the handoff 5.7 -> 2.8 µs at 1 row)
+            # (bench/RESULTS.md run 28: the handoff ~5 -> ~2.8 µs at 1 row)
             if 1 in phases:
                 pl.when((p < units1) & (p >= m) if 0 in phases else p < units1)(issue_w1)
 
