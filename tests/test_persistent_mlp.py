@@ -4,9 +4,9 @@ with the norms, bitwise), bad shapes, the fused kernel lowered for CUDA on this 
 Ouro-1.4B's shapes (one kernel, its phases synchronized through one counters Ref that a loop's
 layers share); phases 0 and 1 (`norm_add_norm_silu_mul`: the attention branch's norms in the
 MLP's first product, not used by a step: bench/RESULTS.md run 28) against their twin and
-lowered for CUDA; the `mlp_norm_add_norm` op of every Ops
-(XLA, 'auto', 'streaming', 'persistent', pointwise 'pallas'): the two ops it replaces unless
-a kernel runs it, and the device probe's --smoke run."""
+lowered for CUDA; the `mlp_norm_add_norm` op of every Ops (XLA, 'auto', 'streaming',
+'persistent', pointwise 'pallas'): the two ops it replaces unless a kernel runs it; the device
+probes' --smoke runs."""
 
 from __future__ import annotations
 
