@@ -325,13 +325,13 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                 for t in range(stages1):
                     fetch_w1(t, t)
 
-            # NOTE: phase 0's row programs norm and signal before their own tiles are in flight:
-            # the signal's release fence waited for the copies the signaller had in flight
-            # (bench/RESULTS.md run 28: the handoff ~5 -> ~2.8 µs at 1 row)
-            if 1 in phases:
-                pl.when((p < units1) & (p >= m) if 0 in phases else p < units1)(issue_w1)
-
             if 0 in phases:
+                # NOTE: the row programs norm and signal before their own tiles are in flight: the
+                # signal's release fence waited for the copies the signaller had in flight
+                # (bench/RESULTS.md run 28: the handoff ~5 -> ~2.8 µs at 1 row)
+                if 1 in phases:
+                    pl.when((p < units1) & (p >= m))(issue_w1)
+
                 @pl.when(p < m)
                 def _():  # row p of the attention branch's norms, and phase 1's input x
                     _norm_add_norm_row(r["y"], p, r["attn_residual"], r["attn_norm_w"], r["mlp_norm_w"],
@@ -344,15 +344,19 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
             if 1 in phases:
                 @pl.when(p < units1)
                 def _():
-                    if sync and 0 in phases:
-                        _wait(cnt.at[pl.ds(PHASE1_COUNTERS + p, 1)], m)
-                        _proxy_fence()
-                    for t in range(stages1):
-                        fetch_x1(t, t)
-
                     def fetch(t, slot):
                         fetch_w1(t, slot)
                         fetch_x1(t, slot)
+
+                    if 0 in phases:  # the weights are in flight: x once every row is signalled
+                        if sync:
+                            _wait(cnt.at[pl.ds(PHASE1_COUNTERS + p, 1)], m)
+                            _proxy_fence()
+                        for t in range(stages1):
+                            fetch_x1(t, t)
+                    else:
+                        for t in range(stages1):
+                            fetch(t, t)
 
                     def multiply(t, slot):
                         x_t = x1_smem.at[slot].T
