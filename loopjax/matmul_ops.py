@@ -28,7 +28,7 @@
   them) in one resident Mosaic GPU kernel (kernels/persistent_mlp.py) where it takes the
   shapes, its programs synchronizing through Ops.mlp_scratch's counters (run 25: still 2.4-3.9%
   slower than 'auto' at 1-32 rows; run 28, its phase-1 programs signalling before their
-  phase-2 copies: 2.0-6.2%).
+  phase-2 copies: 0-3% at 1-8 rows, 3-6% at 32-64).
 Ops must be hashable and equal across calls (a static jit argument): every op here is a
 module-level function or a cached `_where_measured` wrapper.
 """
