@@ -421,3 +421,13 @@ def test_wide_page_tables_and_64_programs_split_into_a_program_per_sm():
     config = mgpu.settle_config(q, kc, vc, jnp.int32(0), pt, jnp.zeros(1, jnp.int32), pos,
                                 pages_per_block=None, num_splits=None, num_stages=None, interpret=True)
     assert (config["num_splits"], config["min_blocks_per_split"]) == (8, 2)
+
+
+def test_write_check_probe_smoke(capsys):
+    """bench/probes/attn_write_check.py --smoke: the writing kernel against write_kv then the
+    ref and against the two-kernel path, in the interpreter (2 rows; 1 row with split context)."""
+    from loopjax.bench.probes import attn_write_check
+
+    assert attn_write_check.main(["--smoke"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "rows" in line]
+    assert len(lines) == 2 and all("pools bitwise True" in line and line.endswith("ok") for line in lines)

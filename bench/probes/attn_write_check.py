@@ -3,11 +3,12 @@ against XLA's `write_kv` then `ref_paged_attention`, at the Ouro-1.4B and Huginn
 shapes: the pools must be bitwise equal, the output within fp32-accumulation tolerance (and
 close to the two-kernel Mosaic path's). One row writes to the drop slot (nothing written).
 
-    python -m loopjax.bench.probes.attn_write_check
+    python -m loopjax.bench.probes.attn_write_check [--smoke]
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
 import sys
 
@@ -66,9 +67,15 @@ def check(name, rows, hq, hkv, d, context, seed=0):
     return ok
 
 
-def main() -> int:
+SMOKE_CASES = (("tiny", 2, 2, 2, 64, 40), ("tiny", 1, 2, 2, 64, 300))  # CPU interpreter; 1 row: splits
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, the kernels' CPU interpreter")
+    args = parser.parse_args(argv)
     print(f"attention write check on {jax.devices()[0].device_kind}")
-    results = [check(*case) for case in CASES]
+    results = [check(*case) for case in (SMOKE_CASES if args.smoke else CASES)]
     return 0 if all(results) else 1
 
 
