@@ -44,3 +44,55 @@ def stream_tiles(num_tiles: int, num_slots: int, barriers, fetch, multiply, grou
             fetch(t - 1 + num_slots, jax.lax.rem(t - 1, num_slots))
 
     jax.lax.fori_loop(0, num_tiles, step, None)
+
+
+# ------------------------------------------ programs of one kernel synchronizing through counters
+# (kernels/persistent_mlp.py: a counters Ref, not Pallas semaphores; each waiting program has its
+# own counter, a signaller adds 1 to each waiter's, a waiter takes its count back off)
+
+def proxy_fence():
+    """fence.proxy.async.global: generic-proxy stores by other programs (a phase's outputs), acquired
+    through a counter, become visible to this program's TMA (async-proxy) loads."""
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import llvm
+
+    @plmgpu.inline_mgpu()
+    def fence(ctx):
+        del ctx
+        llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.proxy.async.global;", "",
+                        has_side_effects=True)
+
+    fence()
+
+
+def signal_counters(counters, count: int):
+    """Add 1 to each of counters[0:count] (a slice of the counters ref) after the warpgroup's
+    earlier stores: a barrier, one release fence at GPU scope, then relaxed adds from one
+    thread (a release add per counter fences every time: bench/RESULTS.md run 25)."""
+    from jax._src.lib.mlir import ir
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
+    def signal(ctx, ref):
+        del ctx
+        mgpu_utils.warpgroup_barrier()
+        mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
+        base = mgpu_utils.memref_ptr(ref)
+        for i in range(count):
+            ptr = mgpu_utils.getelementptr(base, [i], ir.IntegerType.get_signless(32))
+            mgpu_utils.SemaphoreRef(ptr).signal(1, relaxed=True, memory_scope="gpu")
+
+    signal(counters)
+
+
+def wait_counter(counter, value: int):
+    """Wait until counter (a one-element slice of the counters ref) holds `value`, then take
+    it off (acquire at GPU scope): the counter is zero again for the next call."""
+    from jax.experimental.mosaic.gpu import utils as mgpu_utils
+
+    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
+    def wait(ctx, ref):
+        del ctx
+        mgpu_utils.SemaphoreRef(mgpu_utils.memref_ptr(ref)).wait(value, decrement=True, memory_scope="gpu")
+
+    wait(counter)

@@ -49,7 +49,7 @@ from jax.experimental.pallas import mosaic_gpu as plmgpu
 from loopjax import layers
 
 from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
-from ._mgpu import B_ROWS, b_rows, stream_tiles, tile_transforms
+from ._mgpu import B_ROWS, b_rows, proxy_fence, signal_counters, stream_tiles, tile_transforms, wait_counter
 from .rms_norm import check_norm_add_norm_inputs, ref_norm_add_norm
 from .streaming_config import NUM_SMS
 
@@ -216,54 +216,6 @@ def _run(x, w_gate_up, w_down, norms, eps, split_k, num_stages, phases, interpre
     return act, partials, normed
 
 
-def _proxy_fence():
-    """fence.proxy.async.global: act's generic-proxy stores by other programs, acquired through
-    the semaphore, become visible to this program's TMA (async-proxy) loads."""
-    from jax._src.lib.mlir import ir
-    from jax._src.lib.mlir.dialects import llvm
-
-    @plmgpu.inline_mgpu()
-    def fence(ctx):
-        del ctx
-        llvm.inline_asm(ir.Type.parse("!llvm.void"), [], "fence.proxy.async.global;", "",
-                        has_side_effects=True)
-
-    fence()
-
-
-def _signal(counters, count: int):
-    """Add 1 to each of counters[0:count] (a slice of the counters ref) after the warpgroup's
-    earlier stores: a barrier, one release fence at GPU scope, then relaxed adds from one
-    thread (a release add per counter fences every time: bench/RESULTS.md run 25)."""
-    from jax._src.lib.mlir import ir
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-
-    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
-    def signal(ctx, ref):
-        del ctx
-        mgpu_utils.warpgroup_barrier()
-        mgpu_utils.inline_ptx("fence.acq_rel.gpu;", has_side_effects=True)
-        base = mgpu_utils.memref_ptr(ref)
-        for i in range(count):
-            ptr = mgpu_utils.getelementptr(base, [i], ir.IntegerType.get_signless(32))
-            mgpu_utils.SemaphoreRef(ptr).signal(1, relaxed=True, memory_scope="gpu")
-
-    signal(counters)
-
-
-def _wait(counter, value: int):
-    """Wait until counter (a one-element slice of the counters ref) holds `value`, then take
-    it off (acquire at GPU scope): the counter is zero again for the next call."""
-    from jax.experimental.mosaic.gpu import utils as mgpu_utils
-
-    @plmgpu.inline_mgpu(arg_types=(plmgpu.RefType(),))
-    def wait(ctx, ref):
-        del ctx
-        mgpu_utils.SemaphoreRef(mgpu_utils.memref_ptr(ref)).wait(value, decrement=True, memory_scope="gpu")
-
-    wait(counter)
-
-
 @one_lowering_per_config("split_k", "num_stages", "phases", "eps", "interpret")
 def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split_k: int, num_stages: int,
           phases: tuple[int, ...], eps: float | None, interpret: bool):
@@ -337,7 +289,7 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                     _norm_add_norm_row(r["y"], p, r["attn_residual"], r["attn_norm_w"], r["mlp_norm_w"],
                                        r["attn_h"], r["x"], eps, dtype)
                     if sync:
-                        _signal(cnt.at[pl.ds(PHASE1_COUNTERS, units1)], units1)
+                        signal_counters(cnt.at[pl.ds(PHASE1_COUNTERS, units1)], units1)
                     if 1 in phases:
                         pl.when(p < units1)(issue_w1)
 
@@ -350,8 +302,8 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
 
                     if 0 in phases:  # the weights are in flight: x once every row is signalled
                         if sync:
-                            _wait(cnt.at[pl.ds(PHASE1_COUNTERS + p, 1)], m)
-                            _proxy_fence()
+                            wait_counter(cnt.at[pl.ds(PHASE1_COUNTERS + p, 1)], m)
+                            proxy_fence()
                         for t in range(stages1):
                             fetch_x1(t, t)
                     else:
@@ -381,8 +333,8 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                         act_cols.T[...] = act
                     if sync and 2 in phases:  # the phase-2 programs of this columns' K split
                         # NOTE: a TMA store is complete (wait_smem_to_gmem) before the fence
-                        _signal(cnt.at[pl.ds(jax.lax.div(p, per_split) * col_tiles2, col_tiles2)],
-                                col_tiles2)
+                        signal_counters(cnt.at[pl.ds(jax.lax.div(p, per_split) * col_tiles2, col_tiles2)],
+                                        col_tiles2)
                     if 2 in phases:  # this program's phase-2 weights start streaming now, after
                         # the signal: its release fence would wait for them (run 28)
                         for t in range(stages2):
@@ -400,8 +352,8 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                         for t in range(stages2):
                             fetch_w2(t, t)
                     if sync and 1 in phases:
-                        _wait(cnt.at[pl.ds(p, 1)], per_split)
-                        _proxy_fence()
+                        wait_counter(cnt.at[pl.ds(p, 1)], per_split)
+                        proxy_fence()
 
                     def fetch_x(t, slot):
                         plmgpu.copy_gmem_to_smem(
@@ -423,13 +375,13 @@ def _call(x, w_gu, w_down, act_in, part_in, norms, counters, attn=None, *, split
                     r["part"].at[s2, pl.ds(0, rows), pl.ds(c2 * TILE, TILE)].T[...] = plmgpu.layout_cast(
                         acc_d[...], plmgpu.Layout.WGMMA_TRANSPOSED)
                     if sync and 3 in phases:  # every row
-                        _signal(cnt.at[pl.ds(units2, m)], m)
+                        signal_counters(cnt.at[pl.ds(units2, m)], m)
 
             if 3 in phases:
                 @pl.when(p < m)
                 def _():  # row p: kernels/rms_norm.py norm_add_norm's math on the partials
                     if sync and 2 in phases:
-                        _wait(cnt.at[pl.ds(units2 + p, 1)], units2)
+                        wait_counter(cnt.at[pl.ds(units2 + p, 1)], units2)
                     _norm_add_norm_row(r["part"], p, r["residual"], r["norm_w"], r["next_norm_w"], r["h"],
                                        r["h_normed"], eps, dtype)
 

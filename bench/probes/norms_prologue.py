@@ -36,7 +36,7 @@ def arm_patches(arm: str):
     if name == "fused-nowork":
         return patched(pm, _norm_add_norm_row=lambda *args: None)
     if name == "fused-nowait":
-        return patched(pm, _wait=lambda *args: None)
+        return patched(pm, wait_counter=lambda *args: None)
     return contextlib.nullcontext()
 
 
