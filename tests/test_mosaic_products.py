@@ -116,10 +116,20 @@ def test_matmul_ops_dispatch(monkeypatch):
     assert kernels(x, cos, sin) == (False, True)
 
 
-def test_probe_smoke():
+def test_probe_smoke(capsys):
+    """bench/probes/rope_qkv_chain.py --smoke in the interpreter: both RoPE kernels equal the
+    twin, and the plain product arm (no RoPE) runs with its tiling from the arm's name, at 2:1
+    heads (--heads)."""
     from loopjax.bench.probes import rope_qkv_chain
 
-    assert rope_qkv_chain.main(["--smoke", "--rows", "8", "--arms", "triton,mgpu@k64t2"]) == 0
+    arms = ["triton", "mgpu@k64t2", "mm@n64k64t2s1"]
+    assert rope_qkv_chain.main(["--smoke", "--rows", "8", "--heads", "2:1", "--arms", ",".join(arms)]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("rows")]
+    assert [(words[3], words[4]) for words in lines] == [("2:1", arm) for arm in arms]
+    diffs = [float(words[-1]) for words in lines]
+    assert diffs[0] < 1e-2 and diffs[1] < 1e-2 and diffs[2] > 0.1  # mm: q, k not rotated
+    assert rope_qkv_chain.arm_op("mm@n64k64t2s1").keywords == dict(block_n=64, block_k=64, num_stages=2,
+                                                                   split_k=1)
 
 
 def test_l2_prefetch_probe_lowers_for_cuda():

@@ -5,9 +5,14 @@ Prints µs per layer application, % of the copy rate for the weight, and each ar
 against the XLA twin at the real shapes (max |diff| / max |ref|).
 
 Arms: 'triton' (streaming_matmul_rope_qkv, today's default), 'xla' (the twin), 'mgpu', and
-'mgpu@k64t4' (block_k 64, 4 ring slots; either part alone).
+'mgpu@k64t4' (block_k 64, 4 ring slots; either part alone); 'mm@n32k128t4s1' the plain Mosaic
+product without the RoPE (block_n 32, block_k 128, 4 slots, no K split): other tilings' cost.
 
-    python -m loopjax.bench.probes.rope_qkv_chain --rows 8,16,32,64 [--trace DIR]
+    python -m loopjax.bench.probes.rope_qkv_chain --rows 8,16,32,64 [--trace DIR] [--heads 16:16,16:2,8:8]
+
+--heads runs each case with those q:kv head counts (K = 128 * Hq; the Mosaic kernel runs
+Hq + 2 * Hkv programs, one per head, each streaming K * 256 bytes): does the product's time
+follow its bytes, its program count or each program's bytes?
     python -m loopjax.bench.probes.rope_qkv_chain --smoke
 """
 
@@ -26,17 +31,29 @@ from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
-from loopjax.layers import rope_angles
+from loopjax.kernels.streaming_matmul_mgpu import streaming_matmul_mgpu
+from loopjax.layers import rope_angles, split_qkv
+
+
+def product_only(x, w, cos, sin, *, num_heads: int, num_kv_heads: int, **config):
+    """The plain Mosaic product (kernels/streaming_matmul_mgpu.py, x as wgmma's A operand) split
+    into q, k, v WITHOUT the RoPE: what streaming the weight costs with other tilings (its
+    q, k differ from the twin's by the rotation)."""
+    del cos, sin
+    return split_qkv(streaming_matmul_mgpu(x, w, **config), num_heads, num_kv_heads)
+
 
 ARMS = {"triton": smr.streaming_matmul_rope_qkv, "xla": smr.ref_streaming_matmul_rope_qkv,
-        "mgpu": smrm.streaming_matmul_rope_qkv_mgpu}
+        "mgpu": smrm.streaming_matmul_rope_qkv_mgpu, "mm": product_only}
 
 
 def arm_op(arm: str):
-    """The arm's op (x, w, cos, sin, num_heads=, num_kv_heads=) -> (q, k, v)."""
+    """The arm's op (x, w, cos, sin, num_heads=, num_kv_heads=) -> (q, k, v); a spec after '@'
+    sets k (block_k), t (num_stages), n (block_n) and s (split_k), e.g. mm@n32k128t4s1."""
     name, _, spec = arm.partition("@")
-    keys = dict(k="block_k", t="num_stages")
-    return functools.partial(ARMS[name], **{keys[key]: int(v) for key, v in re.findall(r"([kt])(\d+)", spec)})
+    keys = dict(k="block_k", t="num_stages", n="block_n", s="split_k")
+    config = {keys[key]: int(v) for key, v in re.findall(r"([ktns])(\d+)", spec)}
+    return functools.partial(ARMS[name], **config)
 
 
 def chain_fn(op, heads: dict, num_loops: int):
@@ -58,16 +75,29 @@ def main(argv=None) -> int:
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--out", default=None)
     parser.add_argument("--trace", default=None, help="also trace 2 runs per case under this folder")
+    parser.add_argument("--heads", default=None, help="Hq:Hkv per case, comma-separated (default: 16:16)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
-    num_heads, num_layers, num_loops = (2, 2, 2) if args.smoke else (16, 24, 4)
-    heads = dict(num_heads=num_heads, num_kv_heads=num_heads)
-    hidden, width = num_heads * 128, 3 * num_heads * 128
+    num_layers, num_loops = (2, 2) if args.smoke else (24, 4)
+    heads = args.heads or ("2:2" if args.smoke else "16:16")
+    iters = 1 if args.smoke else args.iters
+    records, status = [], 0
+    for pair in heads.split(","):
+        num_heads, num_kv_heads = map(int, pair.split(":"))
+        status |= _cases(args, num_heads, num_kv_heads, num_layers, num_loops, iters, records)
+    write_json(args.out, dict(backend=jax.default_backend(), records=records))
+    return status
+
+
+def _cases(args, num_heads: int, num_kv_heads: int, num_layers: int, num_loops: int, iters: int,
+           records: list) -> int:
+    """Every rows x arm case for one head count; appends records, returns 1 if an arm failed."""
+    heads = dict(num_heads=num_heads, num_kv_heads=num_kv_heads)
+    hidden, width = num_heads * 128, (num_heads + 2 * num_kv_heads) * 128
     keys = jax.random.split(jax.random.PRNGKey(0), num_layers)
     weights = [(jax.random.normal(key, (hidden, width), jnp.float32) * hidden**-0.5).astype(jnp.bfloat16)
                for key in keys]
-    iters = 1 if args.smoke else args.iters
-    records, status = [], 0
+    status = 0
     for rows in args.rows:
         x = (jax.random.normal(jax.random.PRNGKey(rows), (rows, hidden)) * 0.5).astype(jnp.bfloat16)
         cos, sin = rope_angles(jnp.arange(rows) * 37 + 500, 128, 10000.0)
@@ -84,14 +114,15 @@ def main(argv=None) -> int:
                 status = 1
                 continue
             if args.trace:
-                trace_runs(lambda fn=fn: jax.block_until_ready(fn()), f"{args.trace}/{rows}_{arm}", 2)
+                trace_runs(lambda fn=fn: jax.block_until_ready(fn()),
+                           f"{args.trace}/{rows}_{num_heads}_{num_kv_heads}_{arm}", 2)
             per_layer = seconds / (num_layers * num_loops)
             pct = 100 * hidden * width * 2 / per_layer / COPY_RATE_REF
-            records.append(dict(rows=rows, arm=arm, us_per_layer=per_layer * 1e6, pct_copy=pct,
-                                max_diff_vs_xla=diff))
-            print(f"rows {rows:3d} {arm:12s} {per_layer * 1e6:8.2f} µs/layer {pct:5.1f}% copy  "
+            records.append(dict(rows=rows, arm=arm, num_heads=num_heads, num_kv_heads=num_kv_heads,
+                                us_per_layer=per_layer * 1e6, pct_copy=pct, max_diff_vs_xla=diff))
+            print(f"rows {rows:3d} heads {num_heads:2d}:{num_kv_heads:<2d} {arm:12s} "
+                  f"{per_layer * 1e6:8.2f} µs/layer {pct:5.1f}% copy  "
                   f"q,k,v vs xla max|diff|/max|ref| {diff:.3g}", flush=True)
-    write_json(args.out, dict(backend=jax.default_backend(), records=records))
     return status
 
 
