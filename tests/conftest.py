@@ -15,9 +15,10 @@ turn it off (`no_compilation_cache`).
 XLA compiles at LLVM -O0 here (XLA_FLAGS, unless it already sets the level): most of the
 suite's time is compiling small executables, and the whole suite ran in 741 s instead of
 1,084 s on this 2-core machine (session 22). Values may differ from -O2's in the last bit
-where a computation is fused differently, as they already do between jitted and eager code;
-every comparison in the suite is between results compiled under the same flags or against the
-reference with its tolerance. The subprocesses of CLI tests inherit it.
+where a computation is fused differently, as they already do between jitted and eager code:
+the suite's bitwise checks compare results compiled under the same flags, and the golden
+tests (tokens, and values within their tolerances, against the PyTorch reference) pass at
+both levels. The subprocesses of CLI tests inherit it.
 """
 
 from __future__ import annotations

@@ -338,11 +338,12 @@ def test_configs_lower_for_cuda(config):
 
 
 def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
-    """attention_backend='pallas_mgpu' with the pointwise kernels on (every kernel in its CPU
-    interpreter) leaves the tiny Ouro's golden greedy tokens (those of backend 'xla') as they
-    are, its decode steps writing K/V in the attention kernel (per_loop layout); with Ouro's
-    'shared' layout (decode steps reading a per-page plane table: write_kv, then the kernel)
-    it gives the tokens of backend 'xla'."""
+    """attention_backend='pallas_mgpu' (every kernel in its CPU interpreter; the pointwise
+    kernels, bitwise XLA's, are tested on in test_kernels.py's engine test) leaves the tiny
+    Ouro's golden greedy tokens (those of backend 'xla') as they are, its decode steps writing
+    K/V in the attention kernel (per_loop layout); with Ouro's 'shared' layout (decode steps
+    reading a per-page plane table: write_kv, then the kernel) it gives the tokens of backend
+    'xla'."""
     import loopjax
     from loopjax import attention_backend
     from loopjax.engine import Engine, EngineConfig
@@ -373,7 +374,7 @@ def test_engine_backend_keeps_golden_greedy_tokens(monkeypatch):
     # NOTE: no warm-up: it would run every executable once more in the interpreter (~20 s).
     # Each decode step takes 6-9 s in the interpreter: 5 tokens (4 decode steps) take p0
     # (5 prompt tokens) across a page, its 4th decode step writing position 8.
-    tokens = greedy("pallas_mgpu", ("p0", "p1"), 5, pointwise="pallas", warmup=False)
+    tokens = greedy("pallas_mgpu", ("p0", "p1"), 5, warmup=False)
     for k in ("p0", "p1"):
         assert tokens[k] == ref[f"{k}_greedy_tokens"].tolist()[:5], k
     assert fused_layers, "the per_loop decode steps did not take the writing kernel"
