@@ -9,11 +9,11 @@ Arms: 'triton' (streaming_matmul_rope_qkv, today's default), 'xla' (the twin), '
 product without the RoPE (block_n 32, block_k 128, 4 slots, no K split): other tilings' cost.
 
     python -m loopjax.bench.probes.rope_qkv_chain --rows 8,16,32,64 [--trace DIR] [--heads 16:16,16:2,8:8]
+    python -m loopjax.bench.probes.rope_qkv_chain --smoke
 
 --heads runs each case with those q:kv head counts (K = 128 * Hq; the Mosaic kernel runs
 Hq + 2 * Hkv programs, one per head, each streaming K * 256 bytes): does the product's time
 follow its bytes, its program count or each program's bytes?
-    python -m loopjax.bench.probes.rope_qkv_chain --smoke
 """
 
 from __future__ import annotations
