@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import re
 import time
 
 import jax
@@ -20,6 +21,15 @@ def ints(text: str) -> list[int]:
 def names(text: str, none: bool = False) -> list[str]:
     """Comma-separated names; with `none`, '' or 'none' give no names."""
     return [t.strip() for t in str(text).split(",") if t.strip() and not (none and t.strip() == "none")]
+
+
+TILE_SPEC_KEYS = dict(n="block_n", k="block_k", s="split_k", t="num_stages")
+
+
+def tile_spec(spec: str) -> dict[str, int]:
+    """A probe arm's tiling after its '@' ('n64k128s2t4': block_n 64, block_k 128, split_k 2,
+    4 stages; any subset, any order) as keyword arguments; other text in it is ignored."""
+    return {TILE_SPEC_KEYS[key]: int(value) for key, value in re.findall(r"([nkst])(\d+)", spec)}
 
 
 def error_text(e: BaseException, limit: int = 300) -> str:

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from loopjax import layers
-from loopjax.bench.common import error_text, ints, names, time_calls, write_json
+from loopjax.bench.common import error_text, ints, names, tile_spec, time_calls, write_json
 from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels.streaming_matmul import streaming_matmul
@@ -39,9 +38,7 @@ def arm_product(arm: str):
     name, _, spec = arm.partition("@")
     if not spec:
         return ARMS[name]
-    keys = dict(n="block_n", k="block_k", s="split_k", t="num_stages")
-    blocks = {keys[key]: int(value) for key, value in re.findall(r"([nkst])(\d+)", spec.replace("swap", ""))}
-    return functools.partial(ARMS[name], swap_ab="swap" in spec, **blocks)
+    return functools.partial(ARMS[name], swap_ab="swap" in spec, **tile_spec(spec.replace("swap", "")))
 
 
 def chain_fn(product, chain: str, num_loops: int):

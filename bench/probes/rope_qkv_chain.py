@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import functools
-import re
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from loopjax.bench.common import error_text, ints, names, time_calls, write_json
+from loopjax.bench.common import error_text, ints, names, tile_spec, time_calls, write_json
 from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels import streaming_matmul_rope as smr
@@ -51,9 +50,7 @@ def arm_op(arm: str):
     """The arm's op (x, w, cos, sin, num_heads=, num_kv_heads=) -> (q, k, v); a spec after '@'
     sets k (block_k), t (num_stages), n (block_n) and s (split_k), e.g. mm@n32k128t4s1."""
     name, _, spec = arm.partition("@")
-    keys = dict(k="block_k", t="num_stages", n="block_n", s="split_k")
-    config = {keys[key]: int(v) for key, v in re.findall(r"([ktns])(\d+)", spec)}
-    return functools.partial(ARMS[name], **config)
+    return functools.partial(ARMS[name], **tile_spec(spec))
 
 
 def chain_fn(op, heads: dict, num_loops: int):
