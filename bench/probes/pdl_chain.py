@@ -1,5 +1,5 @@
 """Probe: does Programmatic Dependent Launch hide a product's ramp behind the previous kernel?
-Chains of Ouro-1.4B's products over 24 layers of distinct weights x 4 loops (one jitted
+Chains of Ouro-1.4B's products over 24 layers of distinct weights x --loops loops (4; one jitted
 `fori_loop`, layers unrolled, as the decode step runs them), with each product backend:
 'xla' (layers.linear), 'triton' (streaming_matmul), 'mgpu' (streaming_matmul_mgpu),
 'pdl_off' / 'pdl' (streaming_matmul_pdl without / with the early launch).
@@ -72,11 +72,12 @@ def main(argv=None) -> int:
     parser.add_argument("--arms", type=names, default=list(ARMS))
     parser.add_argument("--chains", type=names, default=["wo", "mlp"])
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--loops", type=int, default=4, help="passes over the 24 layers per call")
     parser.add_argument("--out", default=None)
     parser.add_argument("--trace", default=None, help="also trace 2 runs per case under this folder")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
-    hidden, inter, num_layers, num_loops = (256, 512, 2, 2) if args.smoke else (2048, 5632, 24, 4)
+    hidden, inter, num_layers, num_loops = (256, 512, 2, 2) if args.smoke else (2048, 5632, 24, args.loops)
     iters = 1 if args.smoke else args.iters
     records, status = [], 0
     for chain in args.chains:
