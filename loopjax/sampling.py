@@ -46,6 +46,7 @@ TOP_K_CAP = 128
 MAX_SUPPRESSED_TOKENS = 8
 # `top_k` takes more than TWO_STAGE_MIN_K values in two stages, from chunks this wide.
 TWO_STAGE_MIN_K, TOP_K_CHUNK = 16, 1024
+INT32_MAX = 2**31 - 1
 
 
 @jax.tree_util.register_dataclass
@@ -83,7 +84,9 @@ class SamplingBatch:
                          [p.frequency_penalty for p in params_list],
                          [p.presence_penalty for p in params_list]]
         ints = np.zeros((2, num_rows), np.int32)
-        ints[:, :n] = [[p.top_k for p in params_list], list(step_counts)]
+        # NOTE: a top_k of V or more is off, so any larger one (a request may send 2**31) is
+        # stored as the int32 maximum, not overflowed (which raised in the engine thread).
+        ints[:, :n] = [[min(p.top_k, INT32_MAX) for p in params_list], list(step_counts)]
         seed = np.zeros((num_rows, 2), np.uint32)
         if n:  # negative seeds wrap, as a 64-bit two's complement
             seed[:n] = [((s := p.seed % 2**64) >> 32, s & 0xFFFFFFFF) for p in params_list]

@@ -76,6 +76,17 @@ def test_full_queue_in_the_middle_of_n_frees_every_sample(server, client):
     assert [c.index for c in again.choices] == [0, 1, 2] and again.usage.completion_tokens == 12
 
 
+def test_top_k_beyond_int32_is_off_and_the_engine_lives(client, server):
+    """top_k of the vocabulary or more keeps every token (off), however large: 2**31 once
+    overflowed the step's int32 sampling batch in the engine thread and killed the engine (every
+    later request 503)."""
+    kw = dict(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=1.0, seed=9)
+    off = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].token_ids
+    huge = client.completions.create(**kw, extra_body={"ignore_eos": True, "top_k": 2**31})
+    assert huge.choices[0].token_ids == off and server.aengine.running
+    wait_idle(server.aengine)
+
+
 def test_dead_engine_answers_503():
     """A step that raises kills the engine loop: each open request gets a one-line 503 (a
     stream: as its last event before [DONE], after the tokens it had), later requests get
