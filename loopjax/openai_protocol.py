@@ -118,6 +118,9 @@ class RequestParser:
                               f"{self.model_name!r}", "model")
         if not isinstance(body.get("stream") or False, bool):
             raise bad_request(f"stream must be true or false, got {body['stream']!r}", "stream")
+        if not isinstance(body.get("stream_options") or {}, dict):  # the server reads its fields
+            raise bad_request(f"stream_options must be an object, got {body['stream_options']!r}",
+                              "stream_options")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
         return body
@@ -243,8 +246,9 @@ class RequestParser:
         clean = []
         for i, m in enumerate(messages):
             content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: keep the text ones
-                content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+            if isinstance(content, list):  # content parts: keep the text ones (text must be text)
+                texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+                content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
                 raise bad_request(f"messages[{i}] must have a role in {ROLES} and text content", "messages")
             clean.append({**m, "content": content})

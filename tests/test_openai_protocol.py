@@ -46,6 +46,8 @@ from loopjax.server import create_app
     ({"prompt": [5], "prompt_logprobs": 1, "exit_mode": "skip"}, 400, "prompt_logprobs", "exit_mode=skip"),
     ({"prompt": [5], "suffix": "the end"}, 400, "suffix", "not supported"),
     ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
+    ({"prompt": [5], "stream": True, "stream_options": "yes"}, 400, "stream_options",
+     "stream_options must be an object, got 'yes'"),  # was a 500 (AttributeError)
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
@@ -129,6 +131,8 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
     ({"echo": True}, "echo", "echo applies to /v1/completions only"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages",
+     "messages[0] must have a role"),  # content parts whose text is not text: was a 500 (TypeError)
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
