@@ -129,11 +129,15 @@ def exit_params(specs: Sequence[ExitSpec], num_rows: int | None = None) -> ExitP
     if num_rows < len(specs):
         raise ValueError(f"exit_params: {len(specs)} specs do not fit {num_rows} rows")
     specs = list(specs) + [ExitSpec()] * (num_rows - len(specs))
+    # NOTE: a request may send any integer: past the depth, a larger min_loops (no check) or
+    # check_every (one check, at min_loops) changes nothing, so they are capped to the int32
+    # range (2**31 overflowed here, in the engine thread, and killed the engine).
+    big = np.iinfo(np.int32).max
     return ExitParams(
         kind=jnp.asarray([CRITERIA.index(s.criterion) for s in specs], jnp.int32).reshape(num_rows),
         threshold=jnp.asarray([s.threshold_value for s in specs], jnp.float32).reshape(num_rows),
-        min_loops=jnp.asarray([s.min_loops for s in specs], jnp.int32).reshape(num_rows),
-        check_every=jnp.asarray([s.check_every for s in specs], jnp.int32).reshape(num_rows))
+        min_loops=jnp.asarray([min(s.min_loops, big) for s in specs], jnp.int32).reshape(num_rows),
+        check_every=jnp.asarray([min(s.check_every, big) for s in specs], jnp.int32).reshape(num_rows))
 
 
 @jax.tree_util.register_dataclass

@@ -98,7 +98,9 @@ class SamplingBatch:
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
             if index < p.min_tokens:
                 check_suppressible(p)
-                suppressed[i, :len(p.stop_token_ids)] = p.stop_token_ids
+                # an id past the int32 range is no token (nothing to suppress): -1, as padding is
+                ids = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
+                suppressed[i, :len(ids)] = ids
         return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed, repetition,
                    frequency, presence, processed)
 

@@ -177,7 +177,8 @@ def test_latent_criteria_average_over_each_rows_tokens():
 # ------------------------------------------------------------------------ loop schedule
 
 @pytest.mark.parametrize("min_loops,every,steps,expected", [
-    (1, 1, 4, 3), (1, 3, 4, 3), (1, 3, 5, 6), (3, 2, 1, 2), (3, 2, 4, 4), (9, 1, 1, -1)])
+    (1, 1, 4, 3), (1, 3, 4, 3), (1, 3, 5, 6), (3, 2, 1, 2), (3, 2, 4, 4), (9, 1, 1, -1),
+    (2**31, 1, 1, -1), (1, 2**40, 2, -1)])  # a request's integers past int32 (once an OverflowError)
 def test_min_loops_and_check_every(min_loops, every, steps, expected):
     """Checks after loop n = min_loops + k·every; 'steps' fires at the first check n >= steps."""
     latents = np.ones((8, 1, 2), np.float32)

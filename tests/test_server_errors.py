@@ -87,6 +87,17 @@ def test_top_k_beyond_int32_is_off_and_the_engine_lives(client, server):
     wait_idle(server.aengine)
 
 
+def test_a_stop_token_id_past_int32_under_min_tokens_is_no_token(client, server):
+    """A stop token id past the int32 range names no token: nothing to suppress before
+    min_tokens (it once overflowed the step's int32 sampling batch and killed the engine)."""
+    kw = dict(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=0)
+    plain = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].token_ids
+    r = client.completions.create(**kw, extra_body={"ignore_eos": True, "stop_token_ids": [2**31],
+                                                    "min_tokens": 2})
+    assert r.choices[0].token_ids == plain and server.aengine.running
+    wait_idle(server.aengine)
+
+
 def test_dead_engine_answers_503():
     """A step that raises kills the engine loop: each open request gets a one-line 503 (a
     stream: as its last event before [DONE], after the tokens it had), later requests get
