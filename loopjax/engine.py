@@ -143,6 +143,11 @@ class Engine:
                              f"{self.config.max_logprobs}")
         if params.exit_criterion is not None and self.model.cfg.family != "huginn":
             raise ValueError("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
+        huginn = self.model.cfg.family == "huginn"
+        if huginn and params.exit_threshold is not None and params.exit_criterion is None:
+            # NOTE: refused, not ignored: Huginn has no threshold exit of its own (Ouro's Q-exit)
+            raise ValueError("exit_threshold on a Huginn model is its exit_criterion's threshold; "
+                             "give an exit_criterion")
         self._check_ouro_exit(params)
         if params.logit_bias and params.logit_bias[-1][0] >= self.model.cfg.vocab_size:
             raise ValueError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "

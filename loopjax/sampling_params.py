@@ -27,6 +27,7 @@ Conventions:
   generated token, the number of loops to run (>= 1), to replay a recorded run;
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
   sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside).
+  `exit_min_loops` / `exit_check_every` pace an `exit_criterion`'s checks: refused without one.
 """
 
 from __future__ import annotations
@@ -173,6 +174,11 @@ class SamplingParams:
                 _check_float("exit_threshold", self.exit_threshold, 0, math.inf)
         _check_int("exit_min_loops", self.exit_min_loops, 1, self.loops)
         _check_int("exit_check_every", self.exit_check_every, 1)
+        if self.exit_criterion is None and (self.exit_min_loops, self.exit_check_every) != (1, 1):
+            # NOTE: refused, not ignored: Ouro's threshold exit checks every loop from the first
+            _fail(f"exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn); "
+                  f"got exit_min_loops={self.exit_min_loops}, exit_check_every={self.exit_check_every} "
+                  f"without one")
         if self.exit_trace is not None:
             trace = _int_tuple("exit_trace", self.exit_trace, 1, self.loops)
             if not trace:

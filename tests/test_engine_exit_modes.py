@@ -93,6 +93,8 @@ def test_bad_combinations_are_one_line(model, engine):
     for params in (greedy(exit_step=1), greedy(exit_weighted=True)):
         with pytest.raises(ValueError, match="Ouro models only"):
             huginn.add_request([1, 2], params)
+    with pytest.raises(ValueError, match="give an exit_criterion"):  # no threshold exit of its own
+        huginn.add_request([1, 2], greedy(exit_threshold=0.5))
     assert not engine.has_unfinished() and not huginn.has_unfinished()
 
 
