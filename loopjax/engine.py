@@ -156,6 +156,9 @@ class Engine:
             raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
+        depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
+        if params.exit_trace is not None and max(params.exit_trace) > depth:  # refused, not capped
+            raise ValueError(f"exit_trace entry {max(params.exit_trace)} exceeds the depth {depth}")
         if warm_start and self.model.cfg.family != "huginn":
             raise ValueError("warm_start applies to Huginn models only")
         extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
