@@ -320,6 +320,14 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def _non_negative_int(text: str) -> int:
+    import argparse
+
+    if not text.isdigit():  # NOTE: refused here, not by the AsyncEngine after the engine is built
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return int(text)
+
+
 def _non_negative_float(text: str) -> float:
     import argparse
 
@@ -340,7 +348,7 @@ def add_arguments(parser):
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: MODEL as given)")
-    parser.add_argument("--max-waiting", type=int, default=256,
+    parser.add_argument("--max-waiting", type=_non_negative_int, default=256,
                         help="requests that may wait for a first token before new ones get 429")
     parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
                         help="the largest `n` (samples per prompt) a request may ask for")

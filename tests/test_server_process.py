@@ -45,3 +45,17 @@ def test_serve_refuses_a_negative_admission_window(capsys):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
         assert "--admission-window-ms: must be a number >= 0" in capsys.readouterr().err
     assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
+
+
+def test_serve_refuses_a_negative_max_waiting(capsys):
+    """At parsing, not after the engine is built (the AsyncEngine's ValueError was a traceback)."""
+    import pytest
+
+    from loopjax import server
+
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ouro-tiny", "--max-waiting", "-1"])
+    assert "--max-waiting: must be an integer >= 0, got '-1'" in capsys.readouterr().err
+    assert parser.parse_args(["ouro-tiny", "--max-waiting", "0"]).max_waiting == 0
