@@ -335,7 +335,7 @@ def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
         _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
     pairs = []
     for key, value in bias.items():
-        if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdigit():
+        if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
             _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
         pairs.append((int(key), value))
     return tuple(pairs)

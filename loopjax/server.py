@@ -323,7 +323,7 @@ def _positive_int(text: str) -> int:
 def _non_negative_int(text: str) -> int:
     import argparse
 
-    if not text.isdigit():  # NOTE: refused here, not by the AsyncEngine after the engine is built
+    if not text.isdecimal():  # NOTE: refused here, not by the AsyncEngine after the engine is built
         raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
     return int(text)
 
