@@ -7,7 +7,8 @@ Contract:
 - Callers on the event loop `await submit(prompt_ids, params)`: it returns a
   `RequestStream` once the engine accepted the request, raises ValueError (one line) for
   bad input and `QueueFullError` while `max_waiting` accepted requests still wait for their
-  first token (the bounded queue: the server answers 429). Nothing is queued on error.
+  first token (the bounded queue: the server answers 429). Nothing is queued on error; any
+  other error of add_request (a bug) fails that request alone with a RuntimeError (500).
 - Outputs reach the event loop in one `loop.call_soon_threadsafe` per engine step and are
   fed to per-request asyncio queues. Closing a stream early (client gone) aborts its
   request: the engine thread frees its pages before its next step.
@@ -318,14 +319,22 @@ class AsyncEngine:
                     self.engine.add_request(prompt_ids, params, request_id=request_id)
                 except ValueError as e:
                     self._call(self._accept, accepted, ValueError(str(e)))
+                except Exception as e:  # NOTE: a bug in one request's checks must not kill the loop
+                    log.error("add_request %s failed:\n%s", request_id, traceback.format_exc())
+                    self._abort_quietly(request_id)  # nothing of it stays queued
+                    self._call(self._accept, accepted,
+                               RuntimeError(f"request not admitted: {type(e).__name__}: {e}"))
                 else:
                     self._call(self._accept, accepted, None)
             else:  # ("abort", request_id): unknown or finished ids are fine
-                try:
-                    self.engine.abort(command[1])
-                except Exception as e:  # NOTE: an abort must never kill the loop
-                    log.debug("abort %s: %s", command[1], e)
+                self._abort_quietly(command[1])
         return changed
+
+    def _abort_quietly(self, request_id: str) -> None:
+        try:
+            self.engine.abort(request_id)
+        except Exception as e:  # NOTE: an abort must never kill the loop (unknown ids are fine)
+            log.debug("abort %s: %s", request_id, e)
 
 
 async def merge_streams(streams: list[RequestStream]):

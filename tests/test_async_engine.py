@@ -139,3 +139,33 @@ def test_idle_engine_admits_a_burst_before_its_first_step():
 def test_admission_window_is_checked():
     with pytest.raises(ValueError, match="admission_window_s must be >= 0"):
         AsyncEngine(FakeEngine(), admission_window_s=-1)
+
+
+class _BuggyAddEngine(FakeEngine):
+    """FakeEngine whose add_request registers prompt [666] and then fails with a TypeError
+    (a bug in a request's checks, not a refusal)."""
+
+    def add_request(self, prompt_ids, params, request_id=None):
+        super().add_request(prompt_ids, params, request_id)
+        if prompt_ids == [666]:
+            raise TypeError("unexpected")
+        return request_id
+
+
+def test_an_unexpected_add_request_error_fails_that_request_only():
+    """The request gets the error (the server answers 500), nothing of it stays queued, and
+    the loop keeps serving the next requests."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        fake = _BuggyAddEngine()
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        with pytest.raises(RuntimeError, match="request not admitted: TypeError: unexpected"):
+            await aeng.submit([666], params)
+        assert not fake.requests and aeng.running
+        outs = [o async for o in await aeng.submit([1], params)]
+        assert outs[-1].token_ids == [2, 3, 4]
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
