@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from loopjax import attention_backend, kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.detokenizer import IncrementalDetokenizer
@@ -200,7 +200,12 @@ class Engine:
         step while one is in flight, then read and apply the oldest."""
         while self._may_schedule() and (plan := self.scheduler.schedule()) is not None:
             self._in_flight.append((plan, self._run(plan)))
-        return self._update(*self._in_flight.popleft()) if self._in_flight else self._update(None, None)
+        if not self._in_flight:
+            return self._update(None, None)
+        # NOTE: the oldest step leaves the queue only once it is read: an interrupt while the
+        # host waits for the device (Ctrl-C) leaves the engine as it was, for the next step()
+        result = self.runner.read(self._in_flight[0][1])
+        return self._update(self._in_flight.popleft()[0], result)
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:
@@ -260,11 +265,10 @@ class Engine:
                         init_seed=self.config.huginn_seed, init_states=states,
                         page_planes=planes, decoded=decode, history=history)
 
-    def _update(self, plan, pending: PendingStep | None) -> list[RequestOutput]:
+    def _update(self, plan, result: StepResult | None) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         if plan is None:
             return outputs
-        result = self.runner.read(pending)
         tokens = [None] * plan.num_real_rows
         loops = [None] * plan.num_real_rows
         if result is not None:

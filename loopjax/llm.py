@@ -68,12 +68,12 @@ class LLM:
             for k, sample in jobs:
                 order.append(self.engine.add_request(ids[k], sample, initial_state=states[k],
                                                      warm_start=warm_start))
-        except ValueError:
-            for rid in order:  # all or nothing: nothing of this call stays queued
+            finals = self._drain()
+        except BaseException:  # a refused prompt, or an interrupt (Ctrl-C) while generating
+            for rid in order:  # all or nothing: nothing of this call stays queued or running
                 self.engine.abort(rid)
             self._drain()
             raise
-        finals = self._drain()
         prompt_lps = self._prompt_logprobs(ids, scoring)
         return [_result(ids[k], finals[rid], self.model, prompt_lps[k]) for (k, _), rid in zip(jobs, order)]
 

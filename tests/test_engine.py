@@ -327,14 +327,19 @@ def _huginn_engine(model, layout):
 
 # ------------------------------------------------------------------------- generate API
 
-def test_generate_and_llm_reuse(ouro_model, ouro_ref):
+@pytest.fixture(scope="module")
+def ouro_llm(ouro_model):
+    return loopjax.LLM(ouro_model, **SMALL)
+
+
+def test_generate_and_llm_reuse(ouro_model, ouro_ref, ouro_llm):
     ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
     outs = loopjax.generate(ouro_model, ids, max_new_tokens=24, ignore_eos=True)
     for k, out in zip(PROMPTS, outs):
         assert out.token_ids == ouro_ref[f"{k}_greedy_tokens"].tolist()
         assert out.finish_reason == "length" and out.text is None
         assert out.metrics["submissions"] == 1.0 and out.metrics["ttft"] > 0
-    llm = loopjax.LLM(ouro_model, **SMALL)
+    llm = ouro_llm
     compiled = llm.engine.stats()["compilations"]
     for _ in range(2):
         first = llm.generate(ids[2], max_new_tokens=5, ignore_eos=True)[0]
@@ -352,6 +357,31 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref):
     assert len({tuple(o.token_ids) for o in outs[:3]}) == 3
     assert llm.generate(ids[1], SamplingParams(seed=42, **sampled))[0].token_ids == outs[5].token_ids
     assert llm.engine.stats()["compilations"] == compiled
+
+
+def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
+    """Ctrl-C while the host waits for a step's result: the call's requests are aborted (no
+    page held, none left to run in the next call), and the next call generates as before."""
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    engine = ouro_llm.engine
+    read, reads = engine.runner.read, []
+
+    def interrupted_read(pending):
+        reads.append(pending)
+        if len(reads) == 3:
+            raise KeyboardInterrupt
+        return read(pending)
+
+    monkeypatch.setattr(engine.runner, "read", interrupted_read)
+    with pytest.raises(KeyboardInterrupt):
+        ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
+    monkeypatch.undo()
+    stats = engine.stats()
+    assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
+    engine.scheduler.block_manager.check([])
+    out = ouro_llm.generate(ids[0], max_new_tokens=5, ignore_eos=True)[0]
+    assert out.token_ids == ouro_ref["p0_greedy_tokens"][:5].tolist()
+    assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
 
 
 def test_generate_cli(capsys):
