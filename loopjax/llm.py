@@ -1,7 +1,8 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
 Prompts are strings (when the model has a tokenizer) or token-id lists; `SamplingParams.n`
-samples each (`fan_out`: sample i uses seed + i). Each result holds the
+samples each (`fan_out`: sample i uses seed + i; params without a seed draw one per prompt
+and call, so one params object for many prompts gives independent samples). Each result holds the
 generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
 state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
@@ -18,6 +19,7 @@ s_0 the request runs with: `scoring.score_options`); its samples share the resul
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -123,19 +125,26 @@ class LLM:
 
 
 def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
+    """One SamplingParams per prompt; each whose seed was drawn (seed=None) gets a new draw:
+    one params object often serves many prompts and calls, whose samples must not share
+    their random draws (vLLM's unseeded requests are independent). A given seed is kept."""
     if sampling_params is not None:
         if kwargs:
             raise ValueError("give sampling_params or sampling keyword arguments, not both")
         if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * num_prompts
+            sampling_params = [sampling_params] * num_prompts
         if len(sampling_params) != num_prompts:
             raise ValueError(f"{len(sampling_params)} sampling_params for {num_prompts} prompts")
-        return list(sampling_params)
-    kwargs = dict(kwargs)
-    if "max_new_tokens" in kwargs:
-        kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
-    kwargs.setdefault("temperature", 0.0)
-    return [SamplingParams(**kwargs)] * num_prompts
+    else:
+        kwargs = dict(kwargs)
+        if "max_new_tokens" in kwargs:
+            kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
+        kwargs.setdefault("temperature", 0.0)
+        sampling_params = [SamplingParams(**kwargs)] * num_prompts
+    for p in sampling_params:
+        if not isinstance(p, SamplingParams):
+            raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+    return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
 def _result(prompt, out, model, prompt_logprobs) -> GenerateOutput:

@@ -6,7 +6,9 @@ one-line `ValueError` naming the field and its allowed range before anything is 
 
 Conventions:
 - `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
-  reproducible from its recorded `seed`. The device derives the random key of the t-th
+  reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate`, given
+  one such params for many prompts or calls, draws a seed per request, so that their samples
+  are independent, as vLLM's unseeded requests are). The device derives the random key of the t-th
   generated token (t = 0 for the first) from (seed, t) only: `sampling.py`.
 - `n` independent samples of one prompt: an engine request is one sample, so callers (the
   server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
@@ -110,6 +112,8 @@ class SamplingParams:
     exit_trace: tuple[int, ...] | None = None  # loops to run per generated token (replay)
     exit_step: int | None = None  # Ouro: the logits of loop k (0-based, the reference's exit_at_step)
     exit_weighted: bool = False  # Ouro: sum_i p_i * logits_i (the reference's use_weighted_exit)
+    # True when `seed` was drawn here (seed=None): `LLM.generate` draws a new one per request.
+    seed_drawn: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _check_int("max_tokens", self.max_tokens, 1)
@@ -121,6 +125,7 @@ class SamplingParams:
         _check_float("min_p", self.min_p, 0, 1)
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbits(31))
+            object.__setattr__(self, "seed_drawn", True)
         _check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
         _check_int("n", self.n, 1)
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))

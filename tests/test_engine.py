@@ -359,6 +359,26 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref, ouro_llm):
     assert llm.engine.stats()["compilations"] == compiled
 
 
+def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch):
+    """One SamplingParams without a seed for many prompts and calls (vLLM's `generate([p] * 3,
+    params)`): each request draws its own seed, so the samples differ, as vLLM's do; a given
+    seed is kept, so its samples repeat."""
+    from loopjax import sampling_params
+
+    draws = iter(range(100, 200))
+    monkeypatch.setattr(sampling_params.secrets, "randbits", lambda bits: next(draws))
+    prompt = ouro_ref["p0_input_ids"].tolist()
+    drawn = dict(max_tokens=8, temperature=1.0, ignore_eos=True)
+    params = SamplingParams(**drawn)
+    outs = ouro_llm.generate([prompt] * 3, params) + ouro_llm.generate(prompt, params)
+    outs += ouro_llm.generate([prompt] * 2, [params, params]) + ouro_llm.generate([prompt] * 2, **drawn)
+    assert len({tuple(o.token_ids) for o in outs}) == len(outs) == 8
+    seeded = ouro_llm.generate([prompt] * 2, SamplingParams(seed=7, **drawn))
+    assert seeded[0].token_ids == seeded[1].token_ids
+    with pytest.raises(ValueError, match="sampling_params must be SamplingParams, got dict"):
+        ouro_llm.generate([prompt], [drawn])
+
+
 def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
     """Ctrl-C while the host waits for a step's result: the call's requests are aborted (no
     page held, none left to run in the next call), and the next call generates as before."""
