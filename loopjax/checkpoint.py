@@ -123,9 +123,13 @@ def restore(path: str, dtype=None):
     with ocp.StandardCheckpointer() as checkpointer:
         try:
             params = checkpointer.restore(os.path.join(path, PARAMS_DIR), target)
-        except (ValueError, OSError) as e:
-            raise CheckpointError(f"cannot restore the params of {path}: "
-                                  f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        except Exception as e:  # a truncated or missing data file: Orbax raises a bare Exception
+            # whose message is a page of TensorStore spec; the root cause names the tensor
+            cause = e
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            message = str(cause).splitlines()[0] if str(cause) else type(cause).__name__
+            raise CheckpointError(f"cannot restore the params of {path}: {message}") from None
     return cfg, (upgrade(cfg, params) if upgrade else params)
 
 
@@ -141,7 +145,10 @@ def _metadata_tree(path: str):
         raise CheckpointError(f"{path} is not a loopjax checkpoint: it has no {PARAMS_DIR}/ folder")
     try:
         with ocp.StandardCheckpointer() as checkpointer:
-            return checkpointer.metadata(params_dir).item_metadata.tree
+            metadata = checkpointer.metadata(params_dir).item_metadata
+        if metadata is None:  # Orbax logs why (e.g. no _METADATA file) and returns None
+            raise ValueError("its metadata is missing or unreadable")
+        return metadata.tree
     except (ValueError, OSError, AttributeError) as e:
         raise CheckpointError(f"{params_dir} is not a readable Orbax checkpoint: "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None

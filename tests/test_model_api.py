@@ -183,6 +183,29 @@ def test_checkpoint_of_other_shapes_is_refused(tmp_path, presets):
         checkpoint.restore(path)
 
 
+def test_damaged_params_are_a_one_line_error(tmp_path, presets):
+    """A truncated or deleted data file (Orbax raises a bare Exception of many lines) and a
+    missing metadata file: one line naming the folder, and the tensor where Orbax says."""
+    model = presets["ouro-tiny"]
+    path = tmp_path / "ckpt"
+    checkpoint.save(str(path), model.cfg, model.params)
+    data = max((f for f in (path / checkpoint.PARAMS_DIR).rglob("*") if f.is_file()),
+               key=lambda f: f.stat().st_size)
+    truncated, deleted, no_metadata = (shutil.copytree(path, tmp_path / name)
+                                       for name in ("truncated", "deleted", "no_metadata"))
+    with open(truncated / data.relative_to(path), "r+b") as f:
+        f.truncate(data.stat().st_size // 2)
+    os.remove(deleted / data.relative_to(path))
+    os.remove(no_metadata / checkpoint.PARAMS_DIR / "_METADATA")
+    for folder in (truncated, deleted):
+        with pytest.raises(checkpoint.CheckpointError, match=rf"^cannot restore the params of {folder}: .*"
+                                                             r"Error reading \"\w+") as info:
+            loopjax.load(str(folder))
+        assert "\n" not in str(info.value)
+    with pytest.raises(checkpoint.CheckpointError, match="its metadata is missing or unreadable$"):
+        loopjax.load(str(no_metadata))
+
+
 def test_forward_argument_errors(presets):
     ouro, huginn = presets["ouro-tiny"], presets["huginn-tiny"]
     with pytest.raises(ValueError, match="initial_state is a Huginn argument"):
