@@ -48,7 +48,7 @@ class OuroConfig:
 
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_layers",
-                        "num_heads", "num_kv_heads", "head_dim", "total_ut_steps")
+                        "num_heads", "num_kv_heads", "head_dim", "total_ut_steps", "max_position_embeddings")
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"ouro config: num_attention_heads {self.num_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
@@ -66,7 +66,10 @@ class OuroConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> OuroConfig:
-        num_heads = hf["num_attention_heads"]
+        hidden, num_heads = hf["hidden_size"], hf["num_attention_heads"]
+        if not hf.get("head_dim") and not (_is_positive(hidden) and _is_positive(num_heads)):
+            raise ConfigError(f"ouro config: hidden_size {hidden!r} and num_attention_heads "
+                              f"{num_heads!r} must be positive integers")
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
@@ -113,7 +116,7 @@ class HuginnConfig:
 
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "num_heads", "intermediate_size",
-                        "num_core_layers")
+                        "num_core_layers", "max_position_embeddings")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"huginn config: n_embd {self.hidden_size} is not a multiple of "
                               f"n_heads {self.num_heads}")
@@ -175,6 +178,8 @@ FAMILIES: dict[str, type] = {"ouro": OuroConfig, "huginn_raven": HuginnConfig}
 
 def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     """The family's config for an HF config dict; unknown model types get one clear line."""
+    if not isinstance(hf, dict):
+        raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
     if model_type not in FAMILIES:
         raise ConfigError(f"unsupported model_type {model_type!r}; loopjax supports: "
@@ -229,10 +234,14 @@ def eos_token_ids(cfg) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, tuple | list) else (int(value),)
 
 
+def _is_positive(value) -> bool:
+    return isinstance(value, int) and value > 0
+
+
 def _check_positive(cfg, *names):
     for name in names:
         value = getattr(cfg, name)
-        if not isinstance(value, int) or value <= 0:
+        if not _is_positive(value):
             raise ConfigError(f"{cfg.family} config: {name} must be a positive integer, got {value!r}")
 
 

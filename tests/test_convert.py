@@ -211,6 +211,25 @@ def make_unsupported_type(hf):
     return "unsupported model_type 'llama'; loopjax supports: huginn_raven, ouro"
 
 
+def make_config_not_object(hf):
+    _, tensors = golden_parts(OURO)
+    write_hf(hf, ["ouro"], tensors)
+    return "config.json must hold a JSON object, got list"
+
+
+def make_zero_heads(hf):
+    config, tensors = golden_parts(OURO)
+    del config["head_dim"]
+    write_hf(hf, {**config, "num_attention_heads": 0}, tensors)
+    return "hidden_size 64 and num_attention_heads 0 must be positive integers"
+
+
+def make_no_context(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "max_position_embeddings": 0}, tensors)
+    return "max_position_embeddings must be a positive integer, got 0"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -274,7 +293,8 @@ def make_untied_huginn(hf):
 
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_truncated,
-              make_corrupt_header, make_garbage_file, make_unsupported_type, make_no_config,
+              make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
+              make_zero_heads, make_no_context, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard,
               make_index_tensor_not_in_shard, make_untied_huginn]
