@@ -23,7 +23,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from loopjax.engine import Engine, EngineConfig
+from loopjax.request import check_prompt_ids
 from loopjax.sampling_params import SamplingParams
 from loopjax.scoring import score, score_options
 
@@ -56,9 +59,7 @@ class LLM:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
-        single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
-        prompt_list = [prompts] if single else list(prompts)
-        ids = [self._tokens(p) for p in prompt_list]
+        ids = [self._tokens(p) for p in _prompt_list(prompts)]
         params = _params_list(sampling_params, kwargs, len(ids))
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
         if len(states) != len(ids):
@@ -121,7 +122,19 @@ class LLM:
     def _tokens(self, prompt) -> list[int]:
         if isinstance(prompt, str):
             return self.model.tokenize(prompt)
-        return list(prompt)
+        return check_prompt_ids(prompt, self.model.cfg.vocab_size)  # before anything is queued
+
+
+def _prompt_list(prompts) -> list:
+    """The prompts of a call: a string or one token-id sequence (ints, or a 1-D integer
+    array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
+    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+        return [prompts]
+    if not hasattr(prompts, "__iter__"):
+        raise ValueError(f"prompts must be a string, token ids or a list of them, "
+                         f"got {type(prompts).__name__}")
+    prompt_list = list(prompts)
+    return [prompt_list] if prompt_list and isinstance(prompt_list[0], int | np.integer) else prompt_list
 
 
 def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
@@ -183,8 +196,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     model and options. Returns one GenerateOutput per prompt."""
     from loopjax.model import load
     model = load(model) if isinstance(model, str) else model
-    single = isinstance(prompts, str) or (bool(prompts) and isinstance(prompts[0], int))
-    prompt_list = [prompts] if single else list(prompts)
+    prompt_list = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")
     lengths = [len(model.tokenize(p)) if isinstance(p, str) else len(p) for p in prompt_list]

@@ -379,6 +379,23 @@ def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch
         ouro_llm.generate([prompt], [drawn])
 
 
+def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
+    """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
+    per row); a prompt that is not token ids is a one-line ValueError, nothing queued."""
+    prompt = ouro_ref["p0_input_ids"]
+    golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
+    for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2)):
+        outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
+        assert [o.token_ids for o in outs] == [golden] * count
+        assert outs[0].prompt_token_ids == prompt.tolist()
+    for prompts, message in ((None, "prompts must be a string, token ids or a list of them, got NoneType"),
+                             ([prompt, None], "prompt_token_ids must be a list of token ids, got NoneType"),
+                             ([prompt, [1.5]], "prompt_token_ids must be a flat list of integer token ids")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            ouro_llm.generate(prompts, max_new_tokens=3)
+    assert not ouro_llm.engine.has_unfinished()
+
+
 def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
     """Ctrl-C while the host waits for a step's result: the call's requests are aborted (no
     page held, none left to run in the next call), and the next call generates as before."""
