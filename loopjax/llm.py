@@ -193,15 +193,19 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
              **sampling_kwargs: Any) -> list[GenerateOutput]:
     """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
     a checkpoint folder or a preset name). The engine is kept for later calls with the same
-    model and options. Returns one GenerateOutput per prompt."""
+    model and options. Returns one GenerateOutput per prompt. The prompts and sampling
+    settings are checked before an engine is built (compiling it takes a while)."""
     from loopjax.model import load
     model = load(model) if isinstance(model, str) else model
     prompt_list = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")
-    lengths = [len(model.tokenize(p)) if isinstance(p, str) else len(p) for p in prompt_list]
-    loops = sampling_kwargs.get("loops")
-    options = engine_options or compact_engine_options(lengths, max_new_tokens, loops)
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
+    ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
+           for p in prompt_list]
+    lengths = [len(p) for p in ids]
+    # a copy: the caller's engine_options stay as given
+    options = dict(engine_options or compact_engine_options(lengths, max_new_tokens, params.loops))
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)
@@ -210,6 +214,4 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if llm is None or llm.model is not model:
         _CACHE.clear()  # keep one engine: its KV pool holds device memory
         llm = _CACHE[key] = LLM(model, **options)
-    return llm.generate(prompt_list, initial_state=initial_state, warm_start=warm_start,
-                        max_tokens=max_new_tokens,
-                        temperature=temperature, **sampling_kwargs)
+    return llm.generate(prompt_list, params, initial_state=initial_state, warm_start=warm_start)

@@ -421,6 +421,37 @@ def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, mo
     assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
 
 
+def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, monkeypatch):
+    """loopjax.generate refuses bad sampling settings and prompts in one line before it builds
+    (compiles) an engine, and leaves the caller's engine_options as given."""
+    from loopjax import llm as llm_module
+
+    built = []
+
+    class NoEngine:
+        def __init__(self, model, **options):
+            self.model = model
+            built.append(options)
+
+        def generate(self, prompts, params=None, **kwargs):
+            return [params]
+
+    monkeypatch.setattr(llm_module, "LLM", NoEngine)
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    for prompt, kwargs, message in (
+            ([1, 2], dict(max_new_tokens=0), r"max_tokens must be >= 1, got 0"),
+            ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
+            ([1, 2], dict(max_new_tokens=4, temperature=-1), r"temperature must be in \[0, 2.0\], got -1"),
+            ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
+            ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            loopjax.generate(ouro_model, prompt, **kwargs)
+    assert built == []
+    options = dict(SMALL)
+    assert loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)[0].max_tokens == 4
+    assert options == SMALL and len(built) == 1
+
+
 def test_generate_cli(capsys):
     import argparse
 
