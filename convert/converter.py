@@ -3,8 +3,8 @@
 
 Steps: config.json → family config (`config_from_hf`); safetensors headers (one file or
 shards); the names and shapes against the family's key table (`hf_tensor_shapes`,
-`IGNORED_HF_KEYS`): every missing, unexpected or mis-shaped tensor is an error naming it;
-each tensor read and cast to the target dtype (progress bar for large checkpoints); the
+`IGNORED_HF_KEYS`): every missing, unexpected, mis-shaped or non-float tensor is an error
+naming it; each tensor read and cast to the target dtype (progress bar for large checkpoints); the
 family's `to_params`; the result checked against `param_specs`. Runtime code never sees
 HF names: they live only in `convert/<family>_keys.py`.
 
@@ -116,6 +116,9 @@ def load_hf(hf_dir: str, dtype=None, progress: bool = True):
     check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
     # Ignored tensors (e.g. a RoPE table) are never read; present optional ones are.
     names = sorted(k for k in refs if k in expected or (k in optional and not is_ignored(k)))
+    for name in names:  # every weight is floating point: an integer one would be cast silently
+        if not _is_float(refs[name].dtype):
+            raise ConvertError(f"tensor {name!r} has dtype {refs[name].dtype}, expected a float dtype")
     total_bytes = sum(refs[k].num_bytes for k in names)
     tensors = {}
     bar = tqdm(names, desc="reading tensors", unit="tensor", leave=False,

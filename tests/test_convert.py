@@ -182,6 +182,13 @@ def make_wrong_shape(hf):
     return "(32, 64), expected (64, 64)"
 
 
+def make_integer_tensor(hf):
+    config, tensors = golden_parts(OURO)
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].astype(np.int32)
+    write_hf(hf, config, tensors)
+    return "tensor 'model.norm.weight' has dtype int32, expected a float dtype"
+
+
 def make_truncated(hf):
     copy_hf(OURO, hf)
     path = os.path.join(hf, "model.safetensors")
@@ -292,7 +299,7 @@ def make_untied_huginn(hf):
     return "lm_head.weight differs from transformer.wte.weight"
 
 
-BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_truncated,
+BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
