@@ -135,6 +135,9 @@ def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
             weight_map = json.load(f)["weight_map"]
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError("empty weight_map")
+        bad = next((v for v in weight_map.values() if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ValueError(f"weight_map names shard {bad!r}, not a file name")
     except (ValueError, KeyError, TypeError) as e:
         raise SafetensorsError(f"{INDEX_FILE} is corrupt: {e}") from None
     shards: dict[str, dict[str, TensorRef]] = {}

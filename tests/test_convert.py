@@ -279,6 +279,17 @@ def make_index_missing_shard(hf):
     return "names shard 'model-00002-of-00002.safetensors', which is not a file"
 
 
+def make_index_shard_not_a_name(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, config, {})
+    os.remove(os.path.join(hf, "model.safetensors"))
+    save_file(tensors, os.path.join(hf, "a.safetensors"))
+    weight_map = {n: ["a.safetensors"] for n in tensors}
+    with open(os.path.join(hf, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+    return "index.json is corrupt: weight_map names shard ['a.safetensors'], not a file name"
+
+
 def make_index_tensor_not_in_shard(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, config, {})
@@ -303,7 +314,7 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
-              make_index_missing_shard,
+              make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn]
 
 
