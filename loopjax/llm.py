@@ -204,6 +204,9 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
            for p in prompt_list]
     lengths = [len(p) for p in ids]
+    if max(lengths) >= model.cfg.max_context_len:
+        raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
+                         f"model's context of {model.cfg.max_context_len} tokens")
     # a copy: the caller's engine_options stay as given
     options = dict(engine_options or compact_engine_options(lengths, max_new_tokens, params.loops))
     options.setdefault("max_context_len", None)

@@ -443,7 +443,9 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
             ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
             ([1, 2], dict(max_new_tokens=4, temperature=-1), r"temperature must be in \[0, 2.0\], got -1"),
             ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
-            ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)")):
+            ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)"),
+            ([1] * 512, dict(max_new_tokens=4), "a prompt of 512 tokens leaves no room to generate within "
+                                                "the model's context of 512 tokens")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             loopjax.generate(ouro_model, prompt, **kwargs)
     assert built == []
