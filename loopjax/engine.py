@@ -12,7 +12,9 @@ sampled token on the device) from its first emitting step until it finishes or i
 
 Contracts: `add_request` raises a one-line ValueError for bad input and queues nothing then;
 every request's pages return to the pool when it finishes, is aborted or preempted
-(scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`.
+(scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`. An exception
+in `step()` (Ctrl-C while it waits for the device or compiles a step) leaves the engine usable:
+a step not yet read stays queued, one whose dispatch raised is dropped and its requests aborted.
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
 planned as fixed-depth rows: the device decides their exits inside the same submission.
 Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `_Extra`.
@@ -199,7 +201,13 @@ class Engine:
         """schedule -> run -> update; pipelined (async_scheduling): plan and dispatch the next
         step while one is in flight, then read and apply the oldest."""
         while self._may_schedule() and (plan := self.scheduler.schedule()) is not None:
-            self._in_flight.append((plan, self._run(plan)))
+            try:
+                self._in_flight.append((plan, self._run(plan)))
+            except BaseException:  # e.g. Ctrl-C while a step compiles: the plan never ran
+                for request in self.scheduler.drop(plan):  # aborted, reported by the next step
+                    self._release_slots(request)
+                    self._aborted.append(self._output(request, []))
+                raise
         if not self._in_flight:
             return self._update(None, None)
         # NOTE: the oldest step leaves the queue only once it is read: an interrupt while the

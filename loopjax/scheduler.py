@@ -102,6 +102,17 @@ class Scheduler:
             self._retire(request, reason)
         return request
 
+    def drop(self, plan: StepPlan) -> list[Request]:
+        """Forget the newest plan, which never ran (its dispatch raised): schedule() counted it
+        as dispatched, so its unfinished requests are aborted; returns them."""
+        if not self._in_flight or plan is not self._in_flight[-1]:
+            raise ValueError("drop() expects the newest plan returned by schedule()")
+        self._in_flight.pop()
+        dropped = [r for r in dict.fromkeys(plan.requests) if not r.is_finished]
+        for request in dropped:
+            self._retire(request, FINISH_ABORT)
+        return dropped
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

@@ -454,6 +454,30 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
     assert options == SMALL and len(built) == 1
 
 
+def test_interrupt_while_dispatching_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
+    """Ctrl-C while a step is dispatched (it may be compiling): the plan never ran, so it is
+    dropped and its requests aborted; the engine holds no page and generates as before."""
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    engine = ouro_llm.engine
+    dispatch, dispatches = engine.runner.dispatch, []
+
+    def interrupted_dispatch(*args, **kwargs):
+        dispatches.append(args)
+        if len(dispatches) == 3:
+            raise KeyboardInterrupt
+        return dispatch(*args, **kwargs)
+
+    monkeypatch.setattr(engine.runner, "dispatch", interrupted_dispatch)
+    with pytest.raises(KeyboardInterrupt):
+        ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
+    monkeypatch.undo()
+    stats = engine.stats()
+    assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
+    engine.scheduler.block_manager.check([])
+    out = ouro_llm.generate(ids[1], max_new_tokens=5, ignore_eos=True)[0]
+    assert out.token_ids == ouro_ref["p1_greedy_tokens"][:5].tolist()
+
+
 def test_generate_cli(capsys):
     import argparse
 
