@@ -20,6 +20,7 @@ s_0 the request runs with: `scoring.score_options`); its samples share the resul
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,8 +51,7 @@ class LLM:
     """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`."""
 
     def __init__(self, model_or_path, *, dtype=None, **engine_options: Any):
-        from loopjax.model import load
-        self.model = load(model_or_path, dtype) if isinstance(model_or_path, str) else model_or_path
+        self.model = _model(model_or_path, dtype)
         self.engine = Engine(self.model, EngineConfig(**engine_options))
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
@@ -125,6 +125,18 @@ class LLM:
         return check_prompt_ids(prompt, self.model.cfg.vocab_size)  # before anything is queued
 
 
+def _model(model_or_path, dtype=None):
+    """A Model as given, or loaded from a folder (str or os.PathLike) or a preset name."""
+    from loopjax.model import Model, load
+
+    if isinstance(model_or_path, str | os.PathLike):
+        return load(model_or_path, dtype)
+    if not isinstance(model_or_path, Model):
+        raise ValueError(f"model must be a loopjax Model, a model folder or a preset name, "
+                         f"got {type(model_or_path).__name__}")
+    return model_or_path
+
+
 def _prompt_list(prompts) -> list:
     """The prompts of a call: a string or one token-id sequence (ints, or a 1-D integer
     array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
@@ -195,8 +207,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     a checkpoint folder or a preset name). The engine is kept for later calls with the same
     model and options. Returns one GenerateOutput per prompt. The prompts and sampling
     settings are checked before an engine is built (compiling it takes a while)."""
-    from loopjax.model import load
-    model = load(model) if isinstance(model, str) else model
+    model = _model(model)
     prompt_list = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")

@@ -478,6 +478,22 @@ def test_interrupt_while_dispatching_leaves_the_llm_usable(ouro_llm, ouro_ref, m
     assert out.token_ids == ouro_ref["p1_greedy_tokens"][:5].tolist()
 
 
+def test_model_given_as_a_path_object(ouro_model, monkeypatch):
+    """LLM and generate load a model folder given as a pathlib.Path as they do a str; a value
+    that is no model is a one-line ValueError (an AttributeError before)."""
+    import pathlib
+
+    from loopjax import llm as llm_module
+
+    monkeypatch.setattr(llm_module, "Engine", lambda model, config: None)  # no compile
+    assert loopjax.LLM(pathlib.Path(OURO)).model.cfg == ouro_model.cfg
+    with pytest.raises(ValueError, match="^model must be a loopjax Model, a model folder or a preset "
+                                         "name, got NoneType$"):
+        loopjax.LLM(None)
+    with pytest.raises(ValueError, match="got int$"):
+        loopjax.generate(3, [1, 2], max_new_tokens=2)
+
+
 def test_generate_cli(capsys):
     import argparse
 
