@@ -65,11 +65,14 @@ class LLM:
         if len(states) != len(ids):
             raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
         scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
-        jobs = [(k, sample) for k, p in enumerate(params) for sample in p.fan_out()]
+        jobs = [(k, i, sample) for k, p in enumerate(params) for i, sample in enumerate(p.fan_out())]
         order = []
         try:
-            for k, sample in jobs:
-                order.append(self.engine.add_request(ids[k], sample, initial_state=states[k],
+            for k, i, sample in jobs:
+                # NOTE: the id names the prompt in a refusal; a call's requests are all finished
+                # when it returns (or raises), so the next call's ids are free again
+                rid = f"prompt {k}" if params[k].n == 1 else f"prompt {k} sample {i}"
+                order.append(self.engine.add_request(ids[k], sample, rid, initial_state=states[k],
                                                      warm_start=warm_start))
             finals = self._drain()
         except BaseException:  # a refused prompt, or an interrupt (Ctrl-C) while generating
@@ -78,7 +81,7 @@ class LLM:
             self._drain()
             raise
         prompt_lps = self._prompt_logprobs(ids, scoring)
-        return [_result(ids[k], finals[rid], self.model, prompt_lps[k]) for (k, _), rid in zip(jobs, order)]
+        return [_result(ids[k], finals[rid], self.model, prompt_lps[k]) for (k, *_), rid in zip(jobs, order)]
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:
         """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;

@@ -381,7 +381,8 @@ def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch
 
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
-    per row); a prompt that is not token ids is a one-line ValueError, nothing queued."""
+    per row); a prompt that is not token ids, or too long, is a one-line ValueError naming it,
+    nothing queued."""
     prompt = ouro_ref["p0_input_ids"]
     golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
     for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2)):
@@ -393,6 +394,13 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
                              ([prompt, [1.5]], "prompt_token_ids must be a flat list of integer token ids")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             ouro_llm.generate(prompts, max_new_tokens=3)
+    assert not ouro_llm.engine.has_unfinished()
+    # a refusal names the prompt (not a random request id)
+    message = r"^request 'prompt 1 sample 0': prompt of 69 tokens leaves no room to generate within"
+    with pytest.raises(ValueError, match=message):
+        ouro_llm.generate([[1, 2], list(range(1, 70))], SamplingParams(max_tokens=3, n=2))
+    with pytest.raises(ValueError, match="^request 'prompt 1': prompt of 69 tokens"):
+        ouro_llm.generate([[1, 2], list(range(1, 70))], max_new_tokens=3)
     assert not ouro_llm.engine.has_unfinished()
 
 
