@@ -36,7 +36,7 @@ from loopjax.scoring import score, score_options
 class GenerateOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]              # generated tokens only
-    text: str | None                  # detokenized generation (None without a tokenizer)
+    text: str | None                  # detokenized generation (None without a tokenizer or detokenize)
     exit_loops: list[int]             # loops of the selected state, per generated token
     finish_reason: str | None         # 'stop' | 'length' | 'abort'
     logprobs: list[float] | None = None  # of each generated token (SamplingParams.logprobs set)
@@ -81,7 +81,8 @@ class LLM:
             self._drain()
             raise
         prompt_lps = self._prompt_logprobs(ids, scoring)
-        return [_result(ids[k], finals[rid], self.model, prompt_lps[k]) for (k, *_), rid in zip(jobs, order)]
+        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample.detokenize)
+                for (k, _, sample), rid in zip(jobs, order)]
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:
         """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;
@@ -175,9 +176,9 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
-def _result(prompt, out, model, prompt_logprobs) -> GenerateOutput:
+def _result(prompt, out, model, prompt_logprobs, detokenize: bool) -> GenerateOutput:
     text = out.text
-    if text is None and model.tokenizer is not None:
+    if text is None and model.tokenizer is not None and detokenize:  # detokenize=False: None
         text = model.detokenize(out.token_ids, skip_special_tokens=True)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
                           None if out.logprobs is None else list(out.logprobs),

@@ -379,6 +379,25 @@ def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch
         ouro_llm.generate([prompt], [drawn])
 
 
+def test_detokenize_false_leaves_the_text_none(ouro_llm, monkeypatch):
+    """SamplingParams(detokenize=False) (vLLM's field): no text, as the engine's outputs have
+    none; the default decodes the generated tokens."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tokenizer = Tokenizer(models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    with_tokenizer = dataclasses.replace(ouro_llm.model, tokenizer=tokenizer)
+    monkeypatch.setattr(ouro_llm, "model", with_tokenizer)
+    monkeypatch.setattr(ouro_llm.engine, "model", with_tokenizer)
+    greedy_params = SamplingParams(max_tokens=3, temperature=0.0)
+    outs = ouro_llm.generate(["w28 w72 w220"] * 2,
+                             [greedy_params, dataclasses.replace(greedy_params, detokenize=False)])
+    assert outs[0].text == " ".join(f"w{t}" for t in outs[0].token_ids)
+    assert outs[1].token_ids == outs[0].token_ids and outs[1].text is None
+
+
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
     per row); a prompt that is not token ids, or too long, is a one-line ValueError naming it,
