@@ -16,7 +16,7 @@ decode bucket, a pool of R full contexts). Phases of a step, median µs over the
     make_batch  Runner.make_batch (batch.build_step_batch and the bucket choice)
     submit      Runner.submit: the jitted step's call (on a GPU its dispatch only)
     update      Scheduler.update: the sampled tokens applied to the requests
-    outputs     Engine._update less read and update: stop strings, slots, RequestOutputs
+    outputs     Engine._update less update: stop strings, slots, RequestOutputs
     other       host less the phases above: engine.step's own loop, the timers
     host        step - read: the host's share of a step (the critical path of one stream
                 once the device step is shorter)
@@ -135,7 +135,7 @@ def phases(record: dict) -> dict:
                                          "update", "engine_update", "step")}
     p = {"schedule": r["schedule"], "rows": r["engine_run"] - r["make_batch"] - r["submit"],
          "make_batch": r["make_batch"], "submit": r["submit"], "update": r["update"],
-         "outputs": r["engine_update"] - r["read"] - r["update"], "host": r["step"] - r["read"],
+         "outputs": r["engine_update"] - r["update"], "host": r["step"] - r["read"],
          "read": r["read"], "step": r["step"]}
     return {**p, "other": p["host"] - sum(p[k] for k in HOST_PHASES), "python": p["host"] - p["submit"]}
 
