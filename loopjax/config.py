@@ -226,12 +226,20 @@ def _eos(value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def eos_token_ids(cfg) -> tuple[int, ...]:
-    """The config's EOS id(s) as a tuple (empty when it names none)."""
-    value = cfg.eos_token_id
-    if value is None:
-        return ()
-    return tuple(value) if isinstance(value, tuple | list) else (int(value),)
+def eos_token_ids(cfg, generation_config: dict | None = None) -> tuple[int, ...]:
+    """The EOS ids a request stops at (unless ignore_eos): the config's, then the ones
+    generation_config.json adds (HF generate stops at those, vLLM adds them as stop ids; Ouro's
+    Hub config names 0 where chat ends at <|im_end|> = 2). Empty when neither names one."""
+    ids = list(_token_ids(cfg.eos_token_id, "config.json"))
+    extra = _token_ids((generation_config or {}).get("eos_token_id"), "generation_config.json")
+    return tuple(ids + [i for i in dict.fromkeys(extra) if i not in ids])
+
+
+def _token_ids(value, source: str) -> tuple[int, ...]:
+    values = () if value is None else tuple(value) if isinstance(value, tuple | list) else (value,)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
+        raise ConfigError(f"{source}: eos_token_id must be a token id or a list of them, got {value!r}")
+    return values
 
 
 def _is_positive(value) -> bool:

@@ -121,7 +121,7 @@ class Engine:
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
-        self._eos = eos_token_ids(cfg)
+        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None))
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
         self.num_generated = self.loops_generated = 0
 

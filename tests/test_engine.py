@@ -244,6 +244,28 @@ def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
     assert "\n" not in str(info.value)
 
 
+def test_generation_config_eos_ids_stop_too(ouro_model, ouro_ref):
+    """generation_config.json's eos_token_id ends an output as config.json's does (HF generate
+    stops there; Ouro's Hub config.json names 0, chat ends at 2), unless ignore_eos; a bad
+    one is a one-line error when the engine is built."""
+    import dataclasses
+
+    from loopjax.config import ConfigError, eos_token_ids
+
+    prompt, golden = ouro_ref["p0_input_ids"].tolist(), ouro_ref["p0_greedy_tokens"].tolist()
+    stop = golden[2]
+    assert stop not in golden[:2] and stop not in eos_token_ids(ouro_model.cfg)
+    model = dataclasses.replace(ouro_model, generation_config={"eos_token_id": [stop]})
+    engine = Engine(model, EngineConfig(**SMALL))
+    finals = run_all(engine, {0: [(prompt, SamplingParams(max_tokens=8, temperature=0.0), "eos"),
+                                  (prompt, greedy(8), "ignored")]})
+    assert finals["eos"].token_ids == golden[:3] and finals["eos"].finish_reason == "stop"
+    assert finals["ignored"].token_ids == golden[:8] and finals["ignored"].finish_reason == "length"
+    bad = dataclasses.replace(ouro_model, generation_config={"eos_token_id": "2"})
+    with pytest.raises(ConfigError, match="generation_config.json: eos_token_id must be a token id"):
+        Engine(bad, EngineConfig(**SMALL))
+
+
 def test_earlier_outputs_keep_what_they_reported(ouro_engine, ouro_ref):
     """Each step's RequestOutput reports the tokens so far without copying them (Snapshots of
     the request's lists): later steps must not change what an earlier output holds."""
