@@ -188,7 +188,20 @@ def _result(prompt, out, model, prompt_logprobs, detokenize: bool) -> GenerateOu
                           out.metrics)
 
 
-_CACHE: dict = {}
+_CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine
+
+
+def _source(model) -> tuple | None:
+    """What names a model given by name (None for a Model object): a preset's name, or a
+    folder's real path with its entries' modification times, so that `generate` reuses the
+    model it loaded and loads a folder converted again anew."""
+    if not isinstance(model, str | os.PathLike):
+        return None
+    path = os.fspath(model)
+    if not os.path.isdir(path):
+        return ("name", path)
+    real = os.path.realpath(path)
+    return ("folder", real, tuple(sorted((e.name, e.stat().st_mtime_ns) for e in os.scandir(real))))
 
 
 def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
@@ -208,10 +221,12 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
              initial_state=None, warm_start: bool = False, engine_options: dict | None = None,
              **sampling_kwargs: Any) -> list[GenerateOutput]:
     """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
-    a checkpoint folder or a preset name). The engine is kept for later calls with the same
-    model and options. Returns one GenerateOutput per prompt. The prompts and sampling
-    settings are checked before an engine is built (compiling it takes a while)."""
-    model = _model(model)
+    a checkpoint folder or a preset name). The engine (and a model loaded by name) is kept for
+    later calls with the same model and options. Returns one GenerateOutput per prompt. The
+    prompts and sampling settings are checked before an engine is built (it takes a while)."""
+    source = _source(model)
+    loaded = next((llm.model for (src, _), llm in _CACHE.items() if source and src == source), None)
+    model = loaded if loaded is not None else _model(model)
     prompt_list = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")
@@ -227,7 +242,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)
-    key = (id(model), tuple(sorted(options.items())))
+    key = (source or ("object", id(model)), tuple(sorted(options.items())))
     llm = _CACHE.get(key)
     if llm is None or llm.model is not model:
         _CACHE.clear()  # keep one engine: its KV pool holds device memory

@@ -470,6 +470,43 @@ def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, mo
     assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
 
 
+def test_generate_keeps_a_model_loaded_by_name(monkeypatch, tmp_path):
+    """loopjax.generate given a folder loads it once for later calls with it (it loaded and
+    compiled anew at every call); a folder whose files change is loaded again."""
+    import os
+    import shutil
+
+    from loopjax import llm as llm_module
+    from loopjax import model as model_module
+
+    loads, real_load = [], model_module.load
+
+    def load(path, dtype=None):
+        loads.append(path)
+        return real_load(path, dtype)
+
+    monkeypatch.setattr(model_module, "load", load)
+
+    class NoEngine:
+        def __init__(self, model, **options):
+            self.model = model
+
+        def generate(self, prompts, params=None, **kwargs):
+            return [self.model]
+
+    monkeypatch.setattr(llm_module, "LLM", NoEngine)
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    folder = tmp_path / "ouro"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(f"{OURO}/{name}", folder / name)
+    first, again = (loopjax.generate(folder, [1, 2], max_new_tokens=2)[0] for _ in range(2))
+    assert again is first and len(loads) == 1
+    stat = os.stat(folder / "config.json")
+    os.utime(folder / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # written again
+    assert loopjax.generate(str(folder), [1, 2], max_new_tokens=2)[0] is not first and len(loads) == 2
+
+
 def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, monkeypatch):
     """loopjax.generate refuses bad sampling settings and prompts in one line before it builds
     (compiles) an engine, and leaves the caller's engine_options as given."""
