@@ -41,7 +41,7 @@ from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
-from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams
+from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
@@ -143,26 +143,14 @@ class Engine:
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")
-        if params.exit_criterion is not None and self.model.cfg.family != "huginn":
-            raise ValueError("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
-        huginn = self.model.cfg.family == "huginn"
-        if huginn and params.exit_threshold is not None and params.exit_criterion is None:
-            # NOTE: refused, not ignored: Huginn has no threshold exit of its own (Ouro's Q-exit)
-            raise ValueError("exit_threshold on a Huginn model is its exit_criterion's threshold; "
-                             "give an exit_criterion")
+        check_for_model(params, self.model.cfg, has_tokenizer=self.model.tokenizer is not None,
+                        warm_start=warm_start)
         self._check_ouro_exit(params)
-        if params.logit_bias and params.logit_bias[-1][0] >= self.model.cfg.vocab_size:
-            raise ValueError(f"logit_bias token id {params.logit_bias[-1][0]} is outside the "
-                             f"vocabulary of {self.model.cfg.vocab_size}")
-        if params.stop and self.model.tokenizer is None:
-            raise ValueError("stop strings need a tokenizer; this model has none (use stop_token_ids)")
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
         depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
         if params.exit_trace is not None and max(params.exit_trace) > depth:  # refused, not capped
             raise ValueError(f"exit_trace entry {max(params.exit_trace)} exceeds the depth {depth}")
-        if warm_start and self.model.cfg.family != "huginn":
-            raise ValueError("warm_start applies to Huginn models only")
         extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
@@ -305,12 +293,10 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _check_ouro_exit(self, params: SamplingParams) -> None:
-        """exit_step / exit_weighted: Ouro only, within the depth; weighted needs its steps."""
+        """exit_step / exit_weighted (Ouro's, check_for_model): within the depth; weighted
+        needs its steps."""
         if params.exit_step is None and not params.exit_weighted:
             return
-        name = "exit_step" if params.exit_step is not None else "exit_weighted"
-        if self.model.cfg.family != "ouro":
-            raise ValueError(f"{name} applies to Ouro models only")
         depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
         if params.exit_step is not None and params.exit_step >= depth:
             raise ValueError(f"exit_step={params.exit_step} must be below the depth {depth}")

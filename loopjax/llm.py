@@ -28,7 +28,7 @@ import numpy as np
 
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_prompt_ids
-from loopjax.sampling_params import SamplingParams
+from loopjax.sampling_params import SamplingParams, check_for_model
 from loopjax.scoring import score, score_options
 
 
@@ -231,6 +231,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if not prompt_list:
         raise ValueError("prompts is empty")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
+    check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
            for p in prompt_list]
     lengths = [len(p) for p in ids]

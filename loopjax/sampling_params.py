@@ -271,6 +271,27 @@ class SamplingParams:
         return cls(**kw)
 
 
+def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_start: bool = False) -> None:
+    """The checks of `params` that need only the model (cfg: its family and vocabulary; whether
+    it has a tokenizer), as one-line ValueErrors. Engine.add_request runs them, and
+    loopjax.generate before it builds (compiles) an engine; the engine checks the depths."""
+    huginn = cfg.family == "huginn"
+    if params.exit_criterion is not None and not huginn:
+        _fail("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
+    if huginn and params.exit_threshold is not None and params.exit_criterion is None:
+        # NOTE: refused, not ignored: Huginn has no threshold exit of its own (Ouro's Q-exit)
+        _fail("exit_threshold on a Huginn model is its exit_criterion's threshold; give an exit_criterion")
+    if (params.exit_step is not None or params.exit_weighted) and cfg.family != "ouro":
+        name = "exit_step" if params.exit_step is not None else "exit_weighted"
+        _fail(f"{name} applies to Ouro models only")
+    if params.logit_bias and params.logit_bias[-1][0] >= cfg.vocab_size:
+        _fail(f"logit_bias token id {params.logit_bias[-1][0]} is outside the vocabulary of {cfg.vocab_size}")
+    if params.stop and not has_tokenizer:
+        _fail("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+    if warm_start and not huginn:
+        _fail("warm_start applies to Huginn models only")
+
+
 # ---------------------------------------------------------------- command-line flags
 
 # The sampling flags `loopjax generate` and `loopjax bench` share: SamplingParams' own names

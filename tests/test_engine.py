@@ -531,9 +531,19 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
             ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
             ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)"),
             ([1] * 512, dict(max_new_tokens=4), "a prompt of 512 tokens leaves no room to generate within "
-                                                "the model's context of 512 tokens")):
+                                                "the model's context of 512 tokens"),
+            # the model's own refusals (sampling_params.check_for_model), before the compile too
+            ([1, 2], dict(max_new_tokens=4, exit_criterion="kl"), "exit_criterion applies to Huginn models; "
+                                                                  "Ouro exits by exit_threshold"),
+            ([1, 2], dict(max_new_tokens=4, warm_start=True), "warm_start applies to Huginn models only"),
+            ([1, 2], dict(max_new_tokens=4, logit_bias={300: 1}), "logit_bias token id 300 is outside the "
+                                                                  "vocabulary of 256"),
+            ([1, 2], dict(max_new_tokens=4, stop=["x"]), r"stop strings need a tokenizer; this model has "
+                                                         r"none \(use stop_token_ids\)")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             loopjax.generate(ouro_model, prompt, **kwargs)
+    with pytest.raises(ValueError, match="^exit_step applies to Ouro models only$"):
+        loopjax.generate(loopjax.load(HUGINN), [1, 2], max_new_tokens=4, exit_step=1)
     assert built == []
     options = dict(SMALL)
     assert loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)[0].max_tokens == 4
