@@ -235,7 +235,10 @@ class Engine:
         threshold = self._default_exit_threshold if params.exit_threshold is None else params.exit_threshold
         states = None
         if extra.init_mode == INIT_EXPLICIT:
+            # NOTE: a warm-start request gives its prompt's states only (add_request); its decoded
+            # tokens re-prefilled after a preemption start from zero (docs/semantics.md)
             states = extra.init_states[start:end]
+            states = np.pad(states, ((0, end - start - len(states)), (0, 0)))
         # The index of the token this row samples (or would sample), pending ones counted.
         index = end - request.num_prompt_tokens if emits else request.num_output_tokens
         # Ouro prompt tokens run every loop (they need their planes); Huginn prefill may exit.

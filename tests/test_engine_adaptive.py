@@ -115,6 +115,34 @@ def test_huginn_warm_start_golden(huginn_engines):
     assert len(engine._free_carry) == engine.runner.max_rows  # the warm row's slot came back
 
 
+def test_huginn_warm_start_with_prompt_states_survives_preemption():
+    """A warm-start request gives s0 for its prompt only; preempted, it re-prefills its decoded
+    tokens too (they start from zero then, docs/semantics.md) instead of failing the step on
+    the missing states. Until the preemption it follows the golden warm run."""
+    gen = load_file(f"{HUGINN}/generate.safetensors")
+    prompts = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"].tolist()
+    # 8 pages of 4 tokens: the older request grows to 24 positions (6 pages), so the warm one
+    # (12 + 8) is preempted and recomputed after it.
+    engine = Engine(loopjax.load(HUGINN), EngineConfig(**{**CFG, "page_size": 4, "max_num_rows": 2,
+                                                          "decode_row_buckets": (2,), "max_context_len": 24},
+                                                       num_pages=8, max_loops=8))
+    greedy = dict(temperature=0.0, ignore_eos=True, loops=8)
+    engine.add_request(prompts[1], SamplingParams(max_tokens=12, **greedy), "old")
+    engine.add_request(prompts[0], SamplingParams(max_tokens=8, **greedy), "warm",
+                       initial_state=gen["gen_cc_prefill_init_state"][0], warm_start=True)
+    finals, before = {}, None  # before: the warm request's tokens when it was preempted
+    while engine.has_unfinished():
+        finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        warm = engine.scheduler.get("warm")
+        if before is None and warm is not None and warm.num_preemptions:
+            before = list(warm.output_token_ids)
+    assert finals["warm"].metrics["num_preemptions"] == 1 and len(finals["warm"].token_ids) == 8
+    assert 0 < len(before) < 8 and before == gen["gen_cc_tokens"][0].tolist()[:len(before)]
+    assert len(finals["old"].token_ids) == 12
+    assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
+    assert len(engine._free_carry) == len(engine._free_token_slots) == engine.runner.max_rows
+
+
 def test_huginn_async_scheduling_equals_synchronous(huginn_engines):
     """Pipelined steps (async scheduling) keep Huginn's carried state right: warm start, an
     exit criterion (device exits), position-keyed and explicit s0, seeded sampling."""
