@@ -477,3 +477,94 @@ def test_preemption_falls_back_to_the_synchronous_order():
     assert a.output_token_ids == [4, 5, 6, 7] and b.output_token_ids == [7, 8, 9, 10]
     assert sched.num_preemptions == 1 and runner.emitted == {"A": 4, "B": 4}
     assert_pool_whole(sched)
+
+
+def _check_queues(sched):
+    """The scheduler's contracts between steps: the pool matches the live page lists; running is
+    by arrival; the queue holds the preempted (by arrival), then the new (by arrival), none with
+    a page; no request holds a page past the positions of its next step."""
+    bm = sched.block_manager
+    bm.check(sched.requests.values())
+    assert {id(r) for r in (*sched.running, *sched.waiting)} == {id(r) for r in sched.requests.values()}
+    assert len(sched.running) + len(sched.waiting) == len(sched.requests)
+    assert len(sched.running) <= sched.config.max_num_rows
+    assert [r.arrival_order for r in sched.running] == sorted(r.arrival_order for r in sched.running)
+    queue = [(r.phase is not RequestPhase.PREEMPTED, r.arrival_order) for r in sched.waiting]
+    assert queue == sorted(queue) and {r.phase for r in sched.waiting} <= {RequestPhase.WAITING,
+                                                                           RequestPhase.PREEMPTED}
+    assert all(not r.page_ids and r.num_computed_tokens == r.num_pending_tokens == 0 for r in sched.waiting)
+    for r in sched.running:
+        assert r.num_computed_tokens <= len(r.page_ids) * bm.page_size
+        assert len(r.page_ids) <= bm.pages_for(r.num_planned_tokens) and r.num_pending_tokens <= 2
+
+
+def _alone(prompt, max_tokens, stop, stop_at, loops, max_seq_len):
+    """Tokens, exit loops and finish reason of a fixed-depth request run alone (the fake's rule);
+    stop_at: the engine finishes it after that many tokens (a stop string)."""
+    tokens = []
+    while True:
+        tokens.append((prompt[-1] + len(tokens) + 1) % V)
+        if tokens[-1] in stop:
+            return tokens, [loops] * len(tokens), "stop"
+        if len(tokens) == max_tokens or len(prompt) + len(tokens) == max_seq_len:
+            return tokens, [loops] * len(tokens), "length"
+        if len(tokens) == stop_at:
+            return tokens, [loops] * len(tokens), "stop"
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_random_aborts_and_stops_while_planning_ahead(seed):
+    """Aborts in any phase (a row in flight included) and engine finishes (stop strings) with
+    async scheduling, preemption, the prefix cache, decode pages and groups of n samples: the
+    queues and the pool keep their contracts after every step, every finished request has the
+    tokens it has alone (an aborted one a prefix of them), a dropped token follows only a stop
+    or an abort, and every page and decode slot comes back."""
+    rng = random.Random(seed)
+    page_size, ctx = rng.choice([1, 2, 3, 4]), rng.randint(3, 24)
+    min_pages = -(-ctx // page_size)
+    planes = rng.choice([0, 0, 2, 4])
+    config = cfg(page_size=page_size, max_context_len=ctx, max_num_rows=rng.choice([1, 2, 3, 8]),
+                 num_pages=rng.choice([400, rng.randint(min_pages, min_pages + 3)]),
+                 max_prefill_tokens=rng.choice([1, 3, 8, 32]), max_prefill_rows=rng.choice([1, 2, 4]),
+                 fused_decode=rng.random() < 0.7, enable_prefix_caching=rng.random() < 0.6,
+                 decode_page_planes=planes, max_loops=8)
+    pipelined, abort_rate = rng.random() < 0.7, rng.choice([0.05, 0.15])
+    common = [rng.randrange(V) for _ in range(ctx)]
+    arrivals, requests, expected, stop_at = {}, {}, {}, {}
+    for g in range(rng.randint(2, 8)):  # a group: n samples of one prompt, arriving together
+        prompt = common[:rng.randint(1, ctx - 1)] if rng.random() < 0.6 else \
+            [rng.randrange(V) for _ in range(rng.randint(1, ctx - 1))]
+        max_tokens, stop, loops = rng.randint(1, 10), (rng.randrange(V),), rng.choice([None, 1, 8])
+        at, salt, k = rng.randint(0, 20), rng.choice([(), (), None]), rng.choice([None, rng.randint(1, 5)])
+        for i in range(rng.choice([1, 1, 2, 3])):
+            rid = f"g{g}s{i}"
+            requests[rid] = req(rid, prompt, max_tokens, stop, max_loops=loops, cache_salt=salt)
+            arrivals.setdefault(at, []).append(requests[rid])
+            expected[rid] = _alone(prompt, max_tokens, stop, k, loops or 4, ctx)
+            stop_at[rid] = k
+    sched = Scheduler(config)
+    runner = FakeRunner(page_size, config.num_pages * (1 + planes), V, sched.block_manager)
+    aborted = set()
+
+    def chaos(step):
+        _check_queues(sched)
+        for r in list(sched.requests.values()):  # the engine's stop string, after the update
+            if stop_at[r.request_id] is not None and r.num_output_tokens >= stop_at[r.request_id]:
+                sched.finish(r.request_id, "stop")
+        if sched.requests and rng.random() < abort_rate:
+            rid = rng.choice(sorted(sched.requests))
+            assert sched.abort(rid).page_ids == []
+            aborted.add(rid)
+    drive(sched, runner, arrivals, before_step=chaos, pipelined=pipelined)
+    _check_queues(sched)
+    bm = sched.block_manager
+    assert bm.num_free_pages == config.num_pages and bm.num_free_decode_slots == 0 and not sched.running
+    for rid, r in requests.items():
+        tokens, loops, reason = expected[rid]
+        if rid in aborted:
+            n = r.num_output_tokens
+            assert (r.output_token_ids, r.exit_loops, r.finish_reason) == (tokens[:n], loops[:n], "abort")
+        else:
+            assert (r.output_token_ids, r.exit_loops, r.finish_reason) == expected[rid], rid
+            dropped = runner.emitted.get(rid, 0) - r.num_output_tokens
+            assert dropped == 0 or (dropped == 1 and pipelined and reason == "stop"), rid
