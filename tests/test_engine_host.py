@@ -1,0 +1,128 @@
+"""The Engine's host side over random workloads on a fake device (tests/fake_device.py): token
+and carry slots, token histories, inputs on the device, Huginn s0 rows, stop strings, aborts,
+preemption, the prefix cache and groups of n samples, with and without async scheduling. The
+golden models give the shapes only: no step runs on JAX."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import numpy as np
+import pytest
+from fake_device import FakeDevice
+
+import loopjax
+from loopjax.engine import Engine, EngineConfig
+from loopjax.sampling_params import SamplingParams
+
+MODELS = {"ouro": "tests/data/ouro", "huginn": "tests/data/huginn/huginn_shape_242"}
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {family: loopjax.load(path) for family, path in MODELS.items()}
+
+
+class _Letters:  # a tokenizer: token t is one letter, so stop strings match often
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join("abcdefgh"[t % 8] for t in ids)
+
+
+def _engine(model, config: EngineConfig) -> Engine:
+    model = dataclasses.replace(model, tokenizer=_Letters())
+    engine = Engine(model, dataclasses.replace(config, warmup=False, verbose=False))
+    cfg = model.cfg
+    engine.runner = FakeDevice(engine.runner.max_rows, config.page_size, cfg.vocab_size,
+                               huginn=cfg.family == "huginn")
+    return engine
+
+
+def _workload(rng, family, ctx, fused, vocab, hidden):
+    """[(arrival step, id, prompt, params, add_request keywords)]; a group of n samples shares
+    the prompt and arrives at once, half the prompts share a prefix."""
+    common, items = [rng.randrange(vocab) for _ in range(ctx)], []
+    for g in range(rng.randint(2, 7)):
+        n = rng.randint(1, ctx - 1)
+        prompt = common[:n] if rng.random() < 0.5 else [rng.randrange(vocab) for _ in range(n)]
+        kw = dict(max_tokens=rng.randint(1, 16), ignore_eos=rng.random() < 0.5,
+                  loops=rng.choice([None, 1, 8]), temperature=rng.choice([0.0, 0.8]),
+                  seed=rng.randrange(100), n=rng.choice([1, 1, 2, 3]),
+                  logprobs=rng.choice([None, None, 1]), repetition_penalty=rng.choice([1.0, 1.0, 1.2]),
+                  stop_token_ids=tuple(rng.randrange(vocab) for _ in range(rng.choice([0, 0, 3]))),
+                  stop=rng.choice([(), (), ("".join(rng.choices("abcdefgh", k=2)),)]))
+        kw["min_tokens"] = rng.randint(0, kw["max_tokens"])
+        extra = {}
+        if family == "huginn":
+            warm = fused and rng.random() < 0.4
+            mode = rng.choice([None, "zero", "seeded", "explicit", "explicit"])
+            if mode == "explicit":  # warm start gives the prompt's states only
+                shape = (n + (0 if warm else kw["max_tokens"] - 1), hidden)
+                extra["initial_state"] = np.random.default_rng(g).standard_normal(shape).astype(np.float32)
+            elif mode is not None:
+                extra["initial_state"] = mode
+            extra["warm_start"] = warm
+            if fused and rng.random() < 0.2:
+                kw.update(exit_criterion="kl", exit_mode=rng.choice(["skip", "select"]))
+        at = rng.randint(0, 15)
+        for i, params in enumerate(SamplingParams(**kw).fan_out()):
+            items.append((at, f"g{g}s{i}", prompt, params, extra))
+    return items
+
+
+def _run(engine, items, rng=None, abort_rate=0.0):
+    """Step to the end (aborting live requests at random); the slots and pages are checked
+    after every step. Returns {id: final RequestOutput}."""
+    arrivals, finals, step = {}, {}, 0
+    for at, rid, prompt, params, extra in items:
+        arrivals.setdefault(at, []).append((rid, prompt, params, extra))
+    while engine.has_unfinished() or arrivals:
+        for rid, prompt, params, extra in arrivals.pop(step, []):
+            engine.add_request(prompt, params, rid, **extra)
+        if abort_rate and engine.scheduler.requests and rng.random() < abort_rate:
+            assert engine.abort(rng.choice(sorted(engine.scheduler.requests)))
+        for out in engine.step():
+            assert out.request_id not in finals
+            if out.finished:
+                finals[out.request_id] = out
+        engine.scheduler.block_manager.check(engine.scheduler.requests.values())
+        for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
+            held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
+            assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+        step += 1
+    stats = engine.stats()
+    assert stats["pages_free"] == stats["pages_total"] and not engine._extra
+    return finals
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
+    """Every finished request has the tokens, exit loops, logprobs, text and finish reason it
+    has alone in a big pool (an aborted one: a prefix of them), except a warm-start request
+    that was preempted (docs/semantics.md); every page and slot comes back."""
+    rng = random.Random(seed)
+    family = rng.choice(["ouro", "huginn"])
+    model = models[family]
+    page_size, ctx, fused = rng.choice([1, 2, 4]), rng.randint(6, 24), rng.random() < 0.7
+    shared = family == "ouro" and fused and rng.random() < 0.4  # Ouro's decode pages
+    config = EngineConfig(page_size=page_size, max_num_rows=rng.choice([1, 3, 4, 4]), max_context_len=ctx,
+                          max_prefill_tokens=rng.choice([1, 3, 8, 32]),
+                          prefill_token_buckets=(1, 2, 4, 8, 16, 32), max_prefill_rows=rng.choice([1, 2]),
+                          fused_decode=fused, max_loops=8, max_logprobs=2,
+                          kv_layout="shared" if shared else "per_loop")
+    min_pages = -(-ctx // page_size)
+    engine = _engine(model, dataclasses.replace(
+        config, num_pages=rng.choice([200, *[rng.randint(min_pages, min_pages + 2)] * 3]),
+        enable_prefix_caching=rng.random() < 0.6, async_scheduling=rng.random() < 0.7))
+    items = _workload(rng, family, ctx, fused, model.cfg.vocab_size, getattr(model.cfg, "hidden_size", 0))
+    finals = _run(engine, items, rng, abort_rate=rng.choice([0.0, 0.1]))
+    alone = _engine(model, dataclasses.replace(config, num_pages=200, async_scheduling=False))
+    for _, rid, prompt, params, extra in items:
+        expected, out = _run(alone, [(0, rid, prompt, params, extra)])[rid], finals[rid]
+        if extra.get("warm_start") and out.metrics["num_preemptions"]:
+            continue  # its decoded tokens were recomputed from the prompt's s0 rule
+        n = len(out.token_ids) if out.finish_reason == "abort" else len(expected.token_ids)
+        assert (out.token_ids, out.exit_loops) == (expected.token_ids[:n], expected.exit_loops[:n]), rid
+        if out.finish_reason != "abort":
+            assert (out.finish_reason, out.text, out.logprobs) == (expected.finish_reason, expected.text,
+                                                                   expected.logprobs), rid
