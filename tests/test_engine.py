@@ -445,31 +445,6 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     assert not ouro_llm.engine.has_unfinished()
 
 
-def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
-    """Ctrl-C while the host waits for a step's result: the call's requests are aborted (no
-    page held, none left to run in the next call), and the next call generates as before."""
-    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
-    engine = ouro_llm.engine
-    read, reads = engine.runner.read, []
-
-    def interrupted_read(pending):
-        reads.append(pending)
-        if len(reads) == 3:
-            raise KeyboardInterrupt
-        return read(pending)
-
-    monkeypatch.setattr(engine.runner, "read", interrupted_read)
-    with pytest.raises(KeyboardInterrupt):
-        ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
-    monkeypatch.undo()
-    stats = engine.stats()
-    assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
-    engine.scheduler.block_manager.check([])
-    out = ouro_llm.generate(ids[0], max_new_tokens=5, ignore_eos=True)[0]
-    assert out.token_ids == ouro_ref["p0_greedy_tokens"][:5].tolist()
-    assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
-
-
 def test_generate_keeps_a_model_loaded_by_name(monkeypatch, tmp_path):
     """loopjax.generate given a folder loads it once for later calls with it (it loaded and
     compiled anew at every call); a folder whose files change is loaded again."""
@@ -550,28 +525,32 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
     assert options == SMALL and len(built) == 1
 
 
-def test_interrupt_while_dispatching_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
-    """Ctrl-C while a step is dispatched (it may be compiling): the plan never ran, so it is
-    dropped and its requests aborted; the engine holds no page and generates as before."""
+@pytest.mark.parametrize("method", ["read", "dispatch"])
+def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch, method):
+    """Ctrl-C while the host waits for a step's result (read) or while a step is dispatched
+    (it may be compiling; that plan never ran, so it is dropped): the call's requests are
+    aborted (no page held, none left to run in the next call), and the next call generates
+    as before."""
     ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
     engine = ouro_llm.engine
-    dispatch, dispatches = engine.runner.dispatch, []
+    original, calls = getattr(engine.runner, method), []
 
-    def interrupted_dispatch(*args, **kwargs):
-        dispatches.append(args)
-        if len(dispatches) == 3:
+    def interrupted(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:
             raise KeyboardInterrupt
-        return dispatch(*args, **kwargs)
+        return original(*args, **kwargs)
 
-    monkeypatch.setattr(engine.runner, "dispatch", interrupted_dispatch)
+    monkeypatch.setattr(engine.runner, method, interrupted)
     with pytest.raises(KeyboardInterrupt):
         ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
     monkeypatch.undo()
     stats = engine.stats()
     assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
     engine.scheduler.block_manager.check([])
-    out = ouro_llm.generate(ids[1], max_new_tokens=5, ignore_eos=True)[0]
-    assert out.token_ids == ouro_ref["p1_greedy_tokens"][:5].tolist()
+    out = ouro_llm.generate(ids[0], max_new_tokens=5, ignore_eos=True)[0]
+    assert out.token_ids == ouro_ref["p0_greedy_tokens"][:5].tolist()
+    assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
 
 
 def test_model_given_as_a_path_object(ouro_model, monkeypatch):
