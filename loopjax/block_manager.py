@@ -8,7 +8,7 @@ host counts tokens, never planes. Position p of a request lives in slot
 Contract:
 - `allocate(request, num_tokens)` grows `request.page_ids` to cover positions
   `0..num_tokens-1`, taking a new page only when num_tokens crosses a page boundary; it
-  fails (RuntimeError) if the pool is short: callers check `can_allocate` first.
+  fails (RuntimeError) if the pool is short: callers check `can_fit` first.
 - `free(request)` drops the request's reference to each of its pages (tail first) and empties
   its page list.
 - Every page is free (on the free list, ref count 0), held (ref count >= 1: one count per
@@ -90,9 +90,6 @@ class BlockManager:
     def num_new_pages(self, request: Request, num_tokens: int) -> int:
         """Pages `allocate(request, num_tokens)` would take from the free list."""
         return max(0, self.pages_for(num_tokens) - len(request.page_ids))
-
-    def can_allocate(self, num_pages: int) -> bool:
-        return num_pages <= self.num_free_pages
 
     def takes_decode_pages(self, request: Request) -> bool:
         """New pages of this request are decode pages (a decoding request, 'shared' layout)."""
