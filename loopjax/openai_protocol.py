@@ -121,6 +121,8 @@ class RequestParser:
         if not isinstance(body.get("stream_options") or {}, dict):  # the server reads its fields
             raise bad_request(f"stream_options must be an object, got {body['stream_options']!r}",
                               "stream_options")
+        if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
+            raise bad_request("stream_options is only allowed with stream: true", "stream_options")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
         return body

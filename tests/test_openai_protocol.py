@@ -53,6 +53,8 @@ from loopjax.server import create_app
     ({"prompt": [5], "stream": "yes"}, 400, "stream", "stream must be true or false, got 'yes'"),
     ({"prompt": [5], "stream": True, "stream_options": "yes"}, 400, "stream_options",
      "stream_options must be an object, got 'yes'"),  # was a 500 (AttributeError)
+    ({"prompt": [5], "stream_options": {"include_usage": True}}, 400, "stream_options",
+     "stream_options is only allowed with stream: true"),  # was ignored
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
