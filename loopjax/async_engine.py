@@ -16,9 +16,9 @@ Contract:
   engine, the thread keeps taking requests while they arrive less than a window apart (at
   most ADMISSION_WINDOWS windows) before its first step, so that a burst's prompts can share
   the first prefill steps; a lone request pays one window. Over HTTP the first prompt of a
-  burst prefills alone (the server handles requests one at a time); a 2 ms window did not
-  change that on the H200 host, nor the throughput (bench/RESULTS.md run 26), so it stays
-  off; longer windows are not measured. A busy engine takes new requests at its next step.
+  burst prefills alone (the server handles requests one at a time); on the H200 host a 2 ms
+  window changed nothing and 5 or 10 ms made burst-32 slower (bench/RESULTS.md runs 26, 30),
+  so it stays off. A busy engine takes new requests at its next step.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
 - `shutdown()` sets the stop event, joins the thread and fails the streams still open.
 This module imports neither JAX nor FastAPI; it works with any object that has the
