@@ -52,8 +52,9 @@ class OuroConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"ouro config: num_attention_heads {self.num_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
-        if self.early_exit_step is not None and not 0 <= self.early_exit_step < self.total_ut_steps:
-            raise ConfigError(f"ouro config: early_exit_step {self.early_exit_step} is outside "
+        step = self.early_exit_step
+        if step is not None and not (_is_int(step) and 0 <= step < self.total_ut_steps):
+            raise ConfigError(f"ouro config: early_exit_step {step!r} is outside "
                               f"0..{self.total_ut_steps - 1}")
 
     @property
@@ -78,8 +79,8 @@ class OuroConfig:
             num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-            rope_theta=float(hf.get("rope_theta", 1e6)),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=_float(hf, "rope_theta", 1e6, "ouro"),
+            rms_norm_eps=_float(hf, "rms_norm_eps", 1e-6, "ouro"),
             max_position_embeddings=hf.get("max_position_embeddings", 65536),
             total_ut_steps=hf.get("total_ut_steps", 4),
             early_exit_threshold=hf.get("early_exit_threshold", 1.0),
@@ -117,6 +118,10 @@ class HuginnConfig:
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "num_heads", "intermediate_size",
                         "num_core_layers", "max_position_embeddings")
+        for name in ("num_prelude_layers", "num_coda_layers"):  # 0 is a valid (empty) stack
+            if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
+                raise ConfigError(f"huginn config: {name} must be a non-negative integer, "
+                                  f"got {getattr(self, name)!r}")
         if self.hidden_size % self.num_heads:
             raise ConfigError(f"huginn config: n_embd {self.hidden_size} is not a multiple of "
                               f"n_heads {self.num_heads}")
@@ -159,8 +164,8 @@ class HuginnConfig:
             num_prelude_layers=hf["n_layers_in_prelude"],
             num_core_layers=hf["n_layers_in_recurrent_block"],
             num_coda_layers=hf["n_layers_in_coda"],
-            rope_base=float(hf.get("rope_base", 50000.0)),
-            norm_eps=float(hf.get("norm_eps", 1e-6)),
+            rope_base=_float(hf, "rope_base", 50000.0, "huginn"),
+            norm_eps=_float(hf, "norm_eps", 1e-6, "huginn"),
             max_position_embeddings=hf.get("block_size", 4096),
             mean_recurrence=hf.get("mean_recurrence", 32),
             qk_bias=bool(hf.get("qk_bias", True)),
@@ -242,8 +247,22 @@ def _token_ids(value, source: str) -> tuple[int, ...]:
     return values
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _is_positive(value) -> bool:
     return isinstance(value, int) and value > 0
+
+
+def _float(hf: dict[str, Any], key: str, default: float, family: str) -> float:
+    """`hf[key]` as a float (`default` when absent). An explicit null or a string is refused
+    with one line naming the key: `float()` would raise a bare TypeError, and the HF reference
+    code cannot run with it either."""
+    value = hf.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{family} config: {key} must be a number, got {value!r}")
+    return float(value)
 
 
 def _check_positive(cfg, *names):

@@ -237,6 +237,24 @@ def make_no_context(hf):
     return "max_position_embeddings must be a positive integer, got 0"
 
 
+def make_null_rope_theta(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "rope_theta": None}, tensors)
+    return "ouro config: rope_theta must be a number, got None"
+
+
+def make_string_exit_step(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "early_exit_step": "1"}, tensors)
+    return "ouro config: early_exit_step '1' is outside 0..3"
+
+
+def make_null_huginn_prelude(hf):
+    config, tensors = golden_parts(HUGINN)
+    write_hf(hf, {**config, "n_layers_in_prelude": None}, tensors)
+    return "huginn config: num_prelude_layers must be a non-negative integer, got None"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -312,7 +330,8 @@ def make_untied_huginn(hf):
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
-              make_zero_heads, make_no_context, make_no_config,
+              make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
+              make_null_huginn_prelude, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn]
