@@ -22,6 +22,9 @@ IGNORED_HF_KEYS: tuple[str, ...] = (
 )
 _IGNORED = tuple(re.compile(p) for p in IGNORED_HF_KEYS)
 
+EMBED_HF_KEY = "model.embed_tokens.weight"
+LM_HEAD_HF_KEY = "lm_head.weight"  # required when untied; optional (a duplicate) when tied
+
 
 def is_ignored(name: str) -> bool:
     """True for a tensor name that may be present in a checkpoint but is not loaded."""
@@ -34,17 +37,17 @@ def _layer_prefix(i: int) -> str:
 
 def hf_tensor_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF Ouro checkpoint must hold: name -> PyTorch shape ([out, in] for
-    Linear weights). `lm_head.weight` is absent when the embeddings are tied."""
+    Linear weights). `lm_head.weight` is not required when the embeddings are tied."""
     h, f = cfg.hidden_size, cfg.intermediate_size
     q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
     shapes: dict[str, tuple[int, ...]] = {
-        "model.embed_tokens.weight": (cfg.vocab_size, h),
+        EMBED_HF_KEY: (cfg.vocab_size, h),
         "model.norm.weight": (h,),
         "model.early_exit_gate.weight": (1, h),
         "model.early_exit_gate.bias": (1,),
     }
     if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+        shapes[LM_HEAD_HF_KEY] = (cfg.vocab_size, h)
     for i in range(cfg.num_layers):
         p = _layer_prefix(i)
         shapes.update({
@@ -63,6 +66,13 @@ def hf_tensor_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def optional_hf_tensor_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
+    """Tensors a checkpoint may hold beyond `hf_tensor_shapes`: with tied embeddings, the
+    duplicate `lm_head.weight` that some exporters store next to the embedding (HF's loader
+    accepts it); `to_params` requires it to equal the embedding."""
+    return {LM_HEAD_HF_KEY: (cfg.vocab_size, cfg.hidden_size)} if cfg.tie_word_embeddings else {}
+
+
 # loopjax layer-norm field -> HF module name (docs/design.md).
 _LAYER_NORMS = {
     "attn_norm": "input_layernorm",
@@ -74,10 +84,15 @@ _LAYER_NORMS = {
 
 def to_params(cfg: OuroConfig, tensors: dict[str, np.ndarray]) -> dict:
     """The loopjax Ouro params tree (numpy arrays, the checkpoint's dtype) from HF tensors.
-    Assumes names and shapes were checked against `hf_tensor_shapes(cfg)`."""
+    Assumes names and shapes were checked against `hf_tensor_shapes(cfg)`. With tied
+    embeddings a stored `lm_head.weight` must equal the embedding (one-line ValueError
+    otherwise): the head is not loaded, so a different one would be silently lost."""
     t = {name: np.asarray(value) for name, value in tensors.items()}
-    embed = t["model.embed_tokens.weight"]
-    lm_head = embed if cfg.tie_word_embeddings else t["lm_head.weight"]
+    embed = t[EMBED_HF_KEY]
+    if cfg.tie_word_embeddings and LM_HEAD_HF_KEY in t and not np.array_equal(t[LM_HEAD_HF_KEY], embed):
+        raise ValueError(f"ouro checkpoint: {LM_HEAD_HF_KEY} differs from {EMBED_HF_KEY}, but "
+                         "config.json sets tie_word_embeddings")
+    lm_head = embed if cfg.tie_word_embeddings else t[LM_HEAD_HF_KEY]
     layers = []
     for i in range(cfg.num_layers):
         p = _layer_prefix(i)

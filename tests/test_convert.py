@@ -328,13 +328,19 @@ def make_untied_huginn(hf):
     return "lm_head.weight differs from transformer.wte.weight"
 
 
+def make_tied_ouro_head_differs(hf):
+    config, tensors = golden_parts(OURO)  # the golden's lm_head differs from its embedding
+    write_hf(hf, {**config, "tie_word_embeddings": True}, tensors)
+    return "lm_head.weight differs from model.embed_tokens.weight"
+
+
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
-              make_index_tensor_not_in_shard, make_untied_huginn]
+              make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
 
 
 @pytest.mark.parametrize("make", BAD_INPUTS, ids=lambda f: f.__name__[5:])
@@ -375,6 +381,21 @@ def test_python_m_entry_point(tmp_path):
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.startswith("loopjax convert: error: ") and "does not exist" in result.stderr
+
+
+def test_tied_ouro_with_or_without_stored_head(tmp_path):
+    """A tied Ouro checkpoint loads whether or not the exporter also stored the duplicate
+    `lm_head.weight` (HF's save drops it, others keep it); the head is the embedding."""
+    config, tensors = golden_parts(OURO)
+    config["tie_word_embeddings"] = True
+    tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].copy()
+    write_hf(str(tmp_path / "with"), config, tensors)
+    del tensors["lm_head.weight"]
+    write_hf(str(tmp_path / "without"), config, tensors)
+    _, with_head = converter.load_hf(str(tmp_path / "with"), progress=False)
+    _, without_head = converter.load_hf(str(tmp_path / "without"), progress=False)
+    assert_trees_equal(with_head, without_head)
+    np.testing.assert_array_equal(with_head["lm_head"], tensors["model.embed_tokens.weight"].T)
 
 
 def test_check_tensor_names_lists_unexpected_and_ignores_patterns():
