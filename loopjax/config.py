@@ -71,6 +71,7 @@ class OuroConfig:
         if not hf.get("head_dim") and not (_is_positive(hidden) and _is_positive(num_heads)):
             raise ConfigError(f"ouro config: hidden_size {hidden!r} and num_attention_heads "
                               f"{num_heads!r} must be positive integers")
+        rope = _ouro_rope_fields(hf)
         return cls(
             vocab_size=hf["vocab_size"],
             hidden_size=hf["hidden_size"],
@@ -79,7 +80,7 @@ class OuroConfig:
             num_heads=num_heads,
             num_kv_heads=hf.get("num_key_value_heads") or num_heads,
             head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-            rope_theta=_float(hf, "rope_theta", 1e6, "ouro"),
+            rope_theta=_float(rope, "rope_theta", 1e6, "ouro"),
             rms_norm_eps=_float(hf, "rms_norm_eps", 1e-6, "ouro"),
             max_position_embeddings=hf.get("max_position_embeddings", 65536),
             total_ut_steps=hf.get("total_ut_steps", 4),
@@ -174,6 +175,28 @@ class HuginnConfig:
             eos_token_id=_eos(hf.get("eos_token_id")),
             pad_token_id=hf.get("pad_token_id"),
         )
+
+
+def _ouro_rope_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """The dict holding Ouro's `rope_theta`: the config itself (transformers 4.x, Ouro's own
+    code) or `rope_parameters` (transformers 5 moves it there). What the HF reference honours
+    and loopjax does not implement is refused, naming the key, rather than run with other
+    logits: a RoPE scaling type other than "default", and sliding-window layers (`layer_types`;
+    the reference makes every layer full attention when it is absent)."""
+    params = hf.get("rope_parameters")
+    rope = params if isinstance(params, dict) and "rope_theta" not in hf else hf
+    for key in ("rope_scaling", "rope_parameters"):
+        spec = hf.get(key)
+        kind = spec.get("rope_type", spec.get("type", "default")) if isinstance(spec, dict) else spec
+        if kind not in (None, "default"):
+            raise ConfigError(f"ouro config: {key} of type {kind!r} is not supported (loopjax runs "
+                              "the default RoPE)")
+    layer_types = hf.get("layer_types") or []
+    other = next((t for t in layer_types if t != "full_attention"), None)
+    if other is not None:
+        raise ConfigError(f"ouro config: layer_types {other!r} is not supported (loopjax runs "
+                          "full attention in every layer)")
+    return rope
 
 
 ModelConfig = OuroConfig | HuginnConfig

@@ -15,7 +15,7 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 from loopjax import checkpoint, cli
-from loopjax.config import read_hf_config
+from loopjax.config import config_from_hf, read_hf_config
 from loopjax.convert import converter, huginn_keys, ouro_keys, safetensors_reader
 from loopjax.model import Model, forward
 
@@ -255,6 +255,19 @@ def make_null_huginn_prelude(hf):
     return "huginn config: num_prelude_layers must be a non-negative integer, got None"
 
 
+def make_rope_scaling(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, tensors)
+    return "ouro config: rope_scaling of type 'yarn' is not supported"
+
+
+def make_sliding_window_layers(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "use_sliding_window": True, "sliding_window": 64,
+                  "layer_types": ["full_attention", "sliding_attention"]}, tensors)
+    return "ouro config: layer_types 'sliding_attention' is not supported"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -337,7 +350,7 @@ def make_tied_ouro_head_differs(hf):
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
-              make_null_huginn_prelude, make_no_config,
+              make_null_huginn_prelude, make_rope_scaling, make_sliding_window_layers, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
@@ -396,6 +409,15 @@ def test_tied_ouro_with_or_without_stored_head(tmp_path):
     _, without_head = converter.load_hf(str(tmp_path / "without"), progress=False)
     assert_trees_equal(with_head, without_head)
     np.testing.assert_array_equal(with_head["lm_head"], tensors["model.embed_tokens.weight"].T)
+
+
+def test_ouro_rope_theta_from_transformers_5_rope_parameters():
+    """transformers 5 writes rope_theta inside `rope_parameters`; it must not fall back to the
+    default 1e6 (the golden's 1e4 would give other logits)."""
+    config, _ = golden_parts(OURO)
+    del config["rope_theta"], config["rope_scaling"]
+    config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
+    assert config_from_hf(config) == read_hf_config(OURO)
 
 
 def test_check_tensor_names_lists_unexpected_and_ignores_patterns():
