@@ -118,7 +118,7 @@ class HuginnConfig:
 
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "num_heads", "intermediate_size",
-                        "num_core_layers", "max_position_embeddings")
+                        "num_core_layers", "max_position_embeddings", "mean_recurrence")
         for name in ("num_prelude_layers", "num_coda_layers"):  # 0 is a valid (empty) stack
             if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"huginn config: {name} must be a non-negative integer, "

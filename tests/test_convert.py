@@ -255,6 +255,12 @@ def make_null_huginn_prelude(hf):
     return "huginn config: num_prelude_layers must be a non-negative integer, got None"
 
 
+def make_null_mean_recurrence(hf):
+    config, tensors = golden_parts(HUGINN)
+    write_hf(hf, {**config, "mean_recurrence": None}, tensors)
+    return "huginn config: mean_recurrence must be a positive integer, got None"
+
+
 def make_rope_scaling(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, {**config, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, tensors)
@@ -350,7 +356,8 @@ def make_tied_ouro_head_differs(hf):
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
-              make_null_huginn_prelude, make_rope_scaling, make_sliding_window_layers, make_no_config,
+              make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
+              make_sliding_window_layers, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
