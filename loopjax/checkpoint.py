@@ -72,7 +72,7 @@ def read_config(path: str) -> config_lib.ModelConfig:
     try:
         with open(file) as f:
             return config_lib.from_dict(json.load(f))
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
     except TypeError as e:  # from_dict got an unknown or missing field
         raise CheckpointError(f"{file} is not a valid loopjax config: {e}") from None

@@ -226,7 +226,7 @@ def read_hf_config(path: str) -> ModelConfig:
     try:
         with open(file) as f:
             hf = json.load(f)
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:  # e.g. saved as UTF-16
         raise ConfigError(f"{file} is not valid JSON: {e}") from None
     return config_from_hf(hf)
 

@@ -274,6 +274,14 @@ def make_sliding_window_layers(hf):
     return "ouro config: layer_types 'sliding_attention' is not supported"
 
 
+def make_utf16_config(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, config, tensors)
+    with open(os.path.join(hf, "config.json"), "w", encoding="utf-16") as f:  # a Windows editor's save
+        json.dump(config, f)
+    return "config.json is not valid JSON: 'utf-8' codec can't decode"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -357,7 +365,7 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
-              make_sliding_window_layers, make_no_config,
+              make_sliding_window_layers, make_utf16_config, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
@@ -394,6 +402,16 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(checkpoint, "save", failing_save)
     assert convert_cli(OURO, str(tmp_path / "new" / "out")) == 2
     assert os.listdir(tmp_path) == []  # the temporary folder and the created parent are gone
+
+
+def test_undecodable_loopjax_config_is_one_line(tmp_path, converted):
+    folder = tmp_path / "ckpt"
+    shutil.copytree(converted["ouro"], folder)
+    with open(folder / checkpoint.CONFIG_FILE, "rb") as f:
+        text = f.read().decode()
+    (folder / checkpoint.CONFIG_FILE).write_bytes(text.encode("utf-16"))
+    with pytest.raises(checkpoint.CheckpointError, match=r"loopjax_config.json is not valid JSON"):
+        checkpoint.read_config(str(folder))
 
 
 def test_python_m_entry_point(tmp_path):
