@@ -214,12 +214,15 @@ def _make_parents(parent: str) -> list[str]:
 
 
 def _check_json(folder: str) -> None:
-    """The copied JSON files parse (a broken tokenizer file should fail now, not at load)."""
+    """The copied JSON files parse, each to an object as HF writes them (a broken tokenizer or
+    generation file should fail now, not at load: `loopjax.load` refuses a non-object)."""
     for name in AUX_FILES:
         path = os.path.join(folder, name)
         if name.endswith(".json") and os.path.isfile(path):
             try:
                 with open(path) as f:
-                    json.load(f)
+                    data = json.load(f)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise ConvertError(f"{name} in the input folder is not valid JSON: {e}") from None
+            if not isinstance(data, dict):
+                raise ConvertError(f"{name} in the input folder is not a JSON object")

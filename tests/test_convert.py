@@ -282,6 +282,13 @@ def make_utf16_config(hf):
     return "config.json is not valid JSON: 'utf-8' codec can't decode"
 
 
+def make_generation_config_not_object(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "generation_config.json"), "w") as f:
+        json.dump([{"eos_token_id": 2}], f)
+    return "generation_config.json in the input folder is not a JSON object"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -365,7 +372,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
-              make_sliding_window_layers, make_utf16_config, make_no_config,
+              make_sliding_window_layers, make_utf16_config, make_generation_config_not_object,
+              make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
