@@ -40,10 +40,14 @@ class ScoreOutput:
 
     def logprob(self, start: int, end: int | None = None) -> float:
         """The sum of log p(x_t | x_<t) over tokens start..end-1 (start >= 1): a continuation
-        x[start:end] given the context x[:start]."""
+        x[start:end] given the context x[:start], `end` as in that slice (None: to the last
+        token; negative: counted from the end; at or before start: nothing, 0.0)."""
         if start < 1:
             raise ValueError(f"start must be >= 1 (the first token has no prefix), got {start}")
-        return float(sum(self.token_logprobs[start - 1:None if end is None else end - 1]))
+        # NOTE: token t's log p is token_logprobs[t - 1]: resolve `end` on the tokens first (a
+        # negative end shifted by one would drop a token; end=0 would become -1, not empty)
+        stop = max(slice(start, end).indices(len(self.token_ids))[1], start)
+        return float(sum(self.token_logprobs[start - 1:stop - 1]))
 
 
 def bucket_len(length: int, max_len: int) -> int:

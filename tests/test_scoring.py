@@ -47,6 +47,9 @@ def test_ouro_scores_are_the_reference_logits(ouro):
                 assert top[0] == (seq[t + 1], pytest.approx(out.token_logprobs[t], abs=1e-6))
         assert out.logprob(2) == pytest.approx(float(want[1:].sum()), abs=1e-4)  # x[2:] given x[:2]
         assert out.logprob(1, 3) == pytest.approx(float(want[:2].sum()), abs=1e-5)
+        # `end` as in the slice x[start:end]: negative counts from the end, 0 is empty
+        assert out.logprob(2, -1) == pytest.approx(float(want[1:-1].sum()), abs=1e-4)
+        assert out.logprob(3, 0) == out.logprob(3, 2) == out.logprob(len(seq) + 1) == 0.0
     # the threshold reaches the exit rule: the reference's threshold-0.5 logits (one sequence,
     # given as a numpy array)
     half, = loopjax.score(model, ref["p1_input_ids"], exit_threshold=0.5)
