@@ -97,7 +97,11 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
         raise ValueError("sequences is empty")
     outputs = []
     for i, seq in enumerate(items):
-        ids = [int(t) for t in (model.tokenize(seq) if isinstance(seq, str) else seq)]
+        ids = model.tokenize(seq) if isinstance(seq, str) else np.asarray(seq)
+        # NOTE: refused as the engine's check_prompt_ids does, not cast: int() would score 3.7 as 3
+        if not isinstance(ids, list) and ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu"):
+            raise ValueError(f"sequence {i} must be text or a flat list of integer token ids")
+        ids = [int(t) for t in ids]
         if not ids:  # one token has nothing to score (its lists are empty), none is an error
             raise ValueError(f"sequence {i} is empty")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))

@@ -112,6 +112,9 @@ def test_buckets_and_errors(ouro):
         (("hello world",), {}, "tokenizer"),
         (([3, 4],), {"initial_state": np.zeros((2, 4))}, "use loopjax.forward"),
         (([3, 4],), {"top_k": -1}, r"top_k must be an integer in \[0, 256\]"),
+        ((np.array([3.7, 4.2]),), {}, "sequence 0 must be text or a flat list of integer token ids"),
+        (([[3, 4], [True, False]],), {}, "sequence 1 must be text or a flat list of integer"),
+        (([3.0, 4.0],), {}, "sequence 0 must be text or a flat list of integer"),
     ]:
         with pytest.raises(ValueError, match=words) as err:
             loopjax.score(model, *args, **kwargs)
