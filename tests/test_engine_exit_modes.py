@@ -73,6 +73,22 @@ def test_exit_step_and_weighted_equal_recompute(model, engine):
                                                      "weighted-1")}) == 3
 
 
+def test_a_config_without_threshold_selects_its_early_exit_step(model):
+    """An Ouro config with early_exit_threshold null and early_exit_step k: the engine's
+    default request selects loop k's logits, as the identity forward (and scoring) does."""
+    import dataclasses
+
+    cfg = dataclasses.replace(model.cfg, early_exit_threshold=None, early_exit_step=2)
+    stepped = dataclasses.replace(model, cfg=cfg)
+    engine = Engine(stepped, EngineConfig(**SMALL))
+    finals = run_requests(engine, {p: (prompt, greedy()) for p, prompt in enumerate(PROMPTS)})
+    for p, prompt in enumerate(PROMPTS):
+        tokens, loops = reference(stepped, prompt)  # forward's default: the config's step
+        assert (finals[p].token_ids, finals[p].exit_loops) == (tokens, loops)
+        assert (tokens, loops) == reference(model, prompt, exit_step=2)
+        assert tokens != reference(model, prompt)[0]  # the released rule differs here (not a no-op)
+
+
 def test_bad_combinations_are_one_line(model, engine):
     bad = [dict(exit_step=-1), dict(exit_step=True), dict(exit_step=4, loops=4),
            dict(exit_step=1, exit_weighted=True), dict(exit_step=1, exit_trace=(2, 2)),
