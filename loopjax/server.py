@@ -40,6 +40,7 @@ import gc
 import json
 import logging
 import re
+import sys
 import threading
 import time
 import uuid
@@ -360,12 +361,19 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
+    """Build the engine, then serve until SIGINT / SIGTERM. A model that cannot load or an engine
+    option the engine refuses is one line on stderr and exit code 2 (as `loopjax generate`)."""
     import uvicorn
 
     from loopjax.engine_args import build_engine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    model, engine = build_engine(args)
+    try:
+        model, engine = build_engine(args)
+    except (ValueError, OSError) as e:  # a model that cannot load, an option the engine refuses
+        line = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"loopjax serve: error: {line}", file=sys.stderr)
+        return 2
     # This process serves one engine for its lifetime: what is alive now (the model, the engine,
     # the compile's caches; ~210 k objects with the tiny preset) never becomes garbage, so it
     # leaves the collector's view, and a later full collection (a stall of the engine thread:

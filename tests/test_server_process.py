@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import gc
 
+import pytest
+
 
 def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     """After building its engine (warm-up ends with a full collection), `serve` moves every
@@ -34,8 +36,6 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
 
 
 def test_serve_refuses_a_negative_admission_window(capsys):
-    import pytest
-
     from loopjax import server
 
     parser = argparse.ArgumentParser()
@@ -49,8 +49,6 @@ def test_serve_refuses_a_negative_admission_window(capsys):
 
 def test_serve_refuses_a_negative_max_waiting(capsys):
     """At parsing, not after the engine is built (the AsyncEngine's ValueError was a traceback)."""
-    import pytest
-
     from loopjax import server
 
     parser = argparse.ArgumentParser()
@@ -59,3 +57,22 @@ def test_serve_refuses_a_negative_max_waiting(capsys):
         parser.parse_args(["ouro-tiny", "--max-waiting", "-1"])
     assert "--max-waiting: must be an integer >= 0, got '-1'" in capsys.readouterr().err
     assert parser.parse_args(["ouro-tiny", "--max-waiting", "0"]).max_waiting == 0
+
+
+def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
+    """A model path or preset that does not exist, or an engine option the engine refuses: one
+    line on stderr and exit code 2, and nothing served (each was a traceback, exit code 1)."""
+    import uvicorn
+
+    from loopjax import server
+
+    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: pytest.fail("served after a start-up error"))
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    for argv, expected in ((["/nonexistent/model"], "no model at '/nonexistent/model'"),
+                           (["ouro-tyni"], "'ouro-tyni': not a folder and not a preset"),
+                           (["ouro-tiny", "--engine-arg", "bogus=1"], "unexpected keyword argument 'bogus'"),
+                           (["ouro-tiny", "--kv-layout", "bogus"], "unknown kv layout 'bogus'")):
+        assert server.run(parser.parse_args(argv)) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("loopjax serve: error: ") and expected in err[0], err
