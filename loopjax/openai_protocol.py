@@ -74,6 +74,10 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
                                                 bos_token=bos_token, eos_token=eos_token)
     except TemplateError as e:
         raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
+    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
+        # a ZeroDivisionError...): the checkpoint's template, not a server bug, so not a 500
+        raise bad_request(f"messages: the chat template failed on them: {type(e).__name__}: {e}",
+                          "messages") from None
 
 
 def special_tokens(model) -> dict:

@@ -196,3 +196,25 @@ def test_chatml_fallback_without_jinja2(monkeypatch):
     assert render_chat(CHATML, messages) == with_jinja
     with pytest.raises(APIError, match="jinja2 is not installed"):
         render_chat("{{ messages[0]['content'] }}", messages)
+
+
+def test_a_chat_template_that_raises_is_400():
+    """Whatever the checkpoint's template raises while rendering (its raise_exception, a Jinja
+    error, or a Python error of its own code such as a TypeError) is a 400 naming messages and
+    the cause, on chat and /tokenize (a TypeError or ZeroDivisionError was a 500)."""
+    from server_helpers import word_tokenizer
+
+    model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=None,
+                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
+    for template, cause in (("{{ raise_exception('no system role') }}", "no system role"),
+                            ("{{ messages[0]['content'] + 1 }}", "TypeError: can only concatenate str"),
+                            ("{{ 1 / (messages | length - 2) }}", "ZeroDivisionError: division by zero"),
+                            ("{{ messages[1].content.nope() }}", "no attribute 'nope'")):
+        model.chat_template = template
+        with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=model)) as live:
+            for path in ("/v1/chat/completions", "/tokenize"):
+                r = httpx.post(live.url + path, timeout=30, json={"model": MODEL_NAME, "messages": messages})
+                err = r.json()["error"]
+                assert r.status_code == 400 and err["param"] == "messages", (template, path, r.text)
+                assert err["message"].startswith("messages: the chat template") and cause in err["message"]
