@@ -40,6 +40,7 @@ import gc
 import json
 import logging
 import re
+import socket
 import sys
 import threading
 import time
@@ -360,17 +361,40 @@ def add_arguments(parser):
     add_engine_arguments(parser)
 
 
+def _bind(host: str, port: int) -> socket.socket:
+    """The server's socket, bound (not listening: a connection is refused until uvicorn serves)
+    with uvicorn's options, before the engine is built, as vLLM does: a port in use fails at
+    once, not after the warm-up and after this process took device memory beside the server
+    that holds the port."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def run(args) -> int:
-    """Build the engine, then serve until SIGINT / SIGTERM. A model that cannot load or an engine
-    option the engine refuses is one line on stderr and exit code 2 (as `loopjax generate`)."""
+    """Bind the port, build the engine, then serve until SIGINT / SIGTERM. A port that cannot be
+    bound, a model that cannot load or an engine option the engine refuses is one line on stderr
+    and exit code 2 (as `loopjax generate`)."""
     import uvicorn
 
     from loopjax.engine_args import build_engine
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
+        sock = _bind(args.host, args.port)
+    except OSError as e:  # e.g. the port is in use
+        print(f"loopjax serve: error: cannot bind {args.host}:{args.port}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
+    try:
         model, engine = build_engine(args)
     except (ValueError, OSError) as e:  # a model that cannot load, an option the engine refuses
+        sock.close()
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2
@@ -386,5 +410,13 @@ def run(args) -> int:
     app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting,
                      max_n=args.max_n, admission_window_s=args.admission_window_ms / 1e3)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=5)
-    return 0
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+    # NOTE: uvicorn logs no address when given a socket
+    host = f"[{args.host}]" if ":" in args.host else args.host
+    log.info("serving on http://%s:%d (Ctrl-C to quit)", host, sock.getsockname()[1])
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it served (as uvicorn.run, not an error)
+        pass
+    return 0 if server.started else 1

@@ -22,13 +22,18 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     frozen_when_serving = []
     monkeypatch.setattr(engine_args, "build_engine", lambda args: (served_model, engine))
     windows = []
-    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: frozen_when_serving.append(gc.get_freeze_count()))
+
+    def serve(self, sockets):
+        frozen_when_serving.append(gc.get_freeze_count())
+        self.started = True
+
+    monkeypatch.setattr(uvicorn.Server, "run", serve)
     monkeypatch.setattr(server, "create_app", lambda *a, **kw: windows.append(kw["admission_window_s"]))
     parser = argparse.ArgumentParser()
     server.add_arguments(parser)
     gc.unfreeze()
     try:
-        assert server.run(parser.parse_args(["ouro-tiny", "--admission-window-ms", "5"])) == 0
+        assert server.run(parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5"])) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
@@ -66,13 +71,32 @@ def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
 
     from loopjax import server
 
-    monkeypatch.setattr(uvicorn, "run", lambda *a, **kw: pytest.fail("served after a start-up error"))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **kw: pytest.fail("served after a start-up error"))
     parser = argparse.ArgumentParser()
     server.add_arguments(parser)
     for argv, expected in ((["/nonexistent/model"], "no model at '/nonexistent/model'"),
                            (["ouro-tyni"], "'ouro-tyni': not a folder and not a preset"),
                            (["ouro-tiny", "--engine-arg", "bogus=1"], "unexpected keyword argument 'bogus'"),
                            (["ouro-tiny", "--kv-layout", "bogus"], "unknown kv layout 'bogus'")):
-        assert server.run(parser.parse_args(argv)) == 2, argv
+        assert server.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("loopjax serve: error: ") and expected in err[0], err
+
+
+def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, capsys):
+    """The port is bound first: a port in use is one line and exit code 2 at once (uvicorn said
+    so only after the engine's warm-up, and exited with code 3)."""
+    import socket
+
+    from loopjax import engine_args, server
+
+    monkeypatch.setattr(engine_args, "build_engine", lambda args: pytest.fail("built an engine"))
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        assert server.run(parser.parse_args(["ouro-tiny", "--port", str(port)])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"loopjax serve: error: cannot bind 127.0.0.1:{port}: Address already in use"]
