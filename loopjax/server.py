@@ -7,7 +7,8 @@ POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) a
 
 Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
-  "param", "code"}}`, `param` naming the field; a full queue gets 429; a dead engine 503.
+  "param", "code"}}`, `param` naming the field; a full queue gets 429; a dead engine 503, as
+  does a full answer still running when the graceful shutdown (SIGTERM, Ctrl-C; 5 s) ends.
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
@@ -211,10 +212,18 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
             consumer = asyncio.create_task(drain())
             # NOTE: a client gone before the answer is complete aborts its requests (pages back).
-            while not (await asyncio.wait({consumer}, timeout=0.25))[0]:
-                if await request.is_disconnected():
-                    consumer.cancel()
-                    return JSONResponse({}, status_code=499)
+            try:
+                while not (await asyncio.wait({consumer}, timeout=0.25))[0]:
+                    if await request.is_disconnected():
+                        consumer.cancel()
+                        return JSONResponse({}, status_code=499)
+            except asyncio.CancelledError:  # NOTE: only uvicorn cancels a handler: its graceful
+                # shutdown (SIGTERM, Ctrl-C) ran out of time. A 503 rather than its 500, requests dropped;
+                # returned, not raised: the APIError handler runs in a worker thread, cancelled again.
+                consumer.cancel()
+                for stream in streams:
+                    stream.close()
+                return APIError(503, "server shutting down", None, "server_error").response()
             if isinstance(consumer.exception(), EngineDeadError):
                 raise APIError(503, str(consumer.exception()), None, "server_error")
             consumer.result()

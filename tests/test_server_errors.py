@@ -130,3 +130,26 @@ def test_dead_engine_answers_503():
         assert r.json()["error"]["message"] == "engine is not running (device fell over)"
         health = httpx.get(live.url + "/health", timeout=10)
         assert health.status_code == 503 and health.json() == {"status": "dead", "error": "device fell over"}
+
+
+def test_a_full_answer_cut_by_shutdown_is_503():
+    """SIGTERM / Ctrl-C: uvicorn waits for open requests (timeout_graceful_shutdown), then
+    cancels them. A full answer still running then gets a one-line 503 and its requests count
+    as aborted (it was a 500 "Internal Server Error" and a traceback in the log per request)."""
+    fake = FakeEngine()
+    fake.paused = True  # admitted, never stepped: the answer is still running at shutdown
+    app = create_app(fake, MODEL_NAME)
+    aengine = app.state.async_engine
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with LiveServer(app) as live:
+            full = pool.submit(httpx.post, live.url + "/v1/completions", timeout=30,
+                               json={"prompt": [1], "max_tokens": 50})
+            deadline = time.time() + 20
+            while aengine.num_waiting < 1:
+                assert time.time() < deadline, "the request was not admitted"
+                time.sleep(0.01)
+        r = full.result()  # LiveServer's exit: 2 s of graceful shutdown, then the handler is cancelled
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == {"message": "server shutting down", "type": "server_error", "param": None,
+                                 "code": 503}
+    assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
