@@ -421,9 +421,15 @@ def run(args) -> int:
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
-    # NOTE: uvicorn logs no address when given a socket
-    host = f"[{args.host}]" if ":" in args.host else args.host
-    log.info("serving on http://%s:%d (Ctrl-C to quit)", host, sock.getsockname()[1])
+    host, port = f"[{args.host}]" if ":" in args.host else args.host, sock.getsockname()[1]
+    try:  # NOTE: a server started beside this one may have bound the port too (both bound during
+        # the warm-up) and listen first: uvloop's create_server ignores the failing listen() (a server
+        # that never answers), so listen here, where it raises
+        sock.listen(2048)  # uvicorn's backlog
+    except OSError as e:
+        print(f"loopjax serve: error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    log.info("serving on http://%s:%d (Ctrl-C to quit)", host, port)  # uvicorn logs none for a socket
     try:
         server.run(sockets=[sock])
     except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it served (as uvicorn.run, not an error)

@@ -100,3 +100,38 @@ def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, cap
         assert server.run(parser.parse_args(["ouro-tiny", "--port", str(port)])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"loopjax serve: error: cannot bind 127.0.0.1:{port}: Address already in use"]
+
+
+def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsys):
+    """Two servers started together both bind the port (neither listens during its warm-up);
+    the one that listens second gets one line and exit code 2 (uvloop ignored its failing
+    listen(): a server that logged its address and never answered)."""
+    import socket
+    import types
+
+    import uvicorn
+    from fake_engine import FakeEngine
+
+    from loopjax import engine_args, server
+
+    other = socket.socket()
+    other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as _bind: both bind
+    other.bind(("127.0.0.1", 0))
+    port = other.getsockname()[1]
+
+    def build(args):  # the other server's warm-up ends first
+        other.listen()
+        return types.SimpleNamespace(tokenizer=None, cfg=None), FakeEngine()
+
+    monkeypatch.setattr(engine_args, "build_engine", build)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **kw: pytest.fail("served a port in use"))
+    parser = argparse.ArgumentParser()
+    server.add_arguments(parser)
+    gc.unfreeze()
+    try:
+        with other:
+            assert server.run(parser.parse_args(["fake", "--port", str(port)])) == 2
+    finally:
+        gc.unfreeze()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"loopjax serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
