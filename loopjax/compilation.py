@@ -82,10 +82,13 @@ def compile_lowered(lowered: Iterable, threads: int) -> list[tuple[object, float
         return executable, time.perf_counter() - start, hits.count > 0
 
     jax.monitoring.register_event_listener(on_event)
+    pool = ThreadPoolExecutor(max(1, threads))
     try:
-        with ThreadPoolExecutor(max(1, threads)) as pool:  # map submits each step as it comes
-            return list(pool.map(compile_one, lowered))
+        return list(pool.map(compile_one, lowered))  # map submits each step as it comes
     finally:
+        # NOTE: an interrupt (Ctrl-C during the warm-up) waits only for the compiles already
+        # running (XLA's cannot be stopped), not for every step queued behind them
+        pool.shutdown(wait=True, cancel_futures=True)
         jax.monitoring.unregister_event_listener(on_event)
 
 

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -82,6 +83,25 @@ def test_each_compile_starts_while_later_steps_still_lower():
     built = compile_lowered(lowered(), threads=2)
     assert [exe for exe, _, _ in built] == ["first", "second"]
     assert all(seconds >= 0 and not hit for _, seconds, hit in built)
+
+
+def test_an_interrupt_while_lowering_waits_only_for_running_compiles():
+    """Ctrl-C during the warm-up: the compiles queued behind the running one are dropped, not
+    run to the end before the interrupt surfaces."""
+    ran = []
+
+    class Lowered:
+        def compile(self):
+            ran.append(self)
+            time.sleep(0.3)
+
+    def lowered():
+        yield from (Lowered() for _ in range(4))
+        raise KeyboardInterrupt  # while lowering the fifth step
+
+    with pytest.raises(KeyboardInterrupt):
+        compile_lowered(lowered(), threads=1)
+    assert len(ran) == 1  # the running one; three were queued
 
 
 # A fresh process builds the engine with the cache folder argv[1], generates greedily and
