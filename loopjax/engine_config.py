@@ -4,7 +4,13 @@ Engine (loopjax/engine.py) reads them once at build time."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+# Counts that must be >= 1 when set (None, where allowed, picks the documented default).
+_POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_prefill_tokens",
+             "max_prefill_rows", "max_context_len", "shared_kv_slots", "max_loops", "loop_unroll",
+             "compile_threads")
 
 
 @dataclass(frozen=True)
@@ -43,3 +49,28 @@ class EngineConfig:
     compilation_cache_dir: str | None = None  # JAX's persistent compile cache (process-wide JAX state)
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
+
+    def __post_init__(self):
+        """Each field has its annotated type (bool is no int here; a list of ints becomes a tuple)
+        and the counts are positive: a one-line ValueError naming the field, before the
+        engine builds anything (a wrong type came out as a TypeError deep in the build)."""
+        for field in dataclasses.fields(self):
+            value, kinds = getattr(self, field.name), str(field.type).replace(" ", "").split("|")
+            if isinstance(value, list) and "tuple[int,...]" in kinds:  # a list is taken as its tuple
+                value = tuple(value)
+                object.__setattr__(self, field.name, value)
+            if not any(_has_type(value, kind) for kind in kinds):
+                raise ValueError(f"EngineConfig.{field.name} must be {field.type}, got {value!r}")
+            if field.name in _POSITIVE and value is not None and value < 1:
+                raise ValueError(f"EngineConfig.{field.name} must be >= 1, got {value!r}")
+
+
+def _has_type(value, kind: str) -> bool:
+    if kind == "None":
+        return value is None
+    if kind == "tuple[int,...]":
+        return isinstance(value, tuple) and all(_has_type(v, "int") for v in value)
+    if kind == "float":  # an int is a float here, as in Python's numeric tower
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    expected = {"int": int, "str": str, "bool": bool}[kind]
+    return isinstance(value, expected) and (kind == "bool" or not isinstance(value, bool))

@@ -164,6 +164,22 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     assert not engine.abort("doomed")
 
 
+@pytest.mark.parametrize("options, message", [
+    (dict(page_size="16"), "EngineConfig.page_size must be int, got '16'"),
+    (dict(max_num_rows=0), "EngineConfig.max_num_rows must be >= 1, got 0"),
+    (dict(num_pages=True), "EngineConfig.num_pages must be int | None, got True"),
+    (dict(fused_decode=1), "EngineConfig.fused_decode must be bool, got 1"),
+    (dict(decode_row_buckets=[4, "8"]), r"EngineConfig.decode_row_buckets must be tuple\[int, ...\] | None"),
+])
+def test_engine_options_are_checked_when_made(options, message):
+    """A wrong type or a count below 1 is one line naming the field when the config is made
+    (`--engine-arg page_size=x` was a TypeError deep in the build; max_num_rows=0 a misleading
+    pool message); a list of ints is taken as its tuple."""
+    with pytest.raises(ValueError, match=f"^{message}"):
+        EngineConfig(**options)
+    assert EngineConfig(decode_row_buckets=[4, 8]).decode_row_buckets == (4, 8)
+
+
 def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
     ok = ouro_ref["p0_input_ids"].tolist()
     ouro_engine.add_request(ok, greedy(24), "good")
