@@ -184,7 +184,8 @@ class ServingMetrics:
                                "Accepted requests that have not yet received a first token")
         self.requests = r.counter("loopjax_requests_total", "Requests accepted")
         self.finished = r.counter("loopjax_requests_finished_total", "Requests finished")
-        self.aborted = r.counter("loopjax_requests_aborted_total", "Requests aborted by the client")
+        self.aborted = r.counter("loopjax_requests_aborted_total",
+                                 "Requests aborted: client gone, server shutting down, admission rolled back")
         self.rejected = r.counter("loopjax_requests_rejected_total", "Requests rejected: queue full")
         self.prompt_tokens = r.counter("loopjax_prompt_tokens_total", "Prompt tokens accepted")
         self.generation_tokens = r.counter("loopjax_generation_tokens_total", "Tokens generated")
