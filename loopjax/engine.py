@@ -320,15 +320,20 @@ class Engine:
         if self.model.tokenizer is None or not request.sampling_params.detokenize:
             return
         extra, params = self._extra[request.request_id], request.sampling_params
-        if params.stop and not request.is_finished:
+        if params.stop:
             if extra.detokenizer is None:
                 extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop)
-            # NOTE: no stop string ends the output before min_tokens (as no stop token does)
-            if extra.detokenizer.update(request.output_token_ids,
+            # NOTE: no stop string ends the output before min_tokens (as no stop token does).
+            # The last token (max_tokens, a stop id) is searched too: a stop string there trims
+            # the text and makes the reason "stop" (as vLLM's and the server's Choice).
+            if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
                                         check_stop=request.num_output_tokens >= params.min_tokens):
-                self.scheduler.finish(request.request_id, FINISH_STOP)
+                if request.is_finished:
+                    request.finish_reason = FINISH_STOP
+                else:
+                    self.scheduler.finish(request.request_id, FINISH_STOP)
             extra.text = extra.detokenizer.text
-        elif request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
+        if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
             extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
 
     def _output(self, request: Request, new_tokens) -> RequestOutput:

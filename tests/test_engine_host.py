@@ -126,3 +126,17 @@ def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
         if out.finish_reason != "abort":
             assert (out.finish_reason, out.text, out.logprobs) == (expected.finish_reason, expected.text,
                                                                    expected.logprobs), rid
+
+
+def test_stop_string_in_the_last_token_trims_the_text(models):
+    """A stop string completed by the max_tokens-th token (the step that finishes the request by
+    length) still trims the text and makes the reason "stop", as the server's Choice does."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    full = _run(engine, [(0, "full", [1, 2, 3], params, {})])["full"]
+    stop = full.text[-2:]
+    assert full.finish_reason == "length" and full.text.find(stop) == len(full.text) - 2
+    out = _run(engine, [(0, "cut", [1, 2, 3], dataclasses.replace(params, stop=(stop,)), {})])["cut"]
+    assert (out.text, out.finish_reason, out.token_ids) == (full.text[:-2], "stop", full.token_ids)
