@@ -34,10 +34,13 @@ class IncrementalDetokenizer:
         before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:])
         if len(now) > len(before) and (not now.endswith("\ufffd") or final):
             self.text, self._offsets = self.text + now[len(before):], (r, len(token_ids))
-        for s in self.stop if check_stop else ():  # only where a match could end in the new text
-            cut = self.text.find(s, max(0, old_len - len(s) + 1))
-            if cut >= 0:
-                self.text, self.stopped = self.text[:cut], True
+        # NOTE: the first stop string to end wins (of those ending at one character, the longest),
+        # whatever their order and however the text splits into tokens: one character a step
+        # would have stopped there. Searched only where a match could end in the new text.
+        hits = [(cut + len(s), cut) for s in (self.stop if check_stop else ())
+                if (cut := self.text.find(s, max(0, old_len - len(s) + 1))) >= 0]
+        if hits:
+            self.text, self.stopped = self.text[:min(hits)[1]], True
         return self.stopped
 
     def _decode(self, ids: list[int]) -> str:

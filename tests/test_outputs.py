@@ -85,3 +85,14 @@ def test_stop_strings_wait_for_check_stop():
     assert not any(detok.update(ids[:n], check_stop=False) for n in range(1, cut))
     assert [detok.update(ids[:n]) for n in range(cut, len(ids) + 1)].count(True) == 1
     assert detok.text == "ab STOP cd " and detok.stopped
+
+
+@pytest.mark.parametrize("stop", [("cd", "bc"), ("bc", "cd"), ("abcd", "bc"), ("bc", "abcd"), ("c", "bc")])
+def test_overlapping_stop_strings_cut_where_the_first_one_ends(stop):
+    """Stop strings matched in one update: the first to end wins (of those ending at one
+    character, the longest), as one character a step would have stopped; not the list order."""
+    tok = byte_tokenizer()
+    ids = tok.encode("abcd").ids
+    whole, step = IncrementalDetokenizer(tok, stop), IncrementalDetokenizer(tok, stop)
+    assert whole.update(ids) and any(step.update(ids[:n]) for n in range(1, len(ids) + 1))
+    assert whole.text == step.text == "a"
