@@ -268,14 +268,17 @@ def _topk_topp_threshold(sorted_desc, top_k, top_p):
     """Threshold [R, 1] from the C largest scaled logits per row (sorted_desc [R, C]),
     enough when every filtering row keeps at most C tokens, or C = V."""
     num = sorted_desc.shape[-1]
-    idx = jnp.arange(num)[None, :]
     k = jnp.where(top_k > 0, jnp.minimum(top_k, num), num)[:, None]  # [R, 1] tokens kept by top-k
-    vals = jnp.where(idx < k, sorted_desc, -jnp.inf)
+    # Top-k survivors: every token >= the k-th value, so ties with it too, and top-p renormalises
+    # over all of them (as HF's TopK / TopP warpers and vLLM do), not over the first k sorted
+    # (a tie-dependent subset: common in 16-bit logits). Ties past C columns (C < V) stay out.
+    survivors = sorted_desc >= jnp.take_along_axis(sorted_desc, k - 1, axis=-1)
+    vals = jnp.where(survivors, sorted_desc, -jnp.inf)
     probs = jax.nn.softmax(vals, axis=-1)  # renormalised over the top-k survivors
     mass_before = jnp.cumsum(probs, axis=-1) - probs  # exclusive prefix sum
     # Keep the smallest prefix whose mass reaches top_p: token i stays iff the mass before it
     # is < top_p (the first always stays). top_p >= 1 is off: no rounding can drop the tail.
-    keep = (idx < k) & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
+    keep = survivors & ((mass_before < top_p[:, None]) | (top_p[:, None] >= 1.0))
     num_kept = jnp.maximum(jnp.sum(keep, axis=-1, keepdims=True), 1)
     thr = jnp.take_along_axis(sorted_desc, num_kept - 1, axis=-1)
     # Rows that filter nothing (and padded / C < V rows with top-k off) keep everything.

@@ -188,6 +188,17 @@ def test_ties_at_the_boundary_are_kept():
     assert kept_set(logits, top_k=2) == {0, 1, 2}
 
 
+def test_top_p_renormalises_over_every_top_k_survivor_ties_included():
+    # top_k=2 keeps 0 and the three ids tied at the 2nd value (probs 1/2, 1/6, 1/6, 1/6 once
+    # renormalised, as HF's TopK / TopP warpers and vLLM's mask give): top_p=0.6 keeps them all.
+    # Renormalised over the first k sorted entries only, id 0 would hold 3/4 and stand alone.
+    logits = np.log(np.array([3.0, 1.0, 1.0, 1.0, 0.5], np.float32))
+    assert kept_set(logits, top_k=2, top_p=0.6) == {0, 1, 2, 3}
+    assert kept_set(logits, top_k=2, top_p=0.5) == {0}
+    wide = np.tile(logits, 100)  # top_k > TOP_K_CAP: the full-sort path (400 survivors)
+    assert kept_set(wide, top_k=200, top_p=0.6) == set(np.nonzero(wide >= 0)[0].tolist())
+
+
 def test_top_p_one_never_drops_a_rounded_tail():
     logits = -np.arange(2 * TOP_K_CAP, dtype=np.float32)  # mass reaches 1.0 in f32 early
     assert kept_set(logits, top_k=TOP_K_CAP) == set(range(TOP_K_CAP))
