@@ -159,7 +159,9 @@ class Engine:
                                        else params.exit_threshold, params.exit_min_loops,
                                        params.exit_check_every)
         if not params.ignore_eos and self._eos:
-            params = dataclasses.replace(params, stop_token_ids=params.stop_token_ids + self._eos)
+            # NOTE: an EOS id the request names too counts once (min_tokens masks at most 8 ids)
+            params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids
+                                                                                    + self._eos)))
         check_suppressible(params)  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.

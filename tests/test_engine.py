@@ -258,6 +258,10 @@ def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
     with pytest.raises(ValueError, match="at most 8 stop token ids") as info:
         ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(9)), min_tokens=2))
     assert "\n" not in str(info.value)
+    # the model's EOS (2) named by the request too counts once: 8 ids, not 9
+    eight = SamplingParams(max_tokens=4, temperature=0.0, stop_token_ids=tuple(range(8)), min_tokens=2)
+    assert ouro_engine.abort(ouro_engine.add_request(prompt, eight))
+    run_all(ouro_engine)
 
 
 def test_generation_config_eos_ids_stop_too(ouro_model, ouro_ref):
