@@ -13,7 +13,7 @@ import sys
 SUBCOMMANDS = {
     "convert": ("loopjax.convert.cli", "convert a Hugging Face checkpoint to a loopjax checkpoint"),
     "generate": ("loopjax.generate_cli", "generate text or tokens with a model"),
-    "serve": ("loopjax.server", "serve a model over an OpenAI-compatible HTTP API"),
+    "serve": ("loopjax.serve_cli", "serve a model over an OpenAI-compatible HTTP API"),
     "bench": ("loopjax.bench.cli", "run the burst or sessions workload and report TTFT/TPOT/throughput"),
 }
 

@@ -28,7 +28,8 @@ Contract:
   (top max(logprobs, k)); the choices of one prompt share its score.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
-This module and `openai_protocol.py` are the only ones that import FastAPI / uvicorn;
+This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
+before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
 
@@ -37,12 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import gc
 import json
 import logging
 import re
-import socket
-import sys
 import threading
 import time
 import uuid
@@ -321,117 +319,3 @@ def _echo_state(model, config) -> str | None:
         return score_state(model, config)
     except ValueError:
         return "unsupported"
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
-    return int(text)
-
-
-def _non_negative_int(text: str) -> int:
-    import argparse
-
-    if not text.isdecimal():  # NOTE: refused here, not by the AsyncEngine after the engine is built
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return int(text)
-
-
-def _non_negative_float(text: str) -> float:
-    import argparse
-
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return value
-
-
-def add_arguments(parser):
-    from loopjax.engine_args import add_engine_arguments
-
-    parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--served-model-name", default=None,
-                        help="the name clients send as `model` (default: MODEL as given)")
-    parser.add_argument("--max-waiting", type=_non_negative_int, default=256,
-                        help="requests that may wait for a first token before new ones get 429")
-    parser.add_argument("--max-n", type=_positive_int, default=DEFAULT_MAX_N,
-                        help="the largest `n` (samples per prompt) a request may ask for")
-    parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
-                        help="an idle engine takes requests arriving less than this apart before "
-                             "its first step (at most 10 windows; default 0: off)")
-    parser.add_argument("--log-level", default="info")
-    add_engine_arguments(parser)
-
-
-def _bind(host: str, port: int) -> socket.socket:
-    """The server's socket, bound (not listening: a connection is refused until uvicorn serves)
-    with uvicorn's options, before the engine is built, as vLLM does: a port in use fails at
-    once, not after the warm-up and after this process took device memory beside the server
-    that holds the port."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def run(args) -> int:
-    """Bind the port, build the engine, then serve until SIGINT / SIGTERM. A port that cannot be
-    bound, a model that cannot load or an engine option the engine refuses is one line on stderr
-    and exit code 2 (as `loopjax generate`)."""
-    import uvicorn
-
-    from loopjax.engine_args import build_engine
-
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
-    try:
-        sock = _bind(args.host, args.port)
-    except OSError as e:  # e.g. the port is in use
-        print(f"loopjax serve: error: cannot bind {args.host}:{args.port}: {e.strerror or e}",
-              file=sys.stderr)
-        return 2
-    try:
-        model, engine = build_engine(args)
-    except (ValueError, OSError) as e:  # a model that cannot load, an option the engine refuses
-        sock.close()
-        line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"loopjax serve: error: {line}", file=sys.stderr)
-        return 2
-    # This process serves one engine for its lifetime: what is alive now (the model, the engine,
-    # the compile's caches; ~210 k objects with the tiny preset) never becomes garbage, so it
-    # leaves the collector's view, and a later full collection (a stall of the engine thread:
-    # ~157 ms over those objects on a 2-core CPU, bench/RESULTS.md run 20) scans only what
-    # serving created. Not in the library: there an engine may be built and dropped many times,
-    # and frozen objects in reference cycles would never be freed.
-    gc.freeze()
-    if getattr(model, "tokenizer", None) is None:
-        log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
-    app = create_app(engine, args.served_model_name or args.model, model=model, max_waiting=args.max_waiting,
-                     max_n=args.max_n, admission_window_s=args.admission_window_ms / 1e3)
-    # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
-    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                                           timeout_graceful_shutdown=5))
-    host, port = f"[{args.host}]" if ":" in args.host else args.host, sock.getsockname()[1]
-    try:  # NOTE: a server started beside this one may have bound the port too (both bound during
-        # the warm-up) and listen first: uvloop's create_server ignores the failing listen() (a server
-        # that never answers), so listen here, where it raises
-        sock.listen(2048)  # uvicorn's backlog
-    except OSError as e:
-        print(f"loopjax serve: error: cannot listen on {host}:{port}: {e.strerror or e}", file=sys.stderr)
-        return 2
-    log.info("serving on http://%s:%d (Ctrl-C to quit)", host, port)  # uvicorn logs none for a socket
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:  # uvicorn re-raises the Ctrl-C it served (as uvicorn.run, not an error)
-        pass
-    return 0 if server.started else 1

@@ -10,7 +10,7 @@ def test_missing_extra_is_one_line(monkeypatch, capsys):
     real_import = importlib.import_module
 
     def fake_import(name, *args):
-        if name == "loopjax.server":
+        if name == "loopjax.serve_cli":
             raise ModuleNotFoundError("No module named 'fastapi'", name="fastapi")
         return real_import(name, *args)
 

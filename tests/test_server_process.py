@@ -15,7 +15,7 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     import uvicorn
     from server_helpers import SERVER_ENGINE
 
-    from loopjax import engine_args, server
+    from loopjax import engine_args, serve_cli, server
     from loopjax.engine import Engine, EngineConfig
 
     engine = Engine(served_model, EngineConfig(**SERVER_ENGINE, warmup=False))
@@ -30,10 +30,11 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     monkeypatch.setattr(uvicorn.Server, "run", serve)
     monkeypatch.setattr(server, "create_app", lambda *a, **kw: windows.append(kw["admission_window_s"]))
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     gc.unfreeze()
     try:
-        assert server.run(parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5"])) == 0
+        args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5"])
+        assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
@@ -41,10 +42,10 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
 
 
 def test_serve_refuses_a_negative_admission_window(capsys):
-    from loopjax import server
+    from loopjax import serve_cli
 
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     for bad in ("-1", "nan", "x"):
         with pytest.raises(SystemExit):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
@@ -54,10 +55,10 @@ def test_serve_refuses_a_negative_admission_window(capsys):
 
 def test_serve_refuses_a_negative_max_waiting(capsys):
     """At parsing, not after the engine is built (the AsyncEngine's ValueError was a traceback)."""
-    from loopjax import server
+    from loopjax import serve_cli
 
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     with pytest.raises(SystemExit):
         parser.parse_args(["ouro-tiny", "--max-waiting", "-1"])
     assert "--max-waiting: must be an integer >= 0, got '-1'" in capsys.readouterr().err
@@ -69,16 +70,16 @@ def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
     line on stderr and exit code 2, and nothing served (each was a traceback, exit code 1)."""
     import uvicorn
 
-    from loopjax import server
+    from loopjax import serve_cli
 
     monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **kw: pytest.fail("served after a start-up error"))
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     for argv, expected in ((["/nonexistent/model"], "no model at '/nonexistent/model'"),
                            (["ouro-tyni"], "'ouro-tyni': not a folder and not a preset"),
                            (["ouro-tiny", "--engine-arg", "bogus=1"], "unexpected keyword argument 'bogus'"),
                            (["ouro-tiny", "--kv-layout", "bogus"], "unknown kv layout 'bogus'")):
-        assert server.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
+        assert serve_cli.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("loopjax serve: error: ") and expected in err[0], err
 
@@ -88,16 +89,16 @@ def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, cap
     so only after the engine's warm-up, and exited with code 3)."""
     import socket
 
-    from loopjax import engine_args, server
+    from loopjax import engine_args, serve_cli
 
     monkeypatch.setattr(engine_args, "build_engine", lambda args: pytest.fail("built an engine"))
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert server.run(parser.parse_args(["ouro-tiny", "--port", str(port)])) == 2
+        assert serve_cli.run(parser.parse_args(["ouro-tiny", "--port", str(port)])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"loopjax serve: error: cannot bind 127.0.0.1:{port}: Address already in use"]
 
@@ -112,7 +113,7 @@ def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsy
     import uvicorn
     from fake_engine import FakeEngine
 
-    from loopjax import engine_args, server
+    from loopjax import engine_args, serve_cli
 
     other = socket.socket()
     other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as _bind: both bind
@@ -126,11 +127,11 @@ def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsy
     monkeypatch.setattr(engine_args, "build_engine", build)
     monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **kw: pytest.fail("served a port in use"))
     parser = argparse.ArgumentParser()
-    server.add_arguments(parser)
+    serve_cli.add_arguments(parser)
     gc.unfreeze()
     try:
         with other:
-            assert server.run(parser.parse_args(["fake", "--port", str(port)])) == 2
+            assert serve_cli.run(parser.parse_args(["fake", "--port", str(port)])) == 2
     finally:
         gc.unfreeze()
     err = capsys.readouterr().err.strip().splitlines()
