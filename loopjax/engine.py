@@ -123,6 +123,9 @@ class Engine:
         self._aborted: list[RequestOutput] = []
         self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None))
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
+        # NOTE: an Ouro config without a threshold selects its early_exit_step, as models/ouro.forward
+        # (and so scoring) does; a shallower request keeps its last loop (_row)
+        self._default_exit_step = getattr(cfg, "early_exit_step", None)
         self.num_generated = self.loops_generated = 0
 
     # ------------------------------------------------------------------ requests
@@ -249,10 +252,8 @@ class Engine:
         if trace is not None and exits_here:  # replay: token k runs trace[k] loops
             loops = min(loops, trace[min(index, len(trace) - 1)])
         exit_step = -1 if params.exit_step is None else params.exit_step
-        default_step = getattr(self.model.cfg, "early_exit_step", None)
+        default_step = self._default_exit_step
         if exit_step < 0 and threshold is None and not params.exit_weighted and default_step is not None:
-            # NOTE: an Ouro config without a threshold selects its early_exit_step, as
-            # models/ouro.forward (and so scoring) does; a shallower request keeps its last loop
             exit_step = default_step if default_step < loops else -1
         if params.exit_step is not None or params.exit_weighted:
             threshold = 2.0  # the fixed loop or the weighted sum, never the Q-exit
