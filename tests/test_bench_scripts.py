@@ -135,3 +135,29 @@ def test_gc_pause_probe_runs(capsys):
     assert lines[0].startswith("ouro-tiny: ") and "objects tracked" in lines[0]
     assert lines[1].startswith("full collection, ms:") and "frozen" in lines[2]
     assert gc.get_freeze_count() == 0  # the probe leaves the collector as it found it
+
+
+def test_gap_census_places_idle_time_between_its_neighbours():
+    from loopjax.bench.probes import gap_census
+
+    events = [{"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+              {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "Stream #14(Compute)"}},
+              {"ph": "X", "pid": 9, "tid": 1, "ts": 0.0, "dur": 40.0, "name": "loopjax_step_0"},
+              {"ph": "X", "pid": 9, "tid": 1, "ts": 40.0, "dur": 400.0, "name": "loopjax_step_1"}]
+    start = 1.0
+    # (name, duration, idle after); a gap belongs to the step where it starts.
+    timeline = [("fusion_1", 10, 0.5), ("Memset 0", 5, 2), ("nvjet_a", 20, 60), ("fusion_2", 3, 300),
+                ("MemcpyH2D", 7, 0)]
+    for name, dur, idle in timeline:
+        events.append({"ph": "X", "pid": 1, "tid": 2, "ts": start, "dur": dur, "name": name})
+        start += dur + idle
+    c = gap_census.census(events)
+    assert c["num_kernels"] == 5 and c["busy_us"] == 45
+    assert [h["count"] for h in c["histogram"]] == [1, 1, 0, 0, 1, 1]
+    assert c["largest"][0] == {"gap_us": 300, "step": 1, "before": "fusion_2", "after": "MemcpyH2D"}
+    assert c["largest"][1] == {"gap_us": 60, "step": 0, "before": "nvjet_a", "after": "fusion_2"}
+    assert c["pairs"][0] == {"pair": "fusion -> MemcpyH2D", "count": 1, "total_us": 300}
+    step0, step1 = c["steps"]
+    assert (step0["kernels"], step1["kernels"]) == (3, 2)
+    assert step0["busy_us"] == 10 + 5 + 20 and step1["idle_us"] == 400 - step1["busy_us"]
+    assert "fusion_2 -> MemcpyH2D" in gap_census.format_census(c)
