@@ -44,9 +44,9 @@ from loopjax import layers
 from loopjax.kernels import persistent_mlp as pm
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_norms as smn
-from loopjax.kernels import streaming_matmul_pdl as smp
 from loopjax.kernels import streaming_matmul_rope as smr
 from loopjax.kernels import streaming_matmul_rope_mgpu as smrm
+from loopjax.kernels import streaming_matmul_swapped as sms
 from loopjax.kernels._common import mosaic_gpu_problem
 from loopjax.kernels.rms_norm import norm_add_norm
 from loopjax.layers import XLA_OPS, Ops
@@ -72,7 +72,7 @@ STREAMING_MAX_ROWS = {(5280, 15840): 32, (5280, 5280): 32, (17920, 5280): 32,
 # (`_common.mosaic_gpu_problem`): linear_rope_rotate_half_qkv on
 # kernels/streaming_matmul_rope_mgpu.py (one program per head, TMA rings; 1-8 rows or
 # multiples of 8), linear_silu_mul on persistent_mlp's phase 1 alone and linear_norm_add_norm
-# on the swapped-operand product's split-K partials (streaming_matmul_pdl.swapped_partials)
+# on the swapped-operand product's split-K partials (streaming_matmul_swapped.swapped_partials)
 # into the same norms kernel (both: M = 8, 16, 32, 64). Measured on the H200
 # (bench/RESULTS.md run 18): qkv + RoPE 9.3-12.7 us per kernel at 1-64 rows vs the Triton
 # kernel's 11.0-14.8; the other two gain only together (steps 8 / 32 / 64 rows -1.7% / -2.0% /
@@ -208,8 +208,8 @@ def streaming_linear_silu_mul(x, w_gate_up):  # x [M, K]; w_gate_up [K, 2F]
 def streaming_linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps: float):
     if not _few_rows(x):
         return layers.linear_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
-    if _on_mosaic("linear_norm_add_norm", x) and smp.partials_problem(x, w) is None:
-        return norm_add_norm(smp.swapped_partials(x, w), residual, norm_weight, next_norm_weight, eps)
+    if _on_mosaic("linear_norm_add_norm", x) and sms.partials_problem(x, w) is None:
+        return norm_add_norm(sms.swapped_partials(x, w), residual, norm_weight, next_norm_weight, eps)
     return smn.streaming_matmul_norm_add_norm(x, w, residual, norm_weight, next_norm_weight, eps)
 
 

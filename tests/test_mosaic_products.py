@@ -84,9 +84,9 @@ def test_silu_mul_and_partials_lower_for_cuda(m):
     partials: one Mosaic GPU kernel each, no semaphores (nothing for XLA to zero-fill)."""
     from loopjax.bench.warmup_probe import mosaic_kernels
     from loopjax.kernels import persistent_mlp as pm
-    from loopjax.kernels import streaming_matmul_pdl as smp
+    from loopjax.kernels import streaming_matmul_swapped as sms
 
-    partials = functools.partial(smp.swapped_partials, interpret=False)
+    partials = functools.partial(sms.swapped_partials, interpret=False)
     cases = [(functools.partial(pm.silu_mul_product, interpret=False), (2048, 11264)),
              (partials, (2048, 2048)), (partials, (5632, 2048))]
     for fn, w_shape in cases:
@@ -176,7 +176,7 @@ def test_ouro_loop_on_the_mosaic_ops(monkeypatch):
     _count_kernels(jaxpr, counts)
     assert counts == {"loopjax_streaming_matmul_rope_mgpu": cfg.num_layers,
                       "loopjax_persistent_mlp": cfg.num_layers,
-                      "loopjax_streaming_matmul_pdl": 2 * cfg.num_layers,
+                      "loopjax_streaming_matmul_swapped": 2 * cfg.num_layers,
                       "loopjax_norm_add_norm": 2 * cfg.num_layers}, counts
     got = jax.jit(functools.partial(loop, ops=ops), compiler_options=IDENTITY_COMPILER_OPTIONS)(params, x)
     want = jax.jit(functools.partial(loop, ops=layers.XLA_OPS),

@@ -1,14 +1,15 @@
-"""Probe: does Programmatic Dependent Launch hide a product's ramp behind the previous kernel?
+"""Probe: a product kernel's cost in a chain of products, ramps and tails included.
 Chains of Ouro-1.4B's products over 24 layers of distinct weights x --loops loops (4; one jitted
 `fori_loop`, layers unrolled, as the decode step runs them), with each product backend:
 'xla' (layers.linear), 'triton' (streaming_matmul), 'mgpu' (streaming_matmul_mgpu),
-'pdl_off' / 'pdl' (streaming_matmul_pdl without / with the early launch).
+'swapped' / 'unswapped' (streaming_matmul_swapped with / without swap_ab). Its PDL arms
+(runs 17, 29, 30: the early launch does nothing under XLA) went with the kernel's PDL path.
 Chains: 'wo' (x <- x @ wo, [2048, 2048]) and 'mlp' (x <- SiLU(x @ wg) * (x @ wu) @ wd).
 Prints µs per layer application and % of the copy rate; each arm's result against the first
 arm's (max |diff| / max |ref|).
 
-    python -m loopjax.bench.probes.pdl_chain --rows 1,8,32 [--trace DIR]
-    python -m loopjax.bench.probes.pdl_chain --smoke
+    python -m loopjax.bench.probes.product_chain --rows 1,8,32 [--trace DIR]
+    python -m loopjax.bench.probes.product_chain --smoke
 """
 
 from __future__ import annotations
@@ -26,19 +27,18 @@ from loopjax.bench.matmul import COPY_RATE_REF
 from loopjax.bench.trace_summary import trace_runs
 from loopjax.kernels.streaming_matmul import streaming_matmul
 from loopjax.kernels.streaming_matmul_mgpu import streaming_matmul_mgpu
-from loopjax.kernels.streaming_matmul_pdl import streaming_matmul_pdl
+from loopjax.kernels.streaming_matmul_swapped import streaming_matmul_swapped
 
 ARMS = {"xla": layers.linear, "triton": streaming_matmul, "mgpu": streaming_matmul_mgpu,
-        "pdl_off": functools.partial(streaming_matmul_pdl, pdl=False), "pdl": streaming_matmul_pdl}
+        "swapped": streaming_matmul_swapped,
+        "unswapped": functools.partial(streaming_matmul_swapped, swap_ab=False)}
 
 
 def arm_product(arm: str):
-    """'xla', 'triton', 'mgpu', 'pdl', 'pdl_off'; 'pdl@n128k64s2t6' (block_n 128, block_k 64,
-    split_k 2, 6 stages; any subset; 'swap' for swap_ab) for a configuration of the PDL kernel."""
+    """An ARMS name; 'unswapped@n128k64s2t6' (block_n 128, block_k 64, split_k 2, 6 stages;
+    any subset) for a configuration of the Mosaic ring kernel ('swapped@...' takes block_n 64)."""
     name, _, spec = arm.partition("@")
-    if not spec:
-        return ARMS[name]
-    return functools.partial(ARMS[name], swap_ab="swap" in spec, **tile_spec(spec.replace("swap", "")))
+    return functools.partial(ARMS[name], **tile_spec(spec)) if spec else ARMS[name]
 
 
 def chain_fn(product, chain: str, num_loops: int):

@@ -1,25 +1,18 @@
-"""Weight-streaming matmul on Mosaic GPU that starts loading its weights before the previous
-kernel has finished (Programmatic Dependent Launch, Hopper's `griddepcontrol`).
-
-A decode step is ~10 kernels per layer application, each paying a ramp (until its first
-tiles arrive) and a tail (its last wave). Weights do not depend on activations: each program
-here issues the TMA copies of its first `num_stages` weight tiles, lets the next kernel launch
-(`griddepcontrol.launch_dependents`), and only then waits for the previous kernel's results
-(`griddepcontrol.wait`) before it loads x. The kernel is launched with programmatic stream
-serialization (Mosaic marks it `uses_pdl`), so its weight loads overlap the previous kernel's
-tail. Contract: the same product and `ref_` twin (`layers.linear`) as `streaming_matmul`:
+"""Weight-streaming matmul on Mosaic GPU for 1-64 rows: each program streams its weight tiles
+through a ring of TMA copies into wgmma, with the operands swapped by default (`swap_ab`: the
+weight tile is wgmma's 64-row A, x the B operand of M rows padded to 8/16/32/64), and can return
+the split-K fp32 partials for a norms kernel to sum (`swapped_partials`, the default for Ouro's
+wo and w_down at 8-64 rows: matmul_ops.MOSAIC_ROWS, bench/RESULTS.md run 18).
+Contract: the same product and `ref_` twin (`layers.linear`) as `streaming_matmul`:
 x [M, K] @ w [K, N] with fp32 accumulation, rounded once to x's dtype.
 
 Layout: per program a ring of `num_stages` slots, each a [block_k, block_n] weight tile and
-the [64, block_k] x tile beside it (wgmma rows come in 64s; rows past M are zero-filled by
-TMA and never stored); with `swap_ab` the weight tile is wgmma's A (out^T = w_tile^T x^T) and
-x takes 8-64 rows, the result stored through a transposed view of the output. x's whole K
-range is loaded once when it fits X_ONCE_BYTES. Split-K partials (fp32) are summed in XLA.
-`pdl=False` (and interpret mode, whose CPU interpreter has no grid dependencies) gives the
-same kernel with an ordinary launch. The early launch gains nothing (bench/RESULTS.md run 17);
-with `swap_ab` the kernel is as fast as the Triton one per product, and `swapped_partials`
-(swapped, ordinary launch, the split-K partials for a norms kernel) is the default for Ouro's
-wo and w_down at 8-64 rows (matmul_ops.MOSAIC_ROWS, run 18).
+the x tile beside it (rows past M are zero-filled by TMA and never stored); x's whole K range
+is loaded once when it fits X_ONCE_BYTES. Swapped, the result is stored through a transposed
+view of the output. `swap_ab=False` takes x as wgmma's A in 64-row tiles (any M up to 64).
+The kernel began as the Programmatic Dependent Launch experiment (its weights' first copies
+issued before the previous kernel ended): the early launch does nothing under XLA on jax
+0.11.2 (runs 17, 29 and 30) and was removed; the weights are still fetched before x.
 """
 
 from __future__ import annotations
@@ -33,13 +26,13 @@ from ._common import SMEM_BUDGET, one_lowering_per_config, resolve_interpret
 from ._mgpu import B_ROWS, b_rows, stream_tiles, tile_transforms
 from .streaming_config import Config, check_matmul_inputs
 
-__all__ = ["partials_problem", "pdl_config", "streaming_matmul_pdl", "swapped_partials"]
+__all__ = ["default_config", "partials_problem", "streaming_matmul_swapped", "swapped_partials"]
 
 ROWS = 64  # wgmma's row block: M <= 64 rows per call
 X_ONCE_BYTES = 32 * 1024  # x's K range up to this size is loaded whole, before the first tile
 
 
-def pdl_config(m: int, k: int, n: int) -> Config:
+def default_config(m: int, k: int, n: int) -> Config:
     """64-wide tiles (32 where 64 does not divide: Huginn's 5280); the smallest split of the K
     tiles that gives >= 128 programs (else the largest up to 16); as many stages as fit two
     programs per SM (a grid of up to two waves all resident at once)."""
@@ -58,7 +51,7 @@ def partials_problem(x, w) -> str | None:
     """Why the swapped product's partials (the default configuration) cannot take these
     inputs (a one-line reason), or None. Assumes x [M, K] and w [K, N] of x's dtype."""
     (m, k), n = x.shape, w.shape[1]
-    cfg = pdl_config(m, k, n)
+    cfg = default_config(m, k, n)
     if x.dtype == jnp.float32 or m not in B_ROWS:
         return f"the swapped partials take bfloat16/float16 and M in {B_ROWS}, got {x.dtype} M={m}"
     if cfg.block_n != ROWS or k % (cfg.block_k * cfg.split_k):
@@ -68,15 +61,14 @@ def partials_problem(x, w) -> str | None:
 
 def swapped_partials(x, w, *, interpret: bool | None = None):
     """The split-K fp32 partials [split_k, M, N] of x [M, K] @ w [K, N] (their sum is the
-    product), swapped operands, ordinary launch, default configuration; M in 8, 16, 32, 64
-    (`partials_problem`)."""
-    return streaming_matmul_pdl(x, w, pdl=False, swap_ab=True, partials=True, interpret=interpret)
+    product), swapped operands, default configuration; M in 8, 16, 32, 64 (`partials_problem`)."""
+    return streaming_matmul_swapped(x, w, partials=True, interpret=interpret)
 
 
-def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, partials: bool = False,
-                         block_n: int | None = None, block_k: int | None = None,
-                         split_k: int | None = None, num_stages: int | None = None,
-                         interpret: bool | None = None):
+def streaming_matmul_swapped(x, w, *, swap_ab: bool = True, partials: bool = False,
+                             block_n: int | None = None, block_k: int | None = None,
+                             split_k: int | None = None, num_stages: int | None = None,
+                             interpret: bool | None = None):
     """x [M, K] @ w [K, N] -> [M, N] in x's dtype (M <= 64, bf16/fp16), fp32 accumulation.
     swap_ab: each program takes out^T = w_tile^T @ x^T (the weight tile is wgmma's 64-row A,
     x the B operand of M rows padded to 8/16/32/64): x tiles of 8 rows instead of 64 at 1 row;
@@ -86,10 +78,10 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, parti
     m, k, n = check_matmul_inputs(x, w)
     interpret = resolve_interpret(interpret)
     if x.dtype == jnp.float32:
-        raise ValueError("streaming_matmul_pdl takes bfloat16/float16 (wgmma would round fp32 to tf32)")
+        raise ValueError("streaming_matmul_swapped takes bfloat16/float16 (wgmma would round fp32 to tf32)")
     if m > ROWS:
-        raise ValueError(f"streaming_matmul_pdl takes at most {ROWS} rows, got {m}")
-    cfg = pdl_config(m, k, n)._replace(**{key: v for key, v in dict(
+        raise ValueError(f"streaming_matmul_swapped takes at most {ROWS} rows, got {m}")
+    cfg = default_config(m, k, n)._replace(**{key: v for key, v in dict(
         block_n=block_n, block_k=block_k, split_k=split_k, num_stages=num_stages).items()
         if v is not None})
     if k % (cfg.block_k * cfg.split_k) or n % cfg.block_n:
@@ -99,7 +91,7 @@ def streaming_matmul_pdl(x, w, *, pdl: bool = True, swap_ab: bool = False, parti
         raise ValueError(f"swap_ab takes block_n {ROWS} (wgmma's A rows), got {cfg.block_n}")
     if partials and m != _x_rows(m, swap_ab):
         raise ValueError(f"partials take M = the row padding ({_x_rows(m, swap_ab)}), got M={m}")
-    out = _kernel_call(x, w, cfg=cfg, pdl=pdl and not interpret, swap_ab=swap_ab, interpret=interpret)
+    out = _kernel_call(x, w, cfg=cfg, swap_ab=swap_ab, interpret=interpret)
     if partials:
         return out if cfg.split_k > 1 else out.astype(jnp.float32)[None]
     return (out if cfg.split_k == 1 else jnp.sum(out, axis=0).astype(x.dtype))[:m]
@@ -110,8 +102,8 @@ def _x_rows(m: int, swap_ab: bool) -> int:
     return b_rows(m) if swap_ab else ROWS
 
 
-@one_lowering_per_config("cfg", "pdl", "swap_ab", "interpret")
-def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool):
+@one_lowering_per_config("cfg", "swap_ab", "interpret")
+def _kernel_call(x, w, *, cfg: Config, swap_ab: bool, interpret: bool):
     (m, k), n = x.shape, w.shape[1]
     bn, bk, splits, stages = cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_stages
     steps, dtype = k // (bk * splits), x.dtype
@@ -137,11 +129,8 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool
                                      x_smem.at[t if x_once else slot],
                                      x_ready.at[0 if x_once else slot])
 
-        for t in range(stages):  # the weights need nothing from the previous kernel
+        for t in range(stages):  # the weights first: they depend on nothing
             fetch_w(t, t)
-        if pdl:
-            plmgpu.griddepcontrol_launch_dependents()
-            plmgpu.griddepcontrol_wait()  # the previous kernel's writes (x) are now visible
         for t in range(steps if x_once else stages):
             fetch_x(t, t)
 
@@ -182,6 +171,6 @@ def _kernel_call(x, w, *, cfg: Config, pdl: bool, swap_ab: bool, interpret: bool
                else plmgpu.Barrier(num_arrivals=1, num_barriers=stages),
                plmgpu.Barrier(num_arrivals=1, num_barriers=stages)]
     out = plmgpu.kernel(body, out_type=out_type, scratch_types=scratch, grid=(n // bn, splits),
-                        grid_names=("n", "s"), kernel_name="loopjax_streaming_matmul_pdl",
+                        grid_names=("n", "s"), kernel_name="loopjax_streaming_matmul_swapped",
                         interpret=plmgpu.InterpretGPUParams() if interpret else None)(x, w)
     return out  # [rows, N] in the dtype, or [split_k, rows, N] f32 partials
