@@ -1,7 +1,8 @@
 """`loopjax convert HF_DIR OUT_DIR [--dtype bfloat16|float32]` (also `python -m loopjax.convert`).
 
 Exit status 0 on success; every failure is one line on stderr
-(`loopjax convert: error: ...`) and exit status 2, with no output folder left behind.
+(`loopjax convert: error: ...`) and exit status 2, with no output folder left behind; Ctrl-C
+is one line too, exit status 130 (128 + SIGINT, as a shell reports it), nothing left behind.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    # Imported here so that `loopjax --help` and argument errors never pay for JAX.
-    from loopjax.convert.converter import convert
-
     try:
+        # Imported here so that `loopjax --help` and argument errors never pay for JAX.
+        from loopjax.convert.converter import convert
+
         out_dir = convert(args.hf_dir, args.out_dir, dtype=args.dtype, progress=args.progress)
+    except KeyboardInterrupt:  # convert removed what it had written
+        print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
+        return 130
     except MemoryError:
         print(f"{PROG}: error: out of memory while converting {args.hf_dir}", file=sys.stderr)
         return 2

@@ -412,6 +412,19 @@ def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []  # the temporary folder and the created parent are gone
 
 
+def test_ctrl_c_while_writing_is_one_line_exit_130_nothing_left(tmp_path, monkeypatch, capsys):
+    def interrupted_save(path, cfg, params):
+        with open(os.path.join(path, "partial"), "w") as f:
+            f.write("half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checkpoint, "save", interrupted_save)
+    assert convert_cli(OURO, str(tmp_path / "new" / "out")) == 130
+    err = capsys.readouterr().err
+    assert err.startswith("loopjax convert: ") and "interrupted" in err and err.count("\n") == 1, err
+    assert os.listdir(tmp_path) == []  # the temporary folder and the created parent are gone
+
+
 def test_undecodable_loopjax_config_is_one_line(tmp_path, converted):
     folder = tmp_path / "ckpt"
     shutil.copytree(converted["ouro"], folder)
