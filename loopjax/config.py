@@ -181,8 +181,9 @@ def _ouro_rope_fields(hf: dict[str, Any]) -> dict[str, Any]:
     """The dict holding Ouro's `rope_theta`: the config itself (transformers 4.x, Ouro's own
     code) or `rope_parameters` (transformers 5 moves it there). What the HF reference honours
     and loopjax does not implement is refused, naming the key, rather than run with other
-    logits: a RoPE scaling type other than "default", and sliding-window layers (`layer_types`;
-    the reference makes every layer full attention when it is absent)."""
+    logits: a RoPE scaling type other than "default", sliding-window layers (`layer_types`;
+    the reference makes every layer full attention when it is absent) and an MLP activation
+    (`hidden_act`) other than SiLU."""
     params = hf.get("rope_parameters")
     rope = params if isinstance(params, dict) and "rope_theta" not in hf else hf
     for key in ("rope_scaling", "rope_parameters"):
@@ -191,6 +192,9 @@ def _ouro_rope_fields(hf: dict[str, Any]) -> dict[str, Any]:
         if kind not in (None, "default"):
             raise ConfigError(f"ouro config: {key} of type {kind!r} is not supported (loopjax runs "
                               "the default RoPE)")
+    act = hf.get("hidden_act", "silu")  # the reference's ACT2FN[hidden_act]; swish is SiLU too
+    if act not in ("silu", "swish"):
+        raise ConfigError(f"ouro config: hidden_act {act!r} is not supported (loopjax runs SiLU)")
     layer_types = hf.get("layer_types") or []
     other = next((t for t in layer_types if t != "full_attention"), None)
     if other is not None:

@@ -274,6 +274,12 @@ def make_sliding_window_layers(hf):
     return "ouro config: layer_types 'sliding_attention' is not supported"
 
 
+def make_gelu_activation(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "hidden_act": "gelu"}, tensors)
+    return "ouro config: hidden_act 'gelu' is not supported (loopjax runs SiLU)"
+
+
 def make_utf16_config(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, config, tensors)
@@ -372,7 +378,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
-              make_sliding_window_layers, make_utf16_config, make_generation_config_not_object,
+              make_sliding_window_layers, make_gelu_activation, make_utf16_config,
+              make_generation_config_not_object,
               make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
