@@ -171,6 +171,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     if os.path.lexists(out_dir):
         raise ConvertError(f"output folder {out_dir} already exists")
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
+    _check_aux_files(hf_dir)  # before anything is written
     parent = os.path.dirname(out_dir)
     created = _make_parents(parent)
     tmp = None
@@ -181,7 +182,6 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             src = os.path.join(hf_dir, name)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, name))
-        _check_json(tmp)
         os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         if os.path.lexists(out_dir):
             raise ConvertError(f"output folder {out_dir} already exists")
@@ -213,9 +213,10 @@ def _make_parents(parent: str) -> list[str]:
     return list(reversed(missing))
 
 
-def _check_json(folder: str) -> None:
-    """The copied JSON files parse, each to an object as HF writes them (a broken tokenizer or
-    generation file should fail now, not at load: `loopjax.load` refuses a non-object)."""
+def _check_aux_files(folder: str) -> None:
+    """The JSON files to copy parse, each to an object as HF writes them, and tokenizer.json
+    loads as a tokenizer (a broken tokenizer or generation file should fail now, not at load:
+    `loopjax.load` refuses both)."""
     for name in AUX_FILES:
         path = os.path.join(folder, name)
         if name.endswith(".json") and os.path.isfile(path):
@@ -226,3 +227,11 @@ def _check_json(folder: str) -> None:
                 raise ConvertError(f"{name} in the input folder is not valid JSON: {e}") from None
             if not isinstance(data, dict):
                 raise ConvertError(f"{name} in the input folder is not a JSON object")
+    if os.path.isfile(os.path.join(folder, "tokenizer.json")):
+        from tokenizers import Tokenizer
+
+        try:
+            Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        except Exception as e:  # tokenizers raises a bare Exception
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConvertError(f"tokenizer.json in the input folder is not a tokenizer: {reason}") from None

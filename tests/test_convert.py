@@ -295,6 +295,13 @@ def make_generation_config_not_object(hf):
     return "generation_config.json in the input folder is not a JSON object"
 
 
+def make_tokenizer_not_a_tokenizer(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "tokenizer.json"), "w") as f:
+        json.dump({"version": "1.0", "model": "none"}, f)  # JSON, but no tokenizer
+    return "tokenizer.json in the input folder is not a tokenizer"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -379,8 +386,7 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
               make_sliding_window_layers, make_gelu_activation, make_utf16_config,
-              make_generation_config_not_object,
-              make_no_config,
+              make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
