@@ -16,6 +16,7 @@ This module imports FastAPI for the error response only; nothing here touches th
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import json
 import os
 import re
@@ -67,8 +68,18 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
     def raise_exception(message):
         raise TemplateError(message)
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # NOTE: transformers' filter: jinja2's own escapes <, >, & and non-ASCII text
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    # transformers' apply_chat_template environment: {% break %} / {% continue %}, its tojson,
+    # raise_exception and strftime_now
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
         return env.from_string(template).render(messages=messages, add_generation_prompt=True,
                                                 bos_token=bos_token, eos_token=eos_token)

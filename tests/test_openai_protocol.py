@@ -218,3 +218,15 @@ def test_a_chat_template_that_raises_is_400():
                 err = r.json()["error"]
                 assert r.status_code == 400 and err["param"] == "messages", (template, path, r.text)
                 assert err["message"].startswith("messages: the chat template") and cause in err["message"]
+
+
+def test_chat_template_renders_as_transformers_does():
+    """HF's apply_chat_template environment: the loopcontrols extension ({% break %},
+    {% continue %}), a tojson that keeps non-ASCII and <, > as they are, and strftime_now."""
+    messages = [{"role": "system", "content": "<é>"}, {"role": "user", "content": "hi"},
+                {"role": "user", "content": "again"}]
+    skip_system = ("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+                   "{{ m.content }};{% if loop.index == 2 %}{% break %}{% endif %}{% endfor %}")
+    assert render_chat(skip_system, messages) == "hi;"
+    assert render_chat("{{ messages[0].content | tojson }}", messages) == '"<é>"'
+    assert render_chat("{{ strftime_now('%Y') | length }}", messages) == "4"
