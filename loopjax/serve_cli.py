@@ -16,14 +16,16 @@ from loopjax import server
 from loopjax.openai_protocol import DEFAULT_MAX_N
 
 log = logging.getLogger("loopjax.server")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")  # uvicorn's but trace (not a logging level)
 
 
-def _int_at_least(low: int):
-    """An argparse type: decimal digits only, at least `low` (refused at parsing, not after the
-    engine is built)."""
+def _int_at_least(low: int, high: int | None = None):
+    """An argparse type: decimal digits only, at least `low` (and at most `high`), refused at
+    parsing, not after the engine is built."""
     def parse(text: str) -> int:
-        if not text.isdecimal() or int(text) < low:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {low}, got {text!r}")
+        if not text.isdecimal() or int(text) < low or (high is not None and int(text) > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text!r}")
         return int(text)
     return parse
 
@@ -43,7 +45,7 @@ def add_arguments(parser):
 
     parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: MODEL as given)")
     parser.add_argument("--max-waiting", type=_int_at_least(0), default=256,
@@ -53,7 +55,7 @@ def add_arguments(parser):
     parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
-    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
     add_engine_arguments(parser)
 
 

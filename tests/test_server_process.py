@@ -65,6 +65,23 @@ def test_serve_refuses_a_negative_max_waiting(capsys):
     assert parser.parse_args(["ouro-tiny", "--max-waiting", "0"]).max_waiting == 0
 
 
+def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys):
+    """A port outside 0..65535 (socket.bind's OverflowError) and an unknown log level
+    (logging's ValueError) were tracebacks; now argparse's one line, exit code 2."""
+    from loopjax import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    for flags, message in ((["--port", "70000"], "--port: must be an integer in [0, 65535], got '70000'"),
+                           (["--port", "-1"], "--port: must be an integer in [0, 65535], got '-1'"),
+                           (["--log-level", "bogus"], "--log-level: invalid choice: 'bogus'")):
+        with pytest.raises(SystemExit) as exit_:
+            parser.parse_args(["ouro-tiny", *flags])
+        assert exit_.value.code == 2 and message in capsys.readouterr().err
+    args = parser.parse_args(["ouro-tiny", "--port", "0", "--log-level", "WARNING"])
+    assert args.port == 0 and args.log_level == "warning"
+
+
 def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
     """A model path or preset that does not exist, or an engine option the engine refuses: one
     line on stderr and exit code 2, and nothing served (each was a traceback, exit code 1)."""
