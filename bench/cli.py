@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -103,6 +104,8 @@ def _plan(args) -> list[tuple[bool | None, list[tuple[str, WorkloadSpec]]]]:
     if args.max_seconds is not None and args.max_seconds <= 0:
         raise ValueError(f"--max-seconds must be > 0, got {args.max_seconds}")
     _sampling(args)  # bad sampling flags are refused before the engine is built
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):  # not after the whole run
+        _check_output_path(flag, path)
     specs = _specs(args)
     if args.compare_prefix_cache:
         if args.url:
@@ -113,6 +116,20 @@ def _plan(args) -> list[tuple[bool | None, list[tuple[str, WorkloadSpec]]]]:
                              f"{args.workload}")
         return [(on, [(f"sessions, prefix cache {'on' if on else 'off'}", specs[0])]) for on in (False, True)]
     return [(None, [(s.name if s.name == "sessions" else f"burst C={s.concurrency}", s) for s in specs])]
+
+
+def _check_output_path(flag: str, path: str | None) -> None:
+    """A report file `path` (None: the default, in the working folder) that can be written:
+    not a folder, under folders that exist or can be made."""
+    if path is None:
+        return
+    if os.path.isdir(path):
+        raise ValueError(f"{flag} {path} is a folder; give a file path")
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.isdir(folder):
+        if os.path.lexists(folder):
+            raise ValueError(f"{flag} {path}: {folder} is not a folder")
+        folder = os.path.dirname(folder)
 
 
 @dataclass

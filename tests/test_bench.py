@@ -252,6 +252,24 @@ def _load(path):
         return json.load(f)
 
 
+def test_unwritable_report_paths_are_refused_before_the_engine_is_built(tmp_path, capsys, monkeypatch):
+    """--out / --plot naming a folder, or under a file, failed only when the report was written
+    after the whole run (a traceback, the run's results lost)."""
+    import loopjax.engine_args
+
+    def no_engine(*a, **k):
+        raise AssertionError("the engine was built")
+
+    monkeypatch.setattr(loopjax.engine_args, "build_engine", no_engine)
+    (tmp_path / "file").write_text("")
+    for flags, reason in ((["--out", str(tmp_path)], "is a folder"),
+                          (["--plot", str(tmp_path)], "is a folder"),
+                          (["--out", str(tmp_path / "file" / "r.json")], "is not a folder")):
+        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"loopjax bench: {flags[0]} ") and reason in err and "\n" not in err, err
+
+
 def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilation_cache):
     # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
     for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
