@@ -2,7 +2,7 @@
 
 MODEL is a loopjax checkpoint folder, a Hugging Face folder or a preset name. Prints the
 generated text (or token ids without a tokenizer), or one JSON object with --json. Errors are
-one line on stderr with exit code 2.
+one line on stderr with exit code 2; Ctrl-C is one line with exit code 130.
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"loopjax generate: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
               file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C while compiling or generating: 128 + SIGINT, as a shell says
+        print("loopjax generate: interrupted", file=sys.stderr)
+        return 130
 
 
 def _run(args) -> int:

@@ -36,3 +36,16 @@ def test_loopjax_generate_stays_the_function_after_the_cli_imports_its_module():
     import loopjax.llm  # noqa: F401
 
     assert callable(loopjax.generate) and callable(loopjax.LLM)
+
+
+def test_ctrl_c_in_generate_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the engine compiles or generates (minutes for a real model) was a page of
+    JAX traceback; now one line and the shell's 128 + SIGINT."""
+    import loopjax.llm
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loopjax.llm, "generate", interrupted)
+    assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 130
+    assert capsys.readouterr().err == "loopjax generate: interrupted\n"
