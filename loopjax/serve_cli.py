@@ -96,6 +96,10 @@ def run(args) -> int:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C during the warm-up (uvicorn handles it once serving)
+        sock.close()
+        print("loopjax serve: interrupted", file=sys.stderr)
+        return 130
     # This process serves one engine for its lifetime: what is alive now (the model, the engine,
     # the compile's caches; ~210 k objects with the tiny preset) never becomes garbage, so it
     # leaves the collector's view, and a later full collection (a stall of the engine thread:

@@ -120,6 +120,21 @@ def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, cap
     assert err == [f"loopjax serve: error: cannot bind 127.0.0.1:{port}: Address already in use"]
 
 
+def test_ctrl_c_during_the_warm_up_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C while the engine compiles (minutes) was a page of JAX traceback; uvicorn handles
+    it once serving."""
+    from loopjax import engine_args, serve_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine_args, "build_engine", interrupted)
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    assert serve_cli.run(parser.parse_args(["ouro-tiny", "--port", "0"])) == 130
+    assert capsys.readouterr().err == "loopjax serve: interrupted\n"
+
+
 def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsys):
     """Two servers started together both bind the port (neither listens during its warm-up);
     the one that listens second gets one line and exit code 2 (uvloop ignored its failing
