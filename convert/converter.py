@@ -171,7 +171,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     if os.path.lexists(out_dir):
         raise ConvertError(f"output folder {out_dir} already exists")
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
-    _check_aux_files(hf_dir)  # before anything is written
+    _check_aux_files(hf_dir, cfg)  # before anything is written
     parent = os.path.dirname(out_dir)
     created = _make_parents(parent)
     tmp = None
@@ -213,10 +213,11 @@ def _make_parents(parent: str) -> list[str]:
     return list(reversed(missing))
 
 
-def _check_aux_files(folder: str) -> None:
-    """The JSON files to copy parse, each to an object as HF writes them, and tokenizer.json
-    loads as a tokenizer (a broken tokenizer or generation file should fail now, not at load:
-    `loopjax.load` refuses both)."""
+def _check_aux_files(folder: str, cfg) -> None:
+    """The JSON files to copy parse, each to an object as HF writes them, tokenizer.json loads
+    as a tokenizer and the EOS ids of config.json and generation_config.json are token ids (a
+    broken file should fail now, not when the checkpoint is loaded or served)."""
+    generation_config = None
     for name in AUX_FILES:
         path = os.path.join(folder, name)
         if name.endswith(".json") and os.path.isfile(path):
@@ -227,6 +228,9 @@ def _check_aux_files(folder: str) -> None:
                 raise ConvertError(f"{name} in the input folder is not valid JSON: {e}") from None
             if not isinstance(data, dict):
                 raise ConvertError(f"{name} in the input folder is not a JSON object")
+            if name == "generation_config.json":
+                generation_config = data
+    config_lib.eos_token_ids(cfg, generation_config)  # a ConfigError naming the file
     if os.path.isfile(os.path.join(folder, "tokenizer.json")):
         from tokenizers import Tokenizer
 

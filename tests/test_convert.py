@@ -302,6 +302,19 @@ def make_tokenizer_not_a_tokenizer(hf):
     return "tokenizer.json in the input folder is not a tokenizer"
 
 
+def make_string_eos(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "eos_token_id": "2"}, tensors)
+    return "config.json: eos_token_id must be a token id or a list of them, got '2'"
+
+
+def make_generation_config_bad_eos(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": [2, None]}, f)
+    return "generation_config.json: eos_token_id must be a token id or a list of them, got [2, None]"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -386,7 +399,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
               make_sliding_window_layers, make_gelu_activation, make_utf16_config,
-              make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_no_config,
+              make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
+              make_generation_config_bad_eos, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
