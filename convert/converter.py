@@ -215,8 +215,9 @@ def _make_parents(parent: str) -> list[str]:
 
 def _check_aux_files(folder: str, cfg) -> None:
     """The JSON files to copy parse, each to an object as HF writes them, tokenizer.json loads
-    as a tokenizer and the EOS ids of config.json and generation_config.json are token ids (a
-    broken file should fail now, not when the checkpoint is loaded or served)."""
+    as a tokenizer, the EOS ids of config.json and generation_config.json are token ids and
+    chat_template.jinja is UTF-8 (a broken file should fail now, not when the checkpoint is
+    loaded or served)."""
     generation_config = None
     for name in AUX_FILES:
         path = os.path.join(folder, name)
@@ -231,6 +232,12 @@ def _check_aux_files(folder: str, cfg) -> None:
             if name == "generation_config.json":
                 generation_config = data
     config_lib.eos_token_ids(cfg, generation_config)  # a ConfigError naming the file
+    if os.path.isfile(os.path.join(folder, "chat_template.jinja")):
+        try:
+            with open(os.path.join(folder, "chat_template.jinja"), encoding="utf-8") as f:
+                f.read()
+        except UnicodeDecodeError as e:
+            raise ConvertError(f"chat_template.jinja in the input folder is not UTF-8 text: {e}") from None
     if os.path.isfile(os.path.join(folder, "tokenizer.json")):
         from tokenizers import Tokenizer
 

@@ -131,8 +131,11 @@ def _read_chat_template(folder: str) -> str | None:
     `chat_template` (a string, or a list of named templates: 'default' or the first)."""
     jinja = os.path.join(folder, "chat_template.jinja")
     if os.path.isfile(jinja):
-        with open(jinja) as f:
-            return f.read()
+        try:
+            with open(jinja, encoding="utf-8") as f:  # as transformers reads it
+                return f.read()
+        except UnicodeDecodeError as e:
+            raise LoadError(f"{jinja} is not UTF-8 text: {e}") from None
     template = (_read_json(folder, "tokenizer_config.json") or {}).get("chat_template")
     if isinstance(template, list):
         named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}

@@ -315,6 +315,13 @@ def make_generation_config_bad_eos(hf):
     return "generation_config.json: eos_token_id must be a token id or a list of them, got [2, None]"
 
 
+def make_chat_template_not_utf8(hf):
+    copy_hf(OURO, hf)
+    with open(os.path.join(hf, "chat_template.jinja"), "w", encoding="utf-16") as f:
+        f.write("{{ messages[0]['content'] }}")
+    return "chat_template.jinja in the input folder is not UTF-8 text"
+
+
 def make_no_config(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "config.json"))
@@ -400,7 +407,7 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
               make_sliding_window_layers, make_gelu_activation, make_utf16_config,
               make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
-              make_generation_config_bad_eos, make_no_config,
+              make_generation_config_bad_eos, make_chat_template_not_utf8, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]

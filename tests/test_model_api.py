@@ -111,6 +111,14 @@ def test_tokenizer_and_chat_template_survive_conversion(tmp_path, ouro_with_toke
         assert model.chat_template == CHAT_TEMPLATE
 
 
+def test_chat_template_file_not_utf8_is_one_line_naming_it(tmp_path):
+    folder = tmp_path / "hf"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE, encoding="utf-16")  # a Windows editor's save
+    with pytest.raises(LoadError, match=r"chat_template.jinja is not UTF-8 text"):
+        loopjax.load(str(folder))
+
+
 def test_tokenize_without_tokenizer_is_a_clear_error(presets):
     model = presets["ouro-tiny"]
     with pytest.raises(ValueError, match="has no tokenizer"):
