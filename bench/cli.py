@@ -287,12 +287,20 @@ async def _run_in_process(args, plan, deadline):
 async def _run_http(args, plan, deadline):
     import httpx
 
-    from loopjax.metrics import engine_stats_from_samples, parse
-
     (_, items), = plan
     most = max(spec.num_requests for _, spec in items)
     limits = httpx.Limits(max_connections=most + 4, max_keepalive_connections=64)
-    async with httpx.AsyncClient(base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits) as client:
+    try:
+        return await _run_http_client(args, items, deadline, httpx.AsyncClient(
+            base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits))
+    except (httpx.HTTPError, httpx.InvalidURL) as e:  # e.g. no server up yet: not a traceback
+        raise RuntimeError(f"cannot reach the server at {args.url}: {e or type(e).__name__}") from None
+
+
+async def _run_http_client(args, items, deadline, client):
+    from loopjax.metrics import engine_stats_from_samples, parse
+
+    async with client:
         vocab_size = args.vocab_size
         if vocab_size is None:
             cards = (await client.get("/v1/models")).json()["data"]

@@ -270,6 +270,16 @@ def test_unwritable_report_paths_are_refused_before_the_engine_is_built(tmp_path
         assert err.startswith(f"loopjax bench: {flags[0]} ") and reason in err and "\n" not in err, err
 
 
+def test_unreachable_server_is_one_line(tmp_path, capsys):
+    """--url of a server that is not up (or not an http URL) was an httpx traceback."""
+    for url in ("http://127.0.0.1:9", "localhost:8000"):
+        assert main(["bench", "x", "--workload", "burst", *TINY, "--url", url, "--vocab-size", "256",
+                     "--out", str(tmp_path / "r.json")]) == 1
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"loopjax bench: cannot reach the server at {url}: ") and "\n" not in err, err
+    assert not (tmp_path / "r.json").exists()
+
+
 def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilation_cache):
     # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
     for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
