@@ -187,7 +187,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             raise ConvertError(f"output folder {out_dir} already exists")
         os.rename(tmp, out_dir)
         tmp = None
-    except BaseException:
+    except BaseException as e:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
         for folder in reversed(created):
@@ -195,6 +195,8 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
                 os.rmdir(folder)
             except OSError:
                 break
+        if isinstance(e, OSError):  # e.g. a read-only folder: name the output, not the temporary
+            raise ConvertError(f"cannot write {out_dir}: {e.strerror or e}") from None
         raise
     return out_dir
 

@@ -459,6 +459,19 @@ def test_ctrl_c_while_writing_is_one_line_exit_130_nothing_left(tmp_path, monkey
     assert os.listdir(tmp_path) == []  # the temporary folder and the created parent are gone
 
 
+def test_unwritable_output_folder_names_the_output(tmp_path, monkeypatch, capsys):
+    """A read-only parent folder: the line named the hidden temporary folder the user never
+    asked for ('.out.tmp-x1y2'), not the output."""
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / ".out.tmp-x1y2"))
+
+    monkeypatch.setattr(converter.tempfile, "mkdtemp", read_only)
+    assert convert_cli(OURO, str(tmp_path / "out")) == 2
+    err = capsys.readouterr().err
+    assert err == f"loopjax convert: error: cannot write {tmp_path / 'out'}: Permission denied\n"
+    assert os.listdir(tmp_path) == []
+
+
 def test_undecodable_loopjax_config_is_one_line(tmp_path, converted):
     folder = tmp_path / "ckpt"
     shutil.copytree(converted["ouro"], folder)
