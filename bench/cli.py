@@ -285,7 +285,10 @@ async def _run_in_process(args, plan, deadline):
 
 
 async def _run_http(args, plan, deadline):
-    import httpx
+    try:
+        import httpx
+    except ImportError:  # the bench extra's
+        raise RuntimeError("--url needs httpx; install it with: pip install 'loopjax[bench]'") from None
 
     (_, items), = plan
     most = max(spec.num_requests for _, spec in items)

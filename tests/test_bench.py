@@ -280,6 +280,14 @@ def test_unreachable_server_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_url_without_httpx_is_one_line(monkeypatch, capsys):
+    """httpx comes with the bench extra: without it --url was a ModuleNotFoundError traceback."""
+    monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` now raises ImportError
+    assert main(["bench", "x", "--workload", "burst", *TINY, "--url", "http://127.0.0.1:9"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == "loopjax bench: --url needs httpx; install it with: pip install 'loopjax[bench]'"
+
+
 def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilation_cache):
     # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
     for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
