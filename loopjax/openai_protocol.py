@@ -92,12 +92,17 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
 
 
 def special_tokens(model) -> dict:
-    """bos_token / eos_token of the checkpoint's tokenizer_config.json (chat templates use them)."""
-    try:
-        with open(os.path.join(model.path, "tokenizer_config.json")) as f:
-            config = json.load(f)
-    except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
-        return {}
+    """bos_token / eos_token (chat templates use them) of the checkpoint's tokenizer_config.json,
+    overridden by its special_tokens_map.json where that names them, as transformers reads them."""
+    config: dict = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            with open(os.path.join(model.path, name)) as f:
+                data = json.load(f)
+        except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
+            continue
+        if isinstance(data, dict):
+            config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
     tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
     return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
 

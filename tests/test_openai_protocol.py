@@ -4,6 +4,7 @@ field; chat needs a template and text needs a tokenizer; ChatML renders without 
 
 from __future__ import annotations
 
+import json
 import sys
 import types
 
@@ -230,3 +231,18 @@ def test_chat_template_renders_as_transformers_does():
     assert render_chat(skip_system, messages) == "hi;"
     assert render_chat("{{ messages[0].content | tojson }}", messages) == '"<é>"'
     assert render_chat("{{ strftime_now('%Y') | length }}", messages) == "4"
+
+
+def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
+    """transformers reads bos_token / eos_token from special_tokens_map.json too (over
+    tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it."""
+    from types import SimpleNamespace
+
+    from loopjax.openai_protocol import special_tokens
+
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (tmp_path / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "</s>", "unk_token": "<unk>"}))
+    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "<s>", "eos_token": "</s>"}
+    (tmp_path / "special_tokens_map.json").unlink()
+    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "", "eos_token": "</s>"}
