@@ -55,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"loopjax generate: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
               file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError
+        if not isinstance(e, MemoryError) and not str(e).startswith("RESOURCE_EXHAUSTED"):
+            raise
+        detail = f": {str(e).splitlines()[0]}" if str(e) else ""
+        print(f"loopjax generate: error: out of memory{detail}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C while compiling or generating: 128 + SIGINT, as a shell says
         print("loopjax generate: interrupted", file=sys.stderr)
         return 130

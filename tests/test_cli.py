@@ -49,3 +49,20 @@ def test_ctrl_c_in_generate_is_one_line_exit_130(monkeypatch, capsys):
     monkeypatch.setattr(loopjax.llm, "generate", interrupted)
     assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 130
     assert capsys.readouterr().err == "loopjax generate: interrupted\n"
+
+
+def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
+    """A model too large for the device (or host) memory: XLA's RESOURCE_EXHAUSTED (a
+    RuntimeError) or a MemoryError was a traceback; now one line, exit code 2."""
+    import loopjax.llm
+
+    xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB.\n"
+                       "BufferAssignment OOM Debugging.")
+    for error, detail in ((xla, ": RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB."),
+                          (MemoryError(), "")):
+        def out_of_memory(*args, error=error, **kwargs):
+            raise error
+
+        monkeypatch.setattr(loopjax.llm, "generate", out_of_memory)
+        assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 2
+        assert capsys.readouterr().err == f"loopjax generate: error: out of memory{detail}\n"
