@@ -96,6 +96,13 @@ def run(args) -> int:
         line = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2
+    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError
+        if not isinstance(e, MemoryError) and not str(e).startswith("RESOURCE_EXHAUSTED"):
+            raise
+        sock.close()
+        detail = f": {str(e).splitlines()[0]}" if str(e) else ""
+        print(f"loopjax serve: error: out of memory{detail}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C during the warm-up (uvicorn handles it once serving)
         sock.close()
         print("loopjax serve: interrupted", file=sys.stderr)

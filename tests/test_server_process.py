@@ -135,6 +135,20 @@ def test_ctrl_c_during_the_warm_up_is_one_line_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "loopjax serve: interrupted\n"
 
 
+def test_out_of_memory_during_the_warm_up_is_one_line(monkeypatch, capsys):
+    from loopjax import engine_args, serve_cli
+
+    def out_of_memory(args):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 1099511627776 bytes.\nmore")
+
+    monkeypatch.setattr(engine_args, "build_engine", out_of_memory)
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    assert serve_cli.run(parser.parse_args(["ouro-tiny", "--port", "0"])) == 2
+    assert capsys.readouterr().err == ("loopjax serve: error: out of memory: RESOURCE_EXHAUSTED: Out of "
+                                       "memory allocating 1099511627776 bytes.\n")
+
+
 def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsys):
     """Two servers started together both bind the port (neither listens during its warm-up);
     the one that listens second gets one line and exit code 2 (uvloop ignored its failing
