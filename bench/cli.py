@@ -350,6 +350,9 @@ def run(args) -> int:
     except (ValueError, RuntimeError, OSError) as e:
         print(f"loopjax bench: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # during the warm-up or a run: 128 + SIGINT, as a shell says
+        print("loopjax bench: interrupted; no report written", file=sys.stderr)
+        return 130
     if not runs:
         print("loopjax bench: the --max-seconds budget was spent before the first run", file=sys.stderr)
         return 1

@@ -288,6 +288,18 @@ def test_url_without_httpx_is_one_line(monkeypatch, capsys):
     assert err == "loopjax bench: --url needs httpx; install it with: pip install 'loopjax[bench]'"
 
 
+def test_ctrl_c_is_one_line_exit_130(monkeypatch, capsys):
+    """Ctrl-C during the warm-up or a run (minutes) was a page of traceback."""
+    import loopjax.engine_args
+
+    def interrupted(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loopjax.engine_args, "build_engine", interrupted)
+    assert main(["bench", "ouro-tiny", *TINY]) == 130
+    assert capsys.readouterr().err == "loopjax bench: interrupted; no report written\n"
+
+
 def test_bench_in_process_burst_sweep(tmp_path, capsys, monkeypatch, no_compilation_cache):
     # The GPU image has no FastAPI/uvicorn (and maybe no httpx): in-process bench needs none.
     for name in ("fastapi", "uvicorn", "httpx", "loopjax.server"):
