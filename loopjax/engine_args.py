@@ -78,3 +78,16 @@ def build_engine(args, timings: dict | None = None):
     if timings is not None:
         timings.update(load_s=loaded - start, warmup_s=time.perf_counter() - loaded)
     return model, engine
+
+
+def failure_line(e: BaseException) -> str | None:
+    """The one line a command prints when loading a model or building and running an engine
+    fails for a reason the user can act on: a bad model or option (ValueError, OSError) or too
+    little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError); None for anything else
+    (a bug, whose traceback should stay)."""
+    first = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, ValueError | OSError):
+        return first or type(e).__name__
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and first.startswith("RESOURCE_EXHAUSTED")):
+        return f"out of memory: {first}" if first else "out of memory"
+    return None

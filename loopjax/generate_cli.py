@@ -49,17 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from loopjax.engine_args import failure_line
+
     try:
         return _run(args)
-    except (ValueError, OSError) as e:
-        print(f"loopjax generate: error: {str(e).splitlines()[0] if str(e) else type(e).__name__}",
-              file=sys.stderr)
-        return 2
-    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError
-        if not isinstance(e, MemoryError) and not str(e).startswith("RESOURCE_EXHAUSTED"):
+    except (ValueError, OSError, MemoryError, RuntimeError) as e:
+        if (line := failure_line(e)) is None:
             raise
-        detail = f": {str(e).splitlines()[0]}" if str(e) else ""
-        print(f"loopjax generate: error: out of memory{detail}", file=sys.stderr)
+        print(f"loopjax generate: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while compiling or generating: 128 + SIGINT, as a shell says
         print("loopjax generate: interrupted", file=sys.stderr)

@@ -80,7 +80,7 @@ def run(args) -> int:
     and exit code 2 (as `loopjax generate`)."""
     import uvicorn
 
-    from loopjax.engine_args import build_engine
+    from loopjax.engine_args import build_engine, failure_line
 
     logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -91,17 +91,12 @@ def run(args) -> int:
         return 2
     try:
         model, engine = build_engine(args)
-    except (ValueError, OSError) as e:  # a model that cannot load, an option the engine refuses
+    except (ValueError, OSError, MemoryError, RuntimeError) as e:
+        # a model that cannot load, an option the engine refuses, too little memory (else a bug)
         sock.close()
-        line = str(e).splitlines()[0] if str(e) else type(e).__name__
-        print(f"loopjax serve: error: {line}", file=sys.stderr)
-        return 2
-    except (MemoryError, RuntimeError) as e:  # XLA's RESOURCE_EXHAUSTED is a RuntimeError
-        if not isinstance(e, MemoryError) and not str(e).startswith("RESOURCE_EXHAUSTED"):
+        if (line := failure_line(e)) is None:
             raise
-        sock.close()
-        detail = f": {str(e).splitlines()[0]}" if str(e) else ""
-        print(f"loopjax serve: error: out of memory{detail}", file=sys.stderr)
+        print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C during the warm-up (uvicorn handles it once serving)
         sock.close()
