@@ -7,7 +7,8 @@ POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) a
 
 Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
-  "param", "code"}}`, `param` naming the field; a full queue gets 429; a dead engine 503, as
+  "param", "code"}}`, `param` naming the field; a full queue gets 429 (a request needing more
+  engine requests at once than max_waiting: 400, as no retry can pass); a dead engine 503, as
   does a full answer still running when the graceful shutdown (SIGTERM, Ctrl-C; 5 s) ends.
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
@@ -142,6 +143,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
         page_size = getattr(sched, "page_size", None)
         shareable = aengine.prefix_caching and page_size and any(len(p) > page_size for p in prompts)
+        # NOTE: requests admitted together all wait for a first token: more than max_waiting are
+        # refused on an idle server too, so a 400 here, not a 429 that every retry gets again.
+        at_once = len(prompts) * (n - 1) if n > 1 and shareable else len(jobs)
+        if at_once > aengine.max_waiting > 0:
+            raise bad_request(f"this request needs {at_once} engine requests at once (prompts x n), more "
+                              f"than this server queues (max_waiting={aengine.max_waiting}); send fewer "
+                              f"prompts or a smaller n", "n" if n > 1 else "prompt")
         if n == 1 or not shareable:
             return await submit_all(body, jobs)
         firsts = await submit_all(body, jobs[::n])

@@ -54,26 +54,55 @@ def test_full_queue_gets_429(server, client):
     assert server.aengine.metrics.rejected.value >= 1
 
 
-def test_full_queue_in_the_middle_of_n_frees_every_sample(server, client):
-    """n=3 over a prompt of more than one page: sample 0 is admitted and prefills, then the
-    queue (max 1 waiting) admits sample 1 and refuses sample 2. The client gets one 429; the
-    admitted samples are aborted, their pages go back and nobody is left waiting."""
+def test_a_fan_out_the_queue_can_never_hold_is_400(server, client):
+    """n=3 over a prompt of more than one page with max_waiting=1: sample 0 goes first, then
+    samples 1 and 2 together, which the queue (max 1 waiting) can never hold. The client gets
+    one 400 naming the limit at once (a 429 "retry later" would be refused again on every
+    retry, as would a list of more prompts than max_waiting on an idle server), nothing is
+    admitted and the server keeps serving."""
     aengine = server.aengine
     prompt = [13 + (i * 11) % 200 for i in range(40)]
-    kw = dict(model=MODEL_NAME, prompt=prompt, n=3, temperature=1.0, seed=3, extra_body={"ignore_eos": True})
-    aborted, rejected = aengine.metrics.aborted.value, aengine.metrics.rejected.value
+    kw = dict(model=MODEL_NAME, n=3, temperature=1.0, seed=3, extra_body={"ignore_eos": True})
+    requests, rejected = aengine.metrics.requests.value, aengine.metrics.rejected.value
     aengine.max_waiting = 1
     try:
-        with pytest.raises(openai.RateLimitError, match="retry later"):
-            client.completions.create(max_tokens=300, **kw)
+        with pytest.raises(openai.BadRequestError, match=r"max_waiting=1") as e:
+            client.completions.create(prompt=prompt, max_tokens=300, **kw)
+        assert e.value.body["param"] == "n"
+        with pytest.raises(openai.BadRequestError, match=r"needs 2 engine requests at once") as e:
+            client.completions.create(prompt=[[5, 6], [7, 8]], max_tokens=2, model=MODEL_NAME)
+        assert e.value.body["param"] == "prompt"
     finally:
         aengine.max_waiting = 256
     stats = wait_idle(aengine)
-    assert stats["pages_free"] == stats["pages_total"]  # the pool is whole (parked cache pages count)
+    assert stats["pages_free"] == stats["pages_total"]
     assert aengine.num_waiting == 0 and aengine.metrics.waiting.value == 0
-    assert (aengine.metrics.aborted.value - aborted, aengine.metrics.rejected.value - rejected) == (2, 1)
-    again = client.completions.create(max_tokens=4, **kw)  # ... and the server keeps serving
+    assert (aengine.metrics.requests.value - requests, aengine.metrics.rejected.value - rejected) == (0, 0)
+    again = client.completions.create(prompt=prompt, max_tokens=4, **kw)  # ... and the server keeps serving
     assert [c.index for c in again.choices] == [0, 1, 2] and again.usage.completion_tokens == 12
+
+
+def test_full_queue_in_the_middle_of_n_frees_every_sample():
+    """n=2 while another request already waits (max_waiting=2): sample 0 is admitted, sample 1
+    refused. The client gets one 429; sample 0 is aborted and nobody is left waiting."""
+    fake = FakeEngine()
+    fake.paused = True  # admitted, never stepped: the first request keeps waiting
+    app = create_app(fake, MODEL_NAME, max_waiting=2)
+    aengine = app.state.async_engine
+    with LiveServer(app) as live, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        url = live.url + "/v1/completions"
+        first = pool.submit(httpx.post, url, json={"prompt": [1], "max_tokens": 3}, timeout=30)
+        deadline = time.time() + 20
+        while aengine.num_waiting < 1:
+            assert time.time() < deadline, "the first request was not admitted"
+            time.sleep(0.01)
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 3, "n": 2}, timeout=30)
+        assert r.status_code == 429 and "retry later" in r.json()["error"]["message"]
+        assert aengine.num_waiting == 1 and aengine.metrics.waiting.value == 1
+        assert (aengine.metrics.aborted.value, aengine.metrics.rejected.value) == (1, 1)
+        fake.paused = False
+        assert first.result().json()["choices"][0]["token_ids"] == [2, 3, 4]
+        assert fake.requests == {}
 
 
 def test_top_k_beyond_int32_is_off_and_the_engine_lives(client, server):
