@@ -28,6 +28,7 @@ from loopjax.sampling_params import SamplingParams
 
 CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool", "developer")
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 
 
@@ -268,8 +269,8 @@ class RequestParser:
         clean = []
         for i, m in enumerate(messages):
             content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: keep the text ones (text must be text)
-                texts = [p.get("text", "") for p in content if isinstance(p, dict)]
+            if isinstance(content, list):  # content parts: text ones only (text must be text)
+                texts = [_part_text(p, i) for p in content]
                 content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
                 raise bad_request(f"messages[{i}] must have a role in {ROLES} and text content", "messages")
@@ -280,3 +281,15 @@ class RequestParser:
                               "; use /v1/completions with a prompt", "messages")
         text = render_chat(self.chat_template, clean, **self.special_tokens)
         return self._check_ids(self._encode(text, "messages"), "messages")
+
+
+def _part_text(part, i: int) -> str | None:
+    """The text of a chat content part of a text type; None when malformed. Any other type
+    (image_url, input_audio, file...) is a 400: not dropped, as the model would answer without
+    the image the message asks about."""
+    kind = part.get("type", "text") if isinstance(part, dict) else None
+    key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+    if isinstance(kind, str) and key is None:
+        raise bad_request(f"messages[{i}] has a content part of type {kind!r}; this model takes text only",
+                          "messages")
+    return part.get(key, "") if key else None

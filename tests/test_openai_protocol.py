@@ -141,6 +141,11 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
     ({"echo": True}, "echo", "echo applies to /v1/completions only"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages",
      "messages[0] must have a role"),  # content parts whose text is not text: was a 500 (TypeError)
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                {"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages", "messages[0] has a content part of type 'image_url'; this model takes text only"),
+    # ... it was dropped: the model answered without the image it was asked about
+    ({"messages": [{"role": "user", "content": ["hello"]}]}, "messages", "messages[0] must have a role"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
