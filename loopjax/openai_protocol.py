@@ -132,6 +132,8 @@ class RequestParser:
             body = json.loads(raw)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise bad_request(f"malformed JSON body: {e}") from None
+        except RecursionError:  # arrays or objects nested past Python's recursion limit
+            raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         if body.get("model") is not None and body["model"] != self.model_name:

@@ -123,7 +123,9 @@ def test_malformed_json_and_chat_errors(server, client):
 def test_body_that_is_not_a_json_object_is_400(server, client):
     for raw, expect in ((b"[1, 2]", "the request body must be a JSON object, got list"),
                         (b'"hello"', "the request body must be a JSON object, got str"),
-                        (b'{"prompt": "\xff"}', "malformed JSON body: 'utf-8' codec can't decode")):
+                        (b'{"prompt": "\xff"}', "malformed JSON body: 'utf-8' codec can't decode"),
+                        (b'{"prompt": ' + b"[" * 10**5 + b"]" * 10**5 + b"}",  # was a 500 (RecursionError)
+                         "malformed JSON body: nested too deeply")):
         r = httpx.post(server.url + "/v1/completions", content=raw,
                        headers={"content-type": "application/json"}, timeout=30)
         message = r.json()["error"]["message"]
