@@ -139,10 +139,15 @@ class RequestParser:
         if body.get("model") is not None and body["model"] != self.model_name:
             raise bad_request(f"model {body['model']!r} is not served here; this server serves "
                               f"{self.model_name!r}", "model")
-        if not isinstance(body.get("stream") or False, bool):
-            raise bad_request(f"stream must be true or false, got {body['stream']!r}", "stream")
-        if not isinstance(body.get("stream_options") or {}, dict):  # the server reads its fields
-            raise bad_request(f"stream_options must be an object, got {body['stream_options']!r}",
+        for key in ("stream", "echo"):  # NOTE: the server reads them as flags: "false" would be true
+            if body.get(key) is not None and not isinstance(body[key], bool):
+                raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)
+        options = body.get("stream_options")
+        if options is not None and not isinstance(options, dict):  # the server reads its fields
+            raise bad_request(f"stream_options must be an object, got {options!r}", "stream_options")
+        usage = (options or {}).get("include_usage")
+        if usage is not None and not isinstance(usage, bool):
+            raise bad_request(f"stream_options.include_usage must be true or false, got {usage!r}",
                               "stream_options")
         if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")

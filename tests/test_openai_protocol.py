@@ -56,6 +56,11 @@ from loopjax.server import create_app
      "stream_options must be an object, got 'yes'"),  # was a 500 (AttributeError)
     ({"prompt": [5], "stream_options": {"include_usage": True}}, 400, "stream_options",
      "stream_options is only allowed with stream: true"),  # was ignored
+    ({"prompt": [5], "stream": True, "stream_options": []}, 400, "stream_options",
+     "stream_options must be an object, got []"),  # an empty one was taken as none
+    ({"prompt": [5], "stream": True, "stream_options": {"include_usage": "no"}}, 400, "stream_options",
+     "stream_options.include_usage must be true or false, got 'no'"),  # was read as true
+    ({"prompt": [5], "echo": "false"}, 400, "echo", "echo must be true or false, got 'false'"),  # echoed
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
