@@ -1,7 +1,8 @@
 """One choice of an OpenAI completions / chat response, as the server builds it (no FastAPI).
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
-string, OpenAI's `logprobs` of its tokens, and (echo) the scored prompt put before them.
+string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's),
+and (echo) the scored prompt put before them.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
 {"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
@@ -43,6 +44,7 @@ class Choice:
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
+        self._names: dict[int, str] = {}  # token id -> its text in logprobs
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -90,8 +92,18 @@ class Choice:
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
 
     def _token_name(self):
-        tok = self.tokenizer
-        return (lambda t: tok.id_to_token(t) or str(t)) if tok is not None else str
+        """A token's name in logprobs: its text, decoded alone with special tokens kept (vLLM's
+        and prompt_logprobs' decoded_token; not the vocabulary string, "Ġh" for " h" under a
+        byte-level BPE), each decoded once per choice; its id without a tokenizer."""
+        tok, names = self.tokenizer, self._names
+        if tok is None:
+            return str
+
+        def name(t: int) -> str:
+            if t not in names:
+                names[t] = tok.decode([t], skip_special_tokens=False)
+            return names[t]
+        return name
 
     def _logprobs(self, start: int, chat: bool):
         if self.logprobs is None:

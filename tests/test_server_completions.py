@@ -46,7 +46,7 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
     echoed = client.completions.create(**kw, echo=True).choices[0]
     assert echoed.text == tok.decode(ids) + plain.text and echoed.token_ids == plain.token_ids
     lp = echoed.logprobs
-    assert lp.tokens == [tok.id_to_token(t) for t in ids] + plain.logprobs.tokens
+    assert lp.tokens == [tok.decode([t], skip_special_tokens=False) for t in ids] + plain.logprobs.tokens
     assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     ref = score(served_model, ids, top_k=1)[0]
     assert lp.token_logprobs[1:len(ids)] == pytest.approx(ref.token_logprobs, abs=1e-6)

@@ -57,3 +57,34 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     # min_tokens: no stop string ends the text before that many tokens ("héllo w" holds two "l")
     deltas, choice = stream(("l",), min_tokens=len(tok.encode("héllo w").ids))
     assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
+
+
+def test_logprobs_name_tokens_by_their_text():
+    """Logprobs tokens (completions, chat, echo) are each token's text, as vLLM's and OpenAI's,
+    so they join to the completion and chat's `bytes` are those of the text; they were the
+    vocabulary's strings ("Ġh" for " h" under a byte-level BPE, as Ouro's and Huginn's)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from loopjax.openai_choice import Choice
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    vocab["Ġh"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "h")]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    ids = tok.encode("a h").ids
+    assert [tok.id_to_token(t) for t in ids] == ["a", "Ġh"]
+    out = types.SimpleNamespace(token_ids=ids, new_token_ids=ids, exit_loops=[1, 1], logprobs=[-1.0, -2.0],
+                                top_logprobs=[[(ids[0], -1.0)], [(ids[1], -2.0)]], metrics={}, finished=True,
+                                finish_reason="length")
+    choice = Choice(0, tok, ())
+    choice.update(out)
+    lp = choice.fields(0, chat=False)["logprobs"]
+    assert lp["tokens"] == ["a", " h"] and "".join(lp["tokens"]) == choice.text == "a h"
+    assert lp["top_logprobs"] == [{"a": -1.0}, {" h": -2.0}]
+    content = choice.fields(0, chat=True)["logprobs"]["content"]
+    assert [(e["token"], e["bytes"]) for e in content] == [("a", [97]), (" h", [32, 104])]
+    assert content[1]["top_logprobs"] == [{"token": " h", "logprob": -2.0, "bytes": [32, 104]}]
+    answer = {"text": choice.text, "logprobs": lp}
+    choice.echo(answer, types.SimpleNamespace(token_ids=ids, token_logprobs=[-0.5], top_logprobs=[[]]), 0)
+    assert answer["logprobs"]["tokens"][:2] == ["a", " h"]
