@@ -161,7 +161,8 @@ class AsyncEngine:
             await accepted
         except BaseException:  # refused (ValueError), engine gone, or the caller was cancelled
             self._pending.discard(accepted)
-            if self._streams.pop(request_id, None) is not None:
+            # NOTE: its first output may have come (and been counted) before this task resumed
+            if self._streams.pop(request_id, None) is not None and stream.first_token_at is None:
                 self._set_waiting(-1)
             self._post(("abort", request_id))  # no-op when the engine refused it
             raise

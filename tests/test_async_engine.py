@@ -169,3 +169,41 @@ def test_an_unexpected_add_request_error_fails_that_request_only():
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_submit_cancelled_after_its_first_token_counts_it_once():
+    """The engine thread posts a request's admission and its first output back to back; a
+    submitter cancelled between them (uvicorn's shutdown cancels handlers) rolls the request
+    back: it waited for a first token no more, so the waiting count drops once (it dropped
+    twice, to -1, loosening max_waiting for good) and its page goes back."""
+    import types
+
+    params = SamplingParams(max_tokens=50, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True  # no step: the first output below is the test's
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        accept, task = aeng._accept, None
+
+        def accept_then_output_then_cancel(future, error):
+            accept(future, error)  # the submitter's wake-up is queued ...
+            rid = next(iter(aeng._streams))
+            aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[2], token_ids=[2],
+                                                 finished=False)])  # ... its first token comes first
+            task.cancel()
+
+        aeng._accept = accept_then_output_then_cancel
+        task = asyncio.ensure_future(aeng.submit([1], params))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert aeng.num_waiting == 0 and aeng.metrics.waiting.value == 0
+        for _ in range(500):
+            if not fake.requests:
+                break
+            await asyncio.sleep(0.01)
+        assert not fake.requests  # the abort reached the engine
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
