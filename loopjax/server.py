@@ -17,7 +17,7 @@ Contract:
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
   With the prefix cache on, samples 1.. start when sample 0 has prefilled: they share its
-  prompt pages.
+  prompt pages (not for adaptive exits, which share none: all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
@@ -142,7 +142,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         samples = params.fan_out()
         jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
         page_size = getattr(sched, "page_size", None)
-        shareable = aengine.prefix_caching and page_size and any(len(p) > page_size for p in prompts)
+        # NOTE: adaptive exits (skip mode, an exit trace, Huginn's exit_criterion) neither look up nor
+        # publish cached pages (prefix_cache.py; Engine.add_request): their samples would wait for nothing.
+        adaptive = (params.exit_mode == "skip" or params.exit_trace is not None
+                    or params.exit_criterion is not None)
+        shareable = (aengine.prefix_caching and page_size and not adaptive
+                     and any(len(p) > page_size for p in prompts))
         # NOTE: requests admitted together all wait for a first token: more than max_waiting are
         # refused on an idle server too, so a 400 here, not a 429 that every retry gets again.
         at_once = len(prompts) * (n - 1) if n > 1 and shareable else len(jobs)

@@ -94,3 +94,26 @@ def test_n_disconnect_mid_stream_aborts_every_choice(client, server):
     stats = wait_idle(server.aengine)
     assert stats["pages_free"] == stats["pages_total"]  # the pool is whole (parked cache pages count)
     assert server.aengine.metrics.aborted.value - before == 2
+
+
+def test_n_adaptive_samples_start_together(server, client, monkeypatch):
+    """Adaptive exits neither look up nor publish cached pages (prefix_cache.py): the samples of
+    a skip-mode request are admitted together (they waited for sample 0's first token, to share
+    nothing, then queued behind the requests that came meanwhile); plain ones still wait."""
+    aengine, seen = server.aengine, []
+    submit = aengine.submit
+
+    async def recording(ids, params, request_id=None):
+        seen.append(aengine.metrics.ttft.count)  # first outputs so far
+        return await submit(ids, params, request_id)
+
+    monkeypatch.setattr(aengine, "submit", recording)
+    kw = dict(model=MODEL_NAME, prompt=[17 + (i * 5) % 200 for i in range(40)], n=3, max_tokens=3,
+              temperature=1.0, seed=2)
+    assert len(client.completions.create(**kw, extra_body={"ignore_eos": True}).choices) == 3
+    assert len(seen) == 3 and seen[1] == seen[2] == seen[0] + 1  # samples 1, 2 after sample 0's output
+    seen.clear()
+    skip = {"exit_mode": "skip", "exit_threshold": 0.1, "ignore_eos": True}
+    assert len(client.completions.create(**kw, extra_body=skip).choices) == 3
+    assert len(seen) == 3 and len(set(seen)) == 1
+    wait_idle(server.aengine)
