@@ -214,6 +214,12 @@ class SamplingParams:
                                            ("exit_weighted", self.exit_weighted)) if on), None)
 
     @property
+    def stops_adaptively(self) -> bool:
+        """The device picks each token's depth (exit_mode 'skip', an exit_trace, Huginn's
+        exit_criterion): such rows neither look up nor publish cached prefix pages."""
+        return self.exit_mode == "skip" or self.exit_trace is not None or self.exit_criterion is not None
+
+    @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS
 

@@ -142,11 +142,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         samples = params.fan_out()
         jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
         page_size = getattr(sched, "page_size", None)
-        # NOTE: adaptive exits (skip mode, an exit trace, Huginn's exit_criterion) neither look up nor
-        # publish cached pages (prefix_cache.py; Engine.add_request): their samples would wait for nothing.
-        adaptive = (params.exit_mode == "skip" or params.exit_trace is not None
-                    or params.exit_criterion is not None)
-        shareable = (aengine.prefix_caching and page_size and not adaptive
+        # NOTE: adaptive rows share no cached pages: their samples would wait for nothing
+        shareable = (aengine.prefix_caching and page_size and not params.stops_adaptively
                      and any(len(p) > page_size for p in prompts))
         # NOTE: requests admitted together all wait for a first token: more than max_waiting are
         # refused on an idle server too, so a 400 here, not a 429 that every retry gets again.
