@@ -42,8 +42,10 @@ class Model:
     def dtype(self) -> np.dtype:
         return np.dtype(jax.tree.leaves(self.params)[0].dtype)
 
-    def tokenize(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        """Token ids of `text` (no BOS/EOS unless asked: chat templates add their own)."""
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text` with the tokenizer's own special tokens (a BOS where its
+        post-processor adds one), as HF's `tokenizer(text)` and vLLM's text prompts; text a chat
+        template rendered passes add_special_tokens=False (the template writes its own)."""
         return self._require_tokenizer().encode(text, add_special_tokens=add_special_tokens).ids
 
     def detokenize(self, ids, skip_special_tokens: bool = False) -> str:

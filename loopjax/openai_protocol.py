@@ -253,11 +253,19 @@ class RequestParser:
                               f"{self.max_context}", param)
         return ids
 
-    def _encode(self, text: str, param: str) -> list[int]:
+    def _encode(self, text: str, param: str, body: dict) -> list[int]:
+        """Token ids of a text prompt (the tokenizer's special tokens added, as vLLM's and HF's
+        default) or of rendered chat messages (none: the template writes them); vLLM's
+        `add_special_tokens` field overrides either."""
         if self.tokenizer is None:
             raise bad_request(f"{param}: model {self.model_name!r} has no tokenizer; send token ids "
                               "instead", param)
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        special = body.get("add_special_tokens")
+        if special is not None and not isinstance(special, bool):
+            raise bad_request(f"add_special_tokens must be true or false, got {special!r}",
+                              "add_special_tokens")
+        return self.tokenizer.encode(text, add_special_tokens=(param == "prompt") if special is None
+                                     else special).ids
 
     def _completion_prompts(self, body: dict) -> list[list[int]]:
         prompt = body.get("prompt")
@@ -266,7 +274,7 @@ class RequestParser:
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
             raise bad_request("prompt must be text, token ids, or a non-empty list of those", "prompt")
-        return [self._check_ids(self._encode(p, "prompt") if isinstance(p, str) else p, "prompt")
+        return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt")
                 for p in prompt]
 
     def _chat_prompt(self, body: dict) -> list[int]:
@@ -287,7 +295,7 @@ class RequestParser:
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
         text = render_chat(self.chat_template, clean, **self.special_tokens)
-        return self._check_ids(self._encode(text, "messages"), "messages")
+        return self._check_ids(self._encode(text, "messages", body), "messages")
 
 
 def _part_text(part, i: int) -> str | None:

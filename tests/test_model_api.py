@@ -226,3 +226,23 @@ def test_forward_argument_errors(presets):
         loopjax.forward(huginn, [1, 256])
     with pytest.raises(ValueError, match="loops must be a non-negative integer"):
         loopjax.forward(huginn, [1, 2], loops=-1)
+
+
+def test_text_prompts_get_the_tokenizers_special_tokens(tmp_path):
+    """Text is encoded as HF's tokenizer(text) and vLLM encode it: with the tokenizer's own
+    special tokens (here a BOS its post-processor adds); it was always without them."""
+    from tokenizers import processors
+
+    folder = tmp_path / "hf"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    vocab = {"<pad>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "hello": 3, "loop": 4, "world": 5}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
+                                                             special_tokens=[("<|im_start|>", 1)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    model = loopjax.load(str(folder))
+    assert model.tokenize("hello loop world") == [1, 3, 4, 5]
+    assert model.tokenize("hello loop world", add_special_tokens=False) == [3, 4, 5]
+    out = loopjax.generate(model, ["hello loop"], max_new_tokens=1)
+    assert out[0].prompt_token_ids == [1, 3, 4]

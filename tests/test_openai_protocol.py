@@ -258,3 +258,36 @@ def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
     assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "<s>", "eos_token": "</s>"}
     (tmp_path / "special_tokens_map.json").unlink()
     assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "", "eos_token": "</s>"}
+
+
+def bos_tokenizer():
+    """The word tokenizer with a post-processor that puts <|im_start|> (id 1) before a text, as
+    a Llama-style tokenizer adds its BOS."""
+    from server_helpers import word_tokenizer
+    from tokenizers import processors
+
+    tok = word_tokenizer(256)
+    tok.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
+                                                       special_tokens=[("<|im_start|>", 1)])
+    return tok
+
+
+def test_text_prompts_get_the_tokenizers_special_tokens_chat_text_does_not():
+    """A text prompt is encoded as vLLM and HF's tokenizer(text) encode it: the tokenizer's own
+    BOS first; chat messages rendered by the template get none (the template writes them);
+    vLLM's add_special_tokens field overrides either (it was always off: a Llama-style
+    tokenizer's BOS was missing from every text prompt)."""
+    tok = bos_tokenizer()
+    plain = tok.encode("hello world", add_special_tokens=False).ids
+    parser = RequestParser(MODEL_NAME, tokenizer=tok, chat_template="{{ messages[0]['content'] }}")
+    messages = [{"role": "user", "content": "hello world"}]
+    assert parser.prompts({"prompt": "hello world"}, chat=False) == [[1] + plain]
+    assert parser.prompts({"prompt": ["hello", "world"]}, chat=False)[1][0] == 1
+    assert parser.tokenize({"prompt": "hello world"}) == [1] + plain
+    assert parser.prompts({"messages": messages}, chat=True) == [plain]
+    assert parser.tokenize({"messages": messages}) == plain
+    assert parser.prompts({"prompt": "hello world", "add_special_tokens": False}, chat=False) == [plain]
+    assert parser.prompts({"messages": messages, "add_special_tokens": True}, chat=True) == [[1] + plain]
+    with pytest.raises(APIError, match="add_special_tokens must be true or false"):
+        parser.prompts({"prompt": "hi", "add_special_tokens": "no"}, chat=False)
+    assert parser.sampling({"prompt": "hi", "add_special_tokens": True}, False, [[1, 4]]).max_tokens == 16
