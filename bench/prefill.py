@@ -27,9 +27,9 @@ its memory grows as tokens x rows x T: a case that runs out of memory is reporte
 FLOPs of a step (dense products + causal attention, nothing counted twice; P = weights of
 the 2-D matrices of a part, L = loops, Hq x D = query heads x head dim):
   Ouro:   2·P_layers·L per token + 2·H·V per row (lm_head of the row's last token only)
-  Huginn: 2·(P_prelude + P_coda + P_adapter_input + (P_core + P_adapter_state)·L) + 2·H·V
-          per token (e's half of the adapter once: huginn.inject; the coda and its tied
-          lm_head run over every token: steps.huginn_step)
+  Huginn: 2·(P_prelude + P_coda + P_adapter_input + (P_core + P_adapter_state)·L) per token
+          (e's half of the adapter once: huginn.inject; the coda runs over every token, for
+          its KV) + 2·H·V per row (the tied lm_head over the rows' last tokens: steps.huginn_step)
   attention, per row of T tokens from position 0: 4·Hq·D·T(T+1)/2 per attention pass,
           passes = layers·L (Ouro) or prelude + coda + core·L (Huginn)
 `pct_peak` = FLOPs / step time / --peak-tflops (790 TFLOP/s, the H200's dense bf16 the lead
@@ -126,7 +126,7 @@ def step_flops(model, rows: int, prompt_len: int, loops: int) -> float:
         per_token = 2 * (_matrix_params(p["prelude"]) + _matrix_params(p["coda"])
                          + _matrix_params(p["adapter_input"])
                          + (_matrix_params(p["core"]) + _matrix_params(p["adapter_state"])) * loops)
-        dense = (per_token + head) * tokens
+        dense = per_token * tokens + head * rows
         passes = cfg.num_prelude_layers + cfg.num_coda_layers + cfg.num_core_layers * loops
         heads_dim = cfg.hidden_size  # num_heads x head_dim
     attention = rows * 4 * heads_dim * prompt_len * (prompt_len + 1) / 2 * passes

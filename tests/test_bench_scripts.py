@@ -121,6 +121,13 @@ def test_prefill_flops_formula():
     model = SimpleNamespace(cfg=cfg, params=huginn.param_specs(cfg, "bfloat16"))
     per_token = prefill.step_flops(model, 8, 256, 32) / (8 * 256)
     assert 100e9 < per_token < 120e9
+    # Huginn: the coda runs over every token, its tied lm_head over the rows' last tokens only
+    # (steps.huginn_step, since 8843875); 4 x 512 counted the head over all 2,048 tokens.
+    h, f, v = 5280, 17920, 65536
+    layer = h * 3 * h + h * h + h * 2 * f + f * h
+    dense = 2 * ((2 + 2) * layer + h * h + (4 * layer + h * h) * 32) * 4 * 512 + 2 * h * v * 4
+    attention = 4 * 4 * h * 512 * 513 / 2 * (2 + 2 + 4 * 32)
+    assert prefill.step_flops(model, 4, 512, 32) == pytest.approx(dense + attention, rel=1e-12)
     assert prefill.parse_shapes("1x2048, 32X512") == [(1, 2048), (32, 512)]
     assert prefill.parse_shapes("none") == []
 
