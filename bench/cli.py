@@ -21,7 +21,9 @@ on/off ratio and writes {"compare", "off", "on", "ratio", "matching_outputs"}.
 included. Each run (a sweep level, a compare arm) gets at most an even share of what is left
 when it starts (runs that finish early leave their time to the later ones); a run that
 overruns is cut (its open requests aborted), its report keeps the finished requests and says
-`truncated: true`; a run with no time left is skipped. The JSON is written either way.
+`truncated: true`, and its tokens/s also counts the tokens the cut requests had received
+(`cut_output_tokens`), over the same wall time; a run with no time left is skipped. The JSON is
+written either way.
 
 Only the standard library, loopjax's engine modules and (optional) tqdm and matplotlib are
 needed in-process; httpx only with `--url`. FastAPI is never imported.
@@ -143,6 +145,7 @@ class Run:
     stats_before: dict
     stats_after: dict
     truncated: bool = False  # cut by --max-seconds: `records` holds the finished requests
+    cut_tokens: int = 0  # tokens the requests cut by --max-seconds had received
     prefix_caching: bool | None = None  # the engine's prefix cache (None: unknown)
     startup: dict = field(default_factory=dict)  # load_s, warmup_s, compilations_after_warmup, compile_times
 
@@ -201,6 +204,7 @@ async def run_specs(items, backend, vocab_size: int, stats, *, deadline: float |
             timeout = left / (len(items) - i + runs_after)
         before = await _settled(stats, generated)
         finished: list[Record] = []
+        cut_from = len(getattr(backend, "cut", ()))
         with _progress(spec.num_requests, label, progress) as bar:
             def on_done(record, bar=bar, finished=finished):
                 finished.append(record)
@@ -216,12 +220,13 @@ async def run_specs(items, backend, vocab_size: int, stats, *, deadline: float |
                     await task
             duration = time.perf_counter() - start
         records = list(finished) if truncated else task.result()
+        cut_tokens = sum(len(r.token_ids) for r in getattr(backend, "cut", [])[cut_from:])
         if truncated:
             print(f"loopjax bench: {label} cut after {duration:.1f} s by --max-seconds "
                   f"({len(records)} of {spec.num_requests} requests finished)", file=sys.stderr)
-        generated += sum(len(r.token_ids) for r in records)
+        generated += sum(len(r.token_ids) for r in records) + cut_tokens
         after = await _settled(stats, generated)
-        runs.append(Run(label, spec, records, duration, before, after, truncated))
+        runs.append(Run(label, spec, records, duration, before, after, truncated, cut_tokens))
     return runs
 
 
@@ -333,7 +338,7 @@ def _report(run: Run, args) -> dict:
                                                           "sampling": _sampling(args),
                                                           "sampling_seed": args.sampling_seed},
                      stats_before=run.stats_before, prefix_caching=run.prefix_caching, startup=run.startup,
-                     truncated=run.truncated)
+                     truncated=run.truncated, cut_tokens=run.cut_tokens)
 
 
 def _outputs(run: Run | None) -> dict:

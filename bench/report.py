@@ -22,8 +22,8 @@ REPORT_FIELDS = (
     "workload", "model", "target", "spec", "num_requests", "duration_s", "prompt_tokens",
     "output_tokens", "tokens_per_s", "ttft_p50_s", "ttft_p90_s", "tpot_p50_s",
     "submissions_per_output_token", "mean_loops_per_token", "prefix_cache", "load_s", "warmup_s",
-    "compilations_after_warmup", "compile_times", "compilations_during_run", "truncated", "engine_stats",
-    "requests",
+    "compilations_after_warmup", "compile_times", "compilations_during_run", "truncated",
+    "cut_output_tokens", "engine_stats", "requests",
 )
 PREFIX_CACHE_FIELDS = (
     "enabled", "hit_rate", "page_hit_rate", "hit_tokens", "queried_tokens", "hit_pages", "queried_pages",
@@ -71,12 +71,13 @@ def prefix_cache_summary(before: dict, after: dict, enabled: bool | None) -> dic
 def summarize(records, duration_s: float, *, workload: str, model: str, target: str, spec: dict,
               engine_stats: dict | None = None, mean_loops_per_token: float | None = None,
               stats_before: dict | None = None, prefix_caching: bool | None = None,
-              startup: dict | None = None, truncated: bool = False) -> dict:
+              startup: dict | None = None, truncated: bool = False, cut_tokens: int = 0) -> dict:
     """The report dict. `mean_loops_per_token` defaults to the mean of the records' exit loops.
     `engine_stats` / `stats_before`: the engine's stats after / before the timed run;
     `prefix_caching`: whether the engine had the cache on (None: unknown); `startup`: load_s,
     warmup_s, compilations_after_warmup, compile_times (in-process); `truncated`: --max-seconds
-    cut the run."""
+    cut the run; `cut_tokens`: the tokens its cut requests had received (in tokens_per_s: the
+    duration covers their time too)."""
     output_tokens = sum(len(r.token_ids) for r in records)
     subs = sum(r.submissions for r in records)
     loops = [x for r in records for x in r.exit_loops]
@@ -95,7 +96,7 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
         "duration_s": duration_s,
         "prompt_tokens": sum(r.prompt_len for r in records),
         "output_tokens": output_tokens,
-        "tokens_per_s": output_tokens / duration_s if duration_s > 0 else None,
+        "tokens_per_s": (output_tokens + cut_tokens) / duration_s if duration_s > 0 else None,
         "ttft_p50_s": percentile([r.ttft for r in records], 50),
         "ttft_p90_s": percentile([r.ttft for r in records], 90),
         "tpot_p50_s": percentile([r.tpot for r in records], 50),
@@ -110,6 +111,7 @@ def summarize(records, duration_s: float, *, workload: str, model: str, target: 
         "compile_times": startup.get("compile_times"),
         "compilations_during_run": compiled,  # compiles in the timed run: must be 0
         "truncated": bool(truncated),  # the --max-seconds budget cut the run (finished requests only)
+        "cut_output_tokens": cut_tokens,  # received by the requests it cut (counted in tokens_per_s)
         "engine_stats": after,
         "requests": [{"session": r.session, "turn": r.turn, "prompt_len": r.prompt_len,
                       "output_len": len(r.token_ids), "start_s": r.start, "ttft_s": r.ttft,
@@ -131,8 +133,10 @@ def format_summary(report: dict) -> str:
     def num(x, fmt):
         return "n/a" if x is None else format(x, fmt)
 
+    cut = report.get("cut_output_tokens")
     text = (f"{report['workload']} on {report['model']} ({report['target']}): "
-            f"{report['num_requests']} requests, {report['output_tokens']} tokens in "
+            f"{report['num_requests']} requests, {report['output_tokens']} tokens"
+            + (f" (+{cut} of cut requests)" if cut else "") + " in "
             f"{report['duration_s']:.2f} s = {num(report['tokens_per_s'], '.1f')} tok/s | "
             f"TTFT p50 {ms(report['ttft_p50_s'])} p90 {ms(report['ttft_p90_s'])} | "
             f"TPOT p50 {ms(report['tpot_p50_s'])} | "

@@ -2,8 +2,9 @@
 
 A Backend has one coroutine, `generate(prompt_ids, max_tokens) -> Record`, that streams one
 request and times it: `InProcessBackend` (AsyncEngine over Engine, timed where outputs reach
-the event loop) and `HttpBackend` (a server's SSE stream, timed at the client). Workloads
-only decide what to send and when:
+the event loop) and `HttpBackend` (a server's SSE stream, timed at the client). A request
+cancelled midway (a run cut by --max-seconds) leaves its record, with the tokens it received,
+in the backend's `cut` list. Workloads only decide what to send and when:
 
 - burst: C requests at once, random-token prompts of P tokens, O output tokens each.
 - sessions: N sessions run concurrently, T turns each, one turn at a time per session;
@@ -90,6 +91,7 @@ class _Sampling:
     def __init__(self, sampling: dict | None, sampling_seed: int | None):
         self.sampling = {"temperature": 0.0} | (sampling or {})
         self.sampling_seed = sampling_seed
+        self.cut: list[Record] = []  # requests cancelled midway, as far as they got
 
     def request_fields(self, prompt_ids: list[int], max_tokens: int) -> dict:
         fields = dict(self.sampling, max_tokens=max_tokens, ignore_eos=True)
@@ -123,6 +125,9 @@ class InProcessBackend(_Sampling):
                 record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
                 per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
                 record.submissions = round(per_token * max(1, len(out.token_ids)))
+        except asyncio.CancelledError:
+            self.cut.append(record)
+            raise
         finally:
             stream.close()  # cut by --max-seconds (cancelled): abort the request, free its pages
             record.token_ids, record.exit_loops = list(record.token_ids), list(record.exit_loops)
@@ -141,6 +146,14 @@ class HttpBackend(_Sampling):
                 "stream_options": {"include_usage": True}} | self.request_fields(prompt_ids, max_tokens)
         start = time.perf_counter()
         record = Record(prompt_len=len(prompt_ids), start=start, first_token=None, end=start)
+        try:
+            await self._stream(body, record)
+        except asyncio.CancelledError:
+            self.cut.append(record)
+            raise
+        return record
+
+    async def _stream(self, body: dict, record: Record) -> None:
         async with self.client.stream("POST", "/v1/completions", json=body) as resp:
             if resp.status_code != 200:
                 text = (await resp.aread()).decode(errors="replace")
@@ -163,7 +176,6 @@ class HttpBackend(_Sampling):
                     record.end = now
                 if chunk.get("usage"):
                     record.submissions = int(chunk["usage"].get("submissions") or 0)
-        return record
 
 
 def random_tokens(rng: random.Random, n: int, vocab_size: int, low: int) -> list[int]:

@@ -11,6 +11,7 @@ import json
 import os
 import sys
 import time
+import types
 
 import pytest
 
@@ -152,6 +153,53 @@ def test_budget_cuts_and_skips_runs(capsys):
     assert "sessions cut after" in capsys.readouterr().err
     runs, _ = asyncio.run(go(-1.0))  # nothing left: both skipped
     assert runs == [] and capsys.readouterr().err.count("skipped") == 2
+
+
+class TrickleStreams:
+    """An AsyncEngine's submit(): one token every `every_s` seconds up to max_tokens."""
+
+    def __init__(self, every_s):
+        self.every_s = every_s
+
+    async def submit(self, prompt_ids, params):
+        every_s = self.every_s
+
+        async def tokens():
+            ids = []
+            for i in range(params.max_tokens):
+                await asyncio.sleep(every_s)
+                ids.append(i)
+                yield types.SimpleNamespace(new_token_ids=[i], token_ids=list(ids), exit_loops=[4] * len(ids),
+                                            metrics={"submissions": 1.0}, finished=i == params.max_tokens - 1)
+
+        class Stream:
+            def __aiter__(self):
+                return tokens()
+
+            def close(self):
+                pass
+
+        return Stream()
+
+
+def test_truncated_run_counts_the_tokens_its_cut_requests_received():
+    """A burst cut by --max-seconds before any request finished ran at full speed: its tokens/s
+    was 0 (the cut requests' wall time counted, their tokens not)."""
+    from loopjax.bench.workloads import InProcessBackend
+
+    async def stats():
+        return {}
+
+    spec = WorkloadSpec("burst", prompt_len=3, output_len=1000, concurrency=3)
+    backend = InProcessBackend(TrickleStreams(every_s=0.01))
+    (run,) = asyncio.run(run_specs([("burst", spec)], backend, 50, stats, deadline=time.perf_counter() + 0.5,
+                                   warmup_request=False, progress=False))
+    assert run.truncated and run.records == [] and 3 * 20 <= run.cut_tokens <= 3 * 50
+    report = rep.summarize(run.records, run.duration_s, workload="burst", model="m", target="in-process",
+                           spec={}, truncated=True, cut_tokens=run.cut_tokens)
+    assert report["output_tokens"] == 0 and report["cut_output_tokens"] == run.cut_tokens
+    assert report["tokens_per_s"] == pytest.approx(run.cut_tokens / run.duration_s)
+    assert f"(+{run.cut_tokens} of cut requests)" in rep.format_summary(report)
 
 
 class FakeStreams:
