@@ -315,21 +315,30 @@ def write_sweep_plot(reports: list[dict], path: str) -> str | None:
     return _save(fig, plt, path)
 
 
+# Fields of a decode_step record that tell its experiments apart (besides preset and context).
+STEP_VARIANT_KEYS = ("page_width", "backend", "matmul", "pointwise", "streaming_extra", "mosaic", "layout",
+                     "attn_write", "attn_splits", "attn_stages", "attn_heads", "loops", "max_logprobs")
+
+
 def write_steps_plot(records: list[dict], path: str) -> str | None:
     """Decode steps (bench/decode_step.py records): tokens/s and % of the bandwidth roofline
-    against rows, one line per (preset, context) of the fused pipelined steps."""
+    against rows, one line per (preset, context, experiment) of the fused pipelined steps; a
+    label names the STEP_VARIANT_KEYS whose values differ within a (preset, context)."""
     plt = _pyplot()
     if plt is None:
         return None
+    fused = [r for r in records if r["variant"] == "fused" and r.get("pipelined_us")]
+    keys = [k for k in STEP_VARIANT_KEYS  # those that differ within a (preset, context)
+            if len({(r["preset"], r["context"], str(r.get(k))) for r in fused})
+            > len({(r["preset"], r["context"]) for r in fused})]
     lines: dict[tuple, list] = {}
-    for r in records:
-        if r["variant"] == "fused" and r.get("pipelined_us"):
-            lines.setdefault((r["preset"], r["context"]), []).append(r)
+    for r in fused:
+        lines.setdefault((r["preset"], r["context"], *(str(r.get(k)) for k in keys)), []).append(r)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for (preset, context), rs in sorted(lines.items()):
+    for (preset, context, *values), rs in lines.items():
         rs = sorted(rs, key=lambda r: r["rows"])
         rows = [r["rows"] for r in rs]
-        label = f"{preset}, context {context}"
+        label = ", ".join([preset, f"context {context}", *(f"{k} {v}" for k, v in zip(keys, values))])
         axes[0].plot(rows, [r["rows"] / r["pipelined_us"] * 1e6 for r in rs], "o-", label=label)
         axes[1].plot(rows, [r["pipelined_roofline_pct"] for r in rs], "o-", label=label)
     axes[0].set(title="decode throughput (pipelined steps)", ylabel="output tokens/s")

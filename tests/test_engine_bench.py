@@ -1,6 +1,7 @@
 """The decode-step benchmark runs end to end on CPU (tiny preset) and reports sane records."""
 
 import json
+import types
 
 import pytest
 
@@ -99,3 +100,35 @@ def test_decode_step_times_the_sampler_the_engine_picks(tmp_path):
     assert rc == 0
     records = json.loads(out.read_text())["records"]
     assert [(r["variant"], r["sampler"]) for r in records] == [("fused", "greedy"), ("fused_top_p", "full")]
+
+
+class FakeAxes:
+    def __init__(self):
+        self.lines = []
+
+    def plot(self, x, y, fmt=None, label=None):
+        self.lines.append((label, list(x), list(y)))
+
+    def __getattr__(self, name):  # set, set_xscale, legend, grid, ...: nothing to check
+        return lambda *a, **k: None
+
+
+def test_steps_plot_draws_one_line_per_variant(monkeypatch, tmp_path):
+    """--plot with several backends (or matmul, page widths, ...) joined every variant's rows of
+    a (preset, context) into one zigzag line: rows 1, 1, 8, 8 alternating between the variants."""
+    from loopjax.bench import report as rep
+
+    axes = [FakeAxes(), FakeAxes()]
+    fig = types.SimpleNamespace(tight_layout=lambda: None, savefig=lambda *a, **k: None)
+    plt = types.SimpleNamespace(subplots=lambda *a, **k: (fig, axes), close=lambda f: None)
+    monkeypatch.setattr(rep, "_pyplot", lambda: plt)
+    records = [dict(preset="p", context=512, page_width=512, backend=b, matmul="xla", variant="fused", rows=r,
+                    pipelined_us=us, pipelined_roofline_pct=pct)
+               for b, r, us, pct in (("xla", 1, 1000.0, 10.0), ("pallas", 1, 500.0, 20.0),
+                                     ("xla", 8, 2000.0, 30.0), ("pallas", 8, 1000.0, 60.0))]
+    rep.write_steps_plot(records, str(tmp_path / "steps.png"))
+    tput, roof = ({label: (x, y) for label, x, y in ax.lines} for ax in axes)
+    assert tput == {"p, context 512, backend xla": ([1, 8], [1000.0, 4000.0]),
+                    "p, context 512, backend pallas": ([1, 8], [2000.0, 8000.0])}
+    assert roof == {"p, context 512, backend xla": ([1, 8], [10.0, 30.0]),
+                    "p, context 512, backend pallas": ([1, 8], [20.0, 60.0])}
