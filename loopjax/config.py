@@ -52,6 +52,11 @@ class OuroConfig:
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"ouro config: num_attention_heads {self.num_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
+        threshold = self.early_exit_threshold  # a cumulative exit probability (null: early_exit_step)
+        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, int | float)
+                                      or not 0 <= threshold <= 1):
+            raise ConfigError(f"ouro config: early_exit_threshold must be null or a number in [0, 1], "
+                              f"got {threshold!r}")
         step = self.early_exit_step
         if step is not None and not (_is_int(step) and 0 <= step < self.total_ut_steps):
             raise ConfigError(f"ouro config: early_exit_step {step!r} is outside "

@@ -249,6 +249,12 @@ def make_string_exit_step(hf):
     return "ouro config: early_exit_step '1' is outside 0..3"
 
 
+def make_string_exit_threshold(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "early_exit_threshold": "0.5"}, tensors)  # was run as 0.5
+    return "ouro config: early_exit_threshold must be null or a number in [0, 1], got '0.5'"
+
+
 def make_null_huginn_prelude(hf):
     config, tensors = golden_parts(HUGINN)
     write_hf(hf, {**config, "n_layers_in_prelude": None}, tensors)
@@ -404,6 +410,7 @@ def make_tied_ouro_head_differs(hf):
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
               make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
+              make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
               make_sliding_window_layers, make_gelu_activation, make_utf16_config,
               make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
