@@ -282,3 +282,19 @@ def test_bfloat16_forward_keeps_dtypes_and_tracks_fp32(golden, runs):
     reference = np.asarray(runs["full"][0].loop_logits[1])
     err = np.abs(np.asarray(out.logits) - reference).max()
     assert err < 0.05 * np.abs(reference).max(), err
+
+
+def test_bfloat16_forward_compiles_without_excess_precision(golden):
+    """The identity forward compiles as every model path does (layers.IDENTITY_COMPILER_OPTIONS,
+    docs/semantics.md): bf16 rounded where the reference rounds. Huginn's was compiled with XLA's
+    defaults, whose excess precision moved its bf16 logits by up to ~0.03 on this CPU."""
+    from loopjax.layers import IDENTITY_COMPILER_OPTIONS
+
+    cfg, _, params, data = golden
+    params16 = jax.tree.map(lambda w: w.astype(jnp.bfloat16), params)
+    ids = jnp.asarray(data["inputs"]["prompt_ids"][0])
+    s0 = jnp.asarray(data["inputs"]["init_state"][0], jnp.bfloat16)
+    out = huginn.forward(params16, cfg, ids, loops=2, initial_state=s0)
+    identity = jax.jit(huginn._forward.__wrapped__, static_argnames=("cfg", "loops", "per_loop_logits"),
+                       compiler_options=IDENTITY_COMPILER_OPTIONS)(params16, cfg, ids, s0, 2)
+    np.testing.assert_array_equal(np.asarray(out.logits), np.asarray(identity.logits))

@@ -30,7 +30,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax.config import HuginnConfig
-from loopjax.layers import XLA_OPS, DenseCausal, QKVRope, rms_norm, rope_angles, rotary_attention
+from loopjax.layers import (
+    IDENTITY_COMPILER_OPTIONS,
+    XLA_OPS,
+    DenseCausal,
+    QKVRope,
+    rms_norm,
+    rope_angles,
+    rotary_attention,
+)
 
 # ---------------------------------------------------------------- params
 
@@ -219,7 +227,8 @@ class HuginnOutput:
     latents: jax.Array      # [T, H] params dtype, ln_f(s_L) (the coda input)
 
 
-@partial(jax.jit, static_argnames=("cfg", "loops", "per_loop_logits"))
+@partial(jax.jit, static_argnames=("cfg", "loops", "per_loop_logits"),
+         compiler_options=IDENTITY_COMPILER_OPTIONS)  # as every model path: semantics.md, bf16 identity
 def _forward(params, cfg: HuginnConfig, input_ids, s0, loops: int, per_loop_logits: bool = True):
     attn = DenseCausal()
     t = input_ids.shape[0]
