@@ -168,7 +168,7 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
             raise ValueError("initial_state is a Huginn argument: Ouro's loops start from the "
                              "token embeddings")
         if exit_threshold is not None:
-            kwargs["exit_threshold"] = float(exit_threshold)
+            kwargs["exit_threshold"] = _check_threshold(exit_threshold)
     else:
         if exit_threshold is not None:
             raise ValueError("exit_threshold is an Ouro argument: Huginn has no exit gate "
@@ -176,6 +176,16 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
         if initial_state is not None:
             kwargs["initial_state"] = initial_state
     return module.forward(model.params, cfg, ids, **kwargs)
+
+
+def _check_threshold(value) -> float:
+    """Ouro's exit threshold, a cumulative probability: refused outside [0, 1] as SamplingParams
+    refuses it (above 1 never exits, below 0 always at loop 0); numpy scalars are numbers."""
+    from loopjax.sampling_params import _check_float
+
+    value = value.item() if isinstance(value, np.floating | np.integer) else value
+    _check_float("exit_threshold", value, 0, 1)
+    return float(value)
 
 
 def _check_ids(input_ids, vocab_size: int):

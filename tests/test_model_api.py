@@ -226,6 +226,11 @@ def test_forward_argument_errors(presets):
         loopjax.forward(huginn, [1, 256])
     with pytest.raises(ValueError, match="loops must be a non-negative integer"):
         loopjax.forward(huginn, [1, 2], loops=-1)
+    # Ouro's threshold is a cumulative probability, checked as SamplingParams checks it
+    for bad in (1.5, -0.2, float("nan"), "0.5", True):
+        with pytest.raises(ValueError, match=r"exit_threshold must be (a number )?in \[0, 1\]"):
+            loopjax.forward(ouro, [1, 2], exit_threshold=bad)
+    assert loopjax.forward(ouro, [1, 2], exit_threshold=np.float32(1)).logits.shape == (2, 256)
 
 
 def test_text_prompts_get_the_tokenizers_special_tokens(tmp_path):

@@ -115,6 +115,8 @@ def test_buckets_and_errors(ouro):
         ((np.array([3.7, 4.2]),), {}, "sequence 0 must be text or a flat list of integer token ids"),
         (([[3, 4], [True, False]],), {}, "sequence 1 must be text or a flat list of integer"),
         (([3.0, 4.0],), {}, "sequence 0 must be text or a flat list of integer"),
+        (([3, 4],), {"exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\], got 1.5"),
+        (([3, 4],), {"exit_threshold": float("nan")}, r"exit_threshold must be a number in \[0, 1\]"),
     ]:
         with pytest.raises(ValueError, match=words) as err:
             loopjax.score(model, *args, **kwargs)
