@@ -73,9 +73,9 @@ def _run(args) -> int:
         prompt = args.prompt
     model = load(args.model, args.dtype)
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
-    options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops)
-    options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend,
-                   enable_weighted_exit=args.exit_weighted)
+    options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops,
+                                     args.exit_weighted)
+    options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
     exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
                      "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
                      "exit_check_every": args.exit_check_every,

@@ -205,16 +205,17 @@ def _source(model) -> tuple | None:
 
 
 def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
-                           loops: int | None = None) -> dict:
+                           loops: int | None = None, exit_weighted: bool = False) -> dict:
     """Engine options sized to one batch of prompts (two compiled buckets per loop count); the
-    prefill chunk is capped like the engine's (EngineConfig.max_prefill_tokens, run 12)."""
+    prefill chunk is capped like the engine's (EngineConfig.max_prefill_tokens, run 12); the
+    weighted-exit steps compiled where the requests ask for them (Ouro's exit_weighted)."""
     rows = min(32, 1 << max(0, len(prompt_lens) - 1).bit_length())
     chunk = min(EngineConfig.max_prefill_tokens, 1 << max(4, (sum(prompt_lens) - 1).bit_length()))
     context = 1 << max(6, (max(prompt_lens) + max_new_tokens - 1).bit_length())
     return {"max_num_rows": rows, "decode_row_buckets": (rows,), "max_prefill_tokens": chunk,
             "prefill_token_buckets": (chunk,), "max_prefill_rows": min(4, rows),
             "max_context_len": context, "max_loops": loops, "verbose": False,
-            "loop_buckets": () if loops is None else (loops,)}
+            "loop_buckets": () if loops is None else (loops,), "enable_weighted_exit": exit_weighted}
 
 
 def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
@@ -239,7 +240,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
                          f"model's context of {model.cfg.max_context_len} tokens")
     # a copy: the caller's engine_options stay as given
-    options = dict(engine_options or compact_engine_options(lengths, max_new_tokens, params.loops))
+    options = dict(engine_options or compact_engine_options(lengths, max_new_tokens, params.loops,
+                                                            params.exit_weighted))
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)

@@ -138,3 +138,13 @@ def test_skip_runs_only_k_plus_one_loops(model, engine, monkeypatch):
     finals = run_requests(engine, {"s": (PROMPTS[1], greedy(exit_step=1, exit_mode="skip"))})
     assert seen == [2] * (NEW - 1)  # decode tokens run loops 0..1 (the prompt runs every loop)
     assert finals["s"].token_ids == reference(model, PROMPTS[1], exit_step=1)[0]
+
+
+def test_generate_builds_an_engine_for_the_weighted_exit(model, monkeypatch):
+    """loopjax.generate(..., exit_weighted=True) sizes its own engine: it compiles the weighted
+    steps (a default engine refuses the request) and gives the recompute's tokens."""
+    from loopjax import llm as llm_module
+
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    out, = loopjax.generate(model, PROMPTS[0], max_new_tokens=NEW, ignore_eos=True, exit_weighted=True)
+    assert (out.token_ids, out.exit_loops) == reference(model, PROMPTS[0], weighted=True)
