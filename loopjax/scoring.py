@@ -18,6 +18,7 @@ unpadded forward). The log-softmax runs on the device; only [T-1] numbers come b
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from functools import partial
 
@@ -81,7 +82,7 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     from loopjax.model import _check_ids, forward, load
     from loopjax.models import huginn
 
-    model = load(model) if isinstance(model, str) else model
+    model = load(model) if isinstance(model, str | os.PathLike) else model  # a folder as LLM takes it
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= model.cfg.vocab_size:
         raise ValueError(f"top_k must be an integer in [0, {model.cfg.vocab_size}], got {top_k!r}")
     if initial_state is not None and not (isinstance(initial_state, str) and initial_state == "zero"):

@@ -126,3 +126,14 @@ def test_buckets_and_errors(ouro):
     assert loopjax.score(model, [3, 4])[0].top_logprobs == [[]]  # top_k 0: none
     one, = loopjax.score(model, [5], top_k=2)  # one token: no prefix, nothing to score
     assert (one.token_ids, one.token_logprobs, one.greedy, one.top_logprobs) == ([5], [], [], [])
+
+
+def test_model_given_by_name_or_path(ouro):
+    """A checkpoint folder as a str or a path object (as LLM takes it) loads the model."""
+    import pathlib
+
+    model, ref = ouro
+    seq = ref["p0_input_ids"].tolist()
+    want = loopjax.score(model, seq)[0].token_logprobs
+    for given in (OURO, pathlib.Path(OURO)):
+        assert loopjax.score(given, seq)[0].token_logprobs == want
