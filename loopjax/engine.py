@@ -38,7 +38,7 @@ from loopjax.engine_config import EngineConfig
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
-from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_prompt_ids
+from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_exit_depth, check_prompt_ids
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -148,12 +148,11 @@ class Engine:
                              f"{self.config.max_logprobs}")
         check_for_model(params, self.model.cfg, has_tokenizer=self.model.tokenizer is not None,
                         warm_start=warm_start)
-        self._check_ouro_exit(params)
         if params.loops is not None and params.loops > self.max_loops:
             raise ValueError(f"loops={params.loops} exceeds this engine's max_loops={self.max_loops}")
         depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
-        if params.exit_trace is not None and max(params.exit_trace) > depth:  # refused, not capped
-            raise ValueError(f"exit_trace entry {max(params.exit_trace)} exceeds the depth {depth}")
+        check_exit_depth(params, depth, weighted_steps=self.config.enable_weighted_exit,
+                         fused=self.config.fused_decode)
         extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
@@ -303,19 +302,6 @@ class Engine:
         return outputs
 
     # ------------------------------------------------------------------ helpers
-    def _check_ouro_exit(self, params: SamplingParams) -> None:
-        """exit_step / exit_weighted (Ouro's, check_for_model): within the depth; weighted
-        needs its steps."""
-        if params.exit_step is None and not params.exit_weighted:
-            return
-        depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
-        if params.exit_step is not None and params.exit_step >= depth:
-            raise ValueError(f"exit_step={params.exit_step} must be below the depth {depth}")
-        if params.exit_weighted and not self.config.enable_weighted_exit:
-            raise ValueError("exit_weighted needs an engine with enable_weighted_exit=True")
-        if params.exit_weighted and not self.config.fused_decode:
-            raise ValueError("exit_weighted runs in fused steps; this engine has fused_decode=False")
-
     def _check_stop_strings(self, request: Request) -> None:
         """Apply stop strings (a running request's new tokens decoded incrementally each step),
         and set the text of a finished request (decoded once, if no stop string set it); none

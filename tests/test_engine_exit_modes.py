@@ -111,6 +111,12 @@ def test_bad_combinations_are_one_line(model, engine):
             huginn.add_request([1, 2], params)
     with pytest.raises(ValueError, match="give an exit_criterion"):  # no threshold exit of its own
         huginn.add_request([1, 2], greedy(exit_threshold=0.5))
+    # a criterion first checked past the depth never exits: refused, as with loops given
+    depth = huginn.scheduler.config.num_loops
+    with pytest.raises(ValueError, match=rf"^exit_min_loops={depth + 1} exceeds the depth {depth}"):
+        huginn.add_request([1, 2], greedy(exit_criterion="kl", exit_min_loops=depth + 1))
+    with pytest.raises(ValueError, match=rf"^exit_min_loops must be in \[1, {depth}\]"):
+        greedy(exit_criterion="kl", exit_min_loops=depth + 1, loops=depth)
     assert not engine.has_unfinished() and not huginn.has_unfinished()
 
 
