@@ -170,6 +170,8 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     (dict(num_pages=True), "EngineConfig.num_pages must be int | None, got True"),
     (dict(fused_decode=1), "EngineConfig.fused_decode must be bool, got 1"),
     (dict(decode_row_buckets=[4, "8"]), r"EngineConfig.decode_row_buckets must be tuple\[int, ...\] | None"),
+    # every request would be refused, naming an initial_state it did not send
+    (dict(huginn_init="random"), "EngineConfig.huginn_init must be 'seeded' or 'zero', got 'random'"),
 ])
 def test_engine_options_are_checked_when_made(options, message):
     """A wrong type or a count below 1 is one line naming the field when the config is made
