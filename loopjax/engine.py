@@ -72,6 +72,9 @@ class Engine:
         max_context = config.max_context_len or min(cfg.max_context_len, 4096)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
+        if any(n > self.max_loops for n in config.loop_buckets):
+            raise ValueError(f"EngineConfig.loop_buckets entry {max(config.loop_buckets)} exceeds "
+                             f"max_loops={self.max_loops}")
         if not 0 <= config.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {config.max_logprobs}")
         if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:

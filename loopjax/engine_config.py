@@ -63,6 +63,9 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{field.name} must be {field.type}, got {value!r}")
             if field.name in _POSITIVE and value is not None and value < 1:
                 raise ValueError(f"EngineConfig.{field.name} must be >= 1, got {value!r}")
+        for name in ("loop_buckets", "decode_context_buckets"):  # loop counts, context lengths
+            if any(v < 1 for v in getattr(self, name)):
+                raise ValueError(f"EngineConfig.{name} entries must be >= 1, got {getattr(self, name)!r}")
         if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it
             raise ValueError(f"EngineConfig.huginn_init must be 'seeded' or 'zero', got {self.huginn_init!r}")
 

@@ -172,6 +172,10 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     (dict(decode_row_buckets=[4, "8"]), r"EngineConfig.decode_row_buckets must be tuple\[int, ...\] | None"),
     # every request would be refused, naming an initial_state it did not send
     (dict(huginn_init="random"), "EngineConfig.huginn_init must be 'seeded' or 'zero', got 'random'"),
+    # were a warm-up error naming no option ("loops [0, 0) outside 0..4"; a negative array dimension)
+    (dict(loop_buckets=(2, 0)), r"EngineConfig.loop_buckets entries must be >= 1, got \(2, 0\)"),
+    (dict(decode_context_buckets=(-8,)),
+     r"EngineConfig.decode_context_buckets entries must be >= 1, got \(-8,\)"),
 ])
 def test_engine_options_are_checked_when_made(options, message):
     """A wrong type or a count below 1 is one line naming the field when the config is made
@@ -214,6 +218,11 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
 def test_max_logprobs_out_of_range_is_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match=r"^max_logprobs must be in \[0, 20\], got 21$"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "max_logprobs": 21}))
+
+
+def test_loop_buckets_deeper_than_max_loops_are_a_clear_error(ouro_model):
+    with pytest.raises(ValueError, match=r"^EngineConfig.loop_buckets entry 8 exceeds max_loops=4$"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "loop_buckets": (2, 8), "warmup": False}))
 
 
 def test_pool_too_small_is_a_clear_error(ouro_model):
