@@ -85,7 +85,10 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     model = load(model) if isinstance(model, str | os.PathLike) else model  # a folder as LLM takes it
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= model.cfg.vocab_size:
         raise ValueError(f"top_k must be an integer in [0, {model.cfg.vocab_size}], got {top_k!r}")
-    if initial_state is not None and not (isinstance(initial_state, str) and initial_state == "zero"):
+    if isinstance(initial_state, str) and initial_state != "zero":
+        raise ValueError(f"initial_state must be None (the position-keyed s_0) or 'zero' when scoring, "
+                         f"got {initial_state!r}")
+    if initial_state is not None and not isinstance(initial_state, str):
         raise ValueError(f"initial_state must be None or 'zero' when scoring, got a "
                          f"{type(initial_state).__name__} (an explicit s_0 [T, H]: use loopjax.forward)")
     if isinstance(sequences, str) or (isinstance(sequences, np.ndarray) and sequences.ndim == 1):

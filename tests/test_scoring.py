@@ -111,6 +111,9 @@ def test_buckets_and_errors(ouro):
         (([3, 999],), {}, "outside the vocabulary"),
         (("hello world",), {}, "tokenizer"),
         (([3, 4],), {"initial_state": np.zeros((2, 4))}, "use loopjax.forward"),
+        # the engine's name of the default s_0 is None here; no hint at an explicit s_0
+        (([3, 4],), {"initial_state": "seeded"},
+         r"^initial_state must be None \(the position-keyed s_0\) or 'zero' when scoring, got 'seeded'$"),
         (([3, 4],), {"top_k": -1}, r"top_k must be an integer in \[0, 256\]"),
         ((np.array([3.7, 4.2]),), {}, "sequence 0 must be text or a flat list of integer token ids"),
         (([[3, 4], [True, False]],), {}, "sequence 1 must be text or a flat list of integer"),
