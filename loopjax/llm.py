@@ -59,7 +59,7 @@ class LLM:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
-        ids = [self._tokens(p) for p in _prompt_list(prompts)]
+        ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
         params = _params_list(sampling_params, kwargs, len(ids))
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
         if len(states) != len(ids):
@@ -123,10 +123,13 @@ class LLM:
                     finals[out.request_id] = out
         return finals
 
-    def _tokens(self, prompt) -> list[int]:
+    def _tokens(self, prompt, k: int) -> list[int]:
         if isinstance(prompt, str):
             return self.model.tokenize(prompt)
-        return check_prompt_ids(prompt, self.model.cfg.vocab_size)  # before anything is queued
+        try:  # before anything is queued
+            return check_prompt_ids(prompt, self.model.cfg.vocab_size)
+        except ValueError as e:  # named as the engine's refusals name it
+            raise ValueError(f"prompt {k}: {e}") from None
 
 
 def _model(model_or_path, dtype=None):

@@ -461,9 +461,11 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
         outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
         assert [o.token_ids for o in outs] == [golden] * count
         assert outs[0].prompt_token_ids == prompt.tolist()
-    for prompts, message in ((None, "prompts must be a string, token ids or a list of them, got NoneType"),
-                             ([prompt, None], "prompt_token_ids must be a list of token ids, got NoneType"),
-                             ([prompt, [1.5]], "prompt_token_ids must be a flat list of integer token ids")):
+    for prompts, message in (
+            (None, "prompts must be a string, token ids or a list of them, got NoneType"),
+            ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
+            ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
+            ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             ouro_llm.generate(prompts, max_new_tokens=3)
     assert not ouro_llm.engine.has_unfinished()
