@@ -170,7 +170,10 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     else:
         kwargs = dict(kwargs)
         if "max_new_tokens" in kwargs:
-            kwargs["max_tokens"] = kwargs.pop("max_new_tokens")
+            new = kwargs.pop("max_new_tokens")
+            if kwargs.setdefault("max_tokens", new) != new:  # NOTE: refused, not one of them dropped
+                raise ValueError(f"max_tokens ({kwargs['max_tokens']!r}) and max_new_tokens ({new!r}) "
+                                 f"disagree; give one")
         kwargs.setdefault("temperature", 0.0)
         sampling_params = [SamplingParams(**kwargs)] * num_prompts
     for p in sampling_params:

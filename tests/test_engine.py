@@ -412,6 +412,15 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref, ouro_llm):
     assert llm.engine.stats()["compilations"] == compiled
 
 
+def test_max_tokens_and_its_alias_must_agree(ouro_llm):
+    """max_new_tokens (HF's name) is max_tokens (vLLM's): both given and different is refused,
+    not one of them silently dropped."""
+    with pytest.raises(ValueError, match=r"^max_tokens \(2\) and max_new_tokens \(3\) disagree; give one$"):
+        ouro_llm.generate([1, 2], max_tokens=2, max_new_tokens=3)
+    assert not ouro_llm.engine.has_unfinished()
+    assert len(ouro_llm.generate([1, 2], max_tokens=2, max_new_tokens=2, ignore_eos=True)[0].token_ids) == 2
+
+
 def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch):
     """One SamplingParams without a seed for many prompts and calls (vLLM's `generate([p] * 3,
     params)`): each request draws its own seed, so the samples differ, as vLLM's do; a given
