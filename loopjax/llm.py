@@ -134,6 +134,7 @@ class LLM:
 
 def _model(model_or_path, dtype=None):
     """A Model as given, or loaded from a folder (str or os.PathLike) or a preset name."""
+    from loopjax import checkpoint
     from loopjax.model import Model, load
 
     if isinstance(model_or_path, str | os.PathLike):
@@ -141,6 +142,9 @@ def _model(model_or_path, dtype=None):
     if not isinstance(model_or_path, Model):
         raise ValueError(f"model must be a loopjax Model, a model folder or a preset name, "
                          f"got {type(model_or_path).__name__}")
+    if dtype is not None and (want := checkpoint.parse_dtype(dtype)) != model_or_path.dtype:
+        raise ValueError(f"dtype {want} differs from the given Model's {model_or_path.dtype}: dtype "
+                         f"applies to a model loaded by name (loopjax.load(path, dtype))")
     return model_or_path
 
 

@@ -609,6 +609,10 @@ def test_model_given_as_a_path_object(ouro_model, monkeypatch):
         loopjax.LLM(None)
     with pytest.raises(ValueError, match="got int$"):
         loopjax.generate(3, [1, 2], max_new_tokens=2)
+    # dtype loads a model by name; a Model given is used as it is: another dtype is refused, not ignored
+    assert loopjax.LLM(ouro_model, dtype="float32").model is ouro_model
+    with pytest.raises(ValueError, match="^dtype bfloat16 differs from the given Model's float32: "):
+        loopjax.LLM(ouro_model, dtype="bfloat16")
 
 
 def test_generate_cli(capsys):
