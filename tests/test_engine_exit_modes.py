@@ -87,6 +87,14 @@ def test_a_config_without_threshold_selects_its_early_exit_step(model):
         assert (finals[p].token_ids, finals[p].exit_loops) == (tokens, loops)
         assert (tokens, loops) == reference(model, prompt, exit_step=2)
         assert tokens != reference(model, prompt)[0]  # the released rule differs here (not a no-op)
+    # a request shallower than the config's step keeps its last loop; the identity path (and so
+    # LLM.generate's prompt_logprobs, scored after the generation) must too, not raise
+    shallow = run_requests(engine, {"s": (PROMPTS[0], greedy(loops=2))})["s"]
+    assert (shallow.token_ids, shallow.exit_loops) == reference(stepped, PROMPTS[0], loops=2, exit_step=1)
+    assert (shallow.token_ids, shallow.exit_loops) == reference(stepped, PROMPTS[0], loops=2)
+    llm = loopjax.LLM(stepped, **{**SMALL, "warmup": False, "strict_compile": False})
+    out, = llm.generate(PROMPTS[0], greedy(loops=2, prompt_logprobs=0))
+    assert out.token_ids == shallow.token_ids and len(out.prompt_logprobs) == len(PROMPTS[0])
 
 
 def test_bad_combinations_are_one_line(model, engine):

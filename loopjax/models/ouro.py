@@ -318,7 +318,8 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
 
     Selection, in order: `exit_step` (fixed loop) if given; else `weighted` (Σ p_i·logits_i);
     else the threshold rule with `exit_threshold`, or the config's `early_exit_threshold`;
-    if both are None, the config's `early_exit_step`, else the last loop."""
+    if both are None, the config's `early_exit_step` (the last loop where it is not below
+    `loops`, as the engine runs a shallower request), else the last loop."""
     num_loops = cfg.total_ut_steps if loops is None else loops
     if not isinstance(num_loops, int) or num_loops < 1:
         raise ValueError(f"ouro forward: loops must be a positive integer, got {loops!r}")
@@ -330,7 +331,8 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
         raise ValueError("ouro forward: exit_step and weighted exit are exclusive")
     threshold = cfg.early_exit_threshold if exit_threshold is None else exit_threshold
     if exit_step is None and not weighted and threshold is None:
-        exit_step = num_loops - 1 if cfg.early_exit_step is None else cfg.early_exit_step
+        step = cfg.early_exit_step
+        exit_step = num_loops - 1 if step is None or step >= num_loops else step
     if exit_step is not None and not 0 <= exit_step < num_loops:
         raise ValueError(f"ouro forward: exit_step {exit_step} is outside 0..{num_loops - 1}")
     hidden, gate, loop_logits = _run_loops(params, cfg, input_ids, num_loops)
