@@ -250,7 +250,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
                          f"model's context of {model.cfg.max_context_len} tokens")
     # a copy: the caller's engine_options stay as given
-    options = dict(engine_options or compact_engine_options(lengths, max_new_tokens, params.loops,
+    # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
+    options = dict(engine_options or compact_engine_options(lengths * params.n, max_new_tokens, params.loops,
                                                             params.exit_weighted))
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:

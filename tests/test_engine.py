@@ -567,6 +567,27 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
     assert options == SMALL and len(built) == 1
 
 
+def test_generate_sizes_its_engine_for_every_sample(ouro_model, monkeypatch):
+    """n samples of a prompt are n requests: the engine generate builds decodes them side by
+    side (rows for all of them), not one after another in a one-row engine."""
+    from loopjax import llm as llm_module
+
+    built = []
+
+    class NoEngine:
+        def __init__(self, model, **options):
+            self.model = model
+            built.append(options)
+
+        def generate(self, prompts, params=None, **kwargs):
+            return [params]
+
+    monkeypatch.setattr(llm_module, "LLM", NoEngine)
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, temperature=1.0, n=4)
+    assert built[-1]["max_num_rows"] == 4 and built[-1]["decode_row_buckets"] == (4,)
+
+
 @pytest.mark.parametrize("method", ["read", "dispatch"])
 def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch, method):
     """Ctrl-C while the host waits for a step's result (read) or while a step is dispatched
