@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from loopjax.engine import Engine, EngineConfig
-from loopjax.request import check_prompt_ids
+from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.sampling_params import SamplingParams, check_for_model
 from loopjax.scoring import score, score_options
 
@@ -243,6 +243,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
         raise ValueError("prompts is empty")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
+    # the engine's depth checks (its default depth is at most the model's); weighted steps are built
+    check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
     ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
            for p in prompt_list]
     lengths = [len(p) for p in ids]

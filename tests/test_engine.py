@@ -559,6 +559,10 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
                                                          r"none \(use stop_token_ids\)")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             loopjax.generate(ouro_model, prompt, **kwargs)
+    for kwargs, message in ((dict(exit_step=4), "exit_step=4 must be below the depth 4"),  # the engine's
+                            (dict(exit_trace=(2, 5)), "exit_trace entry 5 exceeds the depth 4")):
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, **kwargs)
     with pytest.raises(ValueError, match="^exit_step applies to Ouro models only$"):
         loopjax.generate(loopjax.load(HUGINN), [1, 2], max_new_tokens=4, exit_step=1)
     assert built == []
