@@ -234,17 +234,22 @@ def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
     return ids
 
 
-def check_exit_depth(params, depth: int, *, weighted_steps: bool, fused: bool) -> None:
+def check_exit_depth(params, depth: int, *, weighted_steps: bool, fused: bool,
+                     adaptive_steps: bool = True) -> None:
     """A one-line ValueError for exit settings of `params` (a SamplingParams) that do not fit
     the request's depth (its loops, or the engine's default) or the engine's steps (weighted
-    exit compiled, fused decode): refused, not capped, as SamplingParams refuses them when
-    `loops` is given."""
+    exit compiled, fused decode, adaptive steps compiled or compilable): refused, not capped,
+    as SamplingParams refuses them when `loops` is given."""
     if params.exit_step is not None and params.exit_step >= depth:
         raise ValueError(f"exit_step={params.exit_step} must be below the depth {depth}")
     if params.exit_trace is not None and max(params.exit_trace) > depth:
         raise ValueError(f"exit_trace entry {max(params.exit_trace)} exceeds the depth {depth}")
     if params.exit_criterion is not None and params.exit_min_loops > depth:  # it would never check
         raise ValueError(f"exit_min_loops={params.exit_min_loops} exceeds the depth {depth}")
+    adaptive = params.exit_mode == "skip" or (params.exit_trace, params.exit_criterion) != (None, None)
+    if adaptive and not adaptive_steps:  # NOTE: its step would raise, aborting its batch-mates too
+        raise ValueError("exit_mode='skip', exit_trace and exit_criterion run in adaptive steps; this "
+                         "strict engine compiled none (adaptive_exit=False)")
     if params.exit_weighted and not weighted_steps:
         raise ValueError("exit_weighted needs an engine with enable_weighted_exit=True")
     if params.exit_weighted and not fused:

@@ -215,6 +215,21 @@ def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
     assert finals["good"].token_ids == ouro_ref["p0_greedy_tokens"].tolist()
 
 
+def test_strict_engine_refuses_adaptive_requests_it_did_not_compile(ouro_engine, ouro_ref):
+    """A strict engine without adaptive_exit refuses an adaptive request when it is added: it
+    used to be queued, and the first step with its row raised CompileAfterWarmup, aborting every
+    request of that step (batch-mates too)."""
+    ok = ouro_ref["p0_input_ids"].tolist()
+    ouro_engine.add_request(ok, greedy(24), "mate")
+    for params in (greedy(4, exit_mode="skip", exit_threshold=0.5), greedy(4, exit_trace=(2, 3))):
+        with pytest.raises(ValueError, match=r"^exit_mode='skip', exit_trace and exit_criterion run in "
+                                             r"adaptive steps; this strict engine compiled none "
+                                             r"\(adaptive_exit=False\)$"):
+            ouro_engine.add_request(ok, params)
+    finals = run_all(ouro_engine)
+    assert finals["mate"].token_ids == ouro_ref["p0_greedy_tokens"].tolist()
+
+
 def test_max_logprobs_out_of_range_is_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match=r"^max_logprobs must be in \[0, 20\], got 21$"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "max_logprobs": 21}))
