@@ -189,24 +189,27 @@ def _minp_log_probs(probs):
     return jnp.log(masked / jnp.sum(masked, axis=-1, keepdims=True))
 
 
-def _row_mean(values, row_of_token, num_rows: int):
-    """Mean of per-token values [N] over each row's tokens -> [R] (inf for empty rows)."""
+def _row_mean(values, row_of_token, num_rows: int, real=None):
+    """Mean of per-token values [N] over each row's real tokens -> [R] (inf for empty rows)."""
     if row_of_token is None:
         return values
-    total = jax.ops.segment_sum(values, row_of_token, num_segments=num_rows)
-    count = jax.ops.segment_sum(jnp.ones_like(values), row_of_token, num_segments=num_rows)
+    weight = jnp.ones_like(values) if real is None else real.astype(values.dtype)
+    total = jax.ops.segment_sum(jnp.where(weight > 0, values, 0), row_of_token, num_segments=num_rows)
+    count = jax.ops.segment_sum(weight, row_of_token, num_segments=num_rows)
     return jnp.where(count > 0, total / jnp.maximum(count, 1), jnp.inf)
 
 
 def update(state: ExitState, params: ExitParams, logits, latent, loop_idx, *,
-           row_of_token=None, active=None) -> tuple[ExitState, jax.Array]:
+           row_of_token=None, active=None, real_token=None) -> tuple[ExitState, jax.Array]:
     """Fold loop `loop_idx` into the criteria; returns (state, exit_now [R] bool).
 
     logits [R, V] (any float dtype; used in fp32): each row's last-token logits of this loop,
     or None when no row needs them (`needs_logits` false): logit criteria then neither fire
     nor advance. latent [N, H]: this loop's raw states s (before ln_f; norms and dot
     products in fp32, the reference's are in the model dtype). row_of_token [N]:
-    the row of each token (None: N = R, token r is row r). active [R]: rows that ran this
+    the row of each token (None: N = R, token r is row r); real_token [N] bool (None: all):
+    the latent means skip the others (a bucket's padding tokens carry row 0's id, and would
+    make row 0's exit depend on the bucket). active [R]: rows that ran this
     loop (None: all); inactive and already exited rows keep their state and never fire.
     exit_now is true only on the loop a row first exits; `state.exited` accumulates it.
     """
@@ -221,9 +224,9 @@ def update(state: ExitState, params: ExitParams, logits, latent, loop_idx, *,
     s = jnp.asarray(latent, jnp.float32)
     prev = state.prev_latent
     s_norm = jnp.linalg.norm(s, axis=-1)
-    latent_diff = _row_mean(jnp.linalg.norm(s - prev, axis=-1) / s_norm, row_of_token, r)
+    latent_diff = _row_mean(jnp.linalg.norm(s - prev, axis=-1) / s_norm, row_of_token, r, real_token)
     cos = jnp.sum(s * prev, axis=-1) / s_norm / jnp.linalg.norm(prev, axis=-1)
-    cosine = 1.0 - _row_mean(cos, row_of_token, r)
+    cosine = 1.0 - _row_mean(cos, row_of_token, r, real_token)
     loops_run = jnp.asarray(loop_idx, jnp.float32) + 1.0
 
     fire = jnp.where(kind == LATENT_DIFF, latent_diff < thr,

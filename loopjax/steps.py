@@ -210,8 +210,8 @@ def huginn_step(params, state: DeviceState, batch, *, cfg, layout, backend, kind
                 exits.needs_logits(batch.exit, xs, depth, active=row_live),
                 lambda kv: huginn.coda(params, cfg, s, cos, sin, attn, kv, ops, logit_rows=last),
                 lambda kv: (jnp.zeros((last.shape[0], cfg.vocab_size), dtype), kv), kv)
-            xs, _ = exits.update(xs, batch.exit, logits, s, depth,
-                                 row_of_token=batch.row_of_token, active=row_live)
+            xs, _ = exits.update(xs, batch.exit, logits, s, depth, row_of_token=batch.row_of_token,
+                                 active=row_live, real_token=batch.slot_mapping != layout.drop_slot)
         selecting = row_live & ~exited  # rows follow s up to their exit loop, then keep it
         sel = jnp.where(selecting[batch.row_of_token][:, None], s, sel)
         return s, kv, xs, sel, jnp.where(selecting, depth + 1, ran)

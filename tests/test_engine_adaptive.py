@@ -170,6 +170,28 @@ def test_huginn_async_scheduling_equals_synchronous(huginn_engines):
     assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
 
 
+def test_huginn_latent_exits_ignore_padding_tokens(huginn_engines):
+    """latent-diff and cosine average a row's real tokens only: the bucket's padding tokens
+    (prefill and decode) carry row 0's id and made a request in row 0 exit otherwise than
+    in an engine whose buckets it fills exactly."""
+    model = loopjax.load(HUGINN)
+    exact = Engine(model, EngineConfig(**{**CFG, "max_num_rows": 1, "decode_row_buckets": (1,),
+                                          "max_prefill_tokens": 25, "prefill_token_buckets": (25,),
+                                          "max_prefill_rows": 1}, max_loops=16))
+    rng = np.random.default_rng(0)
+    for criterion, threshold in (("latent-diff", 0.3), ("cosine", 5e-2)):
+        params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, loops=8,
+                                exit_criterion=criterion, exit_threshold=threshold)
+        for _ in range(2):
+            prompt = rng.integers(0, 256, 25).tolist()
+            runs = []
+            for engine in (exact, huginn_engines["per_loop"]):  # row 0 of 4 rows, 25 of 32 tokens
+                engine.add_request(prompt, params, "x")
+                out = finish(engine)["x"]
+                runs.append((out.token_ids, out.exit_loops))
+            assert runs[0] == runs[1], criterion
+
+
 def test_adaptive_exits_with_the_pallas_decode_kernel():
     """The GPU default reads decode attention through the Pallas kernel (interpret mode here):
     inside the adaptive while_loop with the "last exited" fill it gives the golden tokens and
