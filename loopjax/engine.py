@@ -175,8 +175,8 @@ class Engine:
         if adaptive and not self.config.fused_decode:
             raise ValueError("adaptive exits and warm start run on device in fused steps; this "
                              "engine has fused_decode=False")
-        request = Request(request_id, prompt, params, max_loops=params.loops,
-                          cache_salt=None if adaptive else self._cache_salt(extra))
+        request = Request(request_id, prompt, params, max_loops=params.loops, whole_prefill=extra.exit_spec
+                          is not None, cache_salt=None if adaptive else self._cache_salt(extra))
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id

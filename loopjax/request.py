@@ -23,8 +23,12 @@ Conventions:
   validates a prompt before anything is queued.
 - `output_token_ids` and `exit_loops` are append-only (preemption keeps them): a RequestOutput
   holds Snapshots of them, not copies.
-- The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops` and
-  `cache_salt`, which the engine sets before `Scheduler.add`.
+- The scheduler owns every field except `sampling_params`, `adaptive`, `max_loops`,
+  `cache_salt` and `whole_prefill`, which the engine sets before `Scheduler.add`.
+- `whole_prefill`: a Huginn prompt with an exit criterion exits as one, decided on its last
+  position (the reference's adaptive prefill), so a prefill chunk must hold all of it: one
+  that fits `max_prefill_tokens` waits for a step with the budget rather than being split by
+  a batch-mate (a longer one, e.g. prompt + outputs recomputed after preemption, is chunked).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class Request:
     max_loops: int | None = None  # loops per token (cap when adaptive); None = the model's depth
     arrival_time: float | None = None  # clock time of `add` (set by the scheduler if None)
     cache_salt: tuple | None = None  # KV inputs besides tokens/loops; None = never share pages
+    whole_prefill: bool = False  # its prompt exits as one (Huginn criterion): never split if it fits
     # ---- scheduler-owned state
     output_token_ids: list[int] = field(default_factory=list)
     exit_loops: list[int] = field(default_factory=list)  # loops run, per output token

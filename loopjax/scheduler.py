@@ -228,8 +228,9 @@ class Scheduler:
             hits = self.block_manager.match(request)  # cached prefix pages (prefix cache on)
             start = len(hits) * cfg.page_size         # < num_tokens: the last token is computed
             end = min(request.num_tokens, start + budget)
-            if not self.block_manager.can_admit(hits, end):
-                break  # FCFS: nobody overtakes the head of the queue
+            split = request.whole_prefill and end < request.num_tokens <= cfg.max_prefill_tokens
+            if split or not self.block_manager.can_admit(hits, end):
+                break  # FCFS: nobody overtakes the head of the queue (Request.whole_prefill waits)
             self.waiting.popleft()
             self.block_manager.admit(request, hits, end)
             request.num_computed_tokens = start

@@ -192,6 +192,26 @@ def test_huginn_latent_exits_ignore_padding_tokens(huginn_engines):
             assert runs[0] == runs[1], criterion
 
 
+def test_huginn_adaptive_prompt_is_not_split_by_a_batch_mate(huginn_engines):
+    """A Huginn prompt with an exit criterion exits as one (the reference's adaptive prefill):
+    a batch-mate that takes part of the prefill budget must not split it into chunks that
+    exit separately. It gave other greedy tokens with a mate than alone."""
+    engine = huginn_engines["per_loop"]
+    rng = np.random.default_rng(0)
+    for criterion, threshold in (("kl", 5e-2), ("latent-diff", 0.3), ("cosine", 5e-2)):
+        for _ in range(2):
+            prompt, mate = rng.integers(0, 256, 25).tolist(), rng.integers(0, 256, 20).tolist()
+            params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, loops=8,
+                                    exit_criterion=criterion, exit_threshold=threshold)
+            engine.add_request(prompt, params, "alone")
+            alone = finish(engine)["alone"]
+            engine.add_request(mate, SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True), "mate")
+            engine.add_request(prompt, params, "mixed")  # 32 - 20 tokens of the budget left
+            mixed = finish(engine)["mixed"]
+            assert (mixed.token_ids, mixed.exit_loops) == (alone.token_ids, alone.exit_loops), criterion
+    assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
+
+
 def test_adaptive_exits_with_the_pallas_decode_kernel():
     """The GPU default reads decode attention through the Pallas kernel (interpret mode here):
     inside the adaptive while_loop with the "last exited" fill it gives the golden tokens and
