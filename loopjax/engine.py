@@ -156,7 +156,8 @@ class Engine:
         depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
         check_exit_depth(params, depth, weighted_steps=self.config.enable_weighted_exit,
                          fused=self.config.fused_decode,
-                         adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile)
+                         adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
+                         or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
         extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
