@@ -233,7 +233,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
              **sampling_kwargs: Any) -> list[GenerateOutput]:
     """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
     a checkpoint folder or a preset name). The engine (and a model loaded by name) is kept for
-    later calls with the same model and options. Returns one GenerateOutput per prompt. The
+    later calls with the same model and options. Returns one GenerateOutput per prompt and
+    sample, as `LLM.generate` (with `n` samples, prompt p's sample i is result p * n + i). The
     prompts and sampling settings are checked before an engine is built (it takes a while)."""
     source = _source(model)
     loaded = next((llm.model for (src, _), llm in _CACHE.items() if source and src == source), None)
