@@ -58,7 +58,8 @@ class LLM:
                  *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). kwargs build a SamplingParams
-        (`max_new_tokens` is an alias of `max_tokens`) when sampling_params is None."""
+        (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
+        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None."""
         ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
         params = _params_list(sampling_params, kwargs, len(ids))
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
