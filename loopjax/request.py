@@ -217,7 +217,9 @@ class RequestOutput:
     finished: bool
     finish_reason: str | None             # 'stop' | 'length' | 'abort' | None
     exit_loops: Sequence[int]             # loops of the selected state, per generated token
-    text: str | None = None               # generated text (stop string trimmed); None: no tokenizer
+    # Generated text once finished (stop strings set: as decoded so far, trimmed at a match);
+    # None before that, and without a tokenizer or with detokenize=False.
+    text: str | None = None
     logprobs: Sequence[float] | None = None  # per generated token (when asked)
     top_logprobs: Sequence[list[tuple[int, float]]] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
