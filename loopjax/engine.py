@@ -17,7 +17,8 @@ in `step()` (Ctrl-C while it waits for the device or compiles a step) leaves the
 a step not yet read stays queued, one whose dispatch raised is dropped and its requests aborted.
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
 planned as fixed-depth rows: the device decides their exits inside the same submission.
-Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `_Extra`.
+Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `RequestExtra`
+(request_extra.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from collections import deque
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from loopjax import attention_backend, kv_cache
-from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_WARM, INIT_ZERO, RowInput, StepResult
+from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.detokenizer import IncrementalDetokenizer
@@ -39,29 +39,13 @@ from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_exit_depth, check_prompt_ids
+from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
-
-
-@dataclass
-class _Extra:
-    """Engine-side per-request data the scheduler does not keep."""
-
-    init_mode: int = INIT_SEEDED
-    init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
-    skip: bool = False                      # adaptive "skip": stop at the exit (or trace)
-    exit_spec: ExitSpec | None = None       # Huginn exit criterion
-    warm: bool = False                      # Huginn warm start (keeps a carry slot throughout)
-    carry_slot: int | None = None
-    token_slot: int | None = None           # its last sampled token on the device
-    text: str | None = None
-    detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
-    logprobs: list[float] = field(default_factory=list)
-    top_logprobs: list = field(default_factory=list)
 
 
 class Engine:
@@ -119,7 +103,7 @@ class Engine:
                                    weighted=config.enable_weighted_exit)
         if config.warmup:
             self.runner.warmup(**self.warmup_options, threads=config.compile_threads)
-        self._extra: dict[str, _Extra] = {}
+        self._extra: dict[str, RequestExtra] = {}
         self._free_carry = list(range(self.runner.max_rows - 1, -1, -1))
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
@@ -158,7 +142,8 @@ class Engine:
                          fused=self.config.fused_decode,
                          adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
-        extra = self._initial_state(initial_state, len(prompt) + (0 if warm_start else params.max_tokens - 1))
+        extra = initial_state_extra(self.model.cfg, initial_state, self.config.huginn_init,
+                                    len(prompt) + (0 if warm_start else params.max_tokens - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
         if params.exit_criterion is not None:
@@ -172,12 +157,13 @@ class Engine:
         check_suppressible(params)  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
-        adaptive = extra.skip or extra.exit_spec is not None or extra.warm
+        adaptive = params.stops_adaptively or extra.warm
         if adaptive and not self.config.fused_decode:
             raise ValueError("adaptive exits and warm start run on device in fused steps; this "
                              "engine has fused_decode=False")
-        request = Request(request_id, prompt, params, max_loops=params.loops, whole_prefill=extra.exit_spec
-                          is not None, cache_salt=None if adaptive else self._cache_salt(extra))
+        salt = None if adaptive else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
+        request = Request(request_id, prompt, params, max_loops=params.loops,
+                          whole_prefill=extra.exit_spec is not None, cache_salt=salt)
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id
@@ -331,7 +317,7 @@ class Engine:
             extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
 
     def _output(self, request: Request, new_tokens) -> RequestOutput:
-        extra = self._extra.get(request.request_id) or _Extra()
+        extra = self._extra.get(request.request_id) or RequestExtra()
         want_lp = request.sampling_params.logprobs is not None
         subs = request.num_prefill_submissions + request.num_decode_submissions
         metrics = {"ttft": request.ttft, "tpot": request.tpot,
@@ -360,33 +346,6 @@ class Engine:
         if extra is not None and extra.token_slot is not None:
             self._free_token_slots.append(extra.token_slot)
             extra.token_slot = None
-
-    def _cache_salt(self, extra: _Extra) -> tuple | None:
-        """What a request's KV depends on besides tokens and loops (prefix_cache.py): nothing
-        for Ouro; Huginn's s0 rule, and None (never share) for explicit states."""
-        if self.model.cfg.family != "huginn":
-            return ()
-        if extra.init_mode == INIT_EXPLICIT:
-            return None
-        return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", self.config.huginn_seed)
-
-    def _initial_state(self, spec, num_positions: int) -> _Extra:
-        if self.model.cfg.family != "huginn":
-            if spec is not None:
-                raise ValueError("initial_state applies to Huginn models only")
-            return _Extra()
-        spec = self.config.huginn_init if spec is None else spec
-        if isinstance(spec, str):
-            modes = {"seeded": INIT_SEEDED, "zero": INIT_ZERO}
-            if spec not in modes:
-                raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
-            return _Extra(init_mode=modes[spec])
-        states = np.asarray(spec, np.float32)
-        hidden = self.model.cfg.hidden_size
-        if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
-            raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
-                             f"per position of prompt + max_tokens - 1), got {states.shape}")
-        return _Extra(init_mode=INIT_EXPLICIT, init_states=states)
 
     def stats(self) -> dict:
         s = self.scheduler.stats()

@@ -253,8 +253,7 @@ def check_exit_depth(params, depth: int, *, weighted_steps: bool, fused: bool,
         raise ValueError(f"exit_trace entry {max(params.exit_trace)} exceeds the depth {depth}")
     if params.exit_criterion is not None and params.exit_min_loops > depth:  # it would never check
         raise ValueError(f"exit_min_loops={params.exit_min_loops} exceeds the depth {depth}")
-    adaptive = params.exit_mode == "skip" or (params.exit_trace, params.exit_criterion) != (None, None)
-    if adaptive and not adaptive_steps:  # NOTE: its step would raise, aborting its batch-mates too
+    if params.stops_adaptively and not adaptive_steps:  # NOTE: its step would raise, aborting batch-mates
         raise ValueError("exit_mode='skip', exit_trace and exit_criterion run in adaptive steps; this "
                          "strict engine compiled none (adaptive_exit=False)")
     if params.exit_weighted and not weighted_steps:

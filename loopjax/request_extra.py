@@ -1,0 +1,63 @@
+"""The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
+exit settings, device slots, text and logprobs so far), made from what `Engine.add_request` was
+given, and what a request's KV depends on besides its tokens and loops (`cache_salt`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
+from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.exits import ExitSpec
+
+
+@dataclass
+class RequestExtra:
+    """Engine-side per-request data the scheduler does not keep."""
+
+    init_mode: int = INIT_SEEDED
+    init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
+    skip: bool = False                      # adaptive "skip": stop at the exit (or trace)
+    exit_spec: ExitSpec | None = None       # Huginn exit criterion
+    warm: bool = False                      # Huginn warm start (keeps a carry slot throughout)
+    carry_slot: int | None = None
+    token_slot: int | None = None           # its last sampled token on the device
+    text: str | None = None
+    detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list = field(default_factory=list)
+
+
+def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestExtra:
+    """A request's RequestExtra with its Huginn s0 rule: `spec` None (the engine's `default`,
+    EngineConfig.huginn_init), 'seeded', 'zero' or explicit states [>= num_positions, H];
+    Ouro takes none (a one-line ValueError otherwise)."""
+    if cfg.family != "huginn":
+        if spec is not None:
+            raise ValueError("initial_state applies to Huginn models only")
+        return RequestExtra()
+    spec = default if spec is None else spec
+    if isinstance(spec, str):
+        modes = {"seeded": INIT_SEEDED, "zero": INIT_ZERO}
+        if spec not in modes:
+            raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
+        return RequestExtra(init_mode=modes[spec])
+    states = np.asarray(spec, np.float32)
+    hidden = cfg.hidden_size
+    if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
+        raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
+                         f"per position of prompt + max_tokens - 1), got {states.shape}")
+    return RequestExtra(init_mode=INIT_EXPLICIT, init_states=states)
+
+
+def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
+    """What a request's KV depends on besides tokens and loops (prefix_cache.py): nothing for
+    Ouro; Huginn's s0 rule, and None (never share) for explicit states."""
+    if cfg.family != "huginn":
+        return ()
+    if extra.init_mode == INIT_EXPLICIT:
+        return None
+    return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", huginn_seed)
