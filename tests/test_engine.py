@@ -502,46 +502,10 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     assert not ouro_llm.engine.has_unfinished()
 
 
-def test_generate_keeps_a_model_loaded_by_name(monkeypatch, tmp_path):
-    """loopjax.generate given a folder loads it once for later calls with it (it loaded and
-    compiled anew at every call); a folder whose files change is loaded again."""
-    import os
-    import shutil
-
-    from loopjax import llm as llm_module
-    from loopjax import model as model_module
-
-    loads, real_load = [], model_module.load
-
-    def load(path, dtype=None):
-        loads.append(path)
-        return real_load(path, dtype)
-
-    monkeypatch.setattr(model_module, "load", load)
-
-    class NoEngine:
-        def __init__(self, model, **options):
-            self.model = model
-
-        def generate(self, prompts, params=None, **kwargs):
-            return [self.model]
-
-    monkeypatch.setattr(llm_module, "LLM", NoEngine)
-    monkeypatch.setattr(llm_module, "_CACHE", {})
-    folder = tmp_path / "ouro"
-    folder.mkdir()
-    for name in ("config.json", "generation_config.json", "model.safetensors"):
-        shutil.copy(f"{OURO}/{name}", folder / name)
-    first, again = (loopjax.generate(folder, [1, 2], max_new_tokens=2)[0] for _ in range(2))
-    assert again is first and len(loads) == 1
-    stat = os.stat(folder / "config.json")
-    os.utime(folder / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # written again
-    assert loopjax.generate(str(folder), [1, 2], max_new_tokens=2)[0] is not first and len(loads) == 2
-
-
-def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, monkeypatch):
-    """loopjax.generate refuses bad sampling settings and prompts in one line before it builds
-    (compiles) an engine, and leaves the caller's engine_options as given."""
+@pytest.fixture
+def engines_built(monkeypatch):
+    """loopjax.generate's LLM replaced by one that compiles nothing: it records each engine's
+    options (the list returned) and its generate returns [(model, SamplingParams)]."""
     from loopjax import llm as llm_module
 
     built = []
@@ -552,10 +516,43 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
             built.append(options)
 
         def generate(self, prompts, params=None, **kwargs):
-            return [params]
+            return [(self.model, params)]
 
     monkeypatch.setattr(llm_module, "LLM", NoEngine)
     monkeypatch.setattr(llm_module, "_CACHE", {})
+    return built
+
+
+def test_generate_keeps_a_model_loaded_by_name(monkeypatch, tmp_path, engines_built):
+    """loopjax.generate given a folder loads it once for later calls with it (it loaded and
+    compiled anew at every call); a folder whose files change is loaded again."""
+    import os
+    import shutil
+
+    from loopjax import model as model_module
+
+    loads, real_load = [], model_module.load
+
+    def load(path, dtype=None):
+        loads.append(path)
+        return real_load(path, dtype)
+
+    monkeypatch.setattr(model_module, "load", load)
+    folder = tmp_path / "ouro"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(f"{OURO}/{name}", folder / name)
+    first, again = (loopjax.generate(folder, [1, 2], max_new_tokens=2)[0][0] for _ in range(2))
+    assert again is first and len(loads) == 1
+    stat = os.stat(folder / "config.json")
+    os.utime(folder / "config.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 10**9))  # written again
+    assert loopjax.generate(str(folder), [1, 2], max_new_tokens=2)[0][0] is not first and len(loads) == 2
+
+
+def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, engines_built):
+    """loopjax.generate refuses bad sampling settings and prompts in one line before it builds
+    (compiles) an engine, and leaves the caller's engine_options as given."""
+    built = engines_built
     for prompt, kwargs, message in (
             ([1, 2], dict(max_new_tokens=0), r"max_tokens must be >= 1, got 0"),
             ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
@@ -582,29 +579,16 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, mon
         loopjax.generate(loopjax.load(HUGINN), [1, 2], max_new_tokens=4, exit_step=1)
     assert built == []
     options = dict(SMALL)
-    assert loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)[0].max_tokens == 4
+    (_, params), = loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)
+    assert params.max_tokens == 4
     assert options == SMALL and len(built) == 1
 
 
-def test_generate_sizes_its_engine_for_every_sample(ouro_model, monkeypatch):
+def test_generate_sizes_its_engine_for_every_sample(ouro_model, engines_built):
     """n samples of a prompt are n requests: the engine generate builds decodes them side by
     side (rows for all of them), not one after another in a one-row engine."""
-    from loopjax import llm as llm_module
-
-    built = []
-
-    class NoEngine:
-        def __init__(self, model, **options):
-            self.model = model
-            built.append(options)
-
-        def generate(self, prompts, params=None, **kwargs):
-            return [params]
-
-    monkeypatch.setattr(llm_module, "LLM", NoEngine)
-    monkeypatch.setattr(llm_module, "_CACHE", {})
     loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, temperature=1.0, n=4)
-    assert built[-1]["max_num_rows"] == 4 and built[-1]["decode_row_buckets"] == (4,)
+    assert engines_built[-1]["max_num_rows"] == 4 and engines_built[-1]["decode_row_buckets"] == (4,)
 
 
 @pytest.mark.parametrize("method", ["read", "dispatch"])
