@@ -232,7 +232,8 @@ def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
     if not len(prompt):
         raise ValueError("empty prompt: give at least one token id")
     array = np.asarray(prompt)
-    if array.ndim != 1 or array.dtype.kind not in "iu":
+    if (array.ndim != 1 or array.dtype.kind not in "iu"
+            or any(isinstance(t, bool | np.bool_) for t in prompt)):  # numpy reads [5, True] as ints
         raise ValueError("prompt_token_ids must be a flat list of integer token ids")
     ids = [int(t) for t in array]
     bad = [t for t in ids if not 0 <= t < vocab_size]

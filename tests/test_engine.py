@@ -489,6 +489,7 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
             (None, "prompts must be a string, token ids or a list of them, got NoneType"),
             ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
             ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
+            ([prompt, [5, True]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
             ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             ouro_llm.generate(prompts, max_new_tokens=3)

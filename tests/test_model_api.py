@@ -226,6 +226,10 @@ def test_forward_argument_errors(presets):
         loopjax.forward(huginn, [1, 256])
     with pytest.raises(ValueError, match="loops must be a non-negative integer"):
         loopjax.forward(huginn, [1, 2], loops=-1)
+    for model in (ouro, huginn):  # past the context: refused by both families (Ouro ran on)
+        limit = model.cfg.max_context_len
+        with pytest.raises(ValueError, match=rf"forward: 530 tokens exceed the context of {limit}"):
+            loopjax.forward(model, list(range(10)) * 53)
     # Ouro's threshold is a cumulative probability, checked as SamplingParams checks it
     for bad in (1.5, -0.2, float("nan"), "0.5", True):
         with pytest.raises(ValueError, match=r"exit_threshold must be (a number )?in \[0, 1\]"):

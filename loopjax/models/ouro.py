@@ -327,6 +327,9 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
     if input_ids.ndim != 1 or input_ids.shape[0] == 0:
         raise ValueError(f"ouro forward: input_ids must be a non-empty 1-D array, got shape "
                          f"{tuple(input_ids.shape)}")
+    if input_ids.shape[0] > cfg.max_position_embeddings:  # RoPE would run on, past what it was trained for
+        raise ValueError(f"ouro forward: {input_ids.shape[0]} tokens exceed the context of "
+                         f"{cfg.max_position_embeddings}")
     if exit_step is not None and weighted:
         raise ValueError("ouro forward: exit_step and weighted exit are exclusive")
     threshold = cfg.early_exit_threshold if exit_threshold is None else exit_threshold
