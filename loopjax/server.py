@@ -310,7 +310,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     @app.get("/health")
     async def health():
         if not aengine.running:
-            return JSONResponse({"status": "dead", "error": str(aengine.error)}, status_code=503)
+            return JSONResponse({"status": "dead", "error": str(aengine.error or "stopped")}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")

@@ -182,3 +182,13 @@ def test_a_full_answer_cut_by_shutdown_is_503():
     assert r.json()["error"] == {"message": "server shutting down", "type": "server_error", "param": None,
                                  "code": 503}
     assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
+
+
+def test_health_after_a_stop_says_stopped():
+    """/health of a server whose engine was stopped (not killed) says so: its error read 'None'."""
+    app = create_app(FakeEngine(), MODEL_NAME)
+    with LiveServer(app) as live:
+        assert httpx.get(live.url + "/health", timeout=10).json() == {"status": "ok"}
+        app.state.async_engine.shutdown()
+        health = httpx.get(live.url + "/health", timeout=10)
+        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
