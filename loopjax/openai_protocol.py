@@ -167,6 +167,10 @@ class RequestParser:
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
         if chat and room and given is None:
             body["max_tokens"] = room  # OpenAI's chat default: until done
+            least = body.get("min_tokens")
+            if isinstance(least, int) and not isinstance(least, bool) and least > room:  # name no max_tokens
+                raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "
+                                  f"this server's context of {self.max_context}", "min_tokens")
         try:
             params = SamplingParams.from_openai(body)
         except (ValueError, TypeError) as e:

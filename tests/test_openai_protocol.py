@@ -172,6 +172,12 @@ def test_default_max_tokens_is_cut_to_the_context():
     assert parser.sampling({"prompt": [[5] * 10]}, False, [[5] * 10]).max_tokens == 16
     with pytest.raises(APIError, match="max_completion_tokens=8 does not fit"):
         parser.sampling({"max_completion_tokens": 8}, True, long_prompt[:1])
+    # chat's default max_tokens is the room left: a min_tokens past it names the room, not a
+    # max_tokens the client never sent
+    with pytest.raises(APIError, match=r"^min_tokens=8 does not fit: the prompt leaves 7 tokens of this "
+                                       r"server's context of 512$"):
+        parser.sampling({"min_tokens": 8}, True, long_prompt[:1])
+    assert parser.sampling({"min_tokens": 7}, True, long_prompt[:1]).max_tokens == 7
 
 
 def test_chat_without_template_is_400():
