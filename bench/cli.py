@@ -311,11 +311,13 @@ async def _run_http_client(args, items, deadline, client):
     async with client:
         vocab_size = args.vocab_size
         if vocab_size is None:
-            cards = (await client.get("/v1/models")).json()["data"]
-            vocab_size = next((c.get("vocab_size") for c in cards if c["id"] == args.model), None)
-            if vocab_size is None:
+            reply = (await client.get("/v1/models")).json()
+            cards = reply.get("data") if isinstance(reply, dict) else None
+            cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
+            vocab_size = next((c.get("vocab_size") for c in cards if c.get("id") == args.model), None)
+            if vocab_size is None:  # e.g. another server's /v1/models: no list, or no vocab_size
                 raise ValueError(f"the server at {args.url} does not serve {args.model!r} with a known "
-                                 f"vocab_size (served: {[c['id'] for c in cards]}); pass --vocab-size")
+                                 f"vocab_size (served: {[c.get('id') for c in cards]}); pass --vocab-size")
 
         async def stats():  # the server's gauges and counters, as /metrics has them, by stats() key
             return engine_stats_from_samples(parse((await client.get("/metrics")).text))

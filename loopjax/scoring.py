@@ -83,8 +83,10 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     from loopjax.models import huginn
 
     model = load(model) if isinstance(model, str | os.PathLike) else model  # a folder as LLM takes it
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 0 <= top_k <= model.cfg.vocab_size:
+    if (isinstance(top_k, bool) or not isinstance(top_k, int | np.integer)
+            or not 0 <= top_k <= model.cfg.vocab_size):  # numpy integers too, as `loops` takes them
         raise ValueError(f"top_k must be an integer in [0, {model.cfg.vocab_size}], got {top_k!r}")
+    top_k = int(top_k)
     if isinstance(initial_state, str) and initial_state != "zero":
         raise ValueError(f"initial_state must be None (the position-keyed s_0) or 'zero' when scoring, "
                          f"got {initial_state!r}")

@@ -328,6 +328,35 @@ def test_unreachable_server_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "r.json").exists()
 
 
+def test_a_server_whose_models_list_is_not_loopjaxs_is_one_line(tmp_path, capsys):
+    """--url of an OpenAI-like server whose /v1/models has no model list was a KeyError traceback."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the stdlib's name)
+            body = json.dumps({"object": "list"}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        assert main(["bench", "x", "--workload", "burst", *TINY, "--url", url]) == 1
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err.strip()
+    assert err == (f"loopjax bench: the server at {url} does not serve 'x' with a known vocab_size "
+                   "(served: []); pass --vocab-size"), err
+
+
 def test_url_without_httpx_is_one_line(monkeypatch, capsys):
     """httpx comes with the bench extra: without it --url was a ModuleNotFoundError traceback."""
     monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` now raises ImportError

@@ -62,7 +62,7 @@ def test_ranks_count_the_logits_above_the_scored_token(ouro):
     padded forward `score` runs (numpy over the same logits); 1 where greedy."""
     model, ref = ouro
     seq = ref["p2_input_ids"].tolist()  # 17 tokens: a 32-token bucket
-    out, = loopjax.score(model, seq, top_k=2)
+    out, = loopjax.score(model, seq, top_k=np.int64(2))  # a numpy integer is an integer (it was refused)
     padded = seq + [0] * (bucket_len(len(seq), model.cfg.max_context_len) - len(seq))
     logits = np.asarray(loopjax.forward(model, padded).logits)[:len(seq) - 1]
     scored = logits[np.arange(len(seq) - 1), seq[1:]]
