@@ -44,8 +44,7 @@ from loopjax.bench.workloads import HttpBackend, InProcessBackend, Record, Workl
 
 
 def add_arguments(parser):
-    from loopjax.engine_args import add_engine_arguments
-    from loopjax.sampling_params import add_sampling_arguments
+    from loopjax.engine_args import add_engine_arguments, add_sampling_arguments
 
     d = WorkloadSpec("burst")
     parser.add_argument("model", help="checkpoint folder or preset (in-process), or the served name (--url)")
@@ -81,7 +80,8 @@ def add_arguments(parser):
 
 def _sampling(args) -> dict:
     """The request fields of the sampling flags, refused here (one line) when out of range."""
-    from loopjax.sampling_params import SamplingParams, sampling_options
+    from loopjax.engine_args import sampling_options
+    from loopjax.sampling_params import SamplingParams
 
     options = sampling_options(args)
     SamplingParams(**options, seed=args.sampling_seed)

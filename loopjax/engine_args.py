@@ -1,12 +1,14 @@
 """Engine options on the command line (`loopjax serve`, `loopjax bench`, the profile tool):
 one `--<field>` per simple EngineConfig field, `--engine-arg KEY=VALUE` for any field, and
-`build_engine(args)` -> (model, Engine). Imports the engine (and JAX) only when called, so
-`--help` works on a base install.
+`build_engine(args)` -> (model, Engine); the sampling flags `loopjax generate` and `loopjax
+bench` share; `failure_line`, the one-line start-up failure. Imports the engine (and JAX) only
+when called, so `--help` works on a base install.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Any
 
 _SIMPLE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
@@ -91,3 +93,27 @@ def failure_line(e: BaseException) -> str | None:
     if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and first.startswith("RESOURCE_EXHAUSTED")):
         return f"out of memory: {first}" if first else "out of memory"
     return None
+
+
+# The sampling flags `loopjax generate` and `loopjax bench` share: SamplingParams' own names
+# (and the OpenAI request fields of the same names), greedy by default.
+SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p",
+                  "repetition_penalty", "frequency_penalty", "presence_penalty")
+
+
+def add_sampling_arguments(parser) -> None:
+    """Adds --temperature, --top-k, --top-p, --min-p and the three penalties to an argparse
+    parser; `sampling_options(args)` reads them back as SamplingParams keywords."""
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
+    parser.add_argument("--repetition-penalty", type=float, default=1.0,
+                        help="> 0; prompt and output tokens (1 = off)")
+    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
+    parser.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
+
+
+def sampling_options(args) -> dict[str, Any]:
+    """The SAMPLING_FLAGS of parsed arguments, by SamplingParams name."""
+    return {name: getattr(args, name) for name in SAMPLING_FLAGS}

@@ -11,7 +11,7 @@ import argparse
 import json
 import sys
 
-from loopjax.sampling_params import add_sampling_arguments, sampling_options
+from loopjax.engine_args import add_sampling_arguments, failure_line, sampling_options
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,8 +49,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from loopjax.engine_args import failure_line
-
     try:
         return _run(args)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:

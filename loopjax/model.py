@@ -179,13 +179,13 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
 
 
 def _check_threshold(value) -> float:
-    """Ouro's exit threshold, a cumulative probability: refused outside [0, 1] as SamplingParams
-    refuses it (above 1 never exits, below 0 always at loop 0); numpy scalars are numbers."""
-    from loopjax.sampling_params import _check_float
+    """Ouro's exit threshold, a cumulative probability, checked by SamplingParams' own rule
+    (refused outside [0, 1]: above 1 never exits, below 0 always at loop 0); numpy scalars are
+    numbers."""
+    from loopjax.sampling_params import SamplingParams
 
     value = value.item() if isinstance(value, np.floating | np.integer) else value
-    _check_float("exit_threshold", value, 0, 1)
-    return float(value)
+    return float(SamplingParams(exit_threshold=value).exit_threshold)
 
 
 def _check_ids(input_ids, vocab_size: int):

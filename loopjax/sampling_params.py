@@ -298,32 +298,6 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail("warm_start applies to Huginn models only")
 
 
-# ---------------------------------------------------------------- command-line flags
-
-# The sampling flags `loopjax generate` and `loopjax bench` share: SamplingParams' own names
-# (and the OpenAI request fields of the same names), greedy by default.
-SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p",
-                  "repetition_penalty", "frequency_penalty", "presence_penalty")
-
-
-def add_sampling_arguments(parser) -> None:
-    """Adds --temperature, --top-k, --top-p, --min-p and the three penalties to an argparse
-    parser; `sampling_options(args)` reads them back as SamplingParams keywords."""
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top-k", type=int, default=0, help="0 = off")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-    parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
-    parser.add_argument("--repetition-penalty", type=float, default=1.0,
-                        help="> 0; prompt and output tokens (1 = off)")
-    parser.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
-    parser.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
-
-
-def sampling_options(args) -> dict[str, Any]:
-    """The SAMPLING_FLAGS of parsed arguments, by SamplingParams name."""
-    return {name: getattr(args, name) for name in SAMPLING_FLAGS}
-
-
 # ---------------------------------------------------------------- helpers
 
 def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
