@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from loopjax.chat import check_messages, render_chat, special_tokens
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.sampling_params import SamplingParams, check_for_model
@@ -48,7 +49,8 @@ class GenerateOutput:
 
 
 class LLM:
-    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`."""
+    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`;
+    `chat(messages, params | kwargs)`."""
 
     def __init__(self, model_or_path, *, dtype=None, **engine_options: Any):
         self.model = _model(model_or_path, dtype)
@@ -84,6 +86,36 @@ class LLM:
         prompt_lps = self._prompt_logprobs(ids, scoring)
         return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample.detokenize)
                 for (k, _, sample), rid in zip(jobs, order)]
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             **generate_kwargs: Any) -> list[GenerateOutput]:
+        """`generate` on conversations (vLLM's `LLM.chat`): `messages` is one conversation (a
+        list of {role, content} dicts, content text or text parts) or a list of them. Each is
+        rendered by `chat_template` (default: the checkpoint's) and encoded without the
+        tokenizer's special tokens (the template writes its own), as the server's chat is.
+        The other arguments are `generate`'s; results are in its order, one conversation per
+        prompt."""
+        template = chat_template if chat_template is not None else self.model.chat_template
+        if self.model.tokenizer is None or not template:
+            raise ValueError("chat needs a tokenizer and a chat template: this model has no " +
+                             ("tokenizer" if self.model.tokenizer is None else "chat template (pass "
+                              "chat_template=, or call generate with the prompt text)"))
+        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if not isinstance(conversations, list | tuple) or not conversations:
+            raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
+                             "non-empty list of them")
+        texts = []
+        for k, conversation in enumerate(conversations):
+            try:
+                texts.append(render_chat(template, check_messages(conversation),
+                                         add_generation_prompt=add_generation_prompt,
+                                         **special_tokens(self.model)))
+            except ValueError as e:
+                raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
+        ids = [self.model.tokenize(text, add_special_tokens=False) for text in texts]
+        return self.generate(ids, sampling_params, **generate_kwargs)
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:
         """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;

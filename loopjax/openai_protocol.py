@@ -5,7 +5,8 @@ Contract:
   "param", "code"}}` with a one-line message and `param` naming the field (HTTP 400 unless
   said otherwise); the server maps it to the response.
 - Prompts come back as token-id lists checked against the vocabulary and the served context;
-  text is encoded with the model's tokenizer, chat messages rendered by its chat template.
+  text is encoded with the model's tokenizer, chat messages rendered by its chat template
+  (loopjax/chat.py, shared with `LLM.chat`).
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
 - `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
@@ -16,19 +17,15 @@ This module imports FastAPI for the error response only; nothing here touches th
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import os
 import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
+from loopjax.chat import check_messages, render_chat
 from loopjax.sampling_params import SamplingParams
 
-CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
-ROLES = ("system", "user", "assistant", "tool", "developer")
-TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 
 
@@ -50,62 +47,6 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
-
-
-def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt text of `messages` under a Hugging Face chat template (jinja2, sandboxed).
-
-    Without jinja2 only ChatML templates render (a built-in ChatML renderer)."""
-    try:
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        if CHATML_START in template and CHATML_END in template:
-            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
-            return text + f"{CHATML_START}assistant\n"
-        raise APIError(500, "the chat template is not ChatML and jinja2 is not installed "
-                            "(pip install jinja2)", "messages", "server_error") from None
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # NOTE: transformers' filter: jinja2's own escapes <, >, & and non-ASCII text
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    # transformers' apply_chat_template environment: {% break %} / {% continue %}, its tojson,
-    # raise_exception and strftime_now
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as e:
-        raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
-    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
-        # a ZeroDivisionError...): the checkpoint's template, not a server bug, so not a 500
-        raise bad_request(f"messages: the chat template failed on them: {type(e).__name__}: {e}",
-                          "messages") from None
-
-
-def special_tokens(model) -> dict:
-    """bos_token / eos_token (chat templates use them) of the checkpoint's tokenizer_config.json,
-    overridden by its special_tokens_map.json where that names them, as transformers reads them."""
-    config: dict = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        try:
-            with open(os.path.join(model.path, name)) as f:
-                data = json.load(f)
-        except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
-            continue
-        if isinstance(data, dict):
-            config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
-    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
-    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -282,33 +223,18 @@ class RequestParser:
                 for p in prompt]
 
     def _chat_prompt(self, body: dict) -> list[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: text ones only (text must be text)
-                texts = [_part_text(p, i) for p in content]
-                content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
-                raise bad_request(f"messages[{i}] must have a role in {ROLES} and text content", "messages")
-            clean.append({**m, "content": content})
+        try:
+            messages = check_messages(body.get("messages"))
+        except ValueError as e:
+            raise bad_request(str(e), "messages") from None
         if self.tokenizer is None or not self.chat_template:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
-        text = render_chat(self.chat_template, clean, **self.special_tokens)
+        try:
+            text = render_chat(self.chat_template, messages, **self.special_tokens)
+        except ValueError as e:  # the template refused the messages, or failed on them
+            raise bad_request(str(e), "messages") from None
+        except RuntimeError as e:  # it cannot render on this installation
+            raise APIError(500, str(e), "messages", "server_error") from None
         return self._check_ids(self._encode(text, "messages", body), "messages")
-
-
-def _part_text(part, i: int) -> str | None:
-    """The text of a chat content part of a text type; None when malformed. Any other type
-    (image_url, input_audio, file...) is a 400: not dropped, as the model would answer without
-    the image the message asks about."""
-    kind = part.get("type", "text") if isinstance(part, dict) else None
-    key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
-    if isinstance(kind, str) and key is None:
-        raise bad_request(f"messages[{i}] has a content part of type {kind!r}; this model takes text only",
-                          "messages")
-    return part.get(key, "") if key else None

@@ -50,6 +50,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
+from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
@@ -57,7 +58,6 @@ from loopjax.openai_protocol import (
     RequestParser,
     bad_request,
     param_of,
-    special_tokens,
 )
 
 log = logging.getLogger("loopjax.server")

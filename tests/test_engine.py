@@ -475,6 +475,52 @@ def test_detokenize_false_leaves_the_text_none(ouro_llm, monkeypatch):
     assert outs[1].token_ids == outs[0].token_ids and outs[1].text is None
 
 
+def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
+    """LLM.chat (vLLM's): one conversation or a list, rendered by the checkpoint's template (or
+    chat_template=) without the tokenizer's special tokens, then generated as `generate` would;
+    text parts join; a bad message is one line naming its conversation; no template, a refusal."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2} | {f"w{i}": i for i in range(3, 256)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    chatml = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>{% endif %}")
+    model = dataclasses.replace(ouro_llm.model, tokenizer=tokenizer, chat_template=chatml)
+    monkeypatch.setattr(ouro_llm, "model", model)
+    monkeypatch.setattr(ouro_llm.engine, "model", model)
+    talk = [{"role": "system", "content": "w7 w9"}, {"role": "user", "content": "w28 w72"}]
+    rendered = "<|im_start|>system w7 w9<|im_end|><|im_start|>user w28 w72<|im_end|><|im_start|>"
+    expected = ouro_llm.generate([tokenizer.encode(rendered, add_special_tokens=False).ids],
+                                 max_new_tokens=3, ignore_eos=True)[0]
+    assert expected.prompt_token_ids[:2] == [1, 0]  # <|im_start|>, then "system" (unknown)
+    one = ouro_llm.chat(talk, max_new_tokens=3, ignore_eos=True)
+    parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "w28"},
+                                                    {"type": "text", "text": " w72"}]}]
+    two = ouro_llm.chat([talk, parts], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    for out in (one[0], *two):
+        assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
+    closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
+    assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
+    plain = ouro_llm.chat(talk, max_new_tokens=1, chat_template="{{ messages[1].content }}")[0]
+    assert plain.prompt_token_ids == [28, 72]
+    for messages, message in (
+            ([talk, [{"role": "robot", "content": "w3"}]],
+             r"^conversation 1: messages\[0\] must have a role"),
+            ([{"role": "user", "content": [{"type": "image_url"}]}],
+             r"^messages\[0\] has a content part of type 'image_url'; this model takes text only$"),
+            ([], "^messages must be a conversation")):
+        with pytest.raises(ValueError, match=message):
+            ouro_llm.chat(messages, max_new_tokens=1)
+    monkeypatch.setattr(ouro_llm, "model", dataclasses.replace(model, chat_template=None))
+    with pytest.raises(ValueError, match="^chat needs a tokenizer and a chat template: this model has no c"):
+        ouro_llm.chat(talk, max_new_tokens=1)
+    assert not ouro_llm.engine.has_unfinished()
+
+
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
     per row); a prompt that is not token ids, or too long, is a one-line ValueError naming it,

@@ -14,7 +14,8 @@ import pytest
 from fake_engine import FakeEngine
 from server_helpers import CHATML, MODEL_NAME, LiveServer
 
-from loopjax.openai_protocol import APIError, RequestParser, render_chat
+from loopjax.chat import render_chat
+from loopjax.openai_protocol import APIError, RequestParser
 from loopjax.server import create_app
 
 
@@ -213,7 +214,7 @@ def test_chatml_fallback_without_jinja2(monkeypatch):
     for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):
         monkeypatch.setitem(sys.modules, name, None)  # `import jinja2` now raises ImportError
     assert render_chat(CHATML, messages) == with_jinja
-    with pytest.raises(APIError, match="jinja2 is not installed"):
+    with pytest.raises(RuntimeError, match="jinja2 is not installed"):
         render_chat("{{ messages[0]['content'] }}", messages)
 
 
@@ -256,7 +257,7 @@ def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
     tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it."""
     from types import SimpleNamespace
 
-    from loopjax.openai_protocol import special_tokens
+    from loopjax.chat import special_tokens
 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     (tmp_path / "special_tokens_map.json").write_text(json.dumps(
