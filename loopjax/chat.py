@@ -53,6 +53,20 @@ def _part_text(part, i: int) -> str | None:
     return part.get(key, "") if key else None
 
 
+def encode_chat(model, messages, *, chat_template: str | None = None,
+                add_generation_prompt: bool = True) -> list[int]:
+    """The token ids of one conversation for `model` (a loopjax Model): rendered by
+    chat_template (default: the checkpoint's), encoded without the tokenizer's special tokens."""
+    template = chat_template if chat_template is not None else model.chat_template
+    if model.tokenizer is None or not template:
+        raise ValueError("chat needs a tokenizer and a chat template: this model has no " +
+                         ("tokenizer" if model.tokenizer is None else
+                          "chat template (give one, or send the prompt text as it is)"))
+    text = render_chat(template, check_messages(messages), add_generation_prompt=add_generation_prompt,
+                       **special_tokens(model))
+    return model.tokenize(text, add_special_tokens=False)
+
+
 def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
                 add_generation_prompt: bool = True) -> str:
     """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with

@@ -19,6 +19,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    parser.add_argument("--chat", action="store_true",
+                        help="send --prompt as one user message, rendered by the checkpoint's chat template")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -62,14 +64,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
+    from loopjax.chat import encode_chat
     from loopjax.llm import compact_engine_options, generate
     from loopjax.model import load
 
+    if args.chat and args.prompt is None:
+        raise ValueError("--chat takes a --prompt text (the user's message), not --prompt-ids")
     if args.prompt_ids is not None:
         prompt = _int_list("--prompt-ids", args.prompt_ids)
     else:
         prompt = args.prompt
     model = load(args.model, args.dtype)
+    if args.chat:
+        prompt = encode_chat(model, [{"role": "user", "content": prompt}])
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
     options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops,
                                      args.exit_weighted)

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from loopjax.chat import check_messages, render_chat, special_tokens
+from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.sampling_params import SamplingParams, check_for_model
@@ -96,25 +96,18 @@ class LLM:
         tokenizer's special tokens (the template writes its own), as the server's chat is.
         The other arguments are `generate`'s; results are in its order, one conversation per
         prompt."""
-        template = chat_template if chat_template is not None else self.model.chat_template
-        if self.model.tokenizer is None or not template:
-            raise ValueError("chat needs a tokenizer and a chat template: this model has no " +
-                             ("tokenizer" if self.model.tokenizer is None else "chat template (pass "
-                              "chat_template=, or call generate with the prompt text)"))
         one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, list | tuple) or not conversations:
             raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
                              "non-empty list of them")
-        texts = []
+        ids = []
         for k, conversation in enumerate(conversations):
             try:
-                texts.append(render_chat(template, check_messages(conversation),
-                                         add_generation_prompt=add_generation_prompt,
-                                         **special_tokens(self.model)))
+                ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
+                                       add_generation_prompt=add_generation_prompt))
             except ValueError as e:
                 raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
-        ids = [self.model.tokenize(text, add_special_tokens=False) for text in texts]
         return self.generate(ids, sampling_params, **generate_kwargs)
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:

@@ -518,6 +518,8 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
     monkeypatch.setattr(ouro_llm, "model", dataclasses.replace(model, chat_template=None))
     with pytest.raises(ValueError, match="^chat needs a tokenizer and a chat template: this model has no c"):
         ouro_llm.chat(talk, max_new_tokens=1)
+    with pytest.raises(ValueError, match="^conversation 0: chat needs a tokenizer"):
+        ouro_llm.chat([talk], max_new_tokens=1)
     assert not ouro_llm.engine.has_unfinished()
 
 
