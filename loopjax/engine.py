@@ -226,7 +226,8 @@ class Engine:
         if emits and extra.token_slot is None:
             extra.token_slot = self._free_token_slots.pop()
             if params.processes_logits:
-                history = (request.prompt_token_ids, request.output_token_ids, params.logit_bias)
+                history = (request.prompt_token_ids, request.output_token_ids, params.logit_bias,
+                           params.allowed_token_ids)
         threshold = self._default_exit_threshold if params.exit_threshold is None else params.exit_threshold
         states = None
         if extra.init_mode == INIT_EXPLICIT:

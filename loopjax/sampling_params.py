@@ -21,6 +21,8 @@ Conventions:
   [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
   `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
   logits first. They apply to greedy requests too; logprobs stay the model's.
+  `allowed_token_ids` (vLLM's; at most MAX_LOGIT_BIAS ids) masks every other token out (their
+  logits -inf) before the penalties, the bias of an allowed id still added.
 - `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) and the server score the
   prompt on the identity path (`scoring.py`); the engine never reads it, so it changes no decode.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
@@ -102,6 +104,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
     logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated; stored sorted
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
@@ -163,6 +166,11 @@ class SamplingParams:
         if len(pairs) > MAX_LOGIT_BIAS:
             _fail(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(pairs)}")
         object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
+        if self.allowed_token_ids is not None:
+            allowed = sorted(set(_int_tuple("allowed_token_ids", self.allowed_token_ids, 0)))
+            if not allowed or len(allowed) > MAX_LOGIT_BIAS:
+                _fail(f"allowed_token_ids must list 1 to {MAX_LOGIT_BIAS} token ids, got {len(allowed)}")
+            object.__setattr__(self, "allowed_token_ids", tuple(allowed))
 
     def _check_exit(self):
         if self.loops is not None:
@@ -228,7 +236,7 @@ class SamplingParams:
         """The logits go through the request's token history (penalties, logit_bias) before
         the choice."""
         return bool(self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
-                    or self.logit_bias)
+                    or self.logit_bias or self.allowed_token_ids is not None)
 
     @property
     def is_plain_greedy(self) -> bool:
@@ -271,7 +279,7 @@ class SamplingParams:
         stop = body.get("stop")
         if stop is not None:
             kw["stop"] = (stop,) if isinstance(stop, str) else stop
-        for key in ("stop_token_ids", "exit_trace"):
+        for key in ("stop_token_ids", "exit_trace", "allowed_token_ids"):
             if isinstance(kw.get(key), list):
                 kw[key] = tuple(kw[key])
         return cls(**kw)
@@ -292,6 +300,9 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail(f"{name} applies to Ouro models only")
     if params.logit_bias and params.logit_bias[-1][0] >= cfg.vocab_size:
         _fail(f"logit_bias token id {params.logit_bias[-1][0]} is outside the vocabulary of {cfg.vocab_size}")
+    if params.allowed_token_ids and params.allowed_token_ids[-1] >= cfg.vocab_size:
+        _fail(f"allowed_token_ids token id {params.allowed_token_ids[-1]} is outside the vocabulary of "
+              f"{cfg.vocab_size}")
     if params.stop and not has_tokenizer:
         _fail("stop strings need a tokenizer; this model has none (use stop_token_ids)")
     if warm_start and not huginn:
@@ -320,7 +331,7 @@ def _str_tuple(name, values) -> tuple[str, ...]:
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
-    "prompt_logprobs",
+    "prompt_logprobs", "allowed_token_ids",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",

@@ -329,6 +329,11 @@ def test_defaults_and_normalisation():
     (dict(logit_bias={2: float("nan")}), "logit_bias[2] must be a number in [-100.0, 100.0], got nan"),
     (dict(logit_bias=[(1, 2.0), (1, 3.0)]), "logit_bias lists a token id twice"),
     (dict(logit_bias="5"), "logit_bias must map token ids to biases, got '5'"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids must list 1 to 1024 token ids, got 0"),
+    (dict(allowed_token_ids=[3, -1]), "every allowed_token_ids entry must be >= 0, got -1"),
+    (dict(allowed_token_ids=5), "allowed_token_ids must be a list of integers, got 5"),
+    (dict(allowed_token_ids=range(1025)), "allowed_token_ids must be a list of integers"),
+    (dict(allowed_token_ids=list(range(1025))), "allowed_token_ids must list 1 to 1024 token ids, got 1025"),
 ])
 def test_bad_params_give_one_line_errors(kw, msg):
     with pytest.raises(ValueError) as err:
@@ -364,6 +369,8 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({}).max_tokens == 16
     assert SamplingParams.from_openai({"n": 3, "best_of": 3}).n == 3
     assert SamplingParams.from_openai({"min_tokens": 4, "max_tokens": 8}).min_tokens == 4
+    allowed = SamplingParams.from_openai({"allowed_token_ids": [9, 3, 9]})
+    assert allowed.allowed_token_ids == (3, 9) and allowed.processes_logits and not allowed.is_plain_greedy
 
 
 def test_fan_out_derives_one_seed_per_sample():
