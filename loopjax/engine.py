@@ -129,7 +129,7 @@ class Engine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.n != 1:  # NOTE: one engine request is one sample; fan-out is the caller's
             raise ValueError(f"n={params.n}: a request is one sample; submit params.fan_out() instead")
-        prompt = check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size)
+        prompt = params.truncate(check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size))
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")

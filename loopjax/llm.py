@@ -64,6 +64,7 @@ class LLM:
         in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None."""
         ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
         params = _params_list(sampling_params, kwargs, len(ids))
+        ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
         if len(states) != len(ids):
             raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
@@ -272,8 +273,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
-    ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
-           for p in prompt_list]
+    ids = [params.truncate(model.tokenize(p) if isinstance(p, str) else
+                           check_prompt_ids(p, model.cfg.vocab_size)) for p in prompt_list]
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "

@@ -24,7 +24,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from loopjax.chat import check_messages, render_chat
-from loopjax.sampling_params import SamplingParams
+from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 
@@ -97,8 +97,13 @@ class RequestParser:
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
-        """The token ids of each prompt: chat has one (the rendered messages)."""
-        return [self._chat_prompt(body)] if chat else self._completion_prompts(body)
+        """The token ids of each prompt: chat has one (the rendered messages); each cut to its
+        last `truncate_prompt_tokens` (vLLM's field) before its length is checked."""
+        try:
+            keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
+        except ValueError as e:
+            raise bad_request(str(e), "truncate_prompt_tokens") from None
+        return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
@@ -183,7 +188,7 @@ class RequestParser:
             dataclasses.replace(self, max_context=None)._check_ids(tokens, "tokens")
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
-    def _check_ids(self, ids, param: str) -> list[int]:
+    def _check_ids(self, ids, param: str, keep_last: int | None = None) -> list[int]:
         if not ids:
             raise bad_request(f"{param} is empty", param)
         # NOTE: builtins over the whole list (a 512-id prompt: ~1 ms per request as per-id
@@ -193,6 +198,7 @@ class RequestParser:
             raise bad_request(f"{param} must be text or a list of integer token ids", param)
         if self.vocab_size is not None and not (min(ids) >= 0 and max(ids) < self.vocab_size):
             raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param)
+        ids = ids[-keep_last:] if keep_last else ids
         if self.max_context is not None and len(ids) >= self.max_context:
             raise bad_request(f"{param} is too long: {len(ids)} tokens for a context of "
                               f"{self.max_context}", param)
@@ -212,17 +218,17 @@ class RequestParser:
         return self.tokenizer.encode(text, add_special_tokens=(param == "prompt") if special is None
                                      else special).ids
 
-    def _completion_prompts(self, body: dict) -> list[list[int]]:
+    def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
         prompt = body.get("prompt")
         one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
         if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
             raise bad_request("prompt must be text, token ids, or a non-empty list of those", "prompt")
-        return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt")
-                for p in prompt]
+        return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
+                                keep_last) for p in prompt]
 
-    def _chat_prompt(self, body: dict) -> list[int]:
+    def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
         try:
             messages = check_messages(body.get("messages"))
         except ValueError as e:
@@ -237,4 +243,4 @@ class RequestParser:
             raise bad_request(str(e), "messages") from None
         except RuntimeError as e:  # it cannot render on this installation
             raise APIError(500, str(e), "messages", "server_error") from None
-        return self._check_ids(self._encode(text, "messages", body), "messages")
+        return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)

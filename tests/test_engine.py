@@ -523,6 +523,23 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
     assert not ouro_llm.engine.has_unfinished()
 
 
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(ouro_llm, ouro_ref):
+    """vLLM's truncate_prompt_tokens: the request runs on its prompt's last k tokens (its output
+    names those), in LLM.generate and the engine; a prompt past the context is served once
+    cut; shorter prompts are unchanged."""
+    prompt = ouro_ref["p2_input_ids"].tolist()  # 17 tokens
+    cut = ouro_llm.generate(prompt[-6:], max_new_tokens=4, ignore_eos=True)[0]
+    out = ouro_llm.generate([prompt, prompt[-3:]], max_new_tokens=4, ignore_eos=True,
+                            truncate_prompt_tokens=6)
+    assert (out[0].prompt_token_ids, out[0].token_ids) == (prompt[-6:], cut.token_ids)
+    assert out[1].prompt_token_ids == prompt[-3:]
+    assert out[0].token_ids != ouro_llm.generate(prompt, max_new_tokens=4, ignore_eos=True)[0].token_ids
+    too_long = list(range(1, 100)) + prompt[-6:]  # past the engine's context of 64
+    rid = ouro_llm.engine.add_request(too_long, greedy(4, truncate_prompt_tokens=6))
+    finals = ouro_llm._drain()
+    assert finals[rid].token_ids == cut.token_ids and not ouro_llm.engine.has_unfinished()
+
+
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
     per row); a prompt that is not token ids, or too long, is a one-line ValueError naming it,

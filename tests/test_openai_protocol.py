@@ -16,6 +16,7 @@ from server_helpers import CHATML, MODEL_NAME, LiveServer
 
 from loopjax.chat import render_chat
 from loopjax.openai_protocol import APIError, RequestParser
+from loopjax.sampling_params import SamplingParams
 from loopjax.server import create_app
 
 
@@ -162,6 +163,23 @@ def test_bad_chat_requests_get_400(server, extra, param, message):
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     assert err["param"] == param and message in err["message"] and "\n" not in err["message"]
+
+
+def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
+    """vLLM's truncate_prompt_tokens: each prompt (or rendered chat) keeps its last k tokens, so
+    a prompt past the context is served; /tokenize is not cut; a bad value is a 400 naming it."""
+    parser = RequestParser(MODEL_NAME, vocab_size=256, max_context=16)
+    long_prompt = list(range(1, 40))
+    body = {"prompt": [long_prompt, [7, 8]], "truncate_prompt_tokens": 5}
+    assert parser.prompts(body, False) == [long_prompt[-5:], [7, 8]]
+    assert SamplingParams.from_openai(body).truncate_prompt_tokens == 5
+    with pytest.raises(APIError, match="prompt is too long: 39 tokens"):
+        parser.prompts({"prompt": long_prompt}, False)
+    assert parser.tokenize({"prompt": long_prompt, "truncate_prompt_tokens": 5}) == long_prompt
+    for bad in (0, 2.5, "5", True):
+        with pytest.raises(APIError, match=r"^truncate_prompt_tokens must be") as err:
+            parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
+        assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
 
 
 def test_default_max_tokens_is_cut_to_the_context():

@@ -329,6 +329,8 @@ def test_defaults_and_normalisation():
     (dict(logit_bias={2: float("nan")}), "logit_bias[2] must be a number in [-100.0, 100.0], got nan"),
     (dict(logit_bias=[(1, 2.0), (1, 3.0)]), "logit_bias lists a token id twice"),
     (dict(logit_bias="5"), "logit_bias must map token ids to biases, got '5'"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be >= 1, got 0"),
+    (dict(truncate_prompt_tokens=1.5), "truncate_prompt_tokens must be an integer >= 1, got 1.5"),
     (dict(allowed_token_ids=[]), "allowed_token_ids must list 1 to 1024 token ids, got 0"),
     (dict(allowed_token_ids=[3, -1]), "every allowed_token_ids entry must be >= 0, got -1"),
     (dict(allowed_token_ids=5), "allowed_token_ids must be a list of integers, got 5"),
