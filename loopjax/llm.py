@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import tqdm
 
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
@@ -57,11 +58,13 @@ class LLM:
         self.engine = Engine(self.model, EngineConfig(**engine_options))
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
+                 *, initial_state=None, warm_start: bool = False, use_tqdm: bool = False,
+                 **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
-        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None."""
+        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None.
+        use_tqdm (vLLM's; off by default here): a progress bar of finished requests on stderr."""
         ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
         params = _params_list(sampling_params, kwargs, len(ids))
         ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
@@ -78,7 +81,7 @@ class LLM:
                 rid = f"prompt {k}" if params[k].n == 1 else f"prompt {k} sample {i}"
                 order.append(self.engine.add_request(ids[k], sample, rid, initial_state=states[k],
                                                      warm_start=warm_start))
-            finals = self._drain()
+            finals = self._drain(len(jobs) if use_tqdm else None)
         except BaseException:  # a refused prompt, or an interrupt (Ctrl-C) while generating
             for rid in order:  # all or nothing: nothing of this call stays queued or running
                 self.engine.abort(rid)
@@ -142,12 +145,21 @@ class LLM:
             results.append(done[key])
         return results
 
-    def _drain(self) -> dict:
+    def _drain(self, num_shown: int | None = None) -> dict:
+        """Step until every request is finished -> {request id: final output}; with num_shown,
+        a progress bar of that many requests."""
         finals = {}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    finals[out.request_id] = out
+        bar = None if num_shown is None else tqdm.tqdm(total=num_shown, desc="generate", unit="req")
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return finals
 
     def _tokens(self, prompt, k: int) -> list[int]:

@@ -540,6 +540,17 @@ def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(ouro_llm, ouro_ref
     assert finals[rid].token_ids == cut.token_ids and not ouro_llm.engine.has_unfinished()
 
 
+def test_use_tqdm_shows_finished_requests(ouro_llm, ouro_ref, capsys):
+    """vLLM's use_tqdm: a bar of finished requests on stderr when asked, nothing otherwise; it is
+    no sampling keyword (with sampling_params it was refused as one)."""
+    prompt = ouro_ref["p1_input_ids"].tolist()
+    params = SamplingParams(max_tokens=2, temperature=0.0, n=2)
+    outs = ouro_llm.generate([prompt, prompt[:4]], params, use_tqdm=True)
+    assert len(outs) == 4 and "4/4" in capsys.readouterr().err
+    ouro_llm.generate(prompt, params, use_tqdm=False)
+    assert capsys.readouterr().err == ""
+
+
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     """Token ids as numpy arrays (a 1-D array or integer items is one prompt, a 2-D array one
     per row); a prompt that is not token ids, or too long, is a one-line ValueError naming it,
