@@ -1,6 +1,7 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
-Prompts are strings (when the model has a tokenizer) or token-id lists; `SamplingParams.n`
+Prompts are strings (when the model has a tokenizer), token-id lists, or vLLM's prompt dicts
+({"prompt": text}, {"prompt_token_ids": ids}); `SamplingParams.n`
 samples each (`fan_out`: sample i uses seed + i; params without a seed draw one per prompt
 and call, so one params object for many prompts gives independent samples). Each result holds the
 generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
@@ -163,12 +164,24 @@ class LLM:
         return finals
 
     def _tokens(self, prompt, k: int) -> list[int]:
-        if isinstance(prompt, str):
-            return self.model.tokenize(prompt)
-        try:  # before anything is queued
-            return check_prompt_ids(prompt, self.model.cfg.vocab_size)
-        except ValueError as e:  # named as the engine's refusals name it
-            raise ValueError(f"prompt {k}: {e}") from None
+        return _prompt_ids(self.model, prompt, k)
+
+
+def _prompt_ids(model, prompt, k: int) -> list[int]:
+    """The token ids of prompt k of a call: text (encoded with the tokenizer's special tokens),
+    token ids, or vLLM's prompt dicts {"prompt": text} and {"prompt_token_ids": ids}; a one-line
+    ValueError naming the prompt otherwise, before anything is queued."""
+    if isinstance(prompt, dict):
+        if set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+            raise ValueError(f"prompt {k}: a prompt dict holds one key, 'prompt' (text) or "
+                             f"'prompt_token_ids', got {sorted(map(str, prompt))}")
+        prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
+    if isinstance(prompt, str):
+        return model.tokenize(prompt)
+    try:
+        return check_prompt_ids(prompt, model.cfg.vocab_size)
+    except ValueError as e:  # named as the engine's refusals name it
+        raise ValueError(f"prompt {k}: {e}") from None
 
 
 def _model(model_or_path, dtype=None):
@@ -188,9 +201,9 @@ def _model(model_or_path, dtype=None):
 
 
 def _prompt_list(prompts) -> list:
-    """The prompts of a call: a string or one token-id sequence (ints, or a 1-D integer
-    array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
-    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+    """The prompts of a call: a string, a prompt dict or one token-id sequence (ints, or a 1-D
+    integer array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
+    if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
         return [prompts]
     if not hasattr(prompts, "__iter__"):
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
@@ -285,8 +298,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
-    ids = [params.truncate(model.tokenize(p) if isinstance(p, str) else
-                           check_prompt_ids(p, model.cfg.vocab_size)) for p in prompt_list]
+    ids = [params.truncate(_prompt_ids(model, p, k)) for k, p in enumerate(prompt_list)]
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "

@@ -473,6 +473,7 @@ def test_detokenize_false_leaves_the_text_none(ouro_llm, monkeypatch):
                              [greedy_params, dataclasses.replace(greedy_params, detokenize=False)])
     assert outs[0].text == " ".join(f"w{t}" for t in outs[0].token_ids)
     assert outs[1].token_ids == outs[0].token_ids and outs[1].text is None
+    assert ouro_llm.generate({"prompt": "w28 w72 w220"}, greedy_params)[0].token_ids == outs[0].token_ids
 
 
 def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
@@ -557,7 +558,8 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     nothing queued."""
     prompt = ouro_ref["p0_input_ids"]
     golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
-    for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2)):
+    for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2),
+                           ({"prompt_token_ids": prompt}, 1), ([{"prompt_token_ids": list(prompt)}] * 2, 2)):
         outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
         assert [o.token_ids for o in outs] == [golden] * count
         assert outs[0].prompt_token_ids == prompt.tolist()
@@ -566,7 +568,11 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
             ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
             ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
             ([prompt, [5, True]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
-            ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)")):
+            ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)"),
+            ([prompt, {"prompt_token_ids": [1], "multi_modal_data": {}}],
+             r"prompt 1: a prompt dict holds one key, 'prompt' \(text\) or 'prompt_token_ids', got "
+             r"\['multi_modal_data', 'prompt_token_ids'\]"),
+            ({"prompt": "a b"}, "this model has no tokenizer .*")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             ouro_llm.generate(prompts, max_new_tokens=3)
     assert not ouro_llm.engine.has_unfinished()
