@@ -29,6 +29,8 @@ Contract:
   (top max(logprobs, k)); the choices of one prompt share its score.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
+- With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
+  Bearer <key>` (401 otherwise); /health, /metrics, /tokenize and /detokenize stay open.
 This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
 before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import json
 import logging
 import re
@@ -46,7 +49,7 @@ import threading
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
@@ -64,13 +67,14 @@ log = logging.getLogger("loopjax.server")
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
-               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0) -> FastAPI:
+               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
+               api_key: str | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
-    AsyncEngine built around an Engine. The app's lifespan starts the AsyncEngine and shuts
-    it down."""
+    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
+    starts the AsyncEngine and shuts it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -107,7 +111,16 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         finally:
             aengine.shutdown()
 
-    app = FastAPI(title="loopjax", lifespan=lifespan)
+    async def authorized(request: Request):
+        """/v1 requests carry the server's API key (when it has one) as a bearer token."""
+        if api_key is None or not request.url.path.startswith("/v1/"):
+            return
+        sent = request.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "invalid or missing API key (send the header Authorization: Bearer KEY)",
+                           None, "authentication_error")
+
+    app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
 
