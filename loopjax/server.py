@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server: `loopjax serve MODEL [--host] [--port] [engine options]`.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream with server-sent
-events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics,
+events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics, /version,
 POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) and POST
 /detokenize (`tokens` -> {prompt}), as vLLM's.
 
@@ -52,6 +52,7 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from loopjax import __version__
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs
@@ -319,6 +320,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "loopjax",
                 "max_model_len": max_context, "vocab_size": vocab_size}
         return {"object": "list", "data": [card]}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/health")
     async def health():

@@ -3,6 +3,9 @@ optional extra is one clear line with exit code 2, not a traceback."""
 
 import importlib
 
+import pytest
+
+import loopjax
 from loopjax import cli
 
 
@@ -66,3 +69,11 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
         monkeypatch.setattr(loopjax.llm, "generate", out_of_memory)
         assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: out of memory{detail}\n"
+
+
+def test_version(capsys):
+    """`loopjax --version` names the installed package's version (what /version answers)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"loopjax {loopjax.__version__}\n"
+    assert loopjax.__version__ not in ("", "unknown")

@@ -14,6 +14,7 @@ import pytest
 from fake_engine import FakeEngine
 from server_helpers import MODEL_NAME, LiveServer, wait_idle
 
+import loopjax
 from loopjax.server import create_app
 
 
@@ -208,4 +209,6 @@ def test_api_key_guards_the_v1_endpoints():
         served = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
         assert served.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).choices[0].token_ids
         assert httpx.get(live.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(live.url + "/version", timeout=10).json() == {"version": loopjax.__version__} != {
+            "version": "unknown"}
         assert httpx.get(live.url + "/metrics", timeout=10).status_code == 200
