@@ -1,6 +1,7 @@
 """`loopjax generate MODEL --prompt TEXT | --prompt-ids 1,2,3 [options]`.
 
-MODEL is a loopjax checkpoint folder, a Hugging Face folder or a preset name. Prints the
+MODEL is a loopjax checkpoint folder, a Hugging Face folder, a Hub name in the local Hugging
+Face cache or a preset name. Prints the
 generated text (or token ids without a tokenizer), or one JSON object with --json. Errors are
 one line on stderr with exit code 2; Ctrl-C is one line with exit code 130.
 """
@@ -15,7 +16,7 @@ from loopjax.engine_args import add_sampling_arguments, failure_line, sampling_o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="checkpoint folder, Hugging Face folder or preset name")
+    parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")

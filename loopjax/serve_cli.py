@@ -44,7 +44,7 @@ def _non_negative_float(text: str) -> float:
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
-    parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
+    parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
     parser.add_argument("--served-model-name", default=None,

@@ -295,3 +295,30 @@ def test_generate_cli_chat_renders_the_template_without_special_tokens(tmp_path,
     assert cli.main(["generate", str(folder), "--prompt", "hello", "--chat"]) == 2
     assert capsys.readouterr().err.startswith("loopjax generate: error: chat needs a tokenizer and a chat "
                                               "template: this model has no chat template")
+
+
+def test_hub_names_load_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
+    """'org/name' (vLLM's and transformers' model names) loads and converts from the snapshot
+    the Hub cache holds ($HF_HUB_CACHE; refs/main, or its one snapshot); a name not there is
+    one line telling how to download it. Nothing is downloaded."""
+    from loopjax.convert.cli import main as convert_main
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--acme--ouro-tiny"
+    shutil.copytree(OURO, repo / "snapshots" / "abc123", ignore=shutil.ignore_patterns("*.npz"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    model = loopjax.load("acme/ouro-tiny")
+    assert model.path == str(repo / "snapshots" / "abc123") and model.cfg == loopjax.load(OURO).cfg
+    assert convert_main(["acme/ouro-tiny", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert loopjax.load(str(tmp_path / "out")).cfg == model.cfg
+    (repo / "refs" / "main").unlink()  # no refs: the one snapshot serves
+    assert loopjax.load("acme/ouro-tiny").path == model.path
+    (repo / "snapshots" / "def456").mkdir()  # two and no refs: which one is unknown
+    with pytest.raises(LoadError, match=r"^no model at 'acme/ouro-tiny': not a folder and not a preset "
+                                        r"\(presets: .*\), nor in the Hugging Face cache at .*hub \(download "
+                                        r"it first: huggingface-cli download acme/ouro-tiny\)$"):
+        loopjax.load("acme/ouro-tiny")
+    with pytest.raises(LoadError, match="not a preset \\(presets: [^)]*\\)$"):  # not a Hub name
+        loopjax.load("no-such-model")
