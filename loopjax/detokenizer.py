@@ -1,6 +1,7 @@
 """Incremental detokenization with stop strings (pure Python, imports no JAX): the engine's
-stop-string check and the server's streamed text both use it, so each step decodes only the
-new tokens, not the whole output (which made a long generation O(tokens^2)).
+stop-string check and the server's streamed text (and its text offsets) both use it, so each
+step decodes only the new tokens, not the whole output (which made a long generation
+O(tokens^2)).
 
 decode(a + b) != decode(a) + decode(b) at word boundaries (a decoder may drop a leading space
 of the first token it sees), so the new tokens are decoded with the previous step's tokens as
@@ -17,23 +18,35 @@ class IncrementalDetokenizer:
     """The text of a growing token sequence, trimmed before the first stop string found.
 
     `update(token_ids, final, check_stop)` takes the whole sequence so far (append-only; a
-    Snapshot serves) and decodes what is new; it returns True when a stop string matched in
-    this update. With check_stop False (e.g. before min_tokens) the new text is not searched:
-    a later update searches from its own new text (and the len(stop) - 1 characters before)."""
+    Snapshot serves) and decodes what is new, one token at a time; it returns True when a stop
+    string matched in this update. `offsets[i]` is where token i's text starts in `text`
+    (completions' text_offset): the text's length before it, so a skipped special token or the
+    first bytes of a character split over tokens add nothing; past a stop string's cut it may
+    exceed len(text). Special tokens are left out unless skip_special_tokens is False.
+    With check_stop False (e.g. before min_tokens) the new text is not searched: a later
+    update searches from its own new text (and the len(stop) - 1 characters before).
+    `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
+    text, as in vLLM (whose include_stop_str_in_output is off), special or not."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = ()):
-        self.tokenizer, self.stop = tokenizer, tuple(stop)
+    def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True):
+        self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
         self.text = ""
         self.stopped = False  # a stop string matched; text ends before it
-        self._offsets = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
+        self.offsets: list[int] = []
+        self._window = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
 
-    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True) -> bool:
+    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True,
+               stop_token: bool = False) -> bool:
         if self.stopped:
             return False
-        (p, r), old_len = self._offsets, len(self.text)
-        before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:])
-        if len(now) > len(before) and (not now.endswith("\ufffd") or final):
-            self.text, self._offsets = self.text + now[len(before):], (r, len(token_ids))
+        old_len, end = len(self.text), len(token_ids) - stop_token
+        # NOTE: one token at a time (each is usually alone: one step's), so that each has its offset
+        for n in range(len(self.offsets) + 1, end + 1):
+            self.offsets.append(len(self.text))
+            self._commit(token_ids, n, final and n == end)
+        if final and self._window[1] < end:  # no new token, but a character waits
+            self._commit(token_ids, end, True)
+        self.offsets += [len(self.text)] * (len(token_ids) - len(self.offsets))  # the stop token
         # NOTE: the first stop string to end wins (of those ending at one character, the longest),
         # whatever their order and however the text splits into tokens: one character a step
         # would have stopped there. Searched only where a match could end in the new text.
@@ -43,5 +56,12 @@ class IncrementalDetokenizer:
             self.text, self.stopped = self.text[:min(hits)[1]], True
         return self.stopped
 
+    def _commit(self, token_ids: Sequence[int], n: int, final: bool) -> None:
+        """Add the text of token_ids[r:n] (decoded after their left context [p, r))."""
+        p, r = self._window
+        before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:n])
+        if len(now) > len(before) and (not now.endswith("\ufffd") or final):
+            self.text, self._window = self.text + now[len(before):], (r, n)
+
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

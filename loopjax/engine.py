@@ -301,21 +301,26 @@ class Engine:
         if self.model.tokenizer is None or not request.sampling_params.detokenize:
             return
         extra, params = self._extra[request.request_id], request.sampling_params
+        # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM
+        stop_token = request.is_finished and request.finish_reason == FINISH_STOP
         if params.stop:
             if extra.detokenizer is None:
-                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop)
+                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop,
+                                                           params.skip_special_tokens)
             # NOTE: no stop string ends the output before min_tokens (as no stop token does).
-            # The last token (max_tokens, a stop id) is searched too: a stop string there trims
-            # the text and makes the reason "stop" (as vLLM's and the server's Choice).
+            # The last token (max_tokens) is searched too: a stop string there trims the text
+            # and makes the reason "stop" (as vLLM's and the server's Choice).
             if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                        check_stop=request.num_output_tokens >= params.min_tokens):
+                                        check_stop=request.num_output_tokens >= params.min_tokens,
+                                        stop_token=stop_token):
                 if request.is_finished:
                     request.finish_reason = FINISH_STOP
                 else:
                     self.scheduler.finish(request.request_id, FINISH_STOP)
             extra.text = extra.detokenizer.text
         if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
-            extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
+            ids = request.output_token_ids
+            extra.text = self.model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
 
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or RequestExtra()

@@ -89,7 +89,7 @@ class LLM:
             self._drain()
             raise
         prompt_lps = self._prompt_logprobs(ids, scoring)
-        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample.detokenize)
+        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample)
                 for (k, _, sample), rid in zip(jobs, order)]
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
@@ -238,10 +238,10 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
-def _result(prompt, out, model, prompt_logprobs, detokenize: bool) -> GenerateOutput:
+def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> GenerateOutput:
     text = out.text
-    if text is None and model.tokenizer is not None and detokenize:  # detokenize=False: None
-        text = model.detokenize(out.token_ids, skip_special_tokens=True)
+    if text is None and model.tokenizer is not None and params.detokenize:  # detokenize=False: None
+        text = model.detokenize(out.token_ids, params.skip_special_tokens)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
                           None if out.logprobs is None else list(out.logprobs),
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],

@@ -38,10 +38,12 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
+    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0,
+                 skip_special_tokens: bool = True):
         self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop,
+                                                                                 skip_special_tokens)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
@@ -54,8 +56,10 @@ class Choice:
         # NOTE: the engine reports submissions per output token; usage carries the total.
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.detokenizer is not None:
+            # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             if self.detokenizer.update(self.token_ids, final=out.finished,
-                                       check_stop=len(self.token_ids) >= self.min_tokens):
+                                       check_stop=len(self.token_ids) >= self.min_tokens,
+                                       stop_token=out.finished and out.finish_reason == "stop"):
                 self.finish_reason = "stop"
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:

@@ -49,7 +49,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
-    "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens",
+    "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",

@@ -140,3 +140,29 @@ def test_stop_string_in_the_last_token_trims_the_text(models):
     assert full.finish_reason == "length" and full.text.find(stop) == len(full.text) - 2
     out = _run(engine, [(0, "cut", [1, 2, 3], dataclasses.replace(params, stop=(stop,)), {})])["cut"]
     assert (out.text, out.finish_reason, out.token_ids) == (full.text[:-2], "stop", full.token_ids)
+
+
+class _Specials(_Letters):  # tokens divisible by 4 are special: "<t>", left out when skipped
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(("" if skip_special_tokens else f"<{t}>") if t % 4 == 0 else "abcdefgh"[t % 8]
+                       for t in ids)
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])  # the text decoded once, or step by step (stop strings)
+def test_skip_special_tokens_and_stop_tokens_in_the_text(models, stop):
+    """skip_special_tokens=False keeps special tokens in the text (it was always True), and a
+    stop token ending the output adds no text, special or not, as in vLLM."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    engine.model = dataclasses.replace(engine.model, tokenizer=_Specials())
+    tok, params = _Specials(), SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0, stop=stop)
+    keep = dataclasses.replace(params, skip_special_tokens=False)
+    out = _run(engine, [(0, "skip", [1, 2, 3], params, {}), (0, "keep", [1, 2, 3], keep, {})])
+    ids = out["skip"].token_ids
+    assert out["keep"].token_ids == ids and any(t % 4 == 0 for t in ids)
+    assert (out["skip"].text, out["keep"].text) == (tok.decode(ids), tok.decode(ids, False))
+    k = next(i for i, t in enumerate(ids) if t % 4)  # stopped by a plain token: its letter is left out
+    ended = _run(engine, [(0, "end", [1, 2, 3], dataclasses.replace(keep, stop_token_ids=(ids[k],)), {})])
+    assert (ended["end"].token_ids, ended["end"].finish_reason) == (ids[:k + 1], "stop")
+    assert ended["end"].text == tok.decode(ids[:k], False)

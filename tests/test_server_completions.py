@@ -153,6 +153,24 @@ def test_min_tokens_and_stop_token_ids_pass_through(client):
     assert len(held.choices[0].token_ids) >= 5 and first not in held.choices[0].token_ids[:5]
 
 
+def test_skip_special_tokens(client, served_model):
+    """vLLM's skip_special_tokens=false keeps special tokens in the text (answer, stream, chat;
+    it was always true); an EOS ending the output adds no text, as in vLLM."""
+    tok, keep = served_model.tokenizer, {"skip_special_tokens": False}
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=3, temperature=0, logit_bias={"1": 100})
+    skipped = client.completions.create(**kw).choices[0]
+    kept = client.completions.create(**kw, extra_body=keep).choices[0]
+    assert skipped.token_ids == kept.token_ids == [1, 1, 1]  # <|im_start|>, a special token
+    assert skipped.text == "" and kept.text == tok.decode([1, 1, 1], skip_special_tokens=False) != ""
+    chunks = list(client.completions.create(**kw, stream=True, extra_body=keep))
+    assert "".join(ch.text for c in chunks for ch in c.choices) == kept.text
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=3, temperature=0, logit_bias={"1": 100}, extra_body=keep)
+    assert chat.choices[0].message.content == kept.text
+    eos = client.completions.create(**dict(kw, logit_bias={"2": 100}), extra_body=keep).choices[0]
+    assert (eos.token_ids, eos.finish_reason, eos.text) == ([2], "stop", "")
+
+
 def test_penalties_and_logit_bias_pass_through(client, served_model):
     """OpenAI's presence / frequency penalties and logit_bias (JSON keys: token ids as strings)
     and vLLM's repetition_penalty reach the engine: the tokens of `loopjax.generate` with them."""
