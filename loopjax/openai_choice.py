@@ -1,8 +1,9 @@
 """One choice of an OpenAI completions / chat response, as the server builds it (no FastAPI).
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
-string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's),
-and (echo) the scored prompt put before them.
+string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's;
+completions' `text_offset`: where each token's text begins in the choice's text), and (echo)
+the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
 {"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
@@ -47,6 +48,7 @@ class Choice:
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
+        self._echoed = 0  # characters of the echoed prompt before the completion's text
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -81,12 +83,15 @@ class Choice:
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 
-    def echo(self, choice: dict, scored, num_top: int) -> None:
+    def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int]] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs
-        (the top `num_top` of each prompt token: the request's `logprobs`)."""
+        (the top `num_top` of each prompt token: the request's `logprobs`); `echoed`: the
+        prompt's text and its tokens' offsets in it (`RequestParser.echo_prompts`), None
+        without a tokenizer. The completion's text offsets, these and later ones, follow it."""
         prompt = scored.token_ids
-        if self.tokenizer is not None:
-            choice["text"] = self.tokenizer.decode(prompt, skip_special_tokens=True) + choice["text"]
+        if echoed is not None:
+            choice["text"] = echoed[0] + choice["text"]
+            self._echoed = len(echoed[0])
         if choice["logprobs"] is not None:
             name = self._token_name()
             lp = choice["logprobs"]
@@ -94,6 +99,8 @@ class Choice:
             lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
             tops = ({name(u): v for u, v in top[:num_top]} for top in scored.top_logprobs)
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
+            if echoed is not None:
+                lp["text_offset"] = echoed[1] + [o + self._echoed for o in lp["text_offset"]]
 
     def _token_name(self):
         """A token's name in logprobs: its text, decoded alone with special tokens kept (vLLM's
@@ -121,4 +128,16 @@ class Choice:
             return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
                                 for t, lp, top in zip(ids, lps, tops)]}
         return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
-                "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
+                "top_logprobs": [{name(u): v for u, v in top} for top in tops],
+                "text_offset": self._text_offsets(start, len(ids))}
+
+    def _text_offsets(self, start: int, count: int) -> list[int] | None:
+        """Where tokens start.. start + count begin in the choice's text (echo included): the
+        detokenizer's offsets, cut to the text's end (a stop string trims it); each token's
+        true place, where vLLM sums the lengths of the tokens' names (a skipped special token,
+        a character split over tokens make them differ). None without a tokenizer."""
+        if self.detokenizer is None:
+            return None
+        offsets, end = self.detokenizer.offsets, len(self.text)
+        return [self._echoed + min(offsets[i] if i < len(offsets) else end, end)
+                for i in range(start, start + count)]

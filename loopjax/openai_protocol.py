@@ -24,6 +24,7 @@ from typing import Any
 from fastapi.responses import JSONResponse
 
 from loopjax.chat import check_messages, render_chat
+from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
@@ -205,9 +206,12 @@ class RequestParser:
         return ids
 
     def _encode(self, text: str, param: str, body: dict) -> list[int]:
-        """Token ids of a text prompt (the tokenizer's special tokens added, as vLLM's and HF's
-        default) or of rendered chat messages (none: the template writes them); vLLM's
-        `add_special_tokens` field overrides either."""
+        return self._encoding(text, param, body).ids
+
+    def _encoding(self, text: str, param: str, body: dict):
+        """The `tokenizers.Encoding` of a text prompt (the tokenizer's special tokens added, as
+        vLLM's and HF's default) or of rendered chat messages (none: the template writes them);
+        vLLM's `add_special_tokens` field overrides either."""
         if self.tokenizer is None:
             raise bad_request(f"{param}: model {self.model_name!r} has no tokenizer; send token ids "
                               "instead", param)
@@ -216,17 +220,44 @@ class RequestParser:
             raise bad_request(f"add_special_tokens must be true or false, got {special!r}",
                               "add_special_tokens")
         return self.tokenizer.encode(text, add_special_tokens=(param == "prompt") if special is None
-                                     else special).ids
+                                     else special)
 
-    def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
+    def echo_prompts(self, body: dict) -> list[tuple[str, list[int]] | None]:
+        """echo's part of each (checked) completions prompt, as vLLM echoes it: the text as
+        given, or the decode of the token ids given (special tokens kept); and where each
+        prompt token starts in it (text_offset: the tokenizer's offsets of the text it
+        encoded, the decode's offsets of ids). A prompt truncate_prompt_tokens cut is echoed as
+        the decode of the ids that ran. None without a tokenizer."""
+        if self.tokenizer is None:
+            return [None] * len(self._prompt_items(body))
+        keep = body.get("truncate_prompt_tokens")  # checked by `prompts`
+        echoed = []
+        for p in self._prompt_items(body):
+            if isinstance(p, str):
+                encoding = self._encoding(p, "prompt", body)
+                p = p if not keep or len(encoding.ids) <= keep else encoding.ids
+            if isinstance(p, str):
+                echoed.append((p, [start for start, _ in encoding.offsets]))
+            else:
+                p = p[-keep:] if keep else p
+                text = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False)
+                text.update(p, final=True)
+                echoed.append((text.text, text.offsets))
+        return echoed
+
+    def _prompt_items(self, body: dict) -> list:
+        """The completions prompts as given: each a text or a list of token ids."""
         prompt = body.get("prompt")
         one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
-        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
+        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked later)
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
             raise bad_request("prompt must be text, token ids, or a non-empty list of those", "prompt")
+        return prompt
+
+    def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
         return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
-                                keep_last) for p in prompt]
+                                keep_last) for p in self._prompt_items(body)]
 
     def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
         try:

@@ -188,6 +188,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         choices = [Choice(i, tokenizer, params.stop, params.min_tokens, params.skip_special_tokens)
                    for i in range(len(streams))]
         echo, k = bool(body.get("echo")), params.prompt_logprobs
+        echoed = parser.echo_prompts(body) if echo else None  # each prompt's text and token offsets
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:
             top_k = max((params.logprobs or 0) if echo else 0, k or 0)
@@ -207,7 +208,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
             for c, answer in zip(choices, answers, strict=True):
                 if echo:
-                    c.echo(answer, scored[c.index // params.n], params.logprobs or 0)
+                    p = c.index // params.n
+                    c.echo(answer, scored[p], params.logprobs or 0, echoed[p])
                 if k is not None and not chat:
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
@@ -272,7 +274,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
                            | ({"delta": {"role": "assistant", "content": ""}} if chat else
                               {"text": "", "logprobs": None if params.logprobs is None else
-                               {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": None}})
+                               {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                "text_offset": None if tokenizer is None else []}})
                            for c in choices]
                 top = {}
                 if scores is not None:

@@ -70,6 +70,34 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
         model=MODEL_NAME, prompt=ids[:3], max_tokens=2, temperature=0.8, seed=5).choices[0].text
 
 
+def test_echo_gives_the_prompt_as_sent_and_text_offsets_place_each_token(server, client, served_model):
+    """echo puts the prompt before the completion as vLLM does: a text prompt as sent, special
+    tokens and spaces kept (it was decoded, special tokens skipped), token ids decoded with
+    their special tokens. logprobs' text_offset (null before) is where each token's text begins
+    in the choice's text, the echoed prompt's included; streamed chunks carry the same."""
+    tok = served_model.tokenizer
+    prompt = "hello  <|im_start|>world the"
+    body = dict(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=0, echo=True,
+                ignore_eos=True, logit_bias={"0": -100, "1": -100, "2": -100})  # no special token generated
+    full = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    text, lp = full["text"], full["logprobs"]
+    ids = tok.encode(prompt).ids
+    assert text.startswith(prompt) and len(lp["text_offset"]) == len(lp["tokens"]) == len(ids) + 3
+    starts = [start for start, _ in tok.encode(prompt).offsets]
+    assert lp["text_offset"][:len(ids)] == starts == [0, 7, 19, 25]
+    assert lp["text_offset"][len(ids)] == len(prompt)
+    ends = lp["text_offset"][1:] + [len(text)]
+    pieces = [text[a:b].strip() for a, b in zip(lp["text_offset"], ends, strict=True)]
+    assert pieces == [t.strip() for t in lp["tokens"]]  # (the word tokenizer's decoder adds spaces)
+    chunks = _streamed(server, "/v1/completions", body)
+    assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == text
+    streamed = [o for c in chunks for ch in c["choices"] for o in ch["logprobs"]["text_offset"]]
+    assert streamed == lp["text_offset"]
+    as_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1, echo=True).choices[0]
+    assert as_ids.text.startswith(tok.decode(ids, skip_special_tokens=False))
+    assert "<|im_start|>" in as_ids.text
+
+
 @pytest.fixture
 def count_scores(monkeypatch):
     """(prompts, top_k) of each `loopjax.score` call the server makes (echo, prompt_logprobs)."""

@@ -86,5 +86,50 @@ def test_logprobs_name_tokens_by_their_text():
     assert [(e["token"], e["bytes"]) for e in content] == [("a", [97]), (" h", [32, 104])]
     assert content[1]["top_logprobs"] == [{"token": " h", "logprob": -2.0, "bytes": [32, 104]}]
     answer = {"text": choice.text, "logprobs": lp}
-    choice.echo(answer, types.SimpleNamespace(token_ids=ids, token_logprobs=[-0.5], top_logprobs=[[]]), 0)
+    choice.echo(answer, types.SimpleNamespace(token_ids=ids, token_logprobs=[-0.5], top_logprobs=[[]]), 0,
+                ("a h", [0, 1]))
     assert answer["logprobs"]["tokens"][:2] == ["a", " h"]
+
+
+def test_text_offsets_place_each_token_in_the_text():
+    """Completions' text_offset (null before) is where each token's text begins in the choice's
+    text: a special token skipped and the first bytes of a split character add nothing (vLLM
+    sums the lengths of the tokens' names: 1 for each U+FFFD, 3 for "<s>"); the streamed chunks'
+    offsets are the full answer's, and echo's prompt shifts them."""
+    from loopjax.openai_choice import Choice
+
+    tok = _byte_tokenizer()
+    tok.add_special_tokens(["<s>"])
+    ids = tok.encode("aé").ids + tok.encode("<s>").ids + tok.encode(" b").ids
+    assert len(ids) == 6 and tok.id_to_token(ids[3]) == "<s>"
+
+    def offsets(skip: bool, echoed=None):
+        choice, chunks = Choice(0, tok, (), skip_special_tokens=skip), []
+        for n in range(1, len(ids) + 1):
+            done = n == len(ids)
+            out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
+                                        logprobs=[-1.0] * n, top_logprobs=[[]] * n, metrics={},
+                                        finished=done, finish_reason="length" if done else None)
+            choice.update(out)
+            chunks += choice.fields(n - 1, chat=False)["logprobs"]["text_offset"]
+        answer = {"text": choice.text, "logprobs": choice.fields(0, chat=False)["logprobs"]}
+        assert answer["logprobs"]["text_offset"] == chunks
+        if echoed is not None:
+            scored = types.SimpleNamespace(token_ids=[7, 8], token_logprobs=[-0.5], top_logprobs=[[]])
+            choice.echo(answer, scored, 0, echoed)
+        return answer["text"], answer["logprobs"]["text_offset"]
+
+    assert offsets(True) == ("aé b", [0, 1, 1, 2, 2, 3])
+    assert offsets(False) == ("aé<s> b", [0, 1, 1, 2, 5, 6])
+    assert offsets(True, ("xy", [0, 1])) == ("xyaé b", [0, 1, 2, 3, 3, 4, 4, 5])
+
+
+def _byte_tokenizer():
+    """Byte-level BPE without merges: "é" spans two tokens (its first decodes to U+FFFD)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok
