@@ -3,9 +3,9 @@
 
 Contract:
 - `check_messages` takes OpenAI's message list: each a {role, content} object whose content
-  is text or a list of text parts (joined); any other part type (image_url, input_audio,
-  file...) is refused, not dropped, as the model would answer without what the message asks
-  about. It returns copies whose content is text.
+  is text or a list of text parts (joined with newlines, as vLLM's); any other part type
+  (image_url, input_audio, file...) is refused, not dropped, as the model would answer
+  without what the message asks about. It returns copies whose content is text.
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `tojson`, `raise_exception`, `strftime_now`).
   Without jinja2 only ChatML templates render (a built-in renderer).
@@ -34,9 +34,9 @@ def check_messages(messages) -> list[dict]:
     clean = []
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: text ones only (text must be text)
-            texts = [_part_text(p, i) for p in content]
-            content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
+        if isinstance(content, list):  # content parts: text ones only (text must be text),
+            texts = [_part_text(p, i) for p in content]  # one per line, as vLLM joins them
+            content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
             raise ValueError(f"messages[{i}] must have a role in {ROLES} and text content")
         clean.append({**m, "content": content})

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 from fake_engine import FakeEngine
-from server_helpers import CHATML, MODEL_NAME, LiveServer
+from server_helpers import CHATML, MODEL_NAME, LiveServer, word_tokenizer
 
 from loopjax.chat import render_chat
 from loopjax.openai_protocol import APIError, RequestParser
@@ -318,3 +318,14 @@ def test_text_prompts_get_the_tokenizers_special_tokens_chat_text_does_not():
     with pytest.raises(APIError, match="add_special_tokens must be true or false"):
         parser.prompts({"prompt": "hi", "add_special_tokens": "no"}, chat=False)
     assert parser.sampling({"prompt": "hi", "add_special_tokens": True}, False, [[1, 4]]).max_tokens == 16
+
+
+def test_chat_content_parts_are_joined_by_newlines():
+    """A message's text content parts are its content one per line, as vLLM joins them (they
+    were joined with nothing: "hello" + "world" made one word)."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256),
+                           chat_template="{{ messages[0]['content'] }}")
+    parts = [{"type": "text", "text": "hello"}, {"type": "input_text", "text": "world"}]
+    as_parts = parser.tokenize({"messages": [{"role": "user", "content": parts}]})
+    assert as_parts == parser.tokenize({"messages": [{"role": "user", "content": "hello\nworld"}]})
+    assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
