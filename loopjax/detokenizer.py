@@ -22,14 +22,20 @@ class IncrementalDetokenizer:
     string matched in this update. `offsets[i]` is where token i's text starts in `text`
     (completions' text_offset): the text's length before it, so a skipped special token or the
     first bytes of a character split over tokens add nothing; past a stop string's cut it may
-    exceed len(text). Special tokens are left out unless skip_special_tokens is False.
+    exceed len(text). Special tokens are left out unless skip_special_tokens is False;
+    spaces_between_special_tokens False joins consecutive added tokens without spaces.
     With check_stop False (e.g. before min_tokens) the new text is not searched: a later
     update searches from its own new text (and the len(stop) - 1 characters before).
     `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
     text, as in vLLM (whose include_stop_str_in_output is off), special or not."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True):
+    def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True):
         self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
+        # NOTE: spaces_between_special_tokens False: an added token right after another is its
+        # content alone, without the space a decoder may put between tokens (vLLM's fast rule)
+        self._added = None if spaces_between_special_tokens else {
+            t: a.content for t, a in tokenizer.get_added_tokens_decoder().items()}
         self.text = ""
         self.stopped = False  # a stop string matched; text ends before it
         self.offsets: list[int] = []
@@ -61,7 +67,10 @@ class IncrementalDetokenizer:
         p, r = self._window
         before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:n])
         if len(now) > len(before) and (not now.endswith("\ufffd") or final):
-            self.text, self._window = self.text + now[len(before):], (r, n)
+            added, piece = self._added, now[len(before):]
+            if added and n >= 2 and token_ids[n - 1] in added and token_ids[n - 2] in added:
+                piece = added[token_ids[n - 1]]
+            self.text, self._window = self.text + piece, (r, n)
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

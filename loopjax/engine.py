@@ -295,18 +295,20 @@ class Engine:
 
     # ------------------------------------------------------------------ helpers
     def _check_stop_strings(self, request: Request) -> None:
-        """Apply stop strings (a running request's new tokens decoded incrementally each step),
-        and set the text of a finished request (decoded once, if no stop string set it); none
-        for a request with detokenize=False (the server's: it detokenizes as it streams)."""
+        """Apply stop strings (a running request's new tokens decoded incrementally each step,
+        as is the text without spaces_between_special_tokens), and set the text of a finished
+        request (else decoded once); none for a request with detokenize=False (the server's:
+        it detokenizes as it streams)."""
         if self.model.tokenizer is None or not request.sampling_params.detokenize:
             return
         extra, params = self._extra[request.request_id], request.sampling_params
         # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM
         stop_token = request.is_finished and request.finish_reason == FINISH_STOP
-        if params.stop:
+        if params.stop or not params.spaces_between_special_tokens:
             if extra.detokenizer is None:
                 extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop,
-                                                           params.skip_special_tokens)
+                                                           params.skip_special_tokens,
+                                                           params.spaces_between_special_tokens)
             # NOTE: no stop string ends the output before min_tokens (as no stop token does).
             # The last token (max_tokens) is searched too: a stop string there trims the text
             # and makes the reason "stop" (as vLLM's and the server's Choice).
@@ -318,7 +320,7 @@ class Engine:
                 else:
                     self.scheduler.finish(request.request_id, FINISH_STOP)
             extra.text = extra.detokenizer.text
-        if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
+        if request.is_finished and extra.detokenizer is None:
             ids = request.output_token_ids
             extra.text = self.model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
 

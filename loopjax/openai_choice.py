@@ -40,11 +40,11 @@ class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
     def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0,
-                 skip_special_tokens: bool = True):
+                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
         self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop,
-                                                                                 skip_special_tokens)
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
+            tokenizer, stop, skip_special_tokens, spaces_between_special_tokens)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs

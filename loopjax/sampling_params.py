@@ -102,6 +102,7 @@ class SamplingParams:
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
     skip_special_tokens: bool = True  # the text leaves out special tokens (vLLM's and HF's decode option)
+    spaces_between_special_tokens: bool = True  # False: consecutive added tokens' text unspaced (vLLM's)
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
     truncate_prompt_tokens: int | None = None  # >= 1: a longer prompt keeps its last that many tokens
@@ -143,8 +144,9 @@ class SamplingParams:
         check_int("min_tokens", self.min_tokens, 0)
         if not isinstance(self.detokenize, bool):
             _fail(f"detokenize must be true or false, got {self.detokenize!r}")
-        if not isinstance(self.skip_special_tokens, bool):
-            _fail(f"skip_special_tokens must be true or false, got {self.skip_special_tokens!r}")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             _fail("stop strings need detokenize=True: they are matched on the text")
         if self.min_tokens > self.max_tokens:

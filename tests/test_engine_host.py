@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import types
 
 import numpy as np
 import pytest
@@ -166,3 +167,25 @@ def test_skip_special_tokens_and_stop_tokens_in_the_text(models, stop):
     ended = _run(engine, [(0, "end", [1, 2, 3], dataclasses.replace(keep, stop_token_ids=(ids[k],)), {})])
     assert (ended["end"].token_ids, ended["end"].finish_reason) == (ids[:k + 1], "stop")
     assert ended["end"].text == tok.decode(ids[:k], False)
+
+
+class _Spaced(_Letters):  # every token an added one, decoded with spaces between them
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(super().decode(ids))
+
+    def get_added_tokens_decoder(self):
+        return {t: types.SimpleNamespace(content=super(_Spaced, self).decode([t])) for t in range(256)}
+
+
+def test_spaces_between_special_tokens_off_joins_added_tokens(models):
+    """spaces_between_special_tokens=False (vLLM's field) gives consecutive added tokens their
+    content alone, without the decoder's spaces, in the engine's (offline) text."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    engine.model = dataclasses.replace(engine.model, tokenizer=_Spaced())
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    joined = dataclasses.replace(params, spaces_between_special_tokens=False)
+    out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
+    letters = _Letters().decode(out["spaced"].token_ids)
+    assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)

@@ -307,6 +307,7 @@ def test_defaults_and_normalisation():
     (dict(stop=["a"], detokenize=False), "stop strings need detokenize=True"),
     (dict(ignore_eos=1), "ignore_eos must be true or false"),
     (dict(skip_special_tokens="no"), "skip_special_tokens must be true or false, got 'no'"),
+    (dict(spaces_between_special_tokens=0), "spaces_between_special_tokens must be true or false, got 0"),
     (dict(loops=0), "loops must be >= 1, got 0"),
     (dict(exit_mode="fast"), "exit_mode must be one of select, skip, got 'fast'"),
     (dict(exit_criterion="kld"), "exit_criterion must be None or one of kl, entropy-diff, latent-diff, "

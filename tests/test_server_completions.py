@@ -183,7 +183,8 @@ def test_min_tokens_and_stop_token_ids_pass_through(client):
 
 def test_skip_special_tokens(client, served_model):
     """vLLM's skip_special_tokens=false keeps special tokens in the text (answer, stream, chat;
-    it was always true); an EOS ending the output adds no text, as in vLLM."""
+    it was always true); an EOS ending the output adds no text, as in vLLM; vLLM's
+    spaces_between_special_tokens=false joins consecutive special tokens without spaces."""
     tok, keep = served_model.tokenizer, {"skip_special_tokens": False}
     kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=3, temperature=0, logit_bias={"1": 100})
     skipped = client.completions.create(**kw).choices[0]
@@ -197,6 +198,8 @@ def test_skip_special_tokens(client, served_model):
     assert chat.choices[0].message.content == kept.text
     eos = client.completions.create(**dict(kw, logit_bias={"2": 100}), extra_body=keep).choices[0]
     assert (eos.token_ids, eos.finish_reason, eos.text) == ([2], "stop", "")
+    unspaced = client.completions.create(**kw, extra_body={**keep, "spaces_between_special_tokens": False})
+    assert unspaced.choices[0].text == "<|im_start|>" * 3 != kept.text  # vLLM's field: no space between
 
 
 def test_penalties_and_logit_bias_pass_through(client, served_model):
