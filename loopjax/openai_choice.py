@@ -83,7 +83,7 @@ class Choice:
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 
-    def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int]] | None) -> None:
+    def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs
         (the top `num_top` of each prompt token: the request's `logprobs`); `echoed`: the
         prompt's text and its tokens' offsets in it (`RequestParser.echo_prompts`), None

@@ -222,27 +222,32 @@ class RequestParser:
         return self.tokenizer.encode(text, add_special_tokens=(param == "prompt") if special is None
                                      else special)
 
-    def echo_prompts(self, body: dict) -> list[tuple[str, list[int]] | None]:
+    def echo_prompts(self, body: dict, offsets: bool) -> list[tuple[str, list[int] | None] | None]:
         """echo's part of each (checked) completions prompt, as vLLM echoes it: the text as
-        given, or the decode of the token ids given (special tokens kept); and where each
-        prompt token starts in it (text_offset: the tokenizer's offsets of the text it
-        encoded, the decode's offsets of ids). A prompt truncate_prompt_tokens cut is echoed as
-        the decode of the ids that ran. None without a tokenizer."""
+        given, or the decode of the token ids given (special tokens kept); and, if `offsets`
+        (logprobs' text_offset), where each prompt token starts in it: the tokenizer's offsets
+        of the text it encoded, the incremental decode's of ids (~3 us a token, so only then).
+        A prompt truncate_prompt_tokens cut is echoed as the decode of the ids that ran. None
+        without a tokenizer."""
         if self.tokenizer is None:
             return [None] * len(self._prompt_items(body))
         keep = body.get("truncate_prompt_tokens")  # checked by `prompts`
         echoed = []
         for p in self._prompt_items(body):
+            if isinstance(p, str) and keep:
+                ids = self._encoding(p, "prompt", body).ids
+                p = p if len(ids) <= keep else ids
             if isinstance(p, str):
-                encoding = self._encoding(p, "prompt", body)
-                p = p if not keep or len(encoding.ids) <= keep else encoding.ids
-            if isinstance(p, str):
-                echoed.append((p, [start for start, _ in encoding.offsets]))
-            else:
-                p = p[-keep:] if keep else p
+                encoding = self._encoding(p, "prompt", body) if offsets else None
+                echoed.append((p, None if encoding is None else [start for start, _ in encoding.offsets]))
+                continue
+            p = p[-keep:] if keep else p
+            if offsets:
                 text = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False)
                 text.update(p, final=True)
                 echoed.append((text.text, text.offsets))
+            else:
+                echoed.append((self.tokenizer.decode(p, skip_special_tokens=False), None))
         return echoed
 
     def _prompt_items(self, body: dict) -> list:

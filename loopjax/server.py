@@ -188,7 +188,6 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         choices = [Choice(i, tokenizer, params.stop, params.min_tokens, params.skip_special_tokens,
                           params.spaces_between_special_tokens) for i in range(len(streams))]
         echo, k = bool(body.get("echo")), params.prompt_logprobs
-        echoed = parser.echo_prompts(body) if echo else None  # each prompt's text and token offsets
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:
             top_k = max((params.logprobs or 0) if echo else 0, k or 0)
@@ -206,6 +205,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             except ValueError as e:  # the scorer's one line (the prompts were checked above)
                 raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
             formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
+            echoed = None
+            if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
+                echoed = await asyncio.to_thread(parser.echo_prompts, body, params.logprobs is not None)
             for c, answer in zip(choices, answers, strict=True):
                 if echo:
                     p = c.index // params.n
