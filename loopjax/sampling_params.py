@@ -25,6 +25,9 @@ Conventions:
   logits -inf) before the penalties, the bias of an allowed id still added.
 - `truncate_prompt_tokens` (vLLM's): a prompt longer than that keeps its last that many tokens
   (`truncate`; the engine, the offline API and the server apply it before checking its length).
+- Text (vLLM's fields, docs/semantics.md): `skip_special_tokens` leaves special tokens out,
+  `spaces_between_special_tokens` False joins consecutive added tokens without spaces; the
+  engine's and the server's detokenizers read them, the device never does.
 - `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) and the server score the
   prompt on the identity path (`scoring.py`); the engine never reads it, so it changes no decode.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
