@@ -96,6 +96,12 @@ def test_echo_gives_the_prompt_as_sent_and_text_offsets_place_each_token(server,
     as_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1, echo=True).choices[0]
     assert as_ids.text.startswith(tok.decode(ids, skip_special_tokens=False))
     assert "<|im_start|>" in as_ids.text
+    # truncate_prompt_tokens: echo gives the part of the prompt that ran (the decode of its ids)
+    cut = httpx.post(server.url + "/v1/completions", json={**body, "truncate_prompt_tokens": 2},
+                     timeout=60).json()["choices"][0]
+    assert cut["text"].startswith(tok.decode(ids[-2:], skip_special_tokens=False))
+    assert cut["logprobs"]["tokens"][:2] == lp["tokens"][len(ids) - 2:len(ids)]
+    assert cut["logprobs"]["text_offset"][:3] == [0, len("world"), len("world the")]
 
 
 @pytest.fixture
