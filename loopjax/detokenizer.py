@@ -27,17 +27,21 @@ class IncrementalDetokenizer:
     With check_stop False (e.g. before min_tokens) the new text is not searched: a later
     update searches from its own new text (and the len(stop) - 1 characters before).
     `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
-    text, as in vLLM (whose include_stop_str_in_output is off), special or not."""
+    text, as in vLLM, special or not (the caller passes False under include_stop_str_in_output).
+    A matched stop string is `stop_string`; the text ends before it, or after it with
+    include_stop_str (vLLM's include_stop_str_in_output)."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True):
+                 spaces_between_special_tokens: bool = True, include_stop_str: bool = False):
         self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
         # NOTE: spaces_between_special_tokens False: an added token right after another is its
         # content alone, without the space a decoder may put between tokens (vLLM's fast rule)
         self._added = None if spaces_between_special_tokens else {
             t: a.content for t, a in tokenizer.get_added_tokens_decoder().items()}
+        self.include_stop_str = include_stop_str
         self.text = ""
-        self.stopped = False  # a stop string matched; text ends before it
+        self.stopped = False  # a stop string matched; text ends before it (or after it)
+        self.stop_string: str | None = None  # the stop string that matched
         self.offsets: list[int] = []
         self._window = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
 
@@ -56,10 +60,11 @@ class IncrementalDetokenizer:
         # NOTE: the first stop string to end wins (of those ending at one character, the longest),
         # whatever their order and however the text splits into tokens: one character a step
         # would have stopped there. Searched only where a match could end in the new text.
-        hits = [(cut + len(s), cut) for s in (self.stop if check_stop else ())
+        hits = [(cut + len(s), cut, s) for s in (self.stop if check_stop else ())
                 if (cut := self.text.find(s, max(0, old_len - len(s) + 1))) >= 0]
         if hits:
-            self.text, self.stopped = self.text[:min(hits)[1]], True
+            end, cut, self.stop_string = min(hits)
+            self.text, self.stopped = self.text[:end if self.include_stop_str else cut], True
         return self.stopped
 
     def _commit(self, token_ids: Sequence[int], n: int, final: bool) -> None:

@@ -302,13 +302,16 @@ class Engine:
         if self.model.tokenizer is None or not request.sampling_params.detokenize:
             return
         extra, params = self._extra[request.request_id], request.sampling_params
-        # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM
-        stop_token = request.is_finished and request.finish_reason == FINISH_STOP
+        # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM (unless
+        # include_stop_str_in_output)
+        stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
+                      and not params.include_stop_str_in_output)
         if params.stop or not params.spaces_between_special_tokens:
             if extra.detokenizer is None:
                 extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop,
                                                            params.skip_special_tokens,
-                                                           params.spaces_between_special_tokens)
+                                                           params.spaces_between_special_tokens,
+                                                           params.include_stop_str_in_output)
             # NOTE: no stop string ends the output before min_tokens (as no stop token does).
             # The last token (max_tokens) is searched too: a stop string there trims the text
             # and makes the reason "stop" (as vLLM's and the server's Choice).
@@ -335,10 +338,21 @@ class Engine:
         out = RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
                             request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
                             extra.text, Snapshot(extra.logprobs) if want_lp else None,
-                            Snapshot(extra.top_logprobs) if want_lp else None, metrics)
+                            Snapshot(extra.top_logprobs) if want_lp else None, metrics,
+                            self._stop_reason(request, extra))
         if request.is_finished:
             self._extra.pop(request.request_id, None)
         return out
+
+    def _stop_reason(self, request: Request, extra: RequestExtra) -> int | str | None:
+        """vLLM's stop_reason of a request finished with 'stop': its stop string, else its last
+        token unless that is an EOS that stopped it; None otherwise."""
+        if request.finish_reason != FINISH_STOP:
+            return None
+        if extra.detokenizer is not None and extra.detokenizer.stop_string is not None:
+            return extra.detokenizer.stop_string
+        last = request.output_token_ids[-1]
+        return None if last in self._eos and not request.sampling_params.ignore_eos else last
 
     def _release_carry(self, request: Request) -> None:
         extra = self._extra.get(request.request_id)

@@ -39,12 +39,15 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0,
-                 skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True):
-        self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
+    def __init__(self, index: int, tokenizer, params):
+        """params: the request's SamplingParams (its stop strings and text fields)."""
+        self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
+        self.min_tokens, self.include_stop = params.min_tokens, params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
-            tokenizer, stop, skip_special_tokens, spaces_between_special_tokens)
+            tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
+            params.include_stop_str_in_output)
+        self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
@@ -61,11 +64,12 @@ class Choice:
             # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             if self.detokenizer.update(self.token_ids, final=out.finished,
                                        check_stop=len(self.token_ids) >= self.min_tokens,
-                                       stop_token=out.finished and out.finish_reason == "stop"):
-                self.finish_reason = "stop"
+                                       stop_token=out.finished and out.finish_reason == "stop"
+                                       and not self.include_stop):
+                self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_string
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
-            self.finish_reason = out.finish_reason
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         end = len(self.text)
         if self.finish_reason is None:  # hold back what may still become a stop string
             for s in self.stop:
@@ -79,7 +83,7 @@ class Choice:
     def fields(self, start: int, chat: bool) -> dict:
         """finish_reason, OpenAI logprobs and loopjax's extras of the tokens from `start` on."""
         ids = self.token_ids[start:]
-        return {"index": self.index, "finish_reason": self.finish_reason,
+        return {"index": self.index, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason,
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 

@@ -50,7 +50,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
     "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens",
-    "spaces_between_special_tokens",
+    "spaces_between_special_tokens", "include_stop_str_in_output",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",

@@ -106,6 +106,7 @@ class SamplingParams:
     detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
     skip_special_tokens: bool = True  # the text leaves out special tokens (vLLM's and HF's decode option)
     spaces_between_special_tokens: bool = True  # False: consecutive added tokens' text unspaced (vLLM's)
+    include_stop_str_in_output: bool = False  # the text keeps the stop string or stop token that ended it
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
     truncate_prompt_tokens: int | None = None  # >= 1: a longer prompt keeps its last that many tokens
@@ -147,7 +148,7 @@ class SamplingParams:
         check_int("min_tokens", self.min_tokens, 0)
         if not isinstance(self.detokenize, bool):
             _fail(f"detokenize must be true or false, got {self.detokenize!r}")
-        for name in ("skip_special_tokens", "spaces_between_special_tokens"):
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:

@@ -185,8 +185,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         # NOTE: each Choice detokenizes its outputs as it streams them and matches the stop
         # strings on that text (closing its stream as stopped), so the engine makes no text.
         streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
-        choices = [Choice(i, tokenizer, params.stop, params.min_tokens, params.skip_special_tokens,
-                          params.spaces_between_special_tokens) for i in range(len(streams))]
+        choices = [Choice(i, tokenizer, params) for i in range(len(streams))]
         echo, k = bool(body.get("echo")), params.prompt_logprobs
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:

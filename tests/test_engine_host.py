@@ -189,3 +189,31 @@ def test_spaces_between_special_tokens_off_joins_added_tokens(models):
     out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
     letters = _Letters().decode(out["spaced"].token_ids)
     assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)
+
+
+def test_stop_reason_and_include_stop_str_in_output(models):
+    """vLLM's stop_reason (the stop string, or the stop token id; None for an EOS or a length
+    finish) and include_stop_str_in_output (the text keeps the stop string or stop token)."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    full = _run(engine, [(0, "full", [1, 2, 3], params, {})])["full"]
+    assert (full.finish_reason, full.stop_reason) == ("length", None)
+    text, ids = full.text, list(full.token_ids)
+    stop = text[3:5]
+    k = text.find(stop)
+    cut = dataclasses.replace(params, stop=(stop,))
+    kept = dataclasses.replace(cut, include_stop_str_in_output=True)
+    out = _run(engine, [(0, "cut", [1, 2, 3], cut, {}), (0, "kept", [1, 2, 3], kept, {})])
+    assert (out["cut"].text, out["cut"].finish_reason, out["cut"].stop_reason) == (text[:k], "stop", stop)
+    assert (out["kept"].text, out["kept"].stop_reason) == (text[:k + 2], stop)
+    by_id = dataclasses.replace(params, stop_token_ids=(ids[4],))
+    j = ids.index(ids[4])
+    by_id_kept = dataclasses.replace(by_id, include_stop_str_in_output=True)
+    out = _run(engine, [(0, "id", [1, 2, 3], by_id, {}), (0, "id+", [1, 2, 3], by_id_kept, {})])
+    assert (out["id"].text, out["id"].finish_reason, out["id"].stop_reason) == (text[:j], "stop", ids[4])
+    assert (out["id+"].text, out["id+"].stop_reason) == (text[:j + 1], ids[4])
+    engine._eos = (ids[4],)  # the same token as the model's EOS: it stops with no stop_reason
+    eos = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
+    assert (eos.token_ids, eos.finish_reason, eos.stop_reason) == (ids[:j + 1], "stop", None)
