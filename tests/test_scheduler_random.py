@@ -98,7 +98,8 @@ class _Checker:
     - every plan: its rows within max_prefill_rows / max_num_rows and its tokens within
       max_prefill_tokens, buckets compiled ones, no request twice, no finished row, decode rows
       decoding, prefill rows holding full pages only, its pages covering its positions;
-      admissions a prefix of the queue (FCFS);
+      admissions a prefix of the queue (FCFS); no prefill step once the prefill share is used
+      up while rows wait to decode; a cached page held or parked, never on the free list;
       preempted requests queued with no page, never the oldest running request;
     - progress: the oldest running request advances within a bounded number of updates, and
       the whole scenario ends within a bounded number of steps;
@@ -116,6 +117,9 @@ class _Checker:
     def queues(self):
         sched, bm = self.sched, self.sched.block_manager
         bm.check(sched.requests.values())
+        cache = bm.prefix_cache
+        if cache is not None:  # a cached page is held or parked, never free to be overwritten
+            assert all(bm.ref_count(p) or cache.is_parked(p) for p in range(bm.num_pages) if cache.key_of(p))
         assert len(sched.running) + len(sched.waiting) == len(sched.requests)
         assert {id(r) for r in (*sched.running, *sched.waiting)} == {id(r) for r in sched.requests.values()}
         assert len(sched.running) <= sched.config.max_num_rows
@@ -132,8 +136,12 @@ class _Checker:
             assert r.num_planned_tokens <= sched.config.max_seq_len
 
     def before_schedule(self):
-        self.queue = list(self.sched.waiting)
-        self.oldest_running = self.sched.running[0] if self.sched.running else None
+        sched = self.sched
+        self.queue = list(sched.waiting)
+        self.oldest_running = sched.running[0] if sched.running else None
+        # NOTE: private state, read to check the prefill share (scheduler.py's module note)
+        self.share_used = (any(sched._decodes_next(r) for r in sched.running)
+                           and sched._prefills_since_decode >= sched._prefill_allowance)
 
     def plan(self, plan):
         cfg = self.sched.config
@@ -141,6 +149,7 @@ class _Checker:
         assert len({id(r) for r in rows}) == len(rows), "a request twice in one plan"
         assert not any(r.is_finished for r in rows)
         if plan.kind is StepKind.PREFILL:
+            assert not self.share_used, "a prefill step past the share while rows wait to decode"
             assert len(rows) <= cfg.max_prefill_rows and plan.num_real_tokens <= cfg.max_prefill_tokens
             assert plan.token_bucket in cfg.token_buckets and plan.row_bucket in cfg.prefill_row_buckets
             assert not any(plan.input_on_device)
