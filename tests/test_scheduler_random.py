@@ -287,3 +287,15 @@ def test_random_scenarios_keep_every_invariant():
         phases |= result["aborted_phases"]
     assert preemptions > 0 and hits > 0 and {p for p, _ in phases} == set(PHASES)
     assert (RequestPhase.DECODING, True) in phases  # aborted with a token in flight
+
+
+def test_the_host_scheduler_imports_no_jax():
+    """scheduler.py's contract (pure Python: the host plans while the device runs); checked in a
+    fresh interpreter, as this one has JAX loaded by other tests."""
+    import subprocess
+    import sys
+
+    code = ("import sys, loopjax.scheduler, loopjax.async_engine; "
+            "print(sorted(m for m in ('jax', 'jaxlib', 'fastapi') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
