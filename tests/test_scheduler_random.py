@@ -4,14 +4,16 @@ it checks every slot a step writes and reads). Each scenario draws a config (tig
 force preemption, the prefix cache, decode pages, fused or per-loop decode, planning ahead) and
 a workload (n-sample groups, shared prefixes, prompts at the context and pool limits, adaptive
 and whole-prefill requests, stop tokens, engine stop strings, aborts in every phase, dispatches
-that fail, aborts while plans are in flight), drives it to the end and checks the invariants
-listed in `_Checker`."""
+that fail, aborts while plans are in flight, prompts past the context or the pool, refused in
+one line with nothing queued), drives it to the end and checks the invariants listed in
+`_Checker`."""
 
 from __future__ import annotations
 
 import random
 from collections import deque
 
+import pytest
 from fake_runner import VOCAB as V
 from fake_runner import FakeRunner, adaptive_exit
 
@@ -202,6 +204,13 @@ def _scenario(seed: int) -> dict:
     for step in range(max_steps):
         for r in arrivals.pop(step, []):
             sched.add(r)
+        if rng.random() < 0.05:  # past the context or the pool: one line, nothing queued, the rest served
+            n = config.max_seq_len + rng.choice([0, 0, 1, 50])
+            before = (len(sched.requests), len(sched.waiting), sched.block_manager.num_free_pages)
+            with pytest.raises(ValueError, match=r"^request 'big': prompt of \d+ tokens (leav|does)") as e:
+                sched.add(Request("big", [1] * n, SamplingParams(max_tokens=1)))
+            assert "\n" not in str(e.value)
+            assert (len(sched.requests), len(sched.waiting), sched.block_manager.num_free_pages) == before
         check.queues()
         for r in list(sched.requests.values()):  # the engine's stop strings, after an update
             k = stop_at[r.request_id]
