@@ -71,6 +71,14 @@ def _workload(rng, family, ctx, fused, vocab, hidden):
     return items
 
 
+def check_engine(engine) -> None:
+    """After a step: the pool's invariants hold, and each token / carry slot is held once or free."""
+    engine.scheduler.block_manager.check(engine.scheduler.requests.values())
+    for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
+        held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
+        assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+
+
 def _run(engine, items, rng=None, abort_rate=0.0):
     """Step to the end (aborting live requests at random); the slots and pages are checked
     after every step. Returns {id: final RequestOutput}."""
@@ -86,10 +94,7 @@ def _run(engine, items, rng=None, abort_rate=0.0):
             assert out.request_id not in finals
             if out.finished:
                 finals[out.request_id] = out
-        engine.scheduler.block_manager.check(engine.scheduler.requests.values())
-        for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
-            held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
-            assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+        check_engine(engine)
         step += 1
     stats = engine.stats()
     assert stats["pages_free"] == stats["pages_total"] and not engine._extra
@@ -102,6 +107,14 @@ def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
     has alone in a big pool (an aborted one: a prefix of them), except a warm-start request
     that was preempted (docs/semantics.md); every page and slot comes back."""
     rng = random.Random(seed)
+    model, config, engine, items = random_scenario(models, rng)
+    finals = _run(engine, items, rng, abort_rate=rng.choice([0.0, 0.1]))
+    check_alone(model, config, items, finals)
+
+
+def random_scenario(models, rng):
+    """(model, config, engine on the fake device, workload) of a random Ouro or Huginn setup:
+    page sizes, contexts, tight or big pools, prefix cache, async scheduling, fused or not."""
     family = rng.choice(["ouro", "huginn"])
     model = models[family]
     page_size, ctx, fused = rng.choice([1, 2, 4]), rng.randint(6, 24), rng.random() < 0.7
@@ -116,7 +129,13 @@ def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
         config, num_pages=rng.choice([200, *[rng.randint(min_pages, min_pages + 2)] * 3]),
         enable_prefix_caching=rng.random() < 0.6, async_scheduling=rng.random() < 0.7))
     items = _workload(rng, family, ctx, fused, model.cfg.vocab_size, getattr(model.cfg, "hidden_size", 0))
-    finals = _run(engine, items, rng, abort_rate=rng.choice([0.0, 0.1]))
+    return model, config, engine, items
+
+
+def check_alone(model, config, items, finals) -> None:
+    """Each request's final output is what it gets alone in a big pool (an aborted one: a
+    prefix of its tokens), except a preempted warm-start request's (docs/semantics.md)."""
+    assert set(finals) == {rid for _, rid, *_ in items}
     alone = _engine(model, dataclasses.replace(config, num_pages=200, async_scheduling=False))
     for _, rid, prompt, params, extra in items:
         expected, out = _run(alone, [(0, rid, prompt, params, extra)])[rid], finals[rid]

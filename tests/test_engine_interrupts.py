@@ -6,12 +6,9 @@ consistent after every step, and every request that was not aborted gets its tok
 
 from __future__ import annotations
 
-import dataclasses
 import random
 
-from test_engine_host import _engine, _run, _workload, models  # noqa: F401 (models: a fixture)
-
-from loopjax.engine import EngineConfig
+from test_engine_host import check_alone, check_engine, models, random_scenario  # noqa: F401 (models: a fixture)
 
 
 class Interrupt(Exception):
@@ -49,10 +46,7 @@ def _run_interrupted(engine, items, rng, rate):
             assert out.request_id not in finals
             if out.finished:
                 finals[out.request_id] = out
-        engine.scheduler.block_manager.check(engine.scheduler.requests.values())
-        for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
-            held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
-            assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+        check_engine(engine)
         step += 1
     device.dispatch, device.read = dispatch, read
     stats = engine.stats()
@@ -72,30 +66,7 @@ def test_interrupted_steps_keep_slots_pages_and_tokens(models):  # noqa: F811
 
 def _scenario(loaded: dict, seed: int) -> list[str]:
     rng = random.Random(seed)
-    family = rng.choice(["ouro", "huginn"])
-    model = loaded[family]
-    page_size, ctx, fused = rng.choice([1, 2, 4]), rng.randint(6, 24), rng.random() < 0.7
-    shared = family == "ouro" and fused and rng.random() < 0.4  # Ouro's decode pages
-    config = EngineConfig(page_size=page_size, max_num_rows=rng.choice([1, 3, 4]), max_context_len=ctx,
-                          max_prefill_tokens=rng.choice([1, 3, 8, 32]),
-                          prefill_token_buckets=(1, 2, 4, 8, 16, 32), max_prefill_rows=rng.choice([1, 2]),
-                          fused_decode=fused, max_loops=8, max_logprobs=2,
-                          kv_layout="shared" if shared else "per_loop")
-    min_pages = -(-ctx // page_size)
-    engine = _engine(model, dataclasses.replace(
-        config, num_pages=rng.choice([200, rng.randint(min_pages, min_pages + 2)]),
-        enable_prefix_caching=rng.random() < 0.6, async_scheduling=rng.random() < 0.7))
-    items = _workload(rng, family, ctx, fused, model.cfg.vocab_size, getattr(model.cfg, "hidden_size", 0))
+    model, config, engine, items = random_scenario(loaded, rng)
     finals, interruptions = _run_interrupted(engine, items, rng, rate=0.1)
-    assert set(finals) == {rid for _, rid, *_ in items}
-    alone = _engine(model, dataclasses.replace(config, num_pages=200, async_scheduling=False))
-    for _, rid, prompt, params, extra in items:
-        expected, out = _run(alone, [(0, rid, prompt, params, extra)])[rid], finals[rid]
-        if extra.get("warm_start") and out.metrics["num_preemptions"]:
-            continue  # its decoded tokens were recomputed from the prompt's s0 rule (docs/semantics.md)
-        n = len(out.token_ids) if out.finish_reason == "abort" else len(expected.token_ids)
-        assert (out.token_ids, out.exit_loops) == (expected.token_ids[:n], expected.exit_loops[:n]), rid
-        if out.finish_reason != "abort":
-            assert (out.finish_reason, out.text, out.logprobs) == (expected.finish_reason, expected.text,
-                                                                   expected.logprobs), rid
+    check_alone(model, config, items, finals)
     return interruptions
