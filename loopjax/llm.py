@@ -67,7 +67,7 @@ class LLM:
         (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
         in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None.
         use_tqdm (vLLM's; off by default here): a progress bar of finished requests on stderr."""
-        ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
+        ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(_prompt_list(prompts))]
         params = _params_list(sampling_params, kwargs, len(ids))
         ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
         states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
@@ -163,9 +163,6 @@ class LLM:
             if bar is not None:
                 bar.close()
         return finals
-
-    def _tokens(self, prompt, k: int) -> list[int]:
-        return _prompt_ids(self.model, prompt, k)
 
 
 def _prompt_ids(model, prompt, k: int) -> list[int]:
