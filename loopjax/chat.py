@@ -53,8 +53,8 @@ def _part_text(part, i: int) -> str | None:
     return part.get(key, "") if key else None
 
 
-def encode_chat(model, messages, *, chat_template: str | None = None,
-                add_generation_prompt: bool = True) -> list[int]:
+def encode_chat(model, messages, *, chat_template: str | None = None, add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> list[int]:
     """The token ids of one conversation for `model` (a loopjax Model): rendered by
     chat_template (default: the checkpoint's), encoded without the tokenizer's special tokens."""
     template = chat_template if chat_template is not None else model.chat_template
@@ -63,14 +63,17 @@ def encode_chat(model, messages, *, chat_template: str | None = None,
                          ("tokenizer" if model.tokenizer is None else
                           "chat template (give one, or send the prompt text as it is)"))
     text = render_chat(template, check_messages(messages), add_generation_prompt=add_generation_prompt,
-                       **special_tokens(model))
+                       template_kwargs=template_kwargs, **special_tokens(model))
     return model.tokenize(text, add_special_tokens=False)
 
 
 def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True) -> str:
+                add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
     """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with
-    add_generation_prompt, the opening of the assistant's turn follows."""
+    add_generation_prompt, the opening of the assistant's turn follows. template_kwargs
+    (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}) are more template
+    variables (the built-in ChatML renderer has none to read)."""
+    extra = check_template_kwargs(template_kwargs)
     try:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -97,13 +100,28 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     try:
-        return env.from_string(template).render(messages=messages, bos_token=bos_token, eos_token=eos_token,
-                                                add_generation_prompt=add_generation_prompt)
+        variables = dict(extra, messages=messages, bos_token=bos_token, eos_token=eos_token,
+                         add_generation_prompt=add_generation_prompt)
+        return env.from_string(template).render(**variables)
     except TemplateError as e:
         raise ValueError(f"messages: the chat template refused them: {e}") from None
     except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
         # a ZeroDivisionError...): the checkpoint's template, not a bug here
         raise ValueError(f"messages: the chat template failed on them: {type(e).__name__}: {e}") from None
+
+
+_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # render's own variables
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """chat_template_kwargs as a dict of template variables ({} for None), or a one-line ValueError."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ValueError(f"chat_template_kwargs must be an object of template variables, got {kwargs!r}")
+    if taken := sorted(set(kwargs) & set(_RESERVED)):
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)} (the renderer's own)")
+    return dict(kwargs)
 
 
 def special_tokens(model) -> dict:

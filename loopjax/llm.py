@@ -95,10 +95,11 @@ class LLM:
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
              chat_template: str | None = None, add_generation_prompt: bool = True,
-             **generate_kwargs: Any) -> list[GenerateOutput]:
+             chat_template_kwargs: dict | None = None, **generate_kwargs: Any) -> list[GenerateOutput]:
         """`generate` on conversations (vLLM's `LLM.chat`): `messages` is one conversation (a
         list of {role, content} dicts, content text or text parts) or a list of them. Each is
-        rendered by `chat_template` (default: the checkpoint's) and encoded without the
+        rendered by `chat_template` (default: the checkpoint's; `chat_template_kwargs`: more of
+        its variables, as vLLM's) and encoded without the
         tokenizer's special tokens (the template writes its own), as the server's chat is.
         The other arguments are `generate`'s; results are in its order, one conversation per
         prompt."""
@@ -111,7 +112,8 @@ class LLM:
         for k, conversation in enumerate(conversations):
             try:
                 ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
-                                       add_generation_prompt=add_generation_prompt))
+                                       add_generation_prompt=add_generation_prompt,
+                                       template_kwargs=chat_template_kwargs))
             except ValueError as e:
                 raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
         return self.generate(ids, sampling_params, **generate_kwargs)

@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from loopjax.chat import check_messages, render_chat
+from loopjax.chat import check_messages, check_template_kwargs, render_chat
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
@@ -104,6 +104,9 @@ class RequestParser:
             keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
         except ValueError as e:
             raise bad_request(str(e), "truncate_prompt_tokens") from None
+        for field in ("add_generation_prompt", "chat_template_kwargs"):
+            if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
+                raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
@@ -273,8 +276,17 @@ class RequestParser:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
+        generation = body.get("add_generation_prompt", True)
+        if not isinstance(generation, bool):
+            raise bad_request(f"add_generation_prompt must be true or false, got {generation!r}",
+                              "add_generation_prompt")
         try:
-            text = render_chat(self.chat_template, messages, **self.special_tokens)
+            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+        except ValueError as e:
+            raise bad_request(str(e), "chat_template_kwargs") from None
+        try:
+            text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
+                               template_kwargs=kwargs, **self.special_tokens)
         except ValueError as e:  # the template refused the messages, or failed on them
             raise bad_request(str(e), "messages") from None
         except RuntimeError as e:  # it cannot render on this installation

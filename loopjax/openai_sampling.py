@@ -61,7 +61,8 @@ _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "log
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
-    "metadata", "store", "service_tier", "add_special_tokens",
+    "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
+    "chat_template_kwargs",
 })
 
 

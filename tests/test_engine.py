@@ -506,8 +506,9 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
         assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
     closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
     assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
-    plain = ouro_llm.chat(talk, max_new_tokens=1, chat_template="{{ messages[1].content }}")[0]
-    assert plain.prompt_token_ids == [28, 72]
+    plain = ouro_llm.chat(talk, max_new_tokens=1, chat_template="{{ messages[1].content }} {{ more }}",
+                          chat_template_kwargs={"more": "w9"})[0]
+    assert plain.prompt_token_ids == [28, 72, 9]
     for messages, message in (
             ([talk, [{"role": "robot", "content": "w3"}]],
              r"^conversation 1: messages\[0\] must have a role"),

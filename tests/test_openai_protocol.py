@@ -329,3 +329,31 @@ def test_chat_content_parts_are_joined_by_newlines():
     as_parts = parser.tokenize({"messages": [{"role": "user", "content": parts}]})
     assert as_parts == parser.tokenize({"messages": [{"role": "user", "content": "hello\nworld"}]})
     assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
+
+
+def test_chat_template_kwargs_and_add_generation_prompt():
+    """vLLM's chat request fields: chat_template_kwargs are more template variables (e.g. a
+    thinking switch), add_generation_prompt false leaves the assistant's turn unopened; bad
+    values, the renderer's own names, or either field on completions are 400s naming it."""
+    from server_helpers import word_tokenizer
+
+    template = ("{% for m in messages %}{{ m.content }} {% endfor %}{% if think %}loop {% endif %}"
+                "{% if add_generation_prompt %}world{% endif %}")
+    tok = word_tokenizer(256)
+    parser = RequestParser(MODEL_NAME, tokenizer=tok, chat_template=template)
+    body = {"messages": [{"role": "user", "content": "hello"}]}
+    ids = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    assert parser.prompts(body, chat=True) == [ids("hello world")]
+    thinking = {**body, "chat_template_kwargs": {"think": True}}
+    assert parser.prompts(thinking, chat=True) == [ids("hello loop world")]
+    assert parser.prompts({**body, "add_generation_prompt": False}, chat=True) == [ids("hello")]
+    assert parser.sampling({**body, "chat_template_kwargs": {"think": True}}, True, [[4]]).max_tokens > 0
+    for bad, param, message in (
+            ({"chat_template_kwargs": ["think"]}, "chat_template_kwargs", "must be an object of template"),
+            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
+            ({"add_generation_prompt": "yes"}, "add_generation_prompt", "must be true or false")):
+        with pytest.raises(APIError, match=message) as err:
+            parser.prompts({**body, **bad}, chat=True)
+        assert err.value.param == param and err.value.status == 400
+    with pytest.raises(APIError, match="^add_generation_prompt applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": "hello", "add_generation_prompt": False}, chat=False)
