@@ -54,7 +54,7 @@ def _part_text(part, i: int) -> str | None:
 
 
 def encode_chat(model, messages, *, chat_template: str | None = None, add_generation_prompt: bool = True,
-                template_kwargs: dict | None = None) -> list[int]:
+                template_kwargs: dict | None = None, continue_final_message: bool = False) -> list[int]:
     """The token ids of one conversation for `model` (a loopjax Model): rendered by
     chat_template (default: the checkpoint's), encoded without the tokenizer's special tokens."""
     template = chat_template if chat_template is not None else model.chat_template
@@ -63,17 +63,37 @@ def encode_chat(model, messages, *, chat_template: str | None = None, add_genera
                          ("tokenizer" if model.tokenizer is None else
                           "chat template (give one, or send the prompt text as it is)"))
     text = render_chat(template, check_messages(messages), add_generation_prompt=add_generation_prompt,
-                       template_kwargs=template_kwargs, **special_tokens(model))
+                       template_kwargs=template_kwargs, continue_final_message=continue_final_message,
+                       **special_tokens(model))
     return model.tokenize(text, add_special_tokens=False)
 
 
 def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
-                add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
+                add_generation_prompt: bool = True, template_kwargs: dict | None = None,
+                continue_final_message: bool = False) -> str:
     """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with
     add_generation_prompt, the opening of the assistant's turn follows. template_kwargs
     (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}) are more template
-    variables (the built-in ChatML renderer has none to read)."""
-    extra = check_template_kwargs(template_kwargs)
+    variables (the built-in ChatML renderer has none to read). continue_final_message
+    (transformers' and vLLM's) ends the text with the final message's content, its turn left
+    open for the model to go on (without add_generation_prompt)."""
+    if continue_final_message and add_generation_prompt:
+        raise ValueError("messages: continue_final_message and add_generation_prompt exclude each other "
+                         "(the final message goes on; no new turn opens)")
+    text = _render(template, messages, bos_token, eos_token, add_generation_prompt,
+                   check_template_kwargs(template_kwargs))
+    if not continue_final_message:
+        return text
+    final = messages[-1]["content"]  # NOTE: templates that strip messages keep only the stripped
+    for content in (final, final.strip()):  # text; transformers looks for that too
+        if content and (at := text.rfind(content)) >= 0:
+            return text[:at + len(content)]
+    raise ValueError("messages: continue_final_message needs the final message's text in the rendered "
+                     "chat, and the chat template left it out")
+
+
+def _render(template: str, messages: list[dict], bos_token: str, eos_token: str, add_generation_prompt: bool,
+            extra: dict) -> str:
     try:
         from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment

@@ -94,12 +94,14 @@ class LLM:
                 for (k, _, sample), rid in zip(jobs, order)]
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
-             chat_template: str | None = None, add_generation_prompt: bool = True,
-             chat_template_kwargs: dict | None = None, **generate_kwargs: Any) -> list[GenerateOutput]:
+             chat_template: str | None = None, add_generation_prompt: bool | None = None,
+             chat_template_kwargs: dict | None = None, continue_final_message: bool = False,
+             **generate_kwargs: Any) -> list[GenerateOutput]:
         """`generate` on conversations (vLLM's `LLM.chat`): `messages` is one conversation (a
         list of {role, content} dicts, content text or text parts) or a list of them. Each is
         rendered by `chat_template` (default: the checkpoint's; `chat_template_kwargs`: more of
-        its variables, as vLLM's) and encoded without the
+        its variables; `continue_final_message`: the last message left open, as vLLM's;
+        add_generation_prompt defaults to its opposite) and encoded without the
         tokenizer's special tokens (the template writes its own), as the server's chat is.
         The other arguments are `generate`'s; results are in its order, one conversation per
         prompt."""
@@ -108,12 +110,15 @@ class LLM:
         if not isinstance(conversations, list | tuple) or not conversations:
             raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
                              "non-empty list of them")
+        if add_generation_prompt is None:  # NOTE: vLLM asks for it to be turned off by hand
+            add_generation_prompt = not continue_final_message
         ids = []
         for k, conversation in enumerate(conversations):
             try:
                 ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
                                        add_generation_prompt=add_generation_prompt,
-                                       template_kwargs=chat_template_kwargs))
+                                       template_kwargs=chat_template_kwargs,
+                                       continue_final_message=continue_final_message))
             except ValueError as e:
                 raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
         return self.generate(ids, sampling_params, **generate_kwargs)

@@ -104,7 +104,7 @@ class RequestParser:
             keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
         except ValueError as e:
             raise bad_request(str(e), "truncate_prompt_tokens") from None
-        for field in ("add_generation_prompt", "chat_template_kwargs"):
+        for field in ("add_generation_prompt", "chat_template_kwargs", "continue_final_message"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
@@ -276,17 +276,22 @@ class RequestParser:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
-        generation = body.get("add_generation_prompt", True)
-        if not isinstance(generation, bool):
-            raise bad_request(f"add_generation_prompt must be true or false, got {generation!r}",
-                              "add_generation_prompt")
+        # NOTE: continue_final_message alone turns add_generation_prompt off (vLLM asks for both)
+        going_on = body.get("continue_final_message", False)
+        generation = body.get("add_generation_prompt", not going_on)
+        for field, value in (("add_generation_prompt", generation), ("continue_final_message", going_on)):
+            if not isinstance(value, bool):
+                raise bad_request(f"{field} must be true or false, got {value!r}", field)
+        if generation and going_on:
+            raise bad_request("continue_final_message and add_generation_prompt exclude each other (the "
+                              "final message goes on; no new turn opens)", "continue_final_message")
         try:
             kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
         except ValueError as e:
             raise bad_request(str(e), "chat_template_kwargs") from None
         try:
             text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
-                               template_kwargs=kwargs, **self.special_tokens)
+                               template_kwargs=kwargs, continue_final_message=going_on, **self.special_tokens)
         except ValueError as e:  # the template refused the messages, or failed on them
             raise bad_request(str(e), "messages") from None
         except RuntimeError as e:  # it cannot render on this installation

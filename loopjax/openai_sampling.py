@@ -62,7 +62,7 @@ _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "log
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
-    "chat_template_kwargs",
+    "chat_template_kwargs", "continue_final_message",
 })
 
 

@@ -506,6 +506,9 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
         assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
     closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
     assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
+    going_on = ouro_llm.chat(talk + [{"role": "assistant", "content": "w5 w6"}], max_new_tokens=1,
+                             continue_final_message=True)[0]  # the last turn left open
+    assert going_on.prompt_token_ids == closed.prompt_token_ids + [1, 0, 5, 6]
     plain = ouro_llm.chat(talk, max_new_tokens=1, chat_template="{{ messages[1].content }} {{ more }}",
                           chat_template_kwargs={"more": "w9"})[0]
     assert plain.prompt_token_ids == [28, 72, 9]

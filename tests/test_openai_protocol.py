@@ -357,3 +357,17 @@ def test_chat_template_kwargs_and_add_generation_prompt():
         assert err.value.param == param and err.value.status == 400
     with pytest.raises(APIError, match="^add_generation_prompt applies to /v1/chat/completions only$"):
         parser.prompts({"prompt": "hello", "add_generation_prompt": False}, chat=False)
+    # continue_final_message: the last message left open (its turn's closing text cut off)
+    chatml = parser.__class__(MODEL_NAME, tokenizer=tok, chat_template=(
+        "{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant{% endif %}"))
+    talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop "}]
+    cont = chatml.prompts({"messages": talk, "continue_final_message": True}, chat=True)[0]
+    assert cont == ids("<|im_start|>user hello<|im_end|><|im_start|>assistant the loop")
+    with pytest.raises(APIError, match="exclude each other") as err:
+        chatml.prompts({"messages": talk, "continue_final_message": True, "add_generation_prompt": True},
+                       chat=True)
+    assert err.value.param == "continue_final_message"
+    with pytest.raises(APIError, match="continue_final_message needs the final message's text"):
+        parser.__class__(MODEL_NAME, tokenizer=tok, chat_template="{{ messages[0].content }}").prompts(
+            {"messages": talk, "continue_final_message": True}, chat=True)
