@@ -28,6 +28,9 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
             continue
         if key in _DIRECT_FIELDS:
             kw[key] = value
+        elif key in _UNSUPPORTED:
+            if value not in _HARMLESS.get(key, ()):  # e.g. tools [], response_format {"type": "text"}
+                _fail(f"{key} is not supported by this server ({_UNSUPPORTED[key]})")
         elif key not in _SPECIAL_FIELDS:
             _fail(f"unknown request field {key!r}")
     _map_max_tokens(body, kw)
@@ -58,6 +61,17 @@ _DIRECT_FIELDS = frozenset({
 # Fields mapped by hand below.
 _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
                              "best_of", "logit_bias"})
+# OpenAI's and vLLM's fields for what loopjax does not do: refused by name (what it would need),
+# unless the value asks for nothing (as clients send by default).
+_UNSUPPORTED = {
+    "response_format": "structured output", "tools": "tool calling", "tool_choice": "tool calling",
+    "parallel_tool_calls": "tool calling", "functions": "tool calling", "function_call": "tool calling",
+    "guided_json": "guided decoding", "guided_regex": "guided decoding", "guided_choice": "guided decoding",
+    "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
+    "logits_processors": "custom logits processors", "lora_request": "LoRA adapters",
+}
+_HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
+             "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
