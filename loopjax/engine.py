@@ -119,11 +119,15 @@ class Engine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, initial_state=None,
                     warm_start: bool = False) -> str:
-        """Queue a request; returns its id. initial_state (Huginn): None (the engine default),
-        'zero', 'seeded', or explicit s0 per position [>= prompt + max_tokens - 1, H].
+        """Queue a request; returns its id (`request_id`, a str, or a fresh one). initial_state
+        (Huginn): None (the engine default), 'zero', 'seeded', or explicit s0 per position
+        [>= prompt + max_tokens - 1, H].
         warm_start (Huginn): each generated token's s0 is ln_f of the previous token's final
         state (the reference's `generate_minimal(continuous_compute=True)`); the prompt's
         s0 follow initial_state."""
+        if request_id is not None and not isinstance(request_id, str):  # NOTE: ids key dicts, logs, JSON
+            raise ValueError(f"request_id must be a str (or None: a fresh one), got "
+                             f"{type(request_id).__name__}")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")

@@ -140,3 +140,13 @@ def test_stop_string_in_the_last_token_trims_the_text(models):
     assert full.finish_reason == "length" and full.text.find(stop) == len(full.text) - 2
     out = _run(engine, [(0, "cut", [1, 2, 3], dataclasses.replace(params, stop=(stop,)), {})])["cut"]
     assert (out.text, out.finish_reason, out.token_ids) == (full.text[:-2], "stop", full.token_ids)
+
+
+@pytest.mark.parametrize("request_id", [7, None.__class__, b"r", ("r",)])
+def test_a_request_id_that_is_not_a_str_is_refused_in_one_line(models, request_id):
+    engine = _engine(models["ouro"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=32,
+                                                  max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    with pytest.raises(ValueError, match=r"^request_id must be a str .*got (int|type|bytes|tuple)$"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id)
+    assert not engine.has_unfinished() and not engine._extra
+    assert engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), None)  # None: a fresh id
