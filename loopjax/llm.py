@@ -6,11 +6,14 @@ and call, so one params object for many prompts gives independent samples). Each
 generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
 state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
-Huginn `initial_state` per prompt: None (the engine default: position-keyed random s0),
-'zero', 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (the goldens'
-`gen_init_states`); `warm_start=True` starts each generated token from ln_f of the previous
-token's final state. Adaptive exits: the SamplingParams exit fields (exit_mode, exit_threshold,
-exit_criterion, exit_trace) run on device.
+Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
+'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
+the goldens' `gen_init_states`). A call of ONE prompt (a string or one id sequence) takes it
+as that prompt's; a call of a list of prompts takes None or a mode for all of them, or a list
+(or tuple) with one entry per prompt: an array there is refused (is it one state or one per
+prompt?), as is a list of the wrong length. `warm_start=True` starts each generated token
+from ln_f of the previous token's final state. Adaptive exits: the SamplingParams exit
+fields (exit_mode, exit_threshold, exit_criterion, exit_trace) run on device.
 
 `prompt_logprobs` (vLLM's): each distinct prompt a call asks it for is scored once on the
 identity path (`loopjax.score`, after the generation, at the depth, Ouro threshold and Huginn
@@ -57,14 +60,14 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
-        prompt p's sample i is result p * n + i). kwargs build a SamplingParams
+        prompt p's sample i is result p * n + i). initial_state: the prompt's (one prompt) or
+        one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a SamplingParams
         (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
         in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None."""
-        ids = [self._tokens(p, k) for k, p in enumerate(_prompt_list(prompts))]
+        prompt_list, one_prompt = _prompt_list(prompts)
+        states = _state_list(initial_state, len(prompt_list), one_prompt)
+        ids = [self._tokens(p, k) for k, p in enumerate(prompt_list)]
         params = _params_list(sampling_params, kwargs, len(ids))
-        states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
-        if len(states) != len(ids):
-            raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
         scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
         jobs = [(k, i, sample) for k, p in enumerate(params) for i, sample in enumerate(p.fan_out())]
         order = []
@@ -149,16 +152,33 @@ def _model(model_or_path, dtype=None):
     return model_or_path
 
 
-def _prompt_list(prompts) -> list:
-    """The prompts of a call: a string or one token-id sequence (ints, or a 1-D integer
-    array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
+def _prompt_list(prompts) -> tuple[list, bool]:
+    """(the prompts of a call, whether it is ONE prompt): a string or one token-id sequence
+    (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows of a
+    2-D array)."""
     if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
-        return [prompts]
+        return [prompts], True
     if not hasattr(prompts, "__iter__"):
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
                          f"got {type(prompts).__name__}")
     prompt_list = list(prompts)
-    return [prompt_list] if prompt_list and isinstance(prompt_list[0], int | np.integer) else prompt_list
+    if prompt_list and isinstance(prompt_list[0], int | np.integer):
+        return [prompt_list], True
+    return prompt_list, False
+
+
+def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:
+    """One Huginn initial_state per prompt (module note): a call of one prompt takes it whole;
+    a list of prompts takes None or a mode for all, or a list (tuple) of one entry per prompt."""
+    if one_prompt or initial_state is None or isinstance(initial_state, str):
+        return [initial_state] * num_prompts
+    if not isinstance(initial_state, list | tuple):
+        raise ValueError(f"initial_state: a {type(initial_state).__name__} for a list of {num_prompts} "
+                         f"prompts; give a list with one state per prompt")
+    if len(initial_state) != num_prompts:
+        raise ValueError(f"initial_state: {len(initial_state)} entries for {num_prompts} prompts "
+                         f"(a list of prompts takes one state per prompt)")
+    return list(initial_state)
 
 
 def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
@@ -240,9 +260,10 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     source = _source(model)
     loaded = next((llm.model for (src, _), llm in _CACHE.items() if source and src == source), None)
     model = loaded if loaded is not None else _model(model)
-    prompt_list = _prompt_list(prompts)
+    prompt_list, one_prompt = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")
+    states = _state_list(initial_state, len(prompt_list), one_prompt)  # before an engine is built
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
@@ -265,4 +286,4 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if llm is None or llm.model is not model:
         _CACHE.clear()  # keep one engine: its KV pool holds device memory
         llm = _CACHE[key] = LLM(model, **options)
-    return llm.generate(prompt_list, params, initial_state=initial_state, warm_start=warm_start)
+    return llm.generate(prompt_list, params, initial_state=states, warm_start=warm_start)

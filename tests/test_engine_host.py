@@ -150,3 +150,37 @@ def test_a_request_id_that_is_not_a_str_is_refused_in_one_line(models, request_i
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id)
     assert not engine.has_unfinished() and not engine._extra
     assert engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), None)  # None: a fresh id
+
+
+def _llm(model, **config):
+    """An LLM over the fake device (no compile)."""
+    llm = object.__new__(loopjax.LLM)
+    llm.model = dataclasses.replace(model, tokenizer=_Letters())
+    llm.engine = _engine(model, EngineConfig(**{**dict(page_size=4, max_num_rows=2, max_context_len=32,
+                                                       max_prefill_tokens=8, prefill_token_buckets=(8,)),
+                                                **config}))
+    return llm
+
+
+def test_llm_initial_state_of_one_prompt_is_that_prompts_and_a_list_takes_one_per_prompt(models):
+    """One prompt: initial_state (an array or the same nested lists) is its states, whatever
+    its length; a list of prompts: one entry per prompt, an array refused in one line."""
+    model = models["huginn"]
+    llm, hidden = _llm(model), model.cfg.hidden_size
+    states = [np.random.default_rng(k).standard_normal((5, hidden)).astype(np.float32) for k in range(2)]
+    prompts, kw = [[1, 2, 3], [4, 5, 6]], dict(max_tokens=3, ignore_eos=True)
+    each = [llm.generate(p, initial_state=s, **kw)[0].token_ids for p, s in zip(prompts, states)]
+    nested = [llm.generate(p, initial_state=s.tolist(), **kw)[0].token_ids for p, s in zip(prompts, states)]
+    both = [o.token_ids for o in llm.generate(prompts, initial_state=states, **kw)]
+    as_lists = [o.token_ids for o in llm.generate(prompts, initial_state=[s.tolist() for s in states], **kw)]
+    assert each == nested == both == as_lists and each[0] != each[1]
+    one_row = [[0.5] * hidden]  # a one-position prompt, one token: the nested list is ONE state
+    assert llm.generate([7], initial_state=one_row, max_tokens=1)[0].token_ids
+    with pytest.raises(ValueError, match=r"^initial_state: a ndarray for a list of 2 prompts; give a list"):
+        llm.generate(prompts, initial_state=states[0], **kw)
+    with pytest.raises(ValueError, match=r"^initial_state: 5 entries for 2 prompts"):
+        llm.generate(prompts, initial_state=states[0].tolist(), **kw)
+    assert [o.token_ids for o in llm.generate(prompts, initial_state="zero", **kw)] == \
+        [llm.generate(p, initial_state="zero", **kw)[0].token_ids for p in prompts]
+    stats = llm.engine.stats()
+    assert stats["pages_free"] == stats["pages_total"] and not llm.engine.has_unfinished()
