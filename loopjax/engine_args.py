@@ -24,6 +24,7 @@ def add_engine_arguments(parser):
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
     try:
         from loopjax.engine import EngineConfig
+        from loopjax.engine_config import DEFAULT_WORDS
     except ImportError:  # the engine is optional for --help; build_engine will say what is missing
         return
     group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
@@ -35,7 +36,7 @@ def add_engine_arguments(parser):
         taken = parser._option_string_actions  # a subcommand's own flags win
         if kind is None or flag in taken or "--no-" + flag[2:] in taken:
             continue
-        dest, text = "engine_" + field.name, f"default: {field.default}"
+        dest, text = "engine_" + field.name, f"default: {DEFAULT_WORDS.get(field.name, field.default)}"
         if kind is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                help=text)
