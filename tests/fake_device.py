@@ -128,3 +128,19 @@ class FakeDevice:
             return [("zero",)] * (end - start)
         assert row.init_mode == INIT_WARM and row.decoded and self.warm[row.carry_slot] is not None
         return [self.warm[row.carry_slot]]
+
+
+def engine_on_fake_device(model, config, tokenizer=None):
+    """An Engine of `model`'s shapes (with `tokenizer`, if given) whose runner is a FakeDevice:
+    no warm-up, nothing compiles."""
+    import dataclasses
+
+    from loopjax.engine import Engine
+
+    if tokenizer is not None:
+        model = dataclasses.replace(model, tokenizer=tokenizer)
+    engine = Engine(model, dataclasses.replace(config, warmup=False, verbose=False))
+    cfg = model.cfg
+    engine.runner = FakeDevice(engine.runner.max_rows, config.page_size, cfg.vocab_size,
+                               huginn=cfg.family == "huginn")
+    return engine

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 import pytest
-from fake_device import FakeDevice
+from fake_device import engine_on_fake_device
 
 import loopjax
 from loopjax.engine import Engine, EngineConfig
@@ -30,12 +30,7 @@ class _Letters:  # a tokenizer: token t is one letter, so stop strings match oft
 
 
 def _engine(model, config: EngineConfig) -> Engine:
-    model = dataclasses.replace(model, tokenizer=_Letters())
-    engine = Engine(model, dataclasses.replace(config, warmup=False, verbose=False))
-    cfg = model.cfg
-    engine.runner = FakeDevice(engine.runner.max_rows, config.page_size, cfg.vocab_size,
-                               huginn=cfg.family == "huginn")
-    return engine
+    return engine_on_fake_device(model, config, _Letters())
 
 
 def _workload(rng, family, ctx, fused, vocab, hidden):
