@@ -15,6 +15,10 @@ every request's pages return to the pool when it finishes, is aborted or preempt
 (scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`. An exception
 in `step()` (Ctrl-C while it waits for the device or compiles a step) leaves the engine usable:
 a step not yet read stays queued, one whose dispatch raised is dropped and its requests aborted.
+A read that raises an Exception (a device error) loses the steps in flight and maybe the
+donated device state: every admitted request is aborted (reported by the next step), the
+prefix cache forgotten and the state made anew; step() raises one line, waiting and new
+requests run on.
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
 planned as fixed-depth rows: the device decides their exits inside the same submission.
 Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `RequestExtra`
@@ -198,9 +202,29 @@ class Engine:
         if not self._in_flight:
             return self._update(None, None)
         # NOTE: the oldest step leaves the queue only once it is read: an interrupt while the
-        # host waits for the device (Ctrl-C) leaves the engine as it was, for the next step()
-        result = self.runner.read(self._in_flight[0][1])
+        # host waits for the device (Ctrl-C, no Exception) leaves the engine as it was
+        try:
+            result = self.runner.read(self._in_flight[0][1])
+        except Exception as e:  # a device error: this step's outputs are lost, maybe the state too
+            raise self._lose_device_state(e) from e
         return self._update(self._in_flight.popleft()[0], result)
+
+    def _lose_device_state(self, error: Exception) -> RuntimeError:
+        """A step's read raised: drop every step in flight, abort every admitted request (their
+        KV went with the donated state; reported by the next step), forget the prefix cache
+        and start a fresh device state, so that waiting and new requests run; the error to
+        raise, in one line."""
+        lost = [r for plan, _ in reversed(self._in_flight) for r in self.scheduler.drop(plan)]
+        self._in_flight.clear()
+        lost += [self.scheduler.abort(r.request_id) for r in list(self.scheduler.running)]
+        for request in lost:
+            self._release_slots(request)
+            self._aborted.append(self._output(request, []))
+        self.scheduler.block_manager.forget_cached()
+        self.runner.reset_state()
+        line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return RuntimeError(f"a step failed on the device ({type(error).__name__}: {line}); its "
+                            f"{len(lost)} running requests were aborted, the KV pool made anew")
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:

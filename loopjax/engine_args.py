@@ -86,12 +86,13 @@ def build_engine(args, timings: dict | None = None):
 def failure_line(e: BaseException) -> str | None:
     """The one line a command prints when loading a model or building and running an engine
     fails for a reason the user can act on: a bad model or option (ValueError, OSError) or too
-    little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError); None for anything else
-    (a bug, whose traceback should stay)."""
+    little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError, also as the cause the
+    Engine's one-line step failure names); None for anything else (a bug, whose traceback
+    should stay)."""
     first = str(e).splitlines()[0] if str(e) else ""
     if isinstance(e, ValueError | OSError):
         return first or type(e).__name__
-    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and first.startswith("RESOURCE_EXHAUSTED")):
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in first):
         return f"out of memory: {first}" if first else "out of memory"
     return None
 

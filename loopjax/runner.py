@@ -62,8 +62,8 @@ class Runner:
         self._compiled: dict = {}  # (kind, batch shapes) -> ahead-of-time executable
         self.compile_times: list[CompileTime] = []  # one per executable built, in build order
         self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
-        dtype = jax.tree.leaves(self.params)[0].dtype
-        self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, dtype)
+        self.dtype = jax.tree.leaves(self.params)[0].dtype
+        self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, self.dtype)
         step = huginn_step if self.cfg.family == "huginn" else ouro_step
 
         def traced(params, state, batch, kind):
@@ -147,6 +147,12 @@ class Runner:
         host = jax.device_get(o)  # the one host read of this step
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
+
+    def reset_state(self) -> None:
+        """A fresh (zeroed) device state: after a step failed on the device, the state it was
+        donated (and every later step's) may be lost with it. The executables stay."""
+        self.state = None  # NOTE: the old buffers go before the new ones are allocated
+        self.state = kv_cache.allocate_state(self.cfg, self.layout, self.max_rows, self.dtype)
 
     def warmup(self, *, loop_counts=(), series=False, adaptive=False, weighted=False,
                threads=None) -> int:

@@ -58,8 +58,10 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
 
     xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB.\n"
                        "BufferAssignment OOM Debugging.")
+    step = RuntimeError("a step failed on the device (XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory); "
+                        "its 1 running requests were aborted")  # the Engine's line for a failed read
     for error, detail in ((xla, ": RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB."),
-                          (MemoryError(), "")):
+                          (MemoryError(), ""), (step, f": {step}")):
         def out_of_memory(*args, error=error, **kwargs):
             raise error
 

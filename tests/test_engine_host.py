@@ -179,3 +179,58 @@ def test_llm_initial_state_of_one_prompt_is_that_prompts_and_a_list_takes_one_pe
         [llm.generate(p, initial_state="zero", **kw)[0].token_ids for p in prompts]
     stats = llm.engine.stats()
     assert stats["pages_free"] == stats["pages_total"] and not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_read_that_fails_aborts_the_running_requests_and_the_engine_serves_on(models, async_scheduling):
+    """Runner.read raising (a device error) is one line; the running requests are aborted
+    (reported by the next step, their pages and slots back), the prefix cache forgotten (its
+    KV went with the device state) and a fresh state made: the waiting request and a new one
+    with a cached prompt get the tokens a fresh engine gives them."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,), max_prefill_rows=2, enable_prefix_caching=True,
+                          async_scheduling=async_scheduling, max_logprobs=2)
+    engine = _engine(models["ouro"], config)
+    prompts = {"a": list(range(1, 10)), "b": list(range(20, 26)), "c": [7, 8, 9]}
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=3, logprobs=1)
+    for rid, prompt in prompts.items():
+        engine.add_request(prompt, params, rid)
+    outs = engine.step() + engine.step()
+    assert {o.request_id for o in outs} == {"a", "b"} and not any(o.finished for o in outs)
+    read = engine.runner.read
+
+    def broken(pending):
+        engine.runner.read = read  # the next read works
+        raise RuntimeError("INTERNAL: an illegal memory access\nstack of the device error")
+    engine.runner.read = broken
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
+                                           r"illegal memory access\); its 2 running requests were aborted"):
+        engine.step()
+    aborted = [o for o in engine.step() if o.finished]
+    assert {(o.request_id, o.finish_reason) for o in aborted} == {("a", "abort"), ("b", "abort")}
+    engine.add_request(prompts["a"], params, "a again")  # its pages were cached: gone now
+    finals = _run(engine, [])
+    fresh = _run(_engine(models["ouro"], config), [(0, "c", prompts["c"], params, {}),
+                                                   (0, "a again", prompts["a"], params, {})])
+    assert {rid: (o.token_ids, o.logprobs) for rid, o in finals.items()} == \
+        {rid: (o.token_ids, o.logprobs) for rid, o in fresh.items()}
+    assert sorted(engine._free_token_slots) == list(range(engine.runner.max_rows))
+
+
+def test_llm_generate_after_a_failed_read_raises_one_line_and_the_next_call_runs(models):
+    llm = _llm(models["ouro"], max_num_rows=1)
+    kw = dict(max_tokens=4, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)]
+    read = llm.engine.runner.read
+
+    def broken(pending):
+        llm.engine.runner.read = read
+        raise RuntimeError("INTERNAL: device lost")
+    llm.engine.runner.read = broken
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: device "
+                                           r"lost\); its 1 running requests were aborted"):
+        llm.generate([[1, 2, 3], [4, 5]], **kw)
+    assert not llm.engine.has_unfinished() and not llm.engine._extra
+    assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)] == expected
+    stats = llm.engine.stats()
+    assert stats["pages_free"] == stats["pages_total"]
