@@ -128,10 +128,9 @@ class LLM:
         return finals
 
     def _tokens(self, prompt, k: int) -> list[int]:
-        if isinstance(prompt, str):
-            return self.model.tokenize(prompt)
-        try:  # before anything is queued
-            return check_prompt_ids(prompt, self.model.cfg.vocab_size)
+        try:  # before anything is queued; a text's ids too (an empty text has none)
+            ids = self.model.tokenize(prompt) if isinstance(prompt, str) else prompt
+            return check_prompt_ids(ids, self.model.cfg.vocab_size)
         except ValueError as e:  # named as the engine's refusals name it
             raise ValueError(f"prompt {k}: {e}") from None
 

@@ -620,6 +620,31 @@ def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, mo
     assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
 
 
+def test_a_device_error_while_reading_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
+    """A read that raises (a device error) is one line; the call's requests are aborted, the
+    device state made anew (same shapes: nothing compiles in this strict engine) and the next
+    call gives the golden tokens."""
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    engine = ouro_llm.engine
+    original, calls = engine.runner.read, []
+
+    def failing(pending):
+        calls.append(pending)
+        if len(calls) == 3:
+            raise RuntimeError("INTERNAL: CUDA error: an illegal memory access was encountered")
+        return original(pending)
+
+    monkeypatch.setattr(engine.runner, "read", failing)
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: CUDA "):
+        ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
+    monkeypatch.undo()
+    stats = engine.stats()
+    assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
+    out = ouro_llm.generate(ids, max_new_tokens=5, ignore_eos=True)
+    assert [o.token_ids for o in out] == [ouro_ref[f"{k}_greedy_tokens"][:5].tolist() for k in PROMPTS]
+    assert engine.stats()["compilations"] == stats["compilations"]
+
+
 def test_model_given_as_a_path_object(ouro_model, monkeypatch):
     """LLM and generate load a model folder given as a pathlib.Path as they do a str; a value
     that is no model is a one-line ValueError (an AttributeError before)."""

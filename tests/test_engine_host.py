@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import types
 
 import numpy as np
 import pytest
@@ -27,6 +28,9 @@ def models():
 class _Letters:  # a tokenizer: token t is one letter, so stop strings match often
     def decode(self, ids, skip_special_tokens=True):
         return "".join("abcdefgh"[t % 8] for t in ids)
+
+    def encode(self, text, add_special_tokens=True):
+        return types.SimpleNamespace(ids=["abcdefgh".index(c) for c in text])
 
 
 def _engine(model, config: EngineConfig) -> Engine:
@@ -234,3 +238,11 @@ def test_llm_generate_after_a_failed_read_raises_one_line_and_the_next_call_runs
     assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)] == expected
     stats = llm.engine.stats()
     assert stats["pages_free"] == stats["pages_total"]
+
+
+def test_llm_names_the_empty_text_prompt_it_refuses(models):
+    llm = _llm(models["ouro"])
+    assert llm.generate(["ab", "c"], max_tokens=1, ignore_eos=True)[1].prompt_token_ids == [2]
+    with pytest.raises(ValueError, match="^prompt 1: empty prompt: give at least one token id$"):
+        llm.generate(["ab", ""], max_tokens=1)
+    assert not llm.engine.has_unfinished()
