@@ -1,8 +1,9 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
-Prompts are strings (when the model has a tokenizer) or token-id lists; `SamplingParams.n`
-samples each (`fan_out`: sample i uses seed + i; params without a seed draw one per prompt
-and call, so one params object for many prompts gives independent samples). Each result holds the
+Prompts are strings (when the model has a tokenizer) or token-id lists (or vLLM's prompt dicts,
+{"prompt": text} and {"prompt_token_ids": ids}); `SamplingParams.n` samples each (`fan_out`:
+sample i uses seed + i; params without a seed draw one per prompt and call, so one params
+object for many prompts gives independent samples). Each result holds the
 generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
 state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
@@ -152,18 +153,33 @@ def _model(model_or_path, dtype=None):
 
 
 def _prompt_list(prompts) -> tuple[list, bool]:
-    """(the prompts of a call, whether it is ONE prompt): a string or one token-id sequence
-    (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows of a
-    2-D array)."""
-    if isinstance(prompts, str) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
-        return [prompts], True
-    if not hasattr(prompts, "__iter__"):
+    """(the prompts of a call, whether it is ONE prompt): a string, one token-id sequence
+    (ints, or a 1-D integer array) or one vLLM prompt dict is one prompt; otherwise each item
+    is one (the rows of a 2-D array). Prompt dicts become their text or ids (`_from_dict`)."""
+    if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+        return [_from_dict(prompts)], True
+    if not hasattr(prompts, "__iter__") or isinstance(prompts, set | frozenset):  # NOTE: unordered
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
                          f"got {type(prompts).__name__}")
     prompt_list = list(prompts)
     if prompt_list and isinstance(prompt_list[0], int | np.integer):
         return [prompt_list], True
-    return prompt_list, False
+    return [_from_dict(p) for p in prompt_list], False
+
+
+def _from_dict(prompt):
+    """vLLM's prompt dicts: {"prompt_token_ids": ids} (TokensPrompt) -> the ids, {"prompt":
+    text} (TextPrompt) -> the text; other keys are refused (a dict was iterated: its key names
+    became the prompt text). Anything else as given."""
+    if not isinstance(prompt, dict):
+        return prompt
+    keys = set(prompt)
+    if keys == {"prompt_token_ids"}:
+        return prompt["prompt_token_ids"]
+    if keys == {"prompt"} and isinstance(prompt["prompt"], str):
+        return prompt["prompt"]
+    raise ValueError(f"a prompt dict holds 'prompt' (a text) or 'prompt_token_ids' alone, got keys "
+                     f"{sorted(keys)}")
 
 
 def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:

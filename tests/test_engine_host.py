@@ -246,3 +246,22 @@ def test_llm_names_the_empty_text_prompt_it_refuses(models):
     with pytest.raises(ValueError, match="^prompt 1: empty prompt: give at least one token id$"):
         llm.generate(["ab", ""], max_tokens=1)
     assert not llm.engine.has_unfinished()
+
+
+def test_llm_takes_vllms_prompt_dicts(models):
+    """{"prompt_token_ids": ids} and {"prompt": text} (vLLM's TokensPrompt, TextPrompt), one or
+    a list; iterated as before, a dict's key names became the prompt text. Other keys, and a
+    set of prompts (no order), are refused in one line."""
+    llm = _llm(models["ouro"])
+    kw = dict(max_tokens=3, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate([[1, 2, 3], "abc"], **kw)]
+    assert [o.token_ids for o in llm.generate([{"prompt_token_ids": [1, 2, 3]}, {"prompt": "abc"}],
+                                              **kw)] == expected
+    one = llm.generate({"prompt_token_ids": [1, 2, 3]}, **kw)
+    assert len(one) == 1 and one[0].token_ids == expected[0] and one[0].prompt_token_ids == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"^a prompt dict holds 'prompt' \(a text\) or 'prompt_token_ids' "
+                                         r"alone, got keys \['multi_modal_data', 'prompt'\]$"):
+        llm.generate({"prompt": "abc", "multi_modal_data": {}}, **kw)
+    with pytest.raises(ValueError, match="^prompts must be a string, token ids or a list of them, got set$"):
+        llm.generate({"ab", "cd"}, **kw)
+    assert not llm.engine.has_unfinished()
