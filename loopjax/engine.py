@@ -125,7 +125,7 @@ class Engine:
                     warm_start: bool = False) -> str:
         """Queue a request; returns its id (`request_id`, a str, or a fresh one). initial_state
         (Huginn): None (the engine default), 'zero', 'seeded', or explicit s0 per position
-        [>= prompt + max_tokens - 1, H].
+        [>= prompt + max_tokens - 1, H] (max_tokens counted up to the context).
         warm_start (Huginn): each generated token's s0 is ln_f of the previous token's final
         state (the reference's `generate_minimal(continuous_compute=True)`); the prompt's
         s0 follow initial_state."""
@@ -150,8 +150,10 @@ class Engine:
                          fused=self.config.fused_decode,
                          adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
+        # NOTE: explicit states cover the positions fed: max_tokens counts up to the context only
+        outputs = min(params.max_tokens, max(1, self.scheduler.config.max_seq_len - len(prompt)))
         extra = initial_state_extra(self.model.cfg, initial_state, self.config.huginn_init,
-                                    len(prompt) + (0 if warm_start else params.max_tokens - 1))
+                                    len(prompt) + (0 if warm_start else outputs - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
         if params.exit_criterion is not None:

@@ -49,7 +49,7 @@ def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestE
     hidden = cfg.hidden_size
     if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
         raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
-                         f"per position of prompt + max_tokens - 1), got {states.shape}")
+                         f"per position fed: prompt + max_tokens - 1, up to the context), got {states.shape}")
     return RequestExtra(init_mode=INIT_EXPLICIT, init_states=states)
 
 

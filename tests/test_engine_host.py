@@ -265,3 +265,17 @@ def test_llm_takes_vllms_prompt_dicts(models):
     with pytest.raises(ValueError, match="^prompts must be a string, token ids or a list of them, got set$"):
         llm.generate({"ab", "cd"}, **kw)
     assert not llm.engine.has_unfinished()
+
+
+def test_explicit_states_need_cover_only_the_positions_the_context_leaves(models):
+    """A max_tokens past the context (cut there, finish 'length') asks explicit Huginn states
+    for the positions that can be fed (max_context_len - 1), not prompt + max_tokens - 1."""
+    model = models["huginn"]
+    engine = _engine(model, EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,
+                                         max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    states = np.random.default_rng(0).standard_normal((15, model.cfg.hidden_size)).astype(np.float32)
+    params = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0.0)
+    out = _run(engine, [(0, "long", [1, 2, 3], params, {"initial_state": states})])["long"]
+    assert (len(out.token_ids), out.finish_reason) == (13, "length")
+    with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 15, "):
+        engine.add_request([1, 2, 3], params, initial_state=states[:14])
