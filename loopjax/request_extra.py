@@ -45,8 +45,12 @@ def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestE
         if spec not in modes:
             raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
         return RequestExtra(init_mode=modes[spec])
-    states = np.asarray(spec, np.float32)
     hidden = cfg.hidden_size
+    try:
+        states = np.asarray(spec, np.float32)
+    except (TypeError, ValueError):  # NOTE: numpy's words (a dict, ragged rows) would not name the field
+        raise ValueError(f"initial_state must be 'seeded', 'zero' or an array [positions, {hidden}] of "
+                         f"numbers, got {type(spec).__name__}") from None
     if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
         raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
                          f"per position fed: prompt + max_tokens - 1, up to the context), got {states.shape}")

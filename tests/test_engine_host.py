@@ -279,3 +279,12 @@ def test_explicit_states_need_cover_only_the_positions_the_context_leaves(models
     assert (len(out.token_ids), out.finish_reason) == (13, "length")
     with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 15, "):
         engine.add_request([1, 2, 3], params, initial_state=states[:14])
+
+
+@pytest.mark.parametrize("state", [{"s0": 1}, [[1.0, 2.0], [3.0]], object()])
+def test_an_initial_state_that_is_no_array_is_one_value_error(models, state):
+    engine = _engine(models["huginn"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,
+                                                    max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    with pytest.raises(ValueError, match=r"^initial_state must be 'seeded', 'zero' or an array \[pos"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), initial_state=state)
+    assert not engine.has_unfinished()
