@@ -223,10 +223,14 @@ class Engine:
             self._release_slots(request)
             self._aborted.append(self._output(request, []))
         self.scheduler.block_manager.forget_cached()
-        self.runner.reset_state()
+        try:
+            self.runner.reset_state()
+            after = "the KV pool made anew"
+        except Exception as e:  # NOTE: the device is gone; Runner.submit refuses every later step
+            after = f"no new KV pool ({type(e).__name__}): build a new engine"
         line = str(error).strip().splitlines()[0] if str(error).strip() else ""
         return RuntimeError(f"a step failed on the device ({type(error).__name__}: {line}); its "
-                            f"{len(lost)} running requests were aborted, the KV pool made anew")
+                            f"{len(lost)} running requests were aborted, {after}")
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:

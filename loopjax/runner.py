@@ -104,6 +104,9 @@ class Runner:
     def submit(self, batch, kind: StepKind):
         """One asynchronous run of the shapes' executable (compiled now if missing); returns
         the device StepOut (None unless kind.final)."""
+        if self.state is None:  # reset_state could not allocate it
+            raise RuntimeError("the device state was lost with a failed step and could not be made "
+                               "anew; build a new engine")
         key = self._key(batch, kind)
         if key not in self._compiled:
             self.precompile([(batch, kind)], threads=1)
@@ -150,7 +153,8 @@ class Runner:
 
     def reset_state(self) -> None:
         """A fresh (zeroed) device state: after a step failed on the device, the state it was
-        donated (and every later step's) may be lost with it. The executables stay."""
+        donated (and every later step's) may be lost with it. The executables stay. If this
+        raises (the device is gone), `submit` refuses every later step in one line."""
         self.state = None  # NOTE: the old buffers go before the new ones are allocated
         self.state = kv_cache.allocate_state(self.cfg, self.layout, self.max_rows, self.dtype)
 

@@ -288,3 +288,29 @@ def test_an_initial_state_that_is_no_array_is_one_value_error(models, state):
     with pytest.raises(ValueError, match=r"^initial_state must be 'seeded', 'zero' or an array \[pos"):
         engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), initial_state=state)
     assert not engine.has_unfinished()
+
+
+def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_line(models):
+    """The state cannot be made anew after a failed read (the device is gone): the error says
+    to build a new engine, and the real runner refuses each later step in one line (its plan's
+    requests aborted) instead of running on no state."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=16, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,))
+    engine = _engine(models["ouro"], config)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), "a")
+    engine.step()
+
+    def gone(*args):
+        raise RuntimeError("INTERNAL: device lost")
+    engine.runner.read = engine.runner.reset_state = gone
+    with pytest.raises(RuntimeError, match=r"1 running requests were aborted, no new KV pool "
+                                           r"\(RuntimeError\): build a new engine$"):
+        engine.step()
+    real = Engine(models["ouro"], dataclasses.replace(config, warmup=False, verbose=False))
+    real.runner.state = None  # what a failed Runner.reset_state leaves
+    real.add_request([1, 2, 3], SamplingParams(max_tokens=4), "b")
+    with pytest.raises(RuntimeError, match="^the device state was lost with a failed step and could not be "
+                                           "made anew; build a new engine$"):
+        real.step()
+    assert [(o.request_id, o.finish_reason) for o in real.step()] == [("b", "abort")]
+    assert real.stats()["pages_free"] == real.stats()["pages_total"]
