@@ -37,13 +37,12 @@ from loopjax import attention_backend, kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
-from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.engine_config import EngineConfig
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_exit_depth, check_prompt_ids
-from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra
+from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -318,7 +317,8 @@ class Engine:
                                            zip(result.top_ids[i][:k], result.top_logprobs[i][:k])])
             self.num_generated += 1
             self.loops_generated += loops[i]
-            self._check_stop_strings(request)
+            if self.model.tokenizer is not None and update_text(extra, request, self.model):
+                self.scheduler.finish(request.request_id, FINISH_STOP)  # a stop string matched
             if request.is_finished:
                 self._release_slots(request)
             elif request.num_loops_done == 0 and not extra.warm:
@@ -327,29 +327,6 @@ class Engine:
         return outputs
 
     # ------------------------------------------------------------------ helpers
-    def _check_stop_strings(self, request: Request) -> None:
-        """Apply stop strings (a running request's new tokens decoded incrementally each step),
-        and set the text of a finished request (decoded once, if no stop string set it); none
-        for a request with detokenize=False (the server's: it detokenizes as it streams)."""
-        if self.model.tokenizer is None or not request.sampling_params.detokenize:
-            return
-        extra, params = self._extra[request.request_id], request.sampling_params
-        if params.stop:
-            if extra.detokenizer is None:
-                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop)
-            # NOTE: no stop string ends the output before min_tokens (as no stop token does).
-            # The last token (max_tokens, a stop id) is searched too: a stop string there trims
-            # the text and makes the reason "stop" (as vLLM's and the server's Choice).
-            if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                        check_stop=request.num_output_tokens >= params.min_tokens):
-                if request.is_finished:
-                    request.finish_reason = FINISH_STOP
-                else:
-                    self.scheduler.finish(request.request_id, FINISH_STOP)
-            extra.text = extra.detokenizer.text
-        if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
-            extra.text = self.model.detokenize(request.output_token_ids, skip_special_tokens=True)
-
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or RequestExtra()
         want_lp = request.sampling_params.logprobs is not None

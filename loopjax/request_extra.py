@@ -1,6 +1,7 @@
 """The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
 exit settings, device slots, text and logprobs so far), made from what `Engine.add_request` was
-given, and what a request's KV depends on besides its tokens and loops (`cache_salt`).
+given, what a request's KV depends on besides its tokens and loops (`cache_salt`), and its text
+after each of its tokens (`update_text`: stop strings).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.exits import ExitSpec
+from loopjax.request import FINISH_STOP
 
 
 @dataclass
@@ -65,3 +67,32 @@ def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
     if extra.init_mode == INIT_EXPLICIT:
         return None
     return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", huginn_seed)
+
+
+def update_text(extra: RequestExtra, request, model) -> bool:
+    """After a request's new token: apply its stop strings (new tokens decoded incrementally)
+    and set the text of a finished one (decoded once, if no stop string set it; without the
+    stop token that ended it, as vLLM's). True when a stop string ends the running request now
+    (the engine finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
+    params = request.sampling_params
+    if not params.detokenize:
+        return False
+    stops_now = False
+    if params.stop:
+        if extra.detokenizer is None:
+            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop)
+        # NOTE: no stop string ends the output before min_tokens (as no stop token does).
+        # The last token (max_tokens, a stop id) is searched too: a stop string there trims
+        # the text and makes the reason "stop" (as vLLM's and the server's Choice).
+        if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
+                                    check_stop=request.num_output_tokens >= params.min_tokens):
+            if request.is_finished:
+                request.finish_reason = FINISH_STOP
+            else:
+                stops_now = True
+        extra.text = extra.detokenizer.text
+    if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
+        ids = request.output_token_ids
+        extra.text = model.detokenize(ids[:-1] if request.finish_reason == FINISH_STOP else ids,
+                                      skip_special_tokens=True)
+    return stops_now

@@ -314,3 +314,18 @@ def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_l
         real.step()
     assert [(o.request_id, o.finish_reason) for o in real.step()] == [("b", "abort")]
     assert real.stats()["pages_free"] == real.stats()["pages_total"]
+
+
+def test_the_text_leaves_out_the_stop_token_that_ended_it(models):
+    """As vLLM's: a request ended by a stop token (a stop id, EOS) keeps it in token_ids but
+    not in its text; one ended by length keeps all of it."""
+    engine = _engine(models["ouro"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=32,
+                                                  max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    full = _run(engine, [(0, "full", [1, 2, 3], params, {})])["full"]
+    stop_id = full.token_ids[3]
+    assert stop_id not in full.token_ids[:3] and full.text == _Letters().decode(full.token_ids)
+    for extra in ({}, {"stop": ("zzz",)}):  # a stop string that never matches: decoded as it grows
+        cut = dataclasses.replace(params, stop_token_ids=(stop_id,), **extra)
+        out = _run(engine, [(0, "cut", [1, 2, 3], cut, {})])["cut"]
+        assert (out.token_ids, out.finish_reason, out.text) == (full.token_ids[:4], "stop", full.text[:3])
