@@ -188,7 +188,7 @@ def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:
     if one_prompt or initial_state is None or isinstance(initial_state, str):
         return [initial_state] * num_prompts
     if not isinstance(initial_state, list | tuple):
-        raise ValueError(f"initial_state: a {type(initial_state).__name__} for a list of {num_prompts} "
+        raise ValueError(f"initial_state: one {type(initial_state).__name__} for a list of {num_prompts} "
                          f"prompts; give a list with one state per prompt")
     if len(initial_state) != num_prompts:
         raise ValueError(f"initial_state: {len(initial_state)} entries for {num_prompts} prompts "

@@ -175,7 +175,7 @@ def test_llm_initial_state_of_one_prompt_is_that_prompts_and_a_list_takes_one_pe
     assert each == nested == both == as_lists and each[0] != each[1]
     one_row = [[0.5] * hidden]  # a one-position prompt, one token: the nested list is ONE state
     assert llm.generate([7], initial_state=one_row, max_tokens=1)[0].token_ids
-    with pytest.raises(ValueError, match=r"^initial_state: a ndarray for a list of 2 prompts; give a list"):
+    with pytest.raises(ValueError, match=r"^initial_state: one ndarray for a list of 2 prompts; give a list"):
         llm.generate(prompts, initial_state=states[0], **kw)
     with pytest.raises(ValueError, match=r"^initial_state: 5 entries for 2 prompts"):
         llm.generate(prompts, initial_state=states[0].tolist(), **kw)
