@@ -202,7 +202,8 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     their random draws (vLLM's unseeded requests are independent). A given seed is kept."""
     if sampling_params is not None:
         if kwargs:
-            raise ValueError("give sampling_params or sampling keyword arguments, not both")
+            raise ValueError(f"give sampling_params or sampling keyword arguments, not both (got "
+                             f"{', '.join(sorted(kwargs))} beside sampling_params)")
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * num_prompts
         if len(sampling_params) != num_prompts:

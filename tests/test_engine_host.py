@@ -329,3 +329,12 @@ def test_the_text_leaves_out_the_stop_token_that_ended_it(models):
         cut = dataclasses.replace(params, stop_token_ids=(stop_id,), **extra)
         out = _run(engine, [(0, "cut", [1, 2, 3], cut, {})])["cut"]
         assert (out.token_ids, out.finish_reason, out.text) == (full.token_ids[:4], "stop", full.text[:3])
+
+
+def test_llm_names_the_keywords_given_beside_sampling_params(models):
+    """vLLM's use_tqdm (no SamplingParams field) beside sampling_params read as 'sampling keyword
+    arguments': the refusal names what was given."""
+    llm = _llm(models["ouro"])
+    with pytest.raises(ValueError, match=r"^give sampling_params or sampling keyword arguments, not both "
+                                         r"\(got max_tokens, use_tqdm beside sampling_params\)$"):
+        llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3)
