@@ -284,7 +284,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
-    ids = [model.tokenize(p) if isinstance(p, str) else check_prompt_ids(p, model.cfg.vocab_size)
+    # NOTE: a text's ids are checked too: an empty text compiled an engine before its refusal
+    ids = [check_prompt_ids(model.tokenize(p) if isinstance(p, str) else p, model.cfg.vocab_size)
            for p in prompt_list]
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:

@@ -338,3 +338,14 @@ def test_llm_names_the_keywords_given_beside_sampling_params(models):
     with pytest.raises(ValueError, match=r"^give sampling_params or sampling keyword arguments, not both "
                                          r"\(got max_tokens, use_tqdm beside sampling_params\)$"):
         llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3)
+
+
+def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkeypatch):
+    from loopjax import llm as llm_module
+
+    built = []
+    monkeypatch.setattr(llm_module, "LLM", lambda model, **options: built.append(options))
+    model = dataclasses.replace(models["ouro"], tokenizer=_Letters())
+    with pytest.raises(ValueError, match="^empty prompt: give at least one token id$"):
+        loopjax.generate(model, ["ab", ""], max_new_tokens=2)
+    assert built == []
