@@ -56,7 +56,7 @@ class Engine:
         config = EngineConfig() if config is None else config
         self.model, self.config, cfg = model, config, model.cfg
         self.max_loops = config.max_loops or cfg.default_loops
-        max_context = config.max_context_len or min(cfg.max_context_len, 4096)
+        max_context = config.context_len(cfg.max_context_len)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
         if any(n > self.max_loops for n in config.loop_buckets):

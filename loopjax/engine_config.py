@@ -64,6 +64,10 @@ class EngineConfig:
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
 
+    def context_len(self, model_context_len: int) -> int:
+        """The context the engine serves for a model of `model_context_len`."""
+        return self.max_context_len or min(model_context_len, 4096)
+
     def __post_init__(self):
         """Each field has its annotated type (bool is no int here; a list of ints becomes a tuple)
         and the counts are positive: a one-line ValueError naming the field, before the

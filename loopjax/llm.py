@@ -298,6 +298,11 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)
+    # NOTE: the engine would refuse such a prompt once built (compiled): refused here
+    context = EngineConfig(**options).context_len(model.cfg.max_context_len)
+    if max(lengths) >= context:
+        raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
+                         f"engine's max_context_len={context}")
     key = (source or ("object", id(model)), tuple(sorted(options.items())))
     llm = _CACHE.get(key)
     if llm is None or llm.model is not model:

@@ -349,3 +349,14 @@ def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkey
     with pytest.raises(ValueError, match="^empty prompt: give at least one token id$"):
         loopjax.generate(model, ["ab", ""], max_new_tokens=2)
     assert built == []
+
+
+def test_generate_refuses_a_prompt_past_its_engines_context_before_building_it(models, monkeypatch):
+    from loopjax import llm as llm_module
+
+    built = []
+    monkeypatch.setattr(llm_module, "LLM", lambda model, **options: built.append(options))
+    with pytest.raises(ValueError, match="^a prompt of 40 tokens leaves no room to generate within the "
+                                         "engine's max_context_len=32$"):
+        loopjax.generate(models["ouro"], [1] * 40, max_new_tokens=2, engine_options={"max_context_len": 32})
+    assert built == []
