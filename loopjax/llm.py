@@ -295,6 +295,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
     options = dict(engine_options or compact_engine_options(lengths * params.n, max_new_tokens, params.loops,
                                                             params.exit_weighted))
+    # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)

@@ -360,3 +360,26 @@ def test_generate_refuses_a_prompt_past_its_engines_context_before_building_it(m
                                          "engine's max_context_len=32$"):
         loopjax.generate(models["ouro"], [1] * 40, max_new_tokens=2, engine_options={"max_context_len": 32})
     assert built == []
+
+
+def test_generate_takes_engine_options_with_lists(models, monkeypatch):
+    """EngineConfig takes a list of ints for a tuple field; generate keyed its engine cache by
+    the options and raised "unhashable type: 'list'"."""
+    from loopjax import llm as llm_module
+
+    built = []
+
+    class NoEngine:
+        def __init__(self, model, **options):
+            self.model = model
+            built.append(options)
+
+        def generate(self, *args, **kwargs):
+            return []
+
+    monkeypatch.setattr(llm_module, "LLM", NoEngine)
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    for _ in range(2):
+        loopjax.generate(models["ouro"], [1, 2], max_new_tokens=2,
+                         engine_options={"max_num_rows": 4, "decode_row_buckets": [4]})
+    assert len(built) == 1 and built[0]["decode_row_buckets"] == (4,)
