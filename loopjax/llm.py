@@ -3,9 +3,10 @@
 Prompts are strings (when the model has a tokenizer) or token-id lists (or vLLM's prompt dicts,
 {"prompt": text} and {"prompt_token_ids": ids}); `SamplingParams.n` samples each (`fan_out`:
 sample i uses seed + i; params without a seed draw one per prompt and call, so one params
-object for many prompts gives independent samples). Each result holds the
-generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
-state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
+object for many prompts gives independent samples). Each result holds the generated tokens
+only (`token_ids`, as vLLM does), `text` (without the stop token that ended it, as vLLM's),
+`exit_loops` (loops of the selected state per token), `finish_reason` and metrics (ttft,
+tpot, submissions per output token).
 
 Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
@@ -62,9 +63,10 @@ class LLM:
                  *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). initial_state: the prompt's (one prompt) or
-        one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a SamplingParams
-        (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
-        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None."""
+        one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a
+        SamplingParams (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to
+        0.0, greedy, as in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is
+        None."""
         prompt_list, one_prompt = _prompt_list(prompts)
         states = _state_list(initial_state, len(prompt_list), one_prompt)
         ids = [self._tokens(p, k) for k, p in enumerate(prompt_list)]
