@@ -15,7 +15,8 @@ PROG = "loopjax convert"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("hf_dir", metavar="HF_DIR",
-                        help="Hugging Face model folder (config.json + model*.safetensors)")
+                        help="Hugging Face model folder (config.json + model*.safetensors), or a "
+                             "Hub name whose snapshot is in the local Hugging Face cache")
     parser.add_argument("out_dir", metavar="OUT_DIR",
                         help="new folder for the loopjax checkpoint (must not exist)")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",

@@ -24,7 +24,7 @@ import tempfile
 import numpy as np
 from tqdm import tqdm
 
-from loopjax import checkpoint
+from loopjax import checkpoint, hub_cache
 from loopjax import config as config_lib
 
 from . import safetensors_reader
@@ -46,7 +46,7 @@ class ConvertError(ValueError):
 def read_config(hf_dir: str) -> config_lib.ModelConfig:
     """The family config of the HF folder `hf_dir` (one line if it is missing or unsupported)."""
     if not os.path.exists(hf_dir):
-        raise ConvertError(f"input folder {hf_dir} does not exist")
+        raise ConvertError(f"input folder {hf_dir} does not exist{hub_cache.missing_hint(hf_dir)}")
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"input {hf_dir} is not a folder")
     if not os.path.isfile(os.path.join(hf_dir, "config.json")):
@@ -170,6 +170,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     out_dir = os.path.abspath(out_dir)
     if os.path.lexists(out_dir):
         raise ConvertError(f"output folder {out_dir} already exists")
+    hf_dir = hub_cache.resolve(hf_dir)  # a Hub name already in the local cache: its snapshot
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
     _check_aux_files(hf_dir, cfg)  # before anything is written
     parent = os.path.dirname(out_dir)

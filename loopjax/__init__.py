@@ -5,6 +5,12 @@ part (the server's FastAPI) never breaks the others.
 """
 
 import importlib
+import importlib.metadata
+
+try:
+    __version__ = importlib.metadata.version("loopjax")
+except importlib.metadata.PackageNotFoundError:  # run from a checkout without installing it
+    __version__ = "unknown"
 
 _EXPORTS = {
     "load": "loopjax.model",

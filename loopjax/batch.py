@@ -102,7 +102,8 @@ class RowInput:
     init_states: np.ndarray | None = field(default=None, repr=False)  # [len(token_ids), H]
     page_planes: list[int] | None = None  # Ouro 'shared': per page, its plane (-1 full page)
     decoded: bool = False         # the tokens are decoded tokens (a decode step's)
-    # (prompt ids, output ids so far, logit_bias pairs): the row starts its token slot's history
+    # (prompt ids, output ids so far, logit_bias pairs, allowed_token_ids or None): the row starts
+    # its token slot's history
     # this step (a prefill row that gets its slot and whose params process logits)
     history: tuple | None = field(default=None, repr=False)
 

@@ -186,7 +186,7 @@ class BlockManager:
             self._split_free[physical] = list(range(self.decode_page_planes - 1, -1, -1))
             self._split_held[physical] = 0
             self._num_free_slots += self.decode_page_planes
-        physical = next(reversed(self._split_free))  # the most recently split or freed into
+        physical = next(reversed(self._split_free))  # the last to gain a free slot (newly split, or was full)
         free = self._split_free[physical]
         plane = free.pop()
         if not free:

@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from loopjax import __version__
+
 SUBCOMMANDS = {
     "convert": ("loopjax.convert.cli", "convert a Hugging Face checkpoint to a loopjax checkpoint"),
     "generate": ("loopjax.generate_cli", "generate text or tokens with a model"),
@@ -24,6 +26,7 @@ EXTRAS = {"serve": "serve"}
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="loopjax", description="JAX engine for looped language models")
+    parser.add_argument("--version", action="version", version=f"loopjax {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     if argv and argv[0] in SUBCOMMANDS:  # import only the module that is used
         names = [argv[0]]

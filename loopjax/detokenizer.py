@@ -1,6 +1,7 @@
 """Incremental detokenization with stop strings (pure Python, imports no JAX): the engine's
-stop-string check and the server's streamed text both use it, so each step decodes only the
-new tokens, not the whole output (which made a long generation O(tokens^2)).
+stop-string check and the server's streamed text (and its text offsets) both use it, so each
+step decodes only the new tokens, not the whole output (which made a long generation
+O(tokens^2)).
 
 decode(a + b) != decode(a) + decode(b) at word boundaries (a decoder may drop a leading space
 of the first token it sees), so the new tokens are decoded with the previous step's tokens as
@@ -17,31 +18,64 @@ class IncrementalDetokenizer:
     """The text of a growing token sequence, trimmed before the first stop string found.
 
     `update(token_ids, final, check_stop)` takes the whole sequence so far (append-only; a
-    Snapshot serves) and decodes what is new; it returns True when a stop string matched in
-    this update. With check_stop False (e.g. before min_tokens) the new text is not searched:
-    a later update searches from its own new text (and the len(stop) - 1 characters before)."""
+    Snapshot serves) and decodes what is new, one token at a time; it returns True when a stop
+    string matched in this update. `offsets[i]` is where token i's text starts in `text`
+    (completions' text_offset): the text's length before it, so a skipped special token or the
+    first bytes of a character split over tokens add nothing; past a stop string's cut it may
+    exceed len(text). Special tokens are left out unless skip_special_tokens is False;
+    spaces_between_special_tokens False joins consecutive added tokens without spaces.
+    With check_stop False (e.g. before min_tokens) the new text is not searched: a later
+    update searches from its own new text (and the len(stop) - 1 characters before).
+    `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
+    text, as in vLLM, special or not (the caller passes False under include_stop_str_in_output).
+    A matched stop string is `stop_string`; the text ends before it, or after it with
+    include_stop_str (vLLM's include_stop_str_in_output)."""
 
-    def __init__(self, tokenizer, stop: Sequence[str] = ()):
-        self.tokenizer, self.stop = tokenizer, tuple(stop)
+    def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True,
+                 spaces_between_special_tokens: bool = True, include_stop_str: bool = False):
+        self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
+        # NOTE: spaces_between_special_tokens False: an added token right after another is its
+        # content alone, without the space a decoder may put between tokens (vLLM's fast rule)
+        self._added = None if spaces_between_special_tokens else {
+            t: a.content for t, a in tokenizer.get_added_tokens_decoder().items()}
+        self.include_stop_str = include_stop_str
         self.text = ""
-        self.stopped = False  # a stop string matched; text ends before it
-        self._offsets = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
+        self.stopped = False  # a stop string matched; text ends before it (or after it)
+        self.stop_string: str | None = None  # the stop string that matched
+        self.offsets: list[int] = []
+        self._window = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
 
-    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True) -> bool:
+    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True,
+               stop_token: bool = False) -> bool:
         if self.stopped:
             return False
-        (p, r), old_len = self._offsets, len(self.text)
-        before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:])
-        if len(now) > len(before) and (not now.endswith("\ufffd") or final):
-            self.text, self._offsets = self.text + now[len(before):], (r, len(token_ids))
+        old_len, end = len(self.text), len(token_ids) - stop_token
+        # NOTE: one token at a time (each is usually alone: one step's), so that each has its offset
+        for n in range(len(self.offsets) + 1, end + 1):
+            self.offsets.append(len(self.text))
+            self._commit(token_ids, n, final and n == end)
+        if final and self._window[1] < end:  # no new token, but a character waits
+            self._commit(token_ids, end, True)
+        self.offsets += [len(self.text)] * (len(token_ids) - len(self.offsets))  # the stop token
         # NOTE: the first stop string to end wins (of those ending at one character, the longest),
         # whatever their order and however the text splits into tokens: one character a step
         # would have stopped there. Searched only where a match could end in the new text.
-        hits = [(cut + len(s), cut) for s in (self.stop if check_stop else ())
+        hits = [(cut + len(s), cut, s) for s in (self.stop if check_stop else ())
                 if (cut := self.text.find(s, max(0, old_len - len(s) + 1))) >= 0]
         if hits:
-            self.text, self.stopped = self.text[:min(hits)[1]], True
+            end, cut, self.stop_string = min(hits)
+            self.text, self.stopped = self.text[:end if self.include_stop_str else cut], True
         return self.stopped
 
+    def _commit(self, token_ids: Sequence[int], n: int, final: bool) -> None:
+        """Add the text of token_ids[r:n] (decoded after their left context [p, r))."""
+        p, r = self._window
+        before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:n])
+        if len(now) > len(before) and (not now.endswith("\ufffd") or final):
+            added, piece = self._added, now[len(before):]
+            if added and n >= 2 and token_ids[n - 1] in added and token_ids[n - 2] in added:
+                piece = added[token_ids[n - 1]]
+            self.text, self._window = self.text + piece, (r, n)
+
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True) if ids else ""
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""

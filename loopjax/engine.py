@@ -136,7 +136,7 @@ class Engine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.n != 1:  # NOTE: one engine request is one sample; fan-out is the caller's
             raise ValueError(f"n={params.n}: a request is one sample; submit params.fan_out() instead")
-        prompt = check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size)
+        prompt = params.truncate(check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size))
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")
@@ -259,7 +259,8 @@ class Engine:
         if emits and extra.token_slot is None:
             extra.token_slot = self._free_token_slots.pop()
             if params.processes_logits:
-                history = (request.prompt_token_ids, request.output_token_ids, params.logit_bias)
+                history = (request.prompt_token_ids, request.output_token_ids, params.logit_bias,
+                           params.allowed_token_ids)
         threshold = self._default_exit_threshold if params.exit_threshold is None else params.exit_threshold
         states = None
         if extra.init_mode == INIT_EXPLICIT:
@@ -338,10 +339,21 @@ class Engine:
         out = RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
                             request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
                             extra.text, Snapshot(extra.logprobs) if want_lp else None,
-                            Snapshot(extra.top_logprobs) if want_lp else None, metrics)
+                            Snapshot(extra.top_logprobs) if want_lp else None, metrics,
+                            self._stop_reason(request, extra))
         if request.is_finished:
             self._extra.pop(request.request_id, None)
         return out
+
+    def _stop_reason(self, request: Request, extra: RequestExtra) -> int | str | None:
+        """vLLM's stop_reason of a request finished with 'stop': its stop string, else its last
+        token unless that is an EOS that stopped it; None otherwise."""
+        if request.finish_reason != FINISH_STOP:
+            return None
+        if extra.detokenizer is not None and extra.detokenizer.stop_string is not None:
+            return extra.detokenizer.stop_string
+        last = request.output_token_ids[-1]
+        return None if last in self._eos and not request.sampling_params.ignore_eos else last
 
     def _release_carry(self, request: Request) -> None:
         extra = self._extra.get(request.request_id)

@@ -1,6 +1,7 @@
 """`loopjax generate MODEL --prompt TEXT | --prompt-ids 1,2,3 [options]`.
 
-MODEL is a loopjax checkpoint folder, a Hugging Face folder or a preset name. Prints the
+MODEL is a loopjax checkpoint folder, a Hugging Face folder, a Hub name in the local Hugging
+Face cache or a preset name. Prints the
 generated text (or token ids without a tokenizer), or one JSON object with --json. Errors are
 one line on stderr with exit code 2; Ctrl-C is one line with exit code 130.
 """
@@ -15,10 +16,12 @@ from loopjax.engine_args import add_sampling_arguments, failure_line, sampling_o
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="checkpoint folder, Hugging Face folder or preset name")
+    parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (needs a tokenizer)")
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
+    parser.add_argument("--chat", action="store_true",
+                        help="send --prompt as one user message, rendered by the checkpoint's chat template")
     parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
     add_sampling_arguments(parser)
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
@@ -62,14 +65,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args) -> int:
+    from loopjax.chat import encode_chat
     from loopjax.llm import compact_engine_options, generate
     from loopjax.model import load
 
+    if args.chat and args.prompt is None:
+        raise ValueError("--chat takes a --prompt text (the user's message), not --prompt-ids")
     if args.prompt_ids is not None:
         prompt = _int_list("--prompt-ids", args.prompt_ids)
     else:
         prompt = args.prompt
     model = load(args.model, args.dtype)
+    if args.chat:
+        prompt = encode_chat(model, [{"role": "user", "content": prompt}])
     length = len(prompt) if isinstance(prompt, list) else len(model.tokenize(prompt))
     options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops,
                                      args.exit_weighted)

@@ -1,12 +1,11 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
-Prompts are strings (when the model has a tokenizer) or token-id lists (or vLLM's prompt dicts,
-{"prompt": text} and {"prompt_token_ids": ids}); `SamplingParams.n` samples each (`fan_out`:
+Prompts are strings (when the model has a tokenizer), token-id lists, or vLLM's prompt dicts
+({"prompt": text}, {"prompt_token_ids": ids}); `SamplingParams.n` samples each (`fan_out`:
 sample i uses seed + i; params without a seed draw one per prompt and call, so one params
 object for many prompts gives independent samples). Each result holds the generated tokens
-only (`token_ids`, as vLLM does), `text` (without the stop token that ended it, as vLLM's),
-`exit_loops` (loops of the selected state per token), `finish_reason` and metrics (ttft,
-tpot, submissions per output token).
+only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected state per
+token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
 Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
@@ -30,7 +29,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import tqdm
 
+from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.sampling_params import SamplingParams, check_for_model
@@ -50,27 +51,32 @@ class GenerateOutput:
     # vLLM), then (log p of the prompt token, the k most likely (id, log p) there, most likely first).
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
+    stop_reason: int | str | None = None  # 'stop': the stop string or stop token id (None: EOS), vLLM's
 
 
 class LLM:
-    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`."""
+    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`;
+    `chat(messages, params | kwargs)`."""
 
     def __init__(self, model_or_path, *, dtype=None, **engine_options: Any):
         self.model = _model(model_or_path, dtype)
         self.engine = Engine(self.model, EngineConfig(**engine_options))
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
-                 *, initial_state=None, warm_start: bool = False, **kwargs: Any) -> list[GenerateOutput]:
+                 *, initial_state=None, warm_start: bool = False, use_tqdm: bool = False,
+                 **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
         prompt p's sample i is result p * n + i). initial_state: the prompt's (one prompt) or
         one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a
         SamplingParams (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to
         0.0, greedy, as in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is
-        None."""
+        None. use_tqdm (vLLM's; off by default here): a progress bar of finished requests on
+        stderr."""
         prompt_list, one_prompt = _prompt_list(prompts)
         states = _state_list(initial_state, len(prompt_list), one_prompt)
-        ids = [self._tokens(p, k) for k, p in enumerate(prompt_list)]
+        ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(prompt_list)]
         params = _params_list(sampling_params, kwargs, len(ids))
+        ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
         scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
         jobs = [(k, i, sample) for k, p in enumerate(params) for i, sample in enumerate(p.fan_out())]
         order = []
@@ -81,15 +87,41 @@ class LLM:
                 rid = f"prompt {k}" if params[k].n == 1 else f"prompt {k} sample {i}"
                 order.append(self.engine.add_request(ids[k], sample, rid, initial_state=states[k],
                                                      warm_start=warm_start))
-            finals = self._drain()
+            finals = self._drain(len(jobs) if use_tqdm else None)
         except BaseException:  # a refused prompt, or an interrupt (Ctrl-C) while generating
             for rid in order:  # all or nothing: nothing of this call stays queued or running
                 self.engine.abort(rid)
             self._drain()
             raise
         prompt_lps = self._prompt_logprobs(ids, scoring)
-        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample.detokenize)
+        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample)
                 for (k, _, sample), rid in zip(jobs, order)]
+
+    def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
+             chat_template: str | None = None, add_generation_prompt: bool = True,
+             chat_template_kwargs: dict | None = None, **generate_kwargs: Any) -> list[GenerateOutput]:
+        """`generate` on conversations (vLLM's `LLM.chat`): `messages` is one conversation (a
+        list of {role, content} dicts, content text or text parts) or a list of them. Each is
+        rendered by `chat_template` (default: the checkpoint's; `chat_template_kwargs`: more of
+        its variables, as vLLM's) and encoded without the
+        tokenizer's special tokens (the template writes its own), as the server's chat is.
+        The other arguments are `generate`'s; results are in its order, one conversation per
+        prompt."""
+        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        conversations = [messages] if one else messages
+        if not isinstance(conversations, list | tuple) or not conversations:
+            raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
+                             "non-empty list of them")
+        ids = []
+        for k, conversation in enumerate(conversations):
+            try:
+                ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
+                                       add_generation_prompt=add_generation_prompt,
+                                       template_kwargs=chat_template_kwargs))
+            except ValueError as e:
+                raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
+        # NOTE: one conversation is one prompt (an initial_state is its own, generate's rule)
+        return self.generate(ids[0] if one else ids, sampling_params, **generate_kwargs)
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:
         """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;
@@ -122,20 +154,39 @@ class LLM:
             results.append(done[key])
         return results
 
-    def _drain(self) -> dict:
+    def _drain(self, num_shown: int | None = None) -> dict:
+        """Step until every request is finished -> {request id: final output}; with num_shown,
+        a progress bar of that many requests."""
         finals = {}
-        while self.engine.has_unfinished():
-            for out in self.engine.step():
-                if out.finished:
-                    finals[out.request_id] = out
+        bar = None if num_shown is None else tqdm.tqdm(total=num_shown, desc="generate", unit="req")
+        try:
+            while self.engine.has_unfinished():
+                for out in self.engine.step():
+                    if out.finished:
+                        finals[out.request_id] = out
+                        if bar is not None:
+                            bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return finals
 
-    def _tokens(self, prompt, k: int) -> list[int]:
-        try:  # before anything is queued; a text's ids too (an empty text has none)
-            ids = self.model.tokenize(prompt) if isinstance(prompt, str) else prompt
-            return check_prompt_ids(ids, self.model.cfg.vocab_size)
-        except ValueError as e:  # named as the engine's refusals name it
-            raise ValueError(f"prompt {k}: {e}") from None
+
+
+def _prompt_ids(model, prompt, k: int) -> list[int]:
+    """The token ids of prompt k of a call: text (encoded with the tokenizer's special tokens),
+    token ids, or vLLM's prompt dicts {"prompt": text} and {"prompt_token_ids": ids}; a one-line
+    ValueError naming the prompt otherwise (an empty text too), before anything is queued."""
+    if isinstance(prompt, dict):
+        if set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
+            raise ValueError(f"prompt {k}: a prompt dict holds one key, 'prompt' (text) or "
+                             f"'prompt_token_ids', got {sorted(map(str, prompt))}")
+        prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
+    ids = model.tokenize(prompt) if isinstance(prompt, str) else prompt
+    try:  # NOTE: a text's ids are checked too: an empty text has none
+        return check_prompt_ids(ids, model.cfg.vocab_size)
+    except ValueError as e:  # named as the engine's refusals name it
+        raise ValueError(f"prompt {k}: {e}") from None
 
 
 def _model(model_or_path, dtype=None):
@@ -155,33 +206,18 @@ def _model(model_or_path, dtype=None):
 
 
 def _prompt_list(prompts) -> tuple[list, bool]:
-    """(the prompts of a call, whether it is ONE prompt): a string, one token-id sequence
-    (ints, or a 1-D integer array) or one vLLM prompt dict is one prompt; otherwise each item
-    is one (the rows of a 2-D array). Prompt dicts become their text or ids (`_from_dict`)."""
+    """(the prompts of a call, whether it is ONE prompt): a string, a prompt dict or one token-id
+    sequence (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows
+    of a 2-D array)."""
     if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
-        return [_from_dict(prompts)], True
+        return [prompts], True
     if not hasattr(prompts, "__iter__") or isinstance(prompts, set | frozenset):  # NOTE: unordered
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
                          f"got {type(prompts).__name__}")
     prompt_list = list(prompts)
     if prompt_list and isinstance(prompt_list[0], int | np.integer):
         return [prompt_list], True
-    return [_from_dict(p) for p in prompt_list], False
-
-
-def _from_dict(prompt):
-    """vLLM's prompt dicts: {"prompt_token_ids": ids} (TokensPrompt) -> the ids, {"prompt":
-    text} (TextPrompt) -> the text; other keys are refused (a dict was iterated: its key names
-    became the prompt text). Anything else as given."""
-    if not isinstance(prompt, dict):
-        return prompt
-    keys = set(prompt)
-    if keys == {"prompt_token_ids"}:
-        return prompt["prompt_token_ids"]
-    if keys == {"prompt"} and isinstance(prompt["prompt"], str):
-        return prompt["prompt"]
-    raise ValueError(f"a prompt dict holds 'prompt' (a text) or 'prompt_token_ids' alone, got keys "
-                     f"{sorted(keys)}")
+    return prompt_list, False
 
 
 def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:
@@ -225,16 +261,16 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
-def _result(prompt, out, model, prompt_logprobs, detokenize: bool) -> GenerateOutput:
+def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> GenerateOutput:
     text = out.text
-    if text is None and model.tokenizer is not None and detokenize:  # detokenize=False: None
-        text = model.detokenize(out.token_ids, skip_special_tokens=True)
+    if text is None and model.tokenizer is not None and params.detokenize:  # detokenize=False: None
+        text = model.detokenize(out.token_ids, params.skip_special_tokens)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
                           None if out.logprobs is None else list(out.logprobs),
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
                           None if prompt_logprobs is None else  # a copy per sample
                           [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
-                          out.metrics)
+                          out.metrics, out.stop_reason)
 
 
 _CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine
@@ -286,9 +322,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
-    # NOTE: a text's ids are checked too: an empty text compiled an engine before its refusal
-    ids = [check_prompt_ids(model.tokenize(p) if isinstance(p, str) else p, model.cfg.vocab_size)
-           for p in prompt_list]
+    ids = [params.truncate(_prompt_ids(model, p, k)) for k, p in enumerate(prompt_list)]
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from loopjax import checkpoint
+from loopjax import checkpoint, hub_cache
 from loopjax import config as config_lib
 
 
@@ -61,8 +61,9 @@ class Model:
 
 def load(path_or_preset: str, dtype=None) -> Model:
     """A `Model` from a loopjax checkpoint folder (has loopjax_config.json), a Hugging Face
-    folder (config.json + safetensors; converted in memory, nothing written) or a preset name
-    of `config.PRESETS` (seeded random weights).
+    folder (config.json + safetensors; converted in memory, nothing written), a preset name
+    of `config.PRESETS` (seeded random weights), or a Hub name ('org/name') whose snapshot is
+    in the local Hugging Face cache (`hub_cache`; nothing is downloaded).
 
     dtype: 'bfloat16' / 'float32' (or the dtypes). Default: the checkpoint's dtype; for
     presets bf16 at the real sizes and fp32 for the `*-tiny` ones."""
@@ -73,8 +74,10 @@ def load(path_or_preset: str, dtype=None) -> Model:
         raise LoadError(f"cannot load {path}: it is a file, not a model folder")
     if path in config_lib.PRESETS:
         return _load_preset(path, dtype)
+    if (cached := hub_cache.snapshot(path)) is not None:  # a Hub name already downloaded
+        return _load_folder(cached, dtype)
     raise LoadError(f"no model at {path!r}: not a folder and not a preset (presets: "
-                    + ", ".join(sorted(config_lib.PRESETS)) + ")")
+                    + ", ".join(sorted(config_lib.PRESETS)) + ")" + hub_cache.missing_hint(path))
 
 
 def _load_folder(path: str, dtype) -> Model:

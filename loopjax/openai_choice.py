@@ -1,8 +1,9 @@
 """One choice of an OpenAI completions / chat response, as the server builds it (no FastAPI).
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
-string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's),
-and (echo) the scored prompt put before them.
+string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's;
+completions' `text_offset`: where each token's text begins in the choice's text), and (echo)
+the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
 {"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
@@ -38,13 +39,19 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, stop: tuple[str, ...], min_tokens: int = 0):
-        self.index, self.tokenizer, self.stop, self.min_tokens = index, tokenizer, stop, min_tokens
+    def __init__(self, index: int, tokenizer, params):
+        """params: the request's SamplingParams (its stop strings and text fields)."""
+        self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
+        self.min_tokens, self.include_stop = params.min_tokens, params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(tokenizer, stop)
+        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
+            tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
+            params.include_stop_str_in_output)
+        self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
+        self._echoed = 0  # characters of the echoed prompt before the completion's text
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -54,12 +61,15 @@ class Choice:
         # NOTE: the engine reports submissions per output token; usage carries the total.
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.detokenizer is not None:
+            # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             if self.detokenizer.update(self.token_ids, final=out.finished,
-                                       check_stop=len(self.token_ids) >= self.min_tokens):
-                self.finish_reason = "stop"
+                                       check_stop=len(self.token_ids) >= self.min_tokens,
+                                       stop_token=out.finished and out.finish_reason == "stop"
+                                       and not self.include_stop):
+                self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_string
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
-            self.finish_reason = out.finish_reason
+            self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
         end = len(self.text)
         if self.finish_reason is None:  # hold back what may still become a stop string
             for s in self.stop:
@@ -73,16 +83,19 @@ class Choice:
     def fields(self, start: int, chat: bool) -> dict:
         """finish_reason, OpenAI logprobs and loopjax's extras of the tokens from `start` on."""
         ids = self.token_ids[start:]
-        return {"index": self.index, "finish_reason": self.finish_reason,
+        return {"index": self.index, "finish_reason": self.finish_reason, "stop_reason": self.stop_reason,
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 
-    def echo(self, choice: dict, scored, num_top: int) -> None:
+    def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs
-        (the top `num_top` of each prompt token: the request's `logprobs`)."""
+        (the top `num_top` of each prompt token: the request's `logprobs`); `echoed`: the
+        prompt's text and its tokens' offsets in it (`RequestParser.echo_prompts`), None
+        without a tokenizer. The completion's text offsets, these and later ones, follow it."""
         prompt = scored.token_ids
-        if self.tokenizer is not None:
-            choice["text"] = self.tokenizer.decode(prompt, skip_special_tokens=True) + choice["text"]
+        if echoed is not None:
+            choice["text"] = echoed[0] + choice["text"]
+            self._echoed = len(echoed[0])
         if choice["logprobs"] is not None:
             name = self._token_name()
             lp = choice["logprobs"]
@@ -90,6 +103,8 @@ class Choice:
             lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
             tops = ({name(u): v for u, v in top[:num_top]} for top in scored.top_logprobs)
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
+            if echoed is not None:
+                lp["text_offset"] = echoed[1] + [o + self._echoed for o in lp["text_offset"]]
 
     def _token_name(self):
         """A token's name in logprobs: its text, decoded alone with special tokens kept (vLLM's
@@ -117,4 +132,16 @@ class Choice:
             return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
                                 for t, lp, top in zip(ids, lps, tops)]}
         return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
-                "top_logprobs": [{name(u): v for u, v in top} for top in tops], "text_offset": None}
+                "top_logprobs": [{name(u): v for u, v in top} for top in tops],
+                "text_offset": self._text_offsets(start, len(ids))}
+
+    def _text_offsets(self, start: int, count: int) -> list[int] | None:
+        """Where tokens start.. start + count begin in the choice's text (echo included): the
+        detokenizer's offsets, cut to the text's end (a stop string trims it); each token's
+        true place, where vLLM sums the lengths of the tokens' names (a skipped special token,
+        a character split over tokens make them differ). None without a tokenizer."""
+        if self.detokenizer is None:
+            return None
+        offsets, end = self.detokenizer.offsets, len(self.text)
+        return [self._echoed + min(offsets[i] if i < len(offsets) else end, end)
+                for i in range(start, start + count)]

@@ -5,7 +5,8 @@ Contract:
   "param", "code"}}` with a one-line message and `param` naming the field (HTTP 400 unless
   said otherwise); the server maps it to the response.
 - Prompts come back as token-id lists checked against the vocabulary and the served context;
-  text is encoded with the model's tokenizer, chat messages rendered by its chat template.
+  text is encoded with the model's tokenizer, chat messages rendered by its chat template
+  (loopjax/chat.py, shared with `LLM.chat`).
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
 - `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
@@ -16,19 +17,16 @@ This module imports FastAPI for the error response only; nothing here touches th
 from __future__ import annotations
 
 import dataclasses
-import datetime
 import json
-import os
 import re
 from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from loopjax.sampling_params import SamplingParams
+from loopjax.chat import check_messages, check_template_kwargs, render_chat
+from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
-CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
-ROLES = ("system", "user", "assistant", "tool", "developer")
-TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 
 
@@ -50,62 +48,6 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
-
-
-def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "") -> str:
-    """The prompt text of `messages` under a Hugging Face chat template (jinja2, sandboxed).
-
-    Without jinja2 only ChatML templates render (a built-in ChatML renderer)."""
-    try:
-        from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
-    except ImportError:
-        if CHATML_START in template and CHATML_END in template:
-            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
-            return text + f"{CHATML_START}assistant\n"
-        raise APIError(500, "the chat template is not ChatML and jinja2 is not installed "
-                            "(pip install jinja2)", "messages", "server_error") from None
-
-    def raise_exception(message):
-        raise TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        # NOTE: transformers' filter: jinja2's own escapes <, >, & and non-ASCII text
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                          sort_keys=sort_keys)
-
-    # transformers' apply_chat_template environment: {% break %} / {% continue %}, its tojson,
-    # raise_exception and strftime_now
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    try:
-        return env.from_string(template).render(messages=messages, add_generation_prompt=True,
-                                                bos_token=bos_token, eos_token=eos_token)
-    except TemplateError as e:
-        raise bad_request(f"messages: the chat template refused them: {e}", "messages") from None
-    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
-        # a ZeroDivisionError...): the checkpoint's template, not a server bug, so not a 500
-        raise bad_request(f"messages: the chat template failed on them: {type(e).__name__}: {e}",
-                          "messages") from None
-
-
-def special_tokens(model) -> dict:
-    """bos_token / eos_token (chat templates use them) of the checkpoint's tokenizer_config.json,
-    overridden by its special_tokens_map.json where that names them, as transformers reads them."""
-    config: dict = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        try:
-            with open(os.path.join(model.path, name)) as f:
-                data = json.load(f)
-        except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
-            continue
-        if isinstance(data, dict):
-            config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
-    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
-    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -156,8 +98,16 @@ class RequestParser:
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
-        """The token ids of each prompt: chat has one (the rendered messages)."""
-        return [self._chat_prompt(body)] if chat else self._completion_prompts(body)
+        """The token ids of each prompt: chat has one (the rendered messages); each cut to its
+        last `truncate_prompt_tokens` (vLLM's field) before its length is checked."""
+        try:
+            keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
+        except ValueError as e:
+            raise bad_request(str(e), "truncate_prompt_tokens") from None
+        for field in ("add_generation_prompt", "chat_template_kwargs"):
+            if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
+                raise bad_request(f"{field} applies to /v1/chat/completions only", field)
+        return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
@@ -242,7 +192,7 @@ class RequestParser:
             dataclasses.replace(self, max_context=None)._check_ids(tokens, "tokens")
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
-    def _check_ids(self, ids, param: str) -> list[int]:
+    def _check_ids(self, ids, param: str, keep_last: int | None = None) -> list[int]:
         if not ids:
             raise bad_request(f"{param} is empty", param)
         # NOTE: builtins over the whole list (a 512-id prompt: ~1 ms per request as per-id
@@ -252,15 +202,19 @@ class RequestParser:
             raise bad_request(f"{param} must be text or a list of integer token ids", param)
         if self.vocab_size is not None and not (min(ids) >= 0 and max(ids) < self.vocab_size):
             raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param)
+        ids = ids[-keep_last:] if keep_last else ids
         if self.max_context is not None and len(ids) >= self.max_context:
             raise bad_request(f"{param} is too long: {len(ids)} tokens for a context of "
                               f"{self.max_context}", param)
         return ids
 
     def _encode(self, text: str, param: str, body: dict) -> list[int]:
-        """Token ids of a text prompt (the tokenizer's special tokens added, as vLLM's and HF's
-        default) or of rendered chat messages (none: the template writes them); vLLM's
-        `add_special_tokens` field overrides either."""
+        return self._encoding(text, param, body).ids
+
+    def _encoding(self, text: str, param: str, body: dict):
+        """The `tokenizers.Encoding` of a text prompt (the tokenizer's special tokens added, as
+        vLLM's and HF's default) or of rendered chat messages (none: the template writes them);
+        vLLM's `add_special_tokens` field overrides either."""
         if self.tokenizer is None:
             raise bad_request(f"{param}: model {self.model_name!r} has no tokenizer; send token ids "
                               "instead", param)
@@ -269,46 +223,72 @@ class RequestParser:
             raise bad_request(f"add_special_tokens must be true or false, got {special!r}",
                               "add_special_tokens")
         return self.tokenizer.encode(text, add_special_tokens=(param == "prompt") if special is None
-                                     else special).ids
+                                     else special)
 
-    def _completion_prompts(self, body: dict) -> list[list[int]]:
+    def echo_prompts(self, body: dict, offsets: bool) -> list[tuple[str, list[int] | None] | None]:
+        """echo's part of each (checked) completions prompt, as vLLM echoes it: the text as
+        given, or the decode of the token ids given (special tokens kept); and, if `offsets`
+        (logprobs' text_offset), where each prompt token starts in it: the tokenizer's offsets
+        of the text it encoded, the incremental decode's of ids (~3 us a token, so only then).
+        A prompt truncate_prompt_tokens cut is echoed as the decode of the ids that ran. None
+        without a tokenizer."""
+        if self.tokenizer is None:
+            return [None] * len(self._prompt_items(body))
+        keep = body.get("truncate_prompt_tokens")  # checked by `prompts`
+        echoed = []
+        for p in self._prompt_items(body):
+            if isinstance(p, str) and keep:
+                ids = self._encoding(p, "prompt", body).ids
+                p = p if len(ids) <= keep else ids
+            if isinstance(p, str):
+                encoding = self._encoding(p, "prompt", body) if offsets else None
+                echoed.append((p, None if encoding is None else [start for start, _ in encoding.offsets]))
+                continue
+            p = p[-keep:] if keep else p
+            if offsets:
+                text = IncrementalDetokenizer(self.tokenizer, skip_special_tokens=False)
+                text.update(p, final=True)
+                echoed.append((text.text, text.offsets))
+            else:
+                echoed.append((self.tokenizer.decode(p, skip_special_tokens=False), None))
+        return echoed
+
+    def _prompt_items(self, body: dict) -> list:
+        """The completions prompts as given: each a text or a list of token ids."""
         prompt = body.get("prompt")
         one = isinstance(prompt, list) and prompt and not isinstance(prompt[0], str | list)
-        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked below)
+        if isinstance(prompt, str) or one:  # one prompt (its token ids are checked later)
             prompt = [prompt]
         if not isinstance(prompt, list) or not prompt or not all(isinstance(p, str | list) for p in prompt):
             raise bad_request("prompt must be text, token ids, or a non-empty list of those", "prompt")
-        return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt")
-                for p in prompt]
+        return prompt
 
-    def _chat_prompt(self, body: dict) -> list[int]:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise bad_request("messages must be a non-empty list of {role, content} objects", "messages")
-        clean = []
-        for i, m in enumerate(messages):
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, list):  # content parts: text ones only (text must be text)
-                texts = [_part_text(p, i) for p in content]
-                content = "".join(texts) if all(isinstance(t, str) for t in texts) else None
-            if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
-                raise bad_request(f"messages[{i}] must have a role in {ROLES} and text content", "messages")
-            clean.append({**m, "content": content})
+    def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
+        return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
+                                keep_last) for p in self._prompt_items(body)]
+
+    def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
+        try:
+            messages = check_messages(body.get("messages"))
+        except ValueError as e:
+            raise bad_request(str(e), "messages") from None
         if self.tokenizer is None or not self.chat_template:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
-        text = render_chat(self.chat_template, clean, **self.special_tokens)
-        return self._check_ids(self._encode(text, "messages", body), "messages")
-
-
-def _part_text(part, i: int) -> str | None:
-    """The text of a chat content part of a text type; None when malformed. Any other type
-    (image_url, input_audio, file...) is a 400: not dropped, as the model would answer without
-    the image the message asks about."""
-    kind = part.get("type", "text") if isinstance(part, dict) else None
-    key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
-    if isinstance(kind, str) and key is None:
-        raise bad_request(f"messages[{i}] has a content part of type {kind!r}; this model takes text only",
-                          "messages")
-    return part.get(key, "") if key else None
+        generation = body.get("add_generation_prompt", True)
+        if not isinstance(generation, bool):
+            raise bad_request(f"add_generation_prompt must be true or false, got {generation!r}",
+                              "add_generation_prompt")
+        try:
+            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+        except ValueError as e:
+            raise bad_request(str(e), "chat_template_kwargs") from None
+        try:
+            text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
+                               template_kwargs=kwargs, **self.special_tokens)
+        except ValueError as e:  # the template refused the messages, or failed on them
+            raise bad_request(str(e), "messages") from None
+        except RuntimeError as e:  # it cannot render on this installation
+            raise APIError(500, str(e), "messages", "server_error") from None
+        return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)

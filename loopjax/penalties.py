@@ -18,7 +18,8 @@ Lifecycle of a slot's row (steps.py `_finish`):
   request's old history).
 
 Semantics of one row, on f32 logits, in vLLM v1's order, after min_tokens' suppression:
-  x += bias[token];  tokens in the prompt or the output: x -> x / r if x > 0 else x * r;
+  x = -inf outside allowed_token_ids (when given);  x += bias[token];
+  tokens in the prompt or the output: x -> x / r if x > 0 else x * r;
   x -= f * count + p * (count > 0)  (count: times the token was output).
 """
 
@@ -53,6 +54,7 @@ class HistoryReset:
     num_prompt: jax.Array   # [R] i32  how many of token_ids are prompt tokens
     bias_ids: jax.Array     # [R, MAX_LOGIT_BIAS] i32  logit_bias token ids (-1: none)
     bias_values: jax.Array  # [R, MAX_LOGIT_BIAS] f32
+    restricted: jax.Array   # [R] bool  only the bias ids may be generated (allowed_token_ids)
 
 
 def allocate(num_slots: int, vocab_size: int) -> TokenHistory:
@@ -63,16 +65,21 @@ def allocate(num_slots: int, vocab_size: int) -> TokenHistory:
 
 def build_reset(histories: list, num_rows: int, context_len: int) -> HistoryReset:
     """Host (numpy) HistoryReset: histories[i] is None or row i's (prompt ids, output ids,
-    logit_bias pairs); rows past len(histories) are padding."""
+    logit_bias pairs, allowed_token_ids or None); rows past len(histories) are padding. An
+    allowed set becomes the row's bias ids (each with its logit_bias, else 0), the rest -inf."""
     row = np.zeros(num_rows, bool)
     token_ids = np.full((num_rows, context_len), -1, np.int32)
     num_prompt = np.zeros(num_rows, np.int32)
     bias_ids = np.full((num_rows, MAX_LOGIT_BIAS), -1, np.int32)
     bias_values = np.zeros((num_rows, MAX_LOGIT_BIAS), np.float32)
+    restricted = np.zeros(num_rows, bool)
     for i, history in enumerate(histories):
         if history is None:
             continue
-        prompt, outputs, bias = history
+        prompt, outputs, bias, allowed = history
+        if allowed is not None:
+            restricted[i], given = True, dict(bias)
+            bias = [(t, given.get(t, 0.0)) for t in allowed]
         if len(prompt) + len(outputs) > context_len:
             raise ValueError(f"row {i}: {len(prompt) + len(outputs)} tokens of history exceed the "
                              f"context of {context_len}")
@@ -80,7 +87,7 @@ def build_reset(histories: list, num_rows: int, context_len: int) -> HistoryRese
         token_ids[i, :len(prompt) + len(outputs)] = list(prompt) + list(outputs)
         if bias:
             bias_ids[i, :len(bias)], bias_values[i, :len(bias)] = zip(*bias)
-    return HistoryReset(row, token_ids, num_prompt, bias_ids, bias_values)
+    return HistoryReset(row, token_ids, num_prompt, bias_ids, bias_values, restricted)
 
 
 def reset(history: TokenHistory, slots, start: HistoryReset) -> TokenHistory:
@@ -88,8 +95,9 @@ def reset(history: TokenHistory, slots, start: HistoryReset) -> TokenHistory:
     untouched (they write the spare last slot, which no real row reads)."""
     spare, vocab = history.counts.shape[0] - 1, history.counts.shape[1]
     slots = jnp.where(start.row, slots, spare)
+    base = jnp.where(start.restricted, -jnp.inf, 0.0)[:, None]  # a restricted row allows its bias ids only
     counts, seen, bias = (history.counts.at[slots].set(0), history.prompt_seen.at[slots].set(False),
-                          history.bias.at[slots].set(0.0))
+                          history.bias.at[slots].set(jnp.broadcast_to(base, (len(slots), vocab))))
     ids = start.token_ids
     is_output = jnp.arange(ids.shape[1])[None, :] >= start.num_prompt[:, None]
     rows = jnp.broadcast_to(slots[:, None], ids.shape)

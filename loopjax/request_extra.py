@@ -70,29 +70,36 @@ def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
 
 
 def update_text(extra: RequestExtra, request, model) -> bool:
-    """After a request's new token: apply its stop strings (new tokens decoded incrementally)
-    and set the text of a finished one (decoded once, if no stop string set it; without the
-    stop token that ended it, as vLLM's). True when a stop string ends the running request now
-    (the engine finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
+    """After a request's new token: apply its stop strings (new tokens decoded incrementally,
+    as is the text without spaces_between_special_tokens) and set the text of a finished one
+    (else decoded once). True when a stop string ends the running request now (the engine
+    finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
     params = request.sampling_params
     if not params.detokenize:
         return False
+    # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM (unless
+    # include_stop_str_in_output)
+    stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
+                  and not params.include_stop_str_in_output)
     stops_now = False
-    if params.stop:
+    if params.stop or not params.spaces_between_special_tokens:
         if extra.detokenizer is None:
-            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop)
+            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop,
+                                                       params.skip_special_tokens,
+                                                       params.spaces_between_special_tokens,
+                                                       params.include_stop_str_in_output)
         # NOTE: no stop string ends the output before min_tokens (as no stop token does).
-        # The last token (max_tokens, a stop id) is searched too: a stop string there trims
-        # the text and makes the reason "stop" (as vLLM's and the server's Choice).
+        # The last token (max_tokens) is searched too: a stop string there trims the text
+        # and makes the reason "stop" (as vLLM's and the server's Choice).
         if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                    check_stop=request.num_output_tokens >= params.min_tokens):
+                                    check_stop=request.num_output_tokens >= params.min_tokens,
+                                    stop_token=stop_token):
             if request.is_finished:
                 request.finish_reason = FINISH_STOP
             else:
                 stops_now = True
         extra.text = extra.detokenizer.text
-    if request.is_finished and not (extra.detokenizer and extra.detokenizer.stopped):
+    if request.is_finished and extra.detokenizer is None:
         ids = request.output_token_ids
-        extra.text = model.detokenize(ids[:-1] if request.finish_reason == FINISH_STOP else ids,
-                                      skip_special_tokens=True)
+        extra.text = model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
     return stops_now

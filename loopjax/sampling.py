@@ -107,10 +107,14 @@ class SamplingBatch:
 
 def check_suppressible(params: SamplingParams) -> None:
     """One-line ValueError when params has min_tokens and more stop ids (EOS included, as the
-    engine adds it) than a row can suppress."""
+    engine adds it) than a row can suppress, or allows only tokens it suppresses."""
     if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
         raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
                          f"(EOS included), got {len(params.stop_token_ids)}")
+    if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(
+            params.stop_token_ids):
+        raise ValueError("allowed_token_ids holds only stop token ids (EOS included), which min_tokens "
+                         "suppresses: no token could be generated")
 
 
 def row_keys(batch: SamplingBatch) -> jax.Array:

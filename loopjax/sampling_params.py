@@ -21,6 +21,13 @@ Conventions:
   [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
   `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
   logits first. They apply to greedy requests too; logprobs stay the model's.
+  `allowed_token_ids` (vLLM's; at most MAX_LOGIT_BIAS ids) masks every other token out (their
+  logits -inf) before the penalties, the bias of an allowed id still added.
+- `truncate_prompt_tokens` (vLLM's): a prompt longer than that keeps its last that many tokens
+  (`truncate`; the engine, the offline API and the server apply it before checking its length).
+- Text (vLLM's fields, docs/semantics.md): `skip_special_tokens` leaves special tokens out,
+  `spaces_between_special_tokens` False joins consecutive added tokens without spaces; the
+  engine's and the server's detokenizers read them, the device never does.
 - `prompt_logprobs` (vLLM's): the offline API (`LLM.generate`) and the server score the
   prompt on the identity path (`scoring.py`); the engine never reads it, so it changes no decode.
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
@@ -64,8 +71,9 @@ def _is_number(x) -> bool:
     return (isinstance(x, int | float)) and not isinstance(x, bool)
 
 
-def _check_int(name, value, lo, hi=None):
-    """`value` must be an int in [lo, hi] (hi=None: no upper bound)."""
+def check_int(name, value, lo, hi=None):
+    """`value` must be an int in [lo, hi] (hi=None: no upper bound); a one-line ValueError naming
+    `name` otherwise."""
     rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
     if not _is_int(value):
         _fail(f"{name} must be an integer {rng}, got {value!r}")
@@ -96,12 +104,17 @@ class SamplingParams:
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
+    skip_special_tokens: bool = True  # the text leaves out special tokens (vLLM's and HF's decode option)
+    spaces_between_special_tokens: bool = True  # False: consecutive added tokens' text unspaced (vLLM's)
+    include_stop_str_in_output: bool = False  # the text keeps the stop string or stop token that ended it
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
+    truncate_prompt_tokens: int | None = None  # >= 1: a longer prompt keeps its last that many tokens
     repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
     frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
     logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated; stored sorted
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
@@ -116,9 +129,9 @@ class SamplingParams:
     seed_drawn: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _check_int("max_tokens", self.max_tokens, 1)
+        check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
-        _check_int("top_k", self.top_k, -1)
+        check_int("top_k", self.top_k, -1)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check_float("top_p", self.top_p, 0, 1, lo_open=True)
@@ -126,23 +139,27 @@ class SamplingParams:
         if self.seed is None:
             object.__setattr__(self, "seed", secrets.randbits(31))
             object.__setattr__(self, "seed_drawn", True)
-        _check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
-        _check_int("n", self.n, 1)
+        check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
+        check_int("n", self.n, 1)
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
         object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
-        _check_int("min_tokens", self.min_tokens, 0)
+        check_int("min_tokens", self.min_tokens, 0)
         if not isinstance(self.detokenize, bool):
             _fail(f"detokenize must be true or false, got {self.detokenize!r}")
+        for name in ("skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             _fail("stop strings need detokenize=True: they are matched on the text")
         if self.min_tokens > self.max_tokens:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
+            check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
         if self.prompt_logprobs is not None:
-            _check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+            check_int("prompt_logprobs", self.prompt_logprobs, 0, MAX_LOGPROBS)
+        check_truncate_prompt_tokens(self.truncate_prompt_tokens)
         self._check_penalties()
         self._check_exit()
 
@@ -156,17 +173,22 @@ class SamplingParams:
                 isinstance(p, list | tuple) and len(p) == 2 for p in pairs):
             _fail(f"logit_bias must map token ids to biases, got {bias!r}")
         for token, value in pairs:
-            _check_int("every logit_bias token id", token, 0)
+            check_int("every logit_bias token id", token, 0)
             _check_float(f"logit_bias[{token}]", value, -MAX_BIAS, MAX_BIAS)
         if len({t for t, _ in pairs}) != len(pairs):
             _fail("logit_bias lists a token id twice")
         if len(pairs) > MAX_LOGIT_BIAS:
             _fail(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(pairs)}")
         object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
+        if self.allowed_token_ids is not None:
+            allowed = sorted(set(_int_tuple("allowed_token_ids", self.allowed_token_ids, 0)))
+            if not allowed or len(allowed) > MAX_LOGIT_BIAS:
+                _fail(f"allowed_token_ids must list 1 to {MAX_LOGIT_BIAS} token ids, got {len(allowed)}")
+            object.__setattr__(self, "allowed_token_ids", tuple(allowed))
 
     def _check_exit(self):
         if self.loops is not None:
-            _check_int("loops", self.loops, 1)
+            check_int("loops", self.loops, 1)
         if self.exit_mode not in EXIT_MODES:
             _fail(f"exit_mode must be one of {', '.join(EXIT_MODES)}, got {self.exit_mode!r}")
         if self.exit_criterion is not None and self.exit_criterion not in EXIT_CRITERIA:
@@ -177,8 +199,8 @@ class SamplingParams:
                 _check_float("exit_threshold", self.exit_threshold, 0, 1)
             else:
                 _check_float("exit_threshold", self.exit_threshold, 0, math.inf)
-        _check_int("exit_min_loops", self.exit_min_loops, 1, self.loops)
-        _check_int("exit_check_every", self.exit_check_every, 1)
+        check_int("exit_min_loops", self.exit_min_loops, 1, self.loops)
+        check_int("exit_check_every", self.exit_check_every, 1)
         if self.exit_criterion is None and (self.exit_min_loops, self.exit_check_every) != (1, 1):
             # NOTE: refused, not ignored: Ouro's threshold exit checks every loop from the first
             _fail(f"exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn); "
@@ -192,7 +214,7 @@ class SamplingParams:
                 _fail("exit_trace and exit_criterion exclude each other: a trace replays fixed exits")
             object.__setattr__(self, "exit_trace", trace)
         if self.exit_step is not None:
-            _check_int("exit_step", self.exit_step, 0, None if self.loops is None else self.loops - 1)
+            check_int("exit_step", self.exit_step, 0, None if self.loops is None else self.loops - 1)
         if not isinstance(self.exit_weighted, bool):
             _fail(f"exit_weighted must be true or false, got {self.exit_weighted!r}")
         fixed = [n for n, on in (("exit_step", self.exit_step is not None),
@@ -228,13 +250,18 @@ class SamplingParams:
         """The logits go through the request's token history (penalties, logit_bias) before
         the choice."""
         return bool(self.repetition_penalty != 1.0 or self.frequency_penalty or self.presence_penalty
-                    or self.logit_bias)
+                    or self.logit_bias or self.allowed_token_ids is not None)
 
     @property
     def is_plain_greedy(self) -> bool:
         """Greedy on the model's logits as they are, asking no top logprobs (the chosen
         token's may be asked): the greedy-only sampler serves it."""
         return self.is_greedy and not self.processes_logits and not self.logprobs
+
+    def truncate(self, prompt):
+        """The prompt (a sequence of token ids) cut to its last truncate_prompt_tokens tokens."""
+        keep = self.truncate_prompt_tokens
+        return prompt[-keep:] if keep is not None and len(prompt) > keep else prompt
 
     def fan_out(self) -> list[SamplingParams]:
         """The n single-sample params of this request: sample i has seed `seed + i`, so the
@@ -244,37 +271,11 @@ class SamplingParams:
 
     @classmethod
     def from_openai(cls, body: dict[str, Any]) -> SamplingParams:
-        """Sampling parameters of an OpenAI completions / chat request body.
+        """Sampling parameters of an OpenAI completions / chat request body
+        (loopjax/openai_sampling.py: its fields, one-line ValueErrors naming them)."""
+        from loopjax.openai_sampling import sampling_kwargs
 
-        Request fields that are not sampling parameters (model, prompt, messages, stream...)
-        are ignored; `null` values count as absent; an unknown field, an unsupported value
-        (best_of other than n) or a bad value raises a one-line ValueError naming it.
-        logit_bias keys are token ids written as strings (JSON object keys).
-        """
-        if not isinstance(body, dict):
-            _fail(f"request body must be a JSON object, got {type(body).__name__}")
-        kw: dict[str, Any] = {}
-        for key, value in body.items():
-            if value is None or key in _IGNORED_FIELDS:
-                continue
-            if key in _DIRECT_FIELDS:
-                kw[key] = value
-            elif key not in _SPECIAL_FIELDS:
-                _fail(f"unknown request field {key!r}")
-        _map_max_tokens(body, kw)
-        best_of = body.get("best_of")
-        if best_of is not None and best_of != kw.get("n", 1):
-            _fail(f"best_of must equal n ({kw.get('n', 1)!r}): every sample is returned, got {best_of!r}")
-        _map_logprobs(body, kw)
-        if body.get("logit_bias") is not None:
-            kw["logit_bias"] = _logit_bias_pairs(body["logit_bias"])
-        stop = body.get("stop")
-        if stop is not None:
-            kw["stop"] = (stop,) if isinstance(stop, str) else stop
-        for key in ("stop_token_ids", "exit_trace"):
-            if isinstance(kw.get(key), list):
-                kw[key] = tuple(kw[key])
-        return cls(**kw)
+        return cls(**sampling_kwargs(body))
 
 
 def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_start: bool = False) -> None:
@@ -292,10 +293,20 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail(f"{name} applies to Ouro models only")
     if params.logit_bias and params.logit_bias[-1][0] >= cfg.vocab_size:
         _fail(f"logit_bias token id {params.logit_bias[-1][0]} is outside the vocabulary of {cfg.vocab_size}")
+    if params.allowed_token_ids and params.allowed_token_ids[-1] >= cfg.vocab_size:
+        _fail(f"allowed_token_ids token id {params.allowed_token_ids[-1]} is outside the vocabulary of "
+              f"{cfg.vocab_size}")
     if params.stop and not has_tokenizer:
         _fail("stop strings need a tokenizer; this model has none (use stop_token_ids)")
     if warm_start and not huginn:
         _fail("warm_start applies to Huginn models only")
+
+
+def check_truncate_prompt_tokens(value) -> int | None:
+    """A truncate_prompt_tokens value (None: off), or a one-line ValueError."""
+    if value is not None:
+        check_int("truncate_prompt_tokens", value, 1)
+    return value
 
 
 # ---------------------------------------------------------------- helpers
@@ -304,7 +315,7 @@ def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
     if isinstance(values, str | bytes) or not isinstance(values, list | tuple):
         _fail(f"{name} must be a list of integers, got {values!r}")
     for v in values:
-        _check_int(f"every {name} entry", v, lo, hi)
+        check_int(f"every {name} entry", v, lo, hi)
     return tuple(values)
 
 
@@ -315,62 +326,3 @@ def _str_tuple(name, values) -> tuple[str, ...]:
         if not isinstance(v, str) or not v:
             _fail(f"every {name} entry must be a non-empty string, got {v!r}")
     return tuple(values)
-
-
-# Fields passed through under the same name (OpenAI's and loopjax's extras).
-_DIRECT_FIELDS = frozenset({
-    "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
-    "prompt_logprobs",
-    "repetition_penalty", "frequency_penalty", "presence_penalty",
-    "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
-    "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
-})
-# Fields mapped by hand below.
-_SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
-                             "best_of", "logit_bias"})
-# Request fields that are not sampling parameters: the server handles them.
-_IGNORED_FIELDS = frozenset({
-    "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
-    "metadata", "store", "service_tier", "add_special_tokens",
-})
-
-
-def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
-    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params)."""
-    if not isinstance(bias, dict):
-        _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
-    pairs = []
-    for key, value in bias.items():
-        if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
-            _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
-        pairs.append((int(key), value))
-    return tuple(pairs)
-
-
-def _map_max_tokens(body, kw):
-    a, b = body.get("max_tokens"), body.get("max_completion_tokens")
-    if a is not None and b is not None and a != b:
-        _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
-    if b is not None:
-        _check_int("max_completion_tokens", b, 1)
-        kw["max_tokens"] = b
-    elif a is not None:
-        kw["max_tokens"] = a
-
-
-def _map_logprobs(body, kw):
-    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n."""
-    lp, top = body.get("logprobs"), body.get("top_logprobs")
-    if isinstance(lp, bool):
-        if lp:
-            if top is not None:
-                _check_int("top_logprobs", top, 0, MAX_LOGPROBS)
-            kw["logprobs"] = 0 if top is None else top
-        elif top is not None:
-            _fail("top_logprobs requires logprobs=true")
-    elif lp is not None:
-        if top is not None:
-            _fail("top_logprobs goes with logprobs=true, not with an integer logprobs")
-        kw["logprobs"] = lp
-    elif top is not None:
-        _fail("top_logprobs requires logprobs=true")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import socket
 import sys
 
@@ -43,7 +44,7 @@ def _non_negative_float(text: str) -> float:
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
-    parser.add_argument("model", help="converted checkpoint folder, HF folder or preset name")
+    parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
     parser.add_argument("--served-model-name", default=None,
@@ -56,6 +57,9 @@ def add_arguments(parser):
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    parser.add_argument("--api-key", default=os.environ.get("LOOPJAX_API_KEY") or None,
+                        help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
+                             "$LOOPJAX_API_KEY; unset: no key)")
     add_engine_arguments(parser)
 
 
@@ -113,7 +117,7 @@ def run(args) -> int:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
     app = server.create_app(engine, args.served_model_name or args.model, model=model,
                             max_waiting=args.max_waiting, max_n=args.max_n,
-                            admission_window_s=args.admission_window_ms / 1e3)
+                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

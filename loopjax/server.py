@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server: `loopjax serve MODEL [--host] [--port] [engine options]`.
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream with server-sent
-events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics,
+events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics, /version,
 POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) and POST
 /detokenize (`tokens` -> {prompt}), as vLLM's.
 
@@ -29,6 +29,8 @@ Contract:
   (top max(logprobs, k)); the choices of one prompt share its score.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
+- With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
+  Bearer <key>` (401 otherwise); /health, /metrics, /tokenize and /detokenize stay open.
 This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
 before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
@@ -39,6 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hmac
 import json
 import logging
 import re
@@ -46,10 +49,12 @@ import threading
 import time
 import uuid
 
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
+from loopjax import __version__
 from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
+from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
@@ -57,20 +62,20 @@ from loopjax.openai_protocol import (
     RequestParser,
     bad_request,
     param_of,
-    special_tokens,
 )
 
 log = logging.getLogger("loopjax.server")
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
-               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0) -> FastAPI:
+               max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
+               api_key: str | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
-    AsyncEngine built around an Engine. The app's lifespan starts the AsyncEngine and shuts
-    it down."""
+    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
+    starts the AsyncEngine and shuts it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -107,7 +112,16 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         finally:
             aengine.shutdown()
 
-    app = FastAPI(title="loopjax", lifespan=lifespan)
+    async def authorized(request: Request):
+        """/v1 requests carry the server's API key (when it has one) as a bearer token."""
+        if api_key is None or not request.url.path.startswith("/v1/"):
+            return
+        sent = request.headers.get("authorization", "")
+        if not hmac.compare_digest(sent.encode(), f"Bearer {api_key}".encode()):
+            raise APIError(401, "invalid or missing API key (send the header Authorization: Bearer KEY)",
+                           None, "authentication_error")
+
+    app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
 
@@ -171,7 +185,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         # NOTE: each Choice detokenizes its outputs as it streams them and matches the stop
         # strings on that text (closing its stream as stopped), so the engine makes no text.
         streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
-        choices = [Choice(i, tokenizer, params.stop, params.min_tokens) for i in range(len(streams))]
+        choices = [Choice(i, tokenizer, params) for i in range(len(streams))]
         echo, k = bool(body.get("echo")), params.prompt_logprobs
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:
@@ -190,9 +204,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             except ValueError as e:  # the scorer's one line (the prompts were checked above)
                 raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
             formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
+            echoed = None
+            if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
+                echoed = await asyncio.to_thread(parser.echo_prompts, body, params.logprobs is not None)
             for c, answer in zip(choices, answers, strict=True):
                 if echo:
-                    c.echo(answer, scored[c.index // params.n], params.logprobs or 0)
+                    p = c.index // params.n
+                    c.echo(answer, scored[p], params.logprobs or 0, echoed[p])
                 if k is not None and not chat:
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
@@ -257,7 +275,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
                            | ({"delta": {"role": "assistant", "content": ""}} if chat else
                               {"text": "", "logprobs": None if params.logprobs is None else
-                               {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": None}})
+                               {"tokens": [], "token_logprobs": [], "top_logprobs": [],
+                                "text_offset": None if tokenizer is None else []}})
                            for c in choices]
                 top = {}
                 if scores is not None:
@@ -306,6 +325,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         card = {"id": model_name, "object": "model", "created": 0, "owned_by": "loopjax",
                 "max_model_len": max_context, "vocab_size": vocab_size}
         return {"object": "list", "data": [card]}
+
+    @app.get("/version")
+    async def version():
+        return {"version": __version__}
 
     @app.get("/health")
     async def health():

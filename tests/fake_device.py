@@ -88,7 +88,7 @@ class FakeDevice:
             self.carry[row.carry_slot] = (tuple(context), loop_begin + num_loops)
         if row.history is not None:
             assert not decode and row.token_slot is not None, "a history starts in a prefill row"
-            prompt, outputs, _ = row.history
+            prompt, outputs, _, _ = row.history
             self.history[row.token_slot] = list(prompt) + list(outputs)
         last_loop = not series or loop_begin + num_loops >= row.loops
         if row.carry_slot is not None and last_loop:

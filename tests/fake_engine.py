@@ -54,7 +54,7 @@ class FakeEngine:
             done = len(r.ids) == r.max
             outs.append(types.SimpleNamespace(request_id=rid, new_token_ids=[r.last], token_ids=list(r.ids),
                                               finished=done, finish_reason="length" if done else None,
-                                              exit_loops=[4] * len(r.ids), logprobs=None,
+                                              stop_reason=None, exit_loops=[4] * len(r.ids), logprobs=None,
                                               top_logprobs=None,
                                               metrics={"submissions": len(r.ids)}))
             if done:

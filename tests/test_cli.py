@@ -3,6 +3,9 @@ optional extra is one clear line with exit code 2, not a traceback."""
 
 import importlib
 
+import pytest
+
+import loopjax
 from loopjax import cli
 
 
@@ -75,8 +78,6 @@ def test_no_help_text_prints_default_none(capsys):
     None" told nothing: the model's context, the CPU count...)."""
     import dataclasses
 
-    import pytest
-
     from loopjax.engine_config import DEFAULT_WORDS, EngineConfig
     texts = {}
     for command in ("generate", "serve", "bench", "convert"):
@@ -87,3 +88,11 @@ def test_no_help_text_prints_default_none(capsys):
     assert "--max-context-len INT default: the model's context length, at most 4096" in texts["serve"]
     blank = {f.name for f in dataclasses.fields(EngineConfig) if f.default in (None, ())}
     assert blank == set(DEFAULT_WORDS)  # a new field defaulting to no value needs its words
+
+
+def test_version(capsys):
+    """`loopjax --version` names the installed package's version (what /version answers)."""
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out == f"loopjax {loopjax.__version__}\n"
+    assert loopjax.__version__ not in ("", "unknown")

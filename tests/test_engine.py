@@ -473,6 +473,84 @@ def test_detokenize_false_leaves_the_text_none(ouro_llm, monkeypatch):
                              [greedy_params, dataclasses.replace(greedy_params, detokenize=False)])
     assert outs[0].text == " ".join(f"w{t}" for t in outs[0].token_ids)
     assert outs[1].token_ids == outs[0].token_ids and outs[1].text is None
+    assert ouro_llm.generate({"prompt": "w28 w72 w220"}, greedy_params)[0].token_ids == outs[0].token_ids
+
+
+def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
+    """LLM.chat (vLLM's): one conversation or a list, rendered by the checkpoint's template (or
+    chat_template=) without the tokenizer's special tokens, then generated as `generate` would;
+    text parts join; a bad message is one line naming its conversation; no template, a refusal."""
+    import dataclasses
+
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2} | {f"w{i}": i for i in range(3, 256)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    chatml = ("{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>{% endif %}")
+    model = dataclasses.replace(ouro_llm.model, tokenizer=tokenizer, chat_template=chatml)
+    monkeypatch.setattr(ouro_llm, "model", model)
+    monkeypatch.setattr(ouro_llm.engine, "model", model)
+    talk = [{"role": "system", "content": "w7 w9"}, {"role": "user", "content": "w28 w72"}]
+    rendered = "<|im_start|>system w7 w9<|im_end|><|im_start|>user w28 w72<|im_end|><|im_start|>"
+    expected = ouro_llm.generate([tokenizer.encode(rendered, add_special_tokens=False).ids],
+                                 max_new_tokens=3, ignore_eos=True)[0]
+    assert expected.prompt_token_ids[:2] == [1, 0]  # <|im_start|>, then "system" (unknown)
+    one = ouro_llm.chat(talk, max_new_tokens=3, ignore_eos=True)
+    parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "w28"},
+                                                    {"type": "text", "text": " w72"}]}]
+    two = ouro_llm.chat([talk, parts], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
+    for out in (one[0], *two):
+        assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
+    closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
+    assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
+    plain = ouro_llm.chat(talk, max_new_tokens=1, chat_template="{{ messages[1].content }} {{ more }}",
+                          chat_template_kwargs={"more": "w9"})[0]
+    assert plain.prompt_token_ids == [28, 72, 9]
+    for messages, message in (
+            ([talk, [{"role": "robot", "content": "w3"}]],
+             r"^conversation 1: messages\[0\] must have a role"),
+            ([{"role": "user", "content": [{"type": "image_url"}]}],
+             r"^messages\[0\] has a content part of type 'image_url'; this model takes text only$"),
+            ([], "^messages must be a conversation")):
+        with pytest.raises(ValueError, match=message):
+            ouro_llm.chat(messages, max_new_tokens=1)
+    monkeypatch.setattr(ouro_llm, "model", dataclasses.replace(model, chat_template=None))
+    with pytest.raises(ValueError, match="^chat needs a tokenizer and a chat template: this model has no c"):
+        ouro_llm.chat(talk, max_new_tokens=1)
+    with pytest.raises(ValueError, match="^conversation 0: chat needs a tokenizer"):
+        ouro_llm.chat([talk], max_new_tokens=1)
+    assert not ouro_llm.engine.has_unfinished()
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(ouro_llm, ouro_ref):
+    """vLLM's truncate_prompt_tokens: the request runs on its prompt's last k tokens (its output
+    names those), in LLM.generate and the engine; a prompt past the context is served once
+    cut; shorter prompts are unchanged."""
+    prompt = ouro_ref["p2_input_ids"].tolist()  # 17 tokens
+    cut = ouro_llm.generate(prompt[-6:], max_new_tokens=4, ignore_eos=True)[0]
+    out = ouro_llm.generate([prompt, prompt[-3:]], max_new_tokens=4, ignore_eos=True,
+                            truncate_prompt_tokens=6)
+    assert (out[0].prompt_token_ids, out[0].token_ids) == (prompt[-6:], cut.token_ids)
+    assert out[1].prompt_token_ids == prompt[-3:]
+    assert out[0].token_ids != ouro_llm.generate(prompt, max_new_tokens=4, ignore_eos=True)[0].token_ids
+    too_long = list(range(1, 100)) + prompt[-6:]  # past the engine's context of 64
+    rid = ouro_llm.engine.add_request(too_long, greedy(4, truncate_prompt_tokens=6))
+    finals = ouro_llm._drain()
+    assert finals[rid].token_ids == cut.token_ids and not ouro_llm.engine.has_unfinished()
+
+
+def test_use_tqdm_shows_finished_requests(ouro_llm, ouro_ref, capsys):
+    """vLLM's use_tqdm: a bar of finished requests on stderr when asked, nothing otherwise; it is
+    no sampling keyword (with sampling_params it was refused as one)."""
+    prompt = ouro_ref["p1_input_ids"].tolist()
+    params = SamplingParams(max_tokens=2, temperature=0.0, n=2)
+    outs = ouro_llm.generate([prompt, prompt[:4]], params, use_tqdm=True)
+    assert len(outs) == 4 and "4/4" in capsys.readouterr().err
+    ouro_llm.generate(prompt, params, use_tqdm=False)
+    assert capsys.readouterr().err == ""
 
 
 def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
@@ -481,7 +559,8 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     nothing queued."""
     prompt = ouro_ref["p0_input_ids"]
     golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
-    for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2)):
+    for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2),
+                           ({"prompt_token_ids": prompt}, 1), ([{"prompt_token_ids": list(prompt)}] * 2, 2)):
         outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
         assert [o.token_ids for o in outs] == [golden] * count
         assert outs[0].prompt_token_ids == prompt.tolist()
@@ -490,7 +569,11 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
             ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
             ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
             ([prompt, [5, True]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
-            ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)")):
+            ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)"),
+            ([prompt, {"prompt_token_ids": [1], "multi_modal_data": {}}],
+             r"prompt 1: a prompt dict holds one key, 'prompt' \(text\) or 'prompt_token_ids', got "
+             r"\['multi_modal_data', 'prompt_token_ids'\]"),
+            ({"prompt": "a b"}, "this model has no tokenizer .*")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             ouro_llm.generate(prompts, max_new_tokens=3)
     assert not ouro_llm.engine.has_unfinished()
@@ -559,7 +642,8 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
             ([1, 2], dict(max_new_tokens=4, temperature=-1), r"temperature must be in \[0, 2.0\], got -1"),
             ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
-            ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)"),
+            ([1, 300], dict(max_new_tokens=4), r"prompt 0: token id 300 is outside the vocabulary "
+                                                r"\[0, 256\)"),
             ([1] * 512, dict(max_new_tokens=4), "a prompt of 512 tokens leaves no room to generate within "
                                                 "the model's context of 512 tokens"),
             # the model's own refusals (sampling_params.check_for_model), before the compile too

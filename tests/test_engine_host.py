@@ -69,6 +69,14 @@ def _workload(rng, family, ctx, fused, vocab, hidden):
     return items
 
 
+def check_engine(engine) -> None:
+    """After a step: the pool's invariants hold, and each token / carry slot is held once or free."""
+    engine.scheduler.block_manager.check(engine.scheduler.requests.values())
+    for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
+        held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
+        assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+
+
 def _run(engine, items, rng=None, abort_rate=0.0):
     """Step to the end (aborting live requests at random); the slots and pages are checked
     after every step. Returns {id: final RequestOutput}."""
@@ -84,10 +92,7 @@ def _run(engine, items, rng=None, abort_rate=0.0):
             assert out.request_id not in finals
             if out.finished:
                 finals[out.request_id] = out
-        engine.scheduler.block_manager.check(engine.scheduler.requests.values())
-        for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
-            held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
-            assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+        check_engine(engine)
         step += 1
     stats = engine.stats()
     assert stats["pages_free"] == stats["pages_total"] and not engine._extra
@@ -100,6 +105,14 @@ def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
     has alone in a big pool (an aborted one: a prefix of them), except a warm-start request
     that was preempted (docs/semantics.md); every page and slot comes back."""
     rng = random.Random(seed)
+    model, config, engine, items = random_scenario(models, rng)
+    finals = _run(engine, items, rng, abort_rate=rng.choice([0.0, 0.1]))
+    check_alone(model, config, items, finals)
+
+
+def random_scenario(models, rng):
+    """(model, config, engine on the fake device, workload) of a random Ouro or Huginn setup:
+    page sizes, contexts, tight or big pools, prefix cache, async scheduling, fused or not."""
     family = rng.choice(["ouro", "huginn"])
     model = models[family]
     page_size, ctx, fused = rng.choice([1, 2, 4]), rng.randint(6, 24), rng.random() < 0.7
@@ -114,7 +127,13 @@ def test_random_workloads_give_each_request_its_tokens_alone(models, seed):
         config, num_pages=rng.choice([200, *[rng.randint(min_pages, min_pages + 2)] * 3]),
         enable_prefix_caching=rng.random() < 0.6, async_scheduling=rng.random() < 0.7))
     items = _workload(rng, family, ctx, fused, model.cfg.vocab_size, getattr(model.cfg, "hidden_size", 0))
-    finals = _run(engine, items, rng, abort_rate=rng.choice([0.0, 0.1]))
+    return model, config, engine, items
+
+
+def check_alone(model, config, items, finals) -> None:
+    """Each request's final output is what it gets alone in a big pool (an aborted one: a
+    prefix of its tokens), except a preempted warm-start request's (docs/semantics.md)."""
+    assert set(finals) == {rid for _, rid, *_ in items}
     alone = _engine(model, dataclasses.replace(config, num_pages=200, async_scheduling=False))
     for _, rid, prompt, params, extra in items:
         expected, out = _run(alone, [(0, rid, prompt, params, extra)])[rid], finals[rid]
@@ -259,8 +278,8 @@ def test_llm_takes_vllms_prompt_dicts(models):
                                               **kw)] == expected
     one = llm.generate({"prompt_token_ids": [1, 2, 3]}, **kw)
     assert len(one) == 1 and one[0].token_ids == expected[0] and one[0].prompt_token_ids == [1, 2, 3]
-    with pytest.raises(ValueError, match=r"^a prompt dict holds 'prompt' \(a text\) or 'prompt_token_ids' "
-                                         r"alone, got keys \['multi_modal_data', 'prompt'\]$"):
+    with pytest.raises(ValueError, match=r"^prompt 0: a prompt dict holds one key, 'prompt' \(text\) or "
+                                         r"'prompt_token_ids', got \['multi_modal_data', 'prompt'\]$"):
         llm.generate({"prompt": "abc", "multi_modal_data": {}}, **kw)
     with pytest.raises(ValueError, match="^prompts must be a string, token ids or a list of them, got set$"):
         llm.generate({"ab", "cd"}, **kw)
@@ -316,28 +335,11 @@ def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_l
     assert real.stats()["pages_free"] == real.stats()["pages_total"]
 
 
-def test_the_text_leaves_out_the_stop_token_that_ended_it(models):
-    """As vLLM's: a request ended by a stop token (a stop id, EOS) keeps it in token_ids but
-    not in its text; one ended by length keeps all of it."""
-    engine = _engine(models["ouro"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=32,
-                                                  max_prefill_tokens=8, prefill_token_buckets=(8,)))
-    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
-    full = _run(engine, [(0, "full", [1, 2, 3], params, {})])["full"]
-    stop_id = full.token_ids[3]
-    assert stop_id not in full.token_ids[:3] and full.text == _Letters().decode(full.token_ids)
-    for extra in ({}, {"stop": ("zzz",)}):  # a stop string that never matches: decoded as it grows
-        cut = dataclasses.replace(params, stop_token_ids=(stop_id,), **extra)
-        out = _run(engine, [(0, "cut", [1, 2, 3], cut, {})])["cut"]
-        assert (out.token_ids, out.finish_reason, out.text) == (full.token_ids[:4], "stop", full.text[:3])
-
-
 def test_llm_names_the_keywords_given_beside_sampling_params(models):
-    """vLLM's use_tqdm (no SamplingParams field) beside sampling_params read as 'sampling keyword
-    arguments': the refusal names what was given."""
     llm = _llm(models["ouro"])
     with pytest.raises(ValueError, match=r"^give sampling_params or sampling keyword arguments, not both "
-                                         r"\(got max_tokens, use_tqdm beside sampling_params\)$"):
-        llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3)
+                                         r"\(got max_tokens, temperature beside sampling_params\)$"):
+        llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3, temperature=0.5)
 
 
 def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkeypatch):
@@ -346,7 +348,7 @@ def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkey
     built = []
     monkeypatch.setattr(llm_module, "LLM", lambda model, **options: built.append(options))
     model = dataclasses.replace(models["ouro"], tokenizer=_Letters())
-    with pytest.raises(ValueError, match="^empty prompt: give at least one token id$"):
+    with pytest.raises(ValueError, match="^prompt 1: empty prompt: give at least one token id$"):
         loopjax.generate(model, ["ab", ""], max_new_tokens=2)
     assert built == []
 
@@ -383,3 +385,79 @@ def test_generate_takes_engine_options_with_lists(models, monkeypatch):
         loopjax.generate(models["ouro"], [1, 2], max_new_tokens=2,
                          engine_options={"max_num_rows": 4, "decode_row_buckets": [4]})
     assert len(built) == 1 and built[0]["decode_row_buckets"] == (4,)
+
+
+class _Specials(_Letters):  # tokens divisible by 4 are special: "<t>", left out when skipped
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(("" if skip_special_tokens else f"<{t}>") if t % 4 == 0 else "abcdefgh"[t % 8]
+                       for t in ids)
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])  # the text decoded once, or step by step (stop strings)
+def test_skip_special_tokens_and_stop_tokens_in_the_text(models, stop):
+    """skip_special_tokens=False keeps special tokens in the text (it was always True), and a
+    stop token ending the output adds no text, special or not, as in vLLM."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    engine.model = dataclasses.replace(engine.model, tokenizer=_Specials())
+    tok, params = _Specials(), SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0, stop=stop)
+    keep = dataclasses.replace(params, skip_special_tokens=False)
+    out = _run(engine, [(0, "skip", [1, 2, 3], params, {}), (0, "keep", [1, 2, 3], keep, {})])
+    ids = out["skip"].token_ids
+    assert out["keep"].token_ids == ids and any(t % 4 == 0 for t in ids)
+    assert (out["skip"].text, out["keep"].text) == (tok.decode(ids), tok.decode(ids, False))
+    k = next(i for i, t in enumerate(ids) if t % 4)  # stopped by a plain token: its letter is left out
+    ended = _run(engine, [(0, "end", [1, 2, 3], dataclasses.replace(keep, stop_token_ids=(ids[k],)), {})])
+    assert (ended["end"].token_ids, ended["end"].finish_reason) == (ids[:k + 1], "stop")
+    assert ended["end"].text == tok.decode(ids[:k], False)
+
+
+class _Spaced(_Letters):  # every token an added one, decoded with spaces between them
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(super().decode(ids))
+
+    def get_added_tokens_decoder(self):
+        return {t: types.SimpleNamespace(content=super(_Spaced, self).decode([t])) for t in range(256)}
+
+
+def test_spaces_between_special_tokens_off_joins_added_tokens(models):
+    """spaces_between_special_tokens=False (vLLM's field) gives consecutive added tokens their
+    content alone, without the decoder's spaces, in the engine's (offline) text."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    engine.model = dataclasses.replace(engine.model, tokenizer=_Spaced())
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
+    joined = dataclasses.replace(params, spaces_between_special_tokens=False)
+    out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
+    letters = _Letters().decode(out["spaced"].token_ids)
+    assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)
+
+
+def test_stop_reason_and_include_stop_str_in_output(models):
+    """vLLM's stop_reason (the stop string, or the stop token id; None for an EOS or a length
+    finish) and include_stop_str_in_output (the text keeps the stop string or stop token)."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    full = _run(engine, [(0, "full", [1, 2, 3], params, {})])["full"]
+    assert (full.finish_reason, full.stop_reason) == ("length", None)
+    text, ids = full.text, list(full.token_ids)
+    stop = text[3:5]
+    k = text.find(stop)
+    cut = dataclasses.replace(params, stop=(stop,))
+    kept = dataclasses.replace(cut, include_stop_str_in_output=True)
+    out = _run(engine, [(0, "cut", [1, 2, 3], cut, {}), (0, "kept", [1, 2, 3], kept, {})])
+    assert (out["cut"].text, out["cut"].finish_reason, out["cut"].stop_reason) == (text[:k], "stop", stop)
+    assert (out["kept"].text, out["kept"].stop_reason) == (text[:k + 2], stop)
+    by_id = dataclasses.replace(params, stop_token_ids=(ids[4],))
+    j = ids.index(ids[4])
+    by_id_kept = dataclasses.replace(by_id, include_stop_str_in_output=True)
+    out = _run(engine, [(0, "id", [1, 2, 3], by_id, {}), (0, "id+", [1, 2, 3], by_id_kept, {})])
+    assert (out["id"].text, out["id"].finish_reason, out["id"].stop_reason) == (text[:j], "stop", ids[4])
+    assert (out["id+"].text, out["id+"].stop_reason) == (text[:j + 1], ids[4])
+    engine._eos = (ids[4],)  # the same token as the model's EOS: it stops with no stop_reason
+    eos = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
+    assert (eos.token_ids, eos.finish_reason, eos.stop_reason) == (ids[:j + 1], "stop", None)

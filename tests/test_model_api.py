@@ -255,3 +255,70 @@ def test_text_prompts_get_the_tokenizers_special_tokens(tmp_path):
     assert model.tokenize("hello loop world", add_special_tokens=False) == [3, 4, 5]
     out = loopjax.generate(model, ["hello loop"], max_new_tokens=1)
     assert out[0].prompt_token_ids == [1, 3, 4]
+
+
+def test_generate_cli_chat_renders_the_template_without_special_tokens(tmp_path, monkeypatch, capsys):
+    """`loopjax generate --chat`: the prompt is one user message rendered by the checkpoint's
+    template and encoded without the tokenizer's BOS (the template writes its own), as the
+    server's chat; --chat with --prompt-ids, or a model without a template, is one line."""
+    from tokenizers import processors
+
+    import loopjax.llm
+    from loopjax import cli
+
+    folder = tmp_path / "hf"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    vocab = {"<pad>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "hello": 3, "loop": 4, "user": 5}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tokenizer.post_processor = processors.TemplateProcessing(single="<|im_start|> $A",
+                                                             special_tokens=[("<|im_start|>", 1)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    template = "{% for m in messages %}<|im_start|>{{ m.role }} {{ m.content }}<|im_end|>{% endfor %}"
+    (folder / "chat_template.jinja").write_text(template)
+    seen = []
+
+    def fake_generate(model, prompts, **kwargs):
+        seen.append(prompts)
+        return [loopjax.llm.GenerateOutput(prompts[0], [4], "loop", [4], "length")]
+
+    monkeypatch.setattr(loopjax.llm, "generate", fake_generate)
+    assert cli.main(["generate", str(folder), "--prompt", "hello loop", "--chat"]) == 0
+    assert seen == [[[1, 5, 3, 4, 2]]] and capsys.readouterr().out == "loop\n"
+    assert cli.main(["generate", str(folder), "--prompt", "hello loop"]) == 0  # text as it is
+    assert seen[-1] == ["hello loop"]
+    assert cli.main(["generate", str(folder), "--prompt-ids", "3,4", "--chat"]) == 2
+    assert capsys.readouterr().err == ("loopjax generate: error: --chat takes a --prompt text (the user's "
+                                       "message), not --prompt-ids\n")
+    (folder / "chat_template.jinja").unlink()
+    assert cli.main(["generate", str(folder), "--prompt", "hello", "--chat"]) == 2
+    assert capsys.readouterr().err.startswith("loopjax generate: error: chat needs a tokenizer and a chat "
+                                              "template: this model has no chat template")
+
+
+def test_hub_names_load_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
+    """'org/name' (vLLM's and transformers' model names) loads and converts from the snapshot
+    the Hub cache holds ($HF_HUB_CACHE; refs/main, or its one snapshot); a name not there is
+    one line telling how to download it. Nothing is downloaded."""
+    from loopjax.convert.cli import main as convert_main
+
+    hub = tmp_path / "hub"
+    repo = hub / "models--acme--ouro-tiny"
+    shutil.copytree(OURO, repo / "snapshots" / "abc123", ignore=shutil.ignore_patterns("*.npz"))
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123\n")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    model = loopjax.load("acme/ouro-tiny")
+    assert model.path == str(repo / "snapshots" / "abc123") and model.cfg == loopjax.load(OURO).cfg
+    assert convert_main(["acme/ouro-tiny", str(tmp_path / "out"), "--no-progress"]) == 0
+    assert loopjax.load(str(tmp_path / "out")).cfg == model.cfg
+    (repo / "refs" / "main").unlink()  # no refs: the one snapshot serves
+    assert loopjax.load("acme/ouro-tiny").path == model.path
+    (repo / "snapshots" / "def456").mkdir()  # two and no refs: which one is unknown
+    with pytest.raises(LoadError, match=r"^no model at 'acme/ouro-tiny': not a folder and not a preset "
+                                        r"\(presets: .*\), nor in the Hugging Face cache at .*hub \(download "
+                                        r"it first: huggingface-cli download acme/ouro-tiny\)$"):
+        loopjax.load("acme/ouro-tiny")
+    with pytest.raises(LoadError, match="not a preset \\(presets: [^)]*\\)$"):  # not a Hub name
+        loopjax.load("no-such-model")

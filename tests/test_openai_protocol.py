@@ -12,9 +12,11 @@ import httpx
 import openai
 import pytest
 from fake_engine import FakeEngine
-from server_helpers import CHATML, MODEL_NAME, LiveServer
+from server_helpers import CHATML, MODEL_NAME, LiveServer, word_tokenizer
 
-from loopjax.openai_protocol import APIError, RequestParser, render_chat
+from loopjax.chat import render_chat
+from loopjax.openai_protocol import APIError, RequestParser
+from loopjax.sampling_params import SamplingParams
 from loopjax.server import create_app
 
 
@@ -61,6 +63,8 @@ from loopjax.server import create_app
     ({"prompt": [5], "stream": True, "stream_options": {"include_usage": "no"}}, 400, "stream_options",
      "stream_options.include_usage must be true or false, got 'no'"),  # was read as true
     ({"prompt": [5], "echo": "false"}, 400, "echo", "echo must be true or false, got 'false'"),  # echoed
+    ({"prompt": [5], "skip_special_tokens": "false"}, 400, "skip_special_tokens",
+     "skip_special_tokens must be true or false, got 'false'"),  # was an unknown field
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
@@ -163,6 +167,23 @@ def test_bad_chat_requests_get_400(server, extra, param, message):
     assert err["param"] == param and message in err["message"] and "\n" not in err["message"]
 
 
+def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
+    """vLLM's truncate_prompt_tokens: each prompt (or rendered chat) keeps its last k tokens, so
+    a prompt past the context is served; /tokenize is not cut; a bad value is a 400 naming it."""
+    parser = RequestParser(MODEL_NAME, vocab_size=256, max_context=16)
+    long_prompt = list(range(1, 40))
+    body = {"prompt": [long_prompt, [7, 8]], "truncate_prompt_tokens": 5}
+    assert parser.prompts(body, False) == [long_prompt[-5:], [7, 8]]
+    assert SamplingParams.from_openai(body).truncate_prompt_tokens == 5
+    with pytest.raises(APIError, match="prompt is too long: 39 tokens"):
+        parser.prompts({"prompt": long_prompt}, False)
+    assert parser.tokenize({"prompt": long_prompt, "truncate_prompt_tokens": 5}) == long_prompt
+    for bad in (0, 2.5, "5", True):
+        with pytest.raises(APIError, match=r"^truncate_prompt_tokens must be") as err:
+            parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
+        assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
+
+
 def test_default_max_tokens_is_cut_to_the_context():
     """Only a max_tokens the request sets is refused when it does not fit; the default (16 for
     completions) is cut to the room left after the longest prompt."""
@@ -213,7 +234,7 @@ def test_chatml_fallback_without_jinja2(monkeypatch):
     for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):
         monkeypatch.setitem(sys.modules, name, None)  # `import jinja2` now raises ImportError
     assert render_chat(CHATML, messages) == with_jinja
-    with pytest.raises(APIError, match="jinja2 is not installed"):
+    with pytest.raises(RuntimeError, match="jinja2 is not installed"):
         render_chat("{{ messages[0]['content'] }}", messages)
 
 
@@ -256,7 +277,7 @@ def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
     tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it."""
     from types import SimpleNamespace
 
-    from loopjax.openai_protocol import special_tokens
+    from loopjax.chat import special_tokens
 
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     (tmp_path / "special_tokens_map.json").write_text(json.dumps(
@@ -297,3 +318,42 @@ def test_text_prompts_get_the_tokenizers_special_tokens_chat_text_does_not():
     with pytest.raises(APIError, match="add_special_tokens must be true or false"):
         parser.prompts({"prompt": "hi", "add_special_tokens": "no"}, chat=False)
     assert parser.sampling({"prompt": "hi", "add_special_tokens": True}, False, [[1, 4]]).max_tokens == 16
+
+
+def test_chat_content_parts_are_joined_by_newlines():
+    """A message's text content parts are its content one per line, as vLLM joins them (they
+    were joined with nothing: "hello" + "world" made one word)."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256),
+                           chat_template="{{ messages[0]['content'] }}")
+    parts = [{"type": "text", "text": "hello"}, {"type": "input_text", "text": "world"}]
+    as_parts = parser.tokenize({"messages": [{"role": "user", "content": parts}]})
+    assert as_parts == parser.tokenize({"messages": [{"role": "user", "content": "hello\nworld"}]})
+    assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
+
+
+def test_chat_template_kwargs_and_add_generation_prompt():
+    """vLLM's chat request fields: chat_template_kwargs are more template variables (e.g. a
+    thinking switch), add_generation_prompt false leaves the assistant's turn unopened; bad
+    values, the renderer's own names, or either field on completions are 400s naming it."""
+    from server_helpers import word_tokenizer
+
+    template = ("{% for m in messages %}{{ m.content }} {% endfor %}{% if think %}loop {% endif %}"
+                "{% if add_generation_prompt %}world{% endif %}")
+    tok = word_tokenizer(256)
+    parser = RequestParser(MODEL_NAME, tokenizer=tok, chat_template=template)
+    body = {"messages": [{"role": "user", "content": "hello"}]}
+    ids = lambda text: tok.encode(text, add_special_tokens=False).ids  # noqa: E731
+    assert parser.prompts(body, chat=True) == [ids("hello world")]
+    thinking = {**body, "chat_template_kwargs": {"think": True}}
+    assert parser.prompts(thinking, chat=True) == [ids("hello loop world")]
+    assert parser.prompts({**body, "add_generation_prompt": False}, chat=True) == [ids("hello")]
+    assert parser.sampling({**body, "chat_template_kwargs": {"think": True}}, True, [[4]]).max_tokens > 0
+    for bad, param, message in (
+            ({"chat_template_kwargs": ["think"]}, "chat_template_kwargs", "must be an object of template"),
+            ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs", "may not set messages"),
+            ({"add_generation_prompt": "yes"}, "add_generation_prompt", "must be true or false")):
+        with pytest.raises(APIError, match=message) as err:
+            parser.prompts({**body, **bad}, chat=True)
+        assert err.value.param == param and err.value.status == 400
+    with pytest.raises(APIError, match="^add_generation_prompt applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": "hello", "add_generation_prompt": False}, chat=False)

@@ -96,3 +96,28 @@ def test_overlapping_stop_strings_cut_where_the_first_one_ends(stop):
     whole, step = IncrementalDetokenizer(tok, stop), IncrementalDetokenizer(tok, stop)
     assert whole.update(ids) and any(step.update(ids[:n]) for n in range(1, len(ids) + 1))
     assert whole.text == step.text == "a"
+
+
+def test_special_tokens_kept_or_skipped_and_spaced_or_not():
+    """skip_special_tokens=False keeps special tokens in the text; spaces_between_special_tokens
+    False gives an added token right after another its content alone (vLLM's rule: no space a
+    decoder puts between tokens), step by step as in one update."""
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, "<|im_start|>": 1, "<|im_end|>": 2, "hello": 3}, "<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.decoder = decoders.WordPiece()  # joins tokens with spaces
+    tok.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    ids = [1, 1, 3, 2, 2]
+
+    def text(**kw):
+        step, whole = IncrementalDetokenizer(tok, **kw), IncrementalDetokenizer(tok, **kw)
+        for n in range(1, len(ids) + 1):
+            step.update(ids[:n], final=n == len(ids))
+        whole.update(ids, final=True)
+        assert step.text == whole.text and step.offsets == whole.offsets
+        return step.text
+
+    assert text() == "hello" == tok.decode(ids)
+    assert text(skip_special_tokens=False) == tok.decode(ids, skip_special_tokens=False)
+    assert text(skip_special_tokens=False) == "<|im_start|> <|im_start|> hello <|im_end|> <|im_end|>"
+    unspaced = "<|im_start|><|im_start|> hello <|im_end|><|im_end|>"
+    assert text(skip_special_tokens=False, spaces_between_special_tokens=False) == unspaced

@@ -26,9 +26,11 @@ CONFIG = EngineConfig(page_size=8, num_pages=8, max_num_rows=4, decode_row_bucke
 
 
 def np_penalize(scores, prompt, outputs, params: SamplingParams):
-    """The reference of one row: numpy f32, vLLM v1's order (bias, repetition, frequency and
-    presence)."""
+    """The reference of one row: numpy f32, vLLM v1's order (allowed_token_ids, bias, repetition,
+    frequency and presence)."""
     x = np.array(scores, np.float32)
+    if params.allowed_token_ids is not None:
+        x = np.where(np.isin(np.arange(x.shape[-1]), params.allowed_token_ids), x, -np.inf).astype(np.float32)
     for token, bias in params.logit_bias:
         x[token] += np.float32(bias)
     counts = np.bincount(np.asarray(outputs, np.int64), minlength=x.shape[-1]).astype(np.float32)
@@ -52,9 +54,9 @@ def test_apply_matches_numpy_and_keeps_unprocessed_rows_bitwise():
                              logit_bias={3: 5.0, 7: -2.5}),
               SamplingParams(repetition_penalty=0.7, frequency_penalty=-0.4),
               SamplingParams(),  # processes nothing: its (stale) history must not touch it
-              SamplingParams(presence_penalty=-1.0, logit_bias={0: 100.0})]
-    history = penalties.build_reset([(p, o, q.logit_bias) for p, o, q in zip(prompts, outputs, params)],
-                                    4, 16)
+              SamplingParams(presence_penalty=-1.0, logit_bias={0: 100.0}, allowed_token_ids=[0, 5, 7])]
+    history = penalties.build_reset([(p, o, q.logit_bias, q.allowed_token_ids)
+                                     for p, o, q in zip(prompts, outputs, params)], 4, 16)
     rows = penalties.reset(penalties.allocate(5, vocab), jnp.arange(4), history)
     rows = penalties.rows_of(rows, jnp.arange(4))
     column = lambda name: jnp.array([getattr(q, name) for q in params], jnp.float32)  # noqa: E731
@@ -66,12 +68,13 @@ def test_apply_matches_numpy_and_keeps_unprocessed_rows_bitwise():
         np.testing.assert_allclose(got[i], np_penalize(scores[i], prompts[i], outputs[i], params[i]),
                                    rtol=1e-6, err_msg=f"row {i}")
     assert got[0, 3] == -np.inf and not np.array_equal(got[0], scores[0])
+    assert np.flatnonzero(np.isfinite(got[3])).tolist() == [0, 5, 7]  # allowed_token_ids
     assert got[2].tobytes() == scores[2].tobytes()
 
 
 def test_reset_writes_only_the_starting_rows_slots_and_record_counts():
     stale = jax.tree.map(lambda a: jnp.ones_like(a), penalties.allocate(5, 16))
-    start = penalties.build_reset([None, ([1, 2, 2], [3, 3, 4], ((5, 1.5),))], 3, 8)
+    start = penalties.build_reset([None, ([1, 2, 2], [3, 3, 4], ((5, 1.5),), None)], 3, 8)
     slots = jnp.array([0, 2, 4])  # row 1 owns slot 2; the padding row the spare slot 4
     history = penalties.reset(stale, slots, start)
     counts, seen, bias = (np.asarray(a) for a in (history.counts, history.prompt_seen, history.bias))
@@ -84,7 +87,7 @@ def test_reset_writes_only_the_starting_rows_slots_and_record_counts():
     assert counted[2, 3] == 3 and counted[4, 9] == counts[4, 9] + 1
     assert (np.delete(counted, [2, 4], axis=0) == np.delete(counts, [2, 4], axis=0)).all()
     with pytest.raises(ValueError, match="row 0: 9 tokens of history exceed the context of 8"):
-        penalties.build_reset([([1] * 5, [2] * 4, ())], 1, 8)
+        penalties.build_reset([([1] * 5, [2] * 4, (), None)], 1, 8)
 
 
 def test_sample_with_16_bit_logits_argmaxes_in_f32_and_draws_the_rounded_result():
@@ -100,7 +103,7 @@ def test_sample_with_16_bit_logits_argmaxes_in_f32_and_draws_the_rounded_result(
               SamplingParams(temperature=0.7, seed=5, presence_penalty=1.5, logit_bias={9: 4.0}),
               SamplingParams(temperature=0.7, seed=6)]
     prompt, outputs = [int(i) for i in np.argsort(-np.asarray(logits[0], np.float32))[:6]], [3, 9, 9]
-    start = penalties.build_reset([(prompt, outputs, q.logit_bias) for q in params], 3, 16)
+    start = penalties.build_reset([(prompt, outputs, q.logit_bias, None) for q in params], 3, 16)
     rows = penalties.rows_of(penalties.reset(penalties.allocate(4, vocab), jnp.arange(3), start),
                              jnp.arange(3))
     batch = SamplingBatch.from_params(params, 3, [3, 3, 3])
@@ -172,6 +175,28 @@ def test_engine_tokens_equal_the_penalized_reference_through_preemption(model, e
     # The draw depends on the request alone (seed, token index, its own history), not the batch.
     alone = run_all(engine, {0: [(*requests["drawn"], "drawn")]})
     assert list(alone["drawn"].token_ids) == tokens["drawn"]
+
+
+def test_allowed_token_ids_mask_every_other_token(model, engine):
+    """allowed_token_ids (vLLM's): only those tokens come out, greedy or drawn, each the
+    reference's choice among them with their bias added (a bias on another id unmasks
+    nothing); refused past the vocabulary, or when min_tokens suppresses every allowed id."""
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p0_input_ids"].tolist()
+    allowed = [5, 17, 40, 77, 130]
+    requests = {"greedy": (prompt, greedy(10, allowed_token_ids=allowed, logit_bias={17: 1.0, 99: 50.0})),
+                "drawn": (prompt, SamplingParams(max_tokens=10, temperature=1.0, seed=3, ignore_eos=True,
+                                                 allowed_token_ids=allowed))}
+    finals = run_all(engine, {0: [(p, params, rid) for rid, (p, params) in requests.items()]})
+    for rid, (p, params) in requests.items():
+        tokens = list(finals[rid].token_ids)
+        assert set(tokens) <= set(allowed) and tokens == reference_tokens(model, p, params), rid
+    assert len(set(finals["drawn"].token_ids)) > 1
+    assert len(engine._free_token_slots) == engine.runner.max_rows
+    with pytest.raises(ValueError, match="^allowed_token_ids token id 256 is outside the vocabulary of 256$"):
+        engine.add_request(prompt, greedy(4, allowed_token_ids=[3, 256]))
+    with pytest.raises(ValueError, match="^allowed_token_ids holds only stop token ids"):  # 2: EOS
+        engine.add_request(prompt, SamplingParams(max_tokens=4, min_tokens=2, allowed_token_ids=[2]))
+    assert not engine.has_unfinished()
 
 
 def test_engine_refuses_a_bias_outside_the_vocabulary(engine):

@@ -306,6 +306,8 @@ def test_defaults_and_normalisation():
     (dict(detokenize=1), "detokenize must be true or false"),
     (dict(stop=["a"], detokenize=False), "stop strings need detokenize=True"),
     (dict(ignore_eos=1), "ignore_eos must be true or false"),
+    (dict(skip_special_tokens="no"), "skip_special_tokens must be true or false, got 'no'"),
+    (dict(spaces_between_special_tokens=0), "spaces_between_special_tokens must be true or false, got 0"),
     (dict(loops=0), "loops must be >= 1, got 0"),
     (dict(exit_mode="fast"), "exit_mode must be one of select, skip, got 'fast'"),
     (dict(exit_criterion="kld"), "exit_criterion must be None or one of kl, entropy-diff, latent-diff, "
@@ -329,6 +331,13 @@ def test_defaults_and_normalisation():
     (dict(logit_bias={2: float("nan")}), "logit_bias[2] must be a number in [-100.0, 100.0], got nan"),
     (dict(logit_bias=[(1, 2.0), (1, 3.0)]), "logit_bias lists a token id twice"),
     (dict(logit_bias="5"), "logit_bias must map token ids to biases, got '5'"),
+    (dict(truncate_prompt_tokens=0), "truncate_prompt_tokens must be >= 1, got 0"),
+    (dict(truncate_prompt_tokens=1.5), "truncate_prompt_tokens must be an integer >= 1, got 1.5"),
+    (dict(allowed_token_ids=[]), "allowed_token_ids must list 1 to 1024 token ids, got 0"),
+    (dict(allowed_token_ids=[3, -1]), "every allowed_token_ids entry must be >= 0, got -1"),
+    (dict(allowed_token_ids=5), "allowed_token_ids must be a list of integers, got 5"),
+    (dict(allowed_token_ids=range(1025)), "allowed_token_ids must be a list of integers"),
+    (dict(allowed_token_ids=list(range(1025))), "allowed_token_ids must list 1 to 1024 token ids, got 1025"),
 ])
 def test_bad_params_give_one_line_errors(kw, msg):
     with pytest.raises(ValueError) as err:
@@ -364,6 +373,8 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({}).max_tokens == 16
     assert SamplingParams.from_openai({"n": 3, "best_of": 3}).n == 3
     assert SamplingParams.from_openai({"min_tokens": 4, "max_tokens": 8}).min_tokens == 4
+    allowed = SamplingParams.from_openai({"allowed_token_ids": [9, 3, 9]})
+    assert allowed.allowed_token_ids == (3, 9) and allowed.processes_logits and not allowed.is_plain_greedy
 
 
 def test_fan_out_derives_one_seed_per_sample():

@@ -70,6 +70,40 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
         model=MODEL_NAME, prompt=ids[:3], max_tokens=2, temperature=0.8, seed=5).choices[0].text
 
 
+def test_echo_gives_the_prompt_as_sent_and_text_offsets_place_each_token(server, client, served_model):
+    """echo puts the prompt before the completion as vLLM does: a text prompt as sent, special
+    tokens and spaces kept (it was decoded, special tokens skipped), token ids decoded with
+    their special tokens. logprobs' text_offset (null before) is where each token's text begins
+    in the choice's text, the echoed prompt's included; streamed chunks carry the same."""
+    tok = served_model.tokenizer
+    prompt = "hello  <|im_start|>world the"
+    body = dict(model=MODEL_NAME, prompt=prompt, max_tokens=3, temperature=0, logprobs=0, echo=True,
+                ignore_eos=True, logit_bias={"0": -100, "1": -100, "2": -100})  # no special token generated
+    full = httpx.post(server.url + "/v1/completions", json=body, timeout=60).json()["choices"][0]
+    text, lp = full["text"], full["logprobs"]
+    ids = tok.encode(prompt).ids
+    assert text.startswith(prompt) and len(lp["text_offset"]) == len(lp["tokens"]) == len(ids) + 3
+    starts = [start for start, _ in tok.encode(prompt).offsets]
+    assert lp["text_offset"][:len(ids)] == starts == [0, 7, 19, 25]
+    assert lp["text_offset"][len(ids)] == len(prompt)
+    ends = lp["text_offset"][1:] + [len(text)]
+    pieces = [text[a:b].strip() for a, b in zip(lp["text_offset"], ends, strict=True)]
+    assert pieces == [t.strip() for t in lp["tokens"]]  # (the word tokenizer's decoder adds spaces)
+    chunks = _streamed(server, "/v1/completions", body)
+    assert "".join(ch["text"] for c in chunks for ch in c["choices"]) == text
+    streamed = [o for c in chunks for ch in c["choices"] for o in ch["logprobs"]["text_offset"]]
+    assert streamed == lp["text_offset"]
+    as_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1, echo=True).choices[0]
+    assert as_ids.text.startswith(tok.decode(ids, skip_special_tokens=False))
+    assert "<|im_start|>" in as_ids.text
+    # truncate_prompt_tokens: echo gives the part of the prompt that ran (the decode of its ids)
+    cut = httpx.post(server.url + "/v1/completions", json={**body, "truncate_prompt_tokens": 2},
+                     timeout=60).json()["choices"][0]
+    assert cut["text"].startswith(tok.decode(ids[-2:], skip_special_tokens=False))
+    assert cut["logprobs"]["tokens"][:2] == lp["tokens"][len(ids) - 2:len(ids)]
+    assert cut["logprobs"]["text_offset"][:3] == [0, len("world"), len("world the")]
+
+
 @pytest.fixture
 def count_scores(monkeypatch):
     """(prompts, top_k) of each `loopjax.score` call the server makes (echo, prompt_logprobs)."""
@@ -151,6 +185,27 @@ def test_min_tokens_and_stop_token_ids_pass_through(client):
     assert client.completions.create(**stop).choices[0].token_ids == [first]
     held = client.completions.create(**dict(stop, extra_body={**stop["extra_body"], "min_tokens": 5}))
     assert len(held.choices[0].token_ids) >= 5 and first not in held.choices[0].token_ids[:5]
+
+
+def test_skip_special_tokens(client, served_model):
+    """vLLM's skip_special_tokens=false keeps special tokens in the text (answer, stream, chat;
+    it was always true); an EOS ending the output adds no text, as in vLLM; vLLM's
+    spaces_between_special_tokens=false joins consecutive special tokens without spaces."""
+    tok, keep = served_model.tokenizer, {"skip_special_tokens": False}
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=3, temperature=0, logit_bias={"1": 100})
+    skipped = client.completions.create(**kw).choices[0]
+    kept = client.completions.create(**kw, extra_body=keep).choices[0]
+    assert skipped.token_ids == kept.token_ids == [1, 1, 1]  # <|im_start|>, a special token
+    assert skipped.text == "" and kept.text == tok.decode([1, 1, 1], skip_special_tokens=False) != ""
+    chunks = list(client.completions.create(**kw, stream=True, extra_body=keep))
+    assert "".join(ch.text for c in chunks for ch in c.choices) == kept.text
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}],
+                                          max_tokens=3, temperature=0, logit_bias={"1": 100}, extra_body=keep)
+    assert chat.choices[0].message.content == kept.text
+    eos = client.completions.create(**dict(kw, logit_bias={"2": 100}), extra_body=keep).choices[0]
+    assert (eos.token_ids, eos.finish_reason, eos.text) == ([2], "stop", "")
+    unspaced = client.completions.create(**kw, extra_body={**keep, "spaces_between_special_tokens": False})
+    assert unspaced.choices[0].text == "<|im_start|>" * 3 != kept.text  # vLLM's field: no space between
 
 
 def test_penalties_and_logit_bias_pass_through(client, served_model):

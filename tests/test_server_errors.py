@@ -14,6 +14,7 @@ import pytest
 from fake_engine import FakeEngine
 from server_helpers import MODEL_NAME, LiveServer, wait_idle
 
+import loopjax
 from loopjax.server import create_app
 
 
@@ -192,3 +193,22 @@ def test_health_after_a_stop_says_stopped():
         app.state.async_engine.shutdown()
         health = httpx.get(live.url + "/health", timeout=10)
         assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
+
+
+def test_api_key_guards_the_v1_endpoints():
+    """--api-key (vLLM's): a /v1 request without `Authorization: Bearer KEY`, or with another
+    key, is a 401 in OpenAI's error shape (the openai client raises AuthenticationError);
+    with it the request is served; /health and /metrics need none."""
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, api_key="s3cret")) as live:
+        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
+            r = httpx.get(live.url + "/v1/models", headers=headers, timeout=10)
+            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text
+        with pytest.raises(openai.AuthenticationError, match="invalid or missing API key"):
+            openai.OpenAI(base_url=live.url + "/v1", api_key="wrong", max_retries=0).completions.create(
+                model=MODEL_NAME, prompt=[5, 6], max_tokens=2)
+        served = openai.OpenAI(base_url=live.url + "/v1", api_key="s3cret", max_retries=0)
+        assert served.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).choices[0].token_ids
+        assert httpx.get(live.url + "/health", timeout=10).status_code == 200
+        assert httpx.get(live.url + "/version", timeout=10).json() == {"version": loopjax.__version__} != {
+            "version": "unknown"}
+        assert httpx.get(live.url + "/metrics", timeout=10).status_code == 200

@@ -28,7 +28,9 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
         self.started = True
 
     monkeypatch.setattr(uvicorn.Server, "run", serve)
-    monkeypatch.setattr(server, "create_app", lambda *a, **kw: windows.append(kw["admission_window_s"]))
+    monkeypatch.setattr(server, "create_app",
+                        lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"])))
+    monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     gc.unfreeze()
@@ -38,7 +40,9 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
-    assert windows == [0.005]  # --admission-window-ms reaches the AsyncEngine in seconds
+    # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
+    assert windows == [(0.005, "from-env")]
+    assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
 def test_serve_refuses_a_negative_admission_window(capsys):

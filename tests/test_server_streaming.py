@@ -8,6 +8,8 @@ import types
 
 from server_helpers import MODEL_NAME
 
+from loopjax.sampling_params import SamplingParams
+
 
 def test_streaming_completion_and_chat(client):
     kw = dict(model=MODEL_NAME, max_tokens=10, temperature=0, extra_body={"ignore_eos": True})
@@ -38,13 +40,18 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     text = "héllo wörld ✓ done"
     ids = tok.encode(text).ids
 
-    def stream(stop, min_tokens=0):
-        choice, deltas = Choice(0, tok, stop, min_tokens), []
+    def stream(stop, min_tokens=0, include=False, stop_id=None):
+        """The choice's deltas as the engine's outputs arrive; stop_id: the last token is a stop
+        token (the engine's finish_reason 'stop' and stop_reason)."""
+        params = SamplingParams(stop=stop, min_tokens=min_tokens, max_tokens=64,
+                                include_stop_str_in_output=include)
+        choice, deltas = Choice(0, tok, params), []
         for n in range(1, len(ids) + 1):
             done = n == len(ids)
             out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
                                         logprobs=None, top_logprobs=None, metrics={}, finished=done,
-                                        finish_reason="length" if done else None)
+                                        finish_reason=None if not done else "stop" if stop_id else "length",
+                                        stop_reason=stop_id if done else None)
             deltas.append(choice.update(out)[0])
             if choice.finish_reason:
                 return deltas, choice
@@ -57,6 +64,15 @@ def test_incremental_text_with_split_characters_and_stop_strings():
     # min_tokens: no stop string ends the text before that many tokens ("héllo w" holds two "l")
     deltas, choice = stream(("l",), min_tokens=len(tok.encode("héllo w").ids))
     assert "".join(deltas) == choice.text == "héllo wör" and choice.finish_reason == "stop"
+    # vLLM's stop_reason, and include_stop_str_in_output keeping the stop string or stop token
+    assert (choice.stop_reason, choice.fields(0, chat=False)["stop_reason"]) == ("l", "l")
+    deltas, choice = stream(("ld ✓",), include=True)
+    assert "".join(deltas) == choice.text == "héllo wörld ✓" and choice.stop_reason == "ld ✓"
+    assert stream(())[1].stop_reason is None
+    for include, want in ((False, text[:-1]), (True, text)):  # the last token ("e") is a stop token
+        deltas, choice = stream((), include=include, stop_id=ids[-1])
+        assert "".join(deltas) == choice.text == want
+        assert (choice.finish_reason, choice.stop_reason) == ("stop", ids[-1])
 
 
 def test_logprobs_name_tokens_by_their_text():
@@ -76,8 +92,8 @@ def test_logprobs_name_tokens_by_their_text():
     assert [tok.id_to_token(t) for t in ids] == ["a", "Ġh"]
     out = types.SimpleNamespace(token_ids=ids, new_token_ids=ids, exit_loops=[1, 1], logprobs=[-1.0, -2.0],
                                 top_logprobs=[[(ids[0], -1.0)], [(ids[1], -2.0)]], metrics={}, finished=True,
-                                finish_reason="length")
-    choice = Choice(0, tok, ())
+                                finish_reason="length", stop_reason=None)
+    choice = Choice(0, tok, SamplingParams())
     choice.update(out)
     lp = choice.fields(0, chat=False)["logprobs"]
     assert lp["tokens"] == ["a", " h"] and "".join(lp["tokens"]) == choice.text == "a h"
@@ -86,5 +102,51 @@ def test_logprobs_name_tokens_by_their_text():
     assert [(e["token"], e["bytes"]) for e in content] == [("a", [97]), (" h", [32, 104])]
     assert content[1]["top_logprobs"] == [{"token": " h", "logprob": -2.0, "bytes": [32, 104]}]
     answer = {"text": choice.text, "logprobs": lp}
-    choice.echo(answer, types.SimpleNamespace(token_ids=ids, token_logprobs=[-0.5], top_logprobs=[[]]), 0)
+    choice.echo(answer, types.SimpleNamespace(token_ids=ids, token_logprobs=[-0.5], top_logprobs=[[]]), 0,
+                ("a h", [0, 1]))
     assert answer["logprobs"]["tokens"][:2] == ["a", " h"]
+
+
+def test_text_offsets_place_each_token_in_the_text():
+    """Completions' text_offset (null before) is where each token's text begins in the choice's
+    text: a special token skipped and the first bytes of a split character add nothing (vLLM
+    sums the lengths of the tokens' names: 1 for each U+FFFD, 3 for "<s>"); the streamed chunks'
+    offsets are the full answer's, and echo's prompt shifts them."""
+    from loopjax.openai_choice import Choice
+
+    tok = _byte_tokenizer()
+    tok.add_special_tokens(["<s>"])
+    ids = tok.encode("aé").ids + tok.encode("<s>").ids + tok.encode(" b").ids
+    assert len(ids) == 6 and tok.id_to_token(ids[3]) == "<s>"
+
+    def offsets(skip: bool, echoed=None):
+        choice, chunks = Choice(0, tok, SamplingParams(skip_special_tokens=skip)), []
+        for n in range(1, len(ids) + 1):
+            done = n == len(ids)
+            out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
+                                        logprobs=[-1.0] * n, top_logprobs=[[]] * n, metrics={},
+                                        finished=done, finish_reason="length" if done else None,
+                                        stop_reason=None)
+            choice.update(out)
+            chunks += choice.fields(n - 1, chat=False)["logprobs"]["text_offset"]
+        answer = {"text": choice.text, "logprobs": choice.fields(0, chat=False)["logprobs"]}
+        assert answer["logprobs"]["text_offset"] == chunks
+        if echoed is not None:
+            scored = types.SimpleNamespace(token_ids=[7, 8], token_logprobs=[-0.5], top_logprobs=[[]])
+            choice.echo(answer, scored, 0, echoed)
+        return answer["text"], answer["logprobs"]["text_offset"]
+
+    assert offsets(True) == ("aé b", [0, 1, 1, 2, 2, 3])
+    assert offsets(False) == ("aé<s> b", [0, 1, 1, 2, 5, 6])
+    assert offsets(True, ("xy", [0, 1])) == ("xyaé b", [0, 1, 2, 3, 3, 4, 4, 5])
+
+
+def _byte_tokenizer():
+    """Byte-level BPE without merges: "é" spans two tokens (its first decodes to U+FFFD)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok

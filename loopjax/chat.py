@@ -1,0 +1,140 @@
+"""Chat messages -> prompt text, shared by the server (/v1/chat/completions, /tokenize) and
+`LLM.chat`; imports neither FastAPI nor JAX.
+
+Contract:
+- `check_messages` takes OpenAI's message list: each a {role, content} object whose content
+  is text or a list of text parts (joined with newlines, as vLLM's); any other part type
+  (image_url, input_audio, file...) is refused, not dropped, as the model would answer
+  without what the message asks about. It returns copies whose content is text.
+- `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
+  does (jinja2 sandboxed, its loop controls, `tojson`, `raise_exception`, `strftime_now`).
+  Without jinja2 only ChatML templates render (a built-in renderer).
+- Refusals are one-line ValueErrors that start with `messages` (the server's 400 names that
+  field); a template that cannot render on this installation (not ChatML, no jinja2) is a
+  RuntimeError (the server's 500).
+- The rendered text is encoded without the tokenizer's special tokens (the template writes
+  its own), as vLLM's chat does.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+
+CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
+ROLES = ("system", "user", "assistant", "tool", "developer")
+TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
+
+
+def check_messages(messages) -> list[dict]:
+    """The conversation with each message's content as text; a one-line ValueError otherwise."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("messages must be a non-empty list of {role, content} objects")
+    clean = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):  # content parts: text ones only (text must be text),
+            texts = [_part_text(p, i) for p in content]  # one per line, as vLLM joins them
+            content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
+            raise ValueError(f"messages[{i}] must have a role in {ROLES} and text content")
+        clean.append({**m, "content": content})
+    return clean
+
+
+def _part_text(part, i: int) -> str | None:
+    """The text of a chat content part of a text type; None when malformed; a ValueError for
+    a part of another type."""
+    kind = part.get("type", "text") if isinstance(part, dict) else None
+    key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
+    if isinstance(kind, str) and key is None:
+        raise ValueError(f"messages[{i}] has a content part of type {kind!r}; this model takes text only")
+    return part.get(key, "") if key else None
+
+
+def encode_chat(model, messages, *, chat_template: str | None = None, add_generation_prompt: bool = True,
+                template_kwargs: dict | None = None) -> list[int]:
+    """The token ids of one conversation for `model` (a loopjax Model): rendered by
+    chat_template (default: the checkpoint's), encoded without the tokenizer's special tokens."""
+    template = chat_template if chat_template is not None else model.chat_template
+    if model.tokenizer is None or not template:
+        raise ValueError("chat needs a tokenizer and a chat template: this model has no " +
+                         ("tokenizer" if model.tokenizer is None else
+                          "chat template (give one, or send the prompt text as it is)"))
+    text = render_chat(template, check_messages(messages), add_generation_prompt=add_generation_prompt,
+                       template_kwargs=template_kwargs, **special_tokens(model))
+    return model.tokenize(text, add_special_tokens=False)
+
+
+def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
+                add_generation_prompt: bool = True, template_kwargs: dict | None = None) -> str:
+    """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with
+    add_generation_prompt, the opening of the assistant's turn follows. template_kwargs
+    (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}) are more template
+    variables (the built-in ChatML renderer has none to read)."""
+    extra = check_template_kwargs(template_kwargs)
+    try:
+        from jinja2.exceptions import TemplateError
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+    except ImportError:
+        if CHATML_START in template and CHATML_END in template:
+            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
+            return text + (f"{CHATML_START}assistant\n" if add_generation_prompt else "")
+        raise RuntimeError("the chat template is not ChatML and jinja2 is not installed "
+                           "(pip install jinja2)") from None
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        # NOTE: transformers' filter: jinja2's own escapes <, >, & and non-ASCII text
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                          sort_keys=sort_keys)
+
+    # transformers' apply_chat_template environment: {% break %} / {% continue %}, its tojson,
+    # raise_exception and strftime_now
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    try:
+        variables = dict(extra, messages=messages, bos_token=bos_token, eos_token=eos_token,
+                         add_generation_prompt=add_generation_prompt)
+        return env.from_string(template).render(**variables)
+    except TemplateError as e:
+        raise ValueError(f"messages: the chat template refused them: {e}") from None
+    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
+        # a ZeroDivisionError...): the checkpoint's template, not a bug here
+        raise ValueError(f"messages: the chat template failed on them: {type(e).__name__}: {e}") from None
+
+
+_RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # render's own variables
+
+
+def check_template_kwargs(kwargs) -> dict:
+    """chat_template_kwargs as a dict of template variables ({} for None), or a one-line ValueError."""
+    if kwargs is None:
+        return {}
+    if not isinstance(kwargs, dict) or not all(isinstance(k, str) and k.isidentifier() for k in kwargs):
+        raise ValueError(f"chat_template_kwargs must be an object of template variables, got {kwargs!r}")
+    if taken := sorted(set(kwargs) & set(_RESERVED)):
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(taken)} (the renderer's own)")
+    return dict(kwargs)
+
+
+def special_tokens(model) -> dict:
+    """bos_token / eos_token (chat templates use them) of the checkpoint's tokenizer_config.json,
+    overridden by its special_tokens_map.json where that names them, as transformers reads them."""
+    config: dict = {}
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        try:
+            with open(os.path.join(model.path, name)) as f:
+                data = json.load(f)
+        except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
+            continue
+        if isinstance(data, dict):
+            config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
+    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
+    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}

@@ -1,0 +1,107 @@
+"""OpenAI completions / chat request bodies -> SamplingParams keyword arguments (pure Python).
+
+Request fields that are not sampling parameters (model, prompt, messages, stream...) are
+ignored; `null` values count as absent; an unknown field, an unsupported value (best_of other
+than n) or a bad value raises a one-line ValueError naming it (SamplingParams checks the
+values). logit_bias keys are token ids written as strings (JSON object keys); chat's
+logprobs=true + top_logprobs=n and completions' logprobs=n both become `logprobs`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from loopjax.sampling_params import MAX_LOGPROBS, check_int
+
+
+def _fail(msg: str):
+    raise ValueError(msg)
+
+
+def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams(**kwargs) of a request body (`SamplingParams.from_openai`)."""
+    if not isinstance(body, dict):
+        _fail(f"request body must be a JSON object, got {type(body).__name__}")
+    kw: dict[str, Any] = {}
+    for key, value in body.items():
+        if value is None or key in _IGNORED_FIELDS:
+            continue
+        if key in _DIRECT_FIELDS:
+            kw[key] = value
+        elif key not in _SPECIAL_FIELDS:
+            _fail(f"unknown request field {key!r}")
+    _map_max_tokens(body, kw)
+    best_of = body.get("best_of")
+    if best_of is not None and best_of != kw.get("n", 1):
+        _fail(f"best_of must equal n ({kw.get('n', 1)!r}): every sample is returned, got {best_of!r}")
+    _map_logprobs(body, kw)
+    if body.get("logit_bias") is not None:
+        kw["logit_bias"] = _logit_bias_pairs(body["logit_bias"])
+    stop = body.get("stop")
+    if stop is not None:
+        kw["stop"] = (stop,) if isinstance(stop, str) else stop
+    for key in ("stop_token_ids", "exit_trace", "allowed_token_ids"):
+        if isinstance(kw.get(key), list):
+            kw[key] = tuple(kw[key])
+    return kw
+
+
+# Fields passed through under the same name (OpenAI's and loopjax's extras).
+_DIRECT_FIELDS = frozenset({
+    "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
+    "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens",
+    "spaces_between_special_tokens", "include_stop_str_in_output",
+    "repetition_penalty", "frequency_penalty", "presence_penalty",
+    "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
+    "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
+})
+# Fields mapped by hand below.
+_SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",
+                             "best_of", "logit_bias"})
+# Request fields that are not sampling parameters: the server handles them.
+_IGNORED_FIELDS = frozenset({
+    "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
+    "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
+    "chat_template_kwargs",
+})
+
+
+def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
+    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params)."""
+    if not isinstance(bias, dict):
+        _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
+    pairs = []
+    for key, value in bias.items():
+        if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
+            _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
+        pairs.append((int(key), value))
+    return tuple(pairs)
+
+
+def _map_max_tokens(body, kw):
+    a, b = body.get("max_tokens"), body.get("max_completion_tokens")
+    if a is not None and b is not None and a != b:
+        _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
+    if b is not None:
+        check_int("max_completion_tokens", b, 1)
+        kw["max_tokens"] = b
+    elif a is not None:
+        kw["max_tokens"] = a
+
+
+def _map_logprobs(body, kw):
+    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n."""
+    lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if isinstance(lp, bool):
+        if lp:
+            if top is not None:
+                check_int("top_logprobs", top, 0, MAX_LOGPROBS)
+            kw["logprobs"] = 0 if top is None else top
+        elif top is not None:
+            _fail("top_logprobs requires logprobs=true")
+    elif lp is not None:
+        if top is not None:
+            _fail("top_logprobs goes with logprobs=true, not with an integer logprobs")
+        kw["logprobs"] = lp
+    elif top is not None:
+        _fail("top_logprobs requires logprobs=true")
