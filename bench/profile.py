@@ -10,7 +10,10 @@ O greedy tokens each).
 Host timers (`StageTimer`) wrap, on the instances and from the outside, engine.step,
 scheduler.schedule / update and runner.run / read / make_batch / submit. `Runner.read` (the
 one host read of a step's outputs) holds the wait for the device: with async scheduling (the
-default) it reads step n while step n+1 runs. Derived: other = step - schedule - make_batch -
+default) it reads step n while step n+1 runs. A step is named (kind, rows) by the plan it
+reads and applies (step n): its wait, read and update are that plan's, while its schedule,
+make_batch and submit are of the plan it sends (n + 1, pipelined); a step that applies none is
+idle. Derived: other = step - schedule - make_batch -
 submit - read - update (rows, outputs); host = step - read. `--split-wait` (synchronous engines
 only: it would stall the pipeline) waits after each submit ("wait", `jax.block_until_ready`)
 to split the device time from the copy.
@@ -71,14 +74,17 @@ class StageTimer:
                 jax.block_until_ready(out)
                 self._add("wait", time.perf_counter() - start)
 
-        def planned(plan):
-            # NOTE: a pipelined step may plan twice (prefill, then the decode after it): the first names it.
-            if self._now is not None and plan is not None and self._now.get("kind") == "idle":
+        def applied(plan, *_):
+            # NOTE: the plan a step reads and applies names it (its wait, read and update are that
+            # plan's); pipelined, the plan it sends is the next one, whose device time the next
+            # step's wait holds (the plan sent named it: a decode's wait went to the prefill sent
+            # beside it, and the last step of a burst, which sends none, counted as idle).
+            if self._now is not None:
                 self._now.update(kind=plan.kind.value, rows=plan.num_real_rows, bucket=plan.row_bucket,
                                  tokens=plan.num_real_tokens)
 
-        self.wrap(engine.scheduler, "schedule", "schedule", planned)
-        self.wrap(engine.scheduler, "update", "update")
+        self.wrap(engine.scheduler, "schedule", "schedule")
+        self.wrap(engine.scheduler, "update", "update", before=applied)
         self.wrap(engine.runner, "run", "run")
         self.wrap(engine.runner, "read", "read")  # the pipelined runner: read = wait + copy
         self.wrap(engine.runner, "make_batch", "make_batch")
@@ -96,15 +102,18 @@ class StageTimer:
                 self._now = None
         engine.step = timed_step
 
-    def wrap(self, obj, name: str, stage: str, after=None) -> None:
+    def wrap(self, obj, name: str, stage: str, after=None, before=None) -> None:
         """Add the seconds of each `obj.name(...)` call (an instance attribute now shadows the
-        method) to `stage` of the current step; `after(result)` runs outside the timing."""
+        method) to `stage` of the current step; `before(*args, **kwargs)` and `after(result)`
+        run outside the timing."""
         original = getattr(obj, name, None)
         if original is None:
             return
         self.wrapped.append(f"{type(obj).__name__}.{name}")
 
         def wrapper(*args, **kwargs):
+            if before is not None:
+                before(*args, **kwargs)
             start = time.perf_counter()
             result = original(*args, **kwargs)
             self._add(stage, time.perf_counter() - start)
@@ -133,7 +142,7 @@ def derive(record: dict) -> dict:
 
 def host_table(records: list[dict]) -> dict:
     """{kind: {"steps", "mean_rows", stage: {"mean_ms", "p50_ms"}}} over the step records
-    (idle steps, which plan nothing, are left out)."""
+    (idle steps, which apply no plan, are left out)."""
     by_kind = defaultdict(list)
     for record in (r for r in records if r["kind"] != "idle"):
         by_kind[record["kind"]].append(derive(record))

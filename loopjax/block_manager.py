@@ -224,6 +224,15 @@ class BlockManager:
         return 1
 
     # ---- prefix cache
+    def forget_cached(self) -> int:
+        """Unpublish every parked page (their KV is gone: the device state was made anew) onto
+        the free list; returns how many. Held pages keep their keys: call it once none is held."""
+        forgotten = 0
+        while self.prefix_cache is not None and self.prefix_cache.num_parked_pages:
+            self._free_pages.append(self.prefix_cache.evict())
+            forgotten += 1
+        return forgotten
+
     def match(self, request: Request) -> list[int]:
         """Cached pages of a waiting request's prefix ([] without the cache or for a request
         that never shares); they stay usable until the next allocation."""

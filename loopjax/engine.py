@@ -15,6 +15,10 @@ every request's pages return to the pool when it finishes, is aborted or preempt
 (scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`. An exception
 in `step()` (Ctrl-C while it waits for the device or compiles a step) leaves the engine usable:
 a step not yet read stays queued, one whose dispatch raised is dropped and its requests aborted.
+A read that raises an Exception (a device error) loses the steps in flight and maybe the
+donated device state: every admitted request is aborted (reported by the next step), the
+prefix cache forgotten and the state made anew; step() raises one line, waiting and new
+requests run on.
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
 planned as fixed-depth rows: the device decides their exits inside the same submission.
 Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `RequestExtra`
@@ -33,13 +37,12 @@ from loopjax import attention_backend, kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
-from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.engine_config import EngineConfig
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_exit_depth, check_prompt_ids
-from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra
+from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -53,7 +56,7 @@ class Engine:
         config = EngineConfig() if config is None else config
         self.model, self.config, cfg = model, config, model.cfg
         self.max_loops = config.max_loops or cfg.default_loops
-        max_context = config.max_context_len or min(cfg.max_context_len, 4096)
+        max_context = config.context_len(cfg.max_context_len)
         if max_context > cfg.max_context_len:
             raise ValueError(f"max_context_len {max_context} exceeds the model's {cfg.max_context_len}")
         if any(n > self.max_loops for n in config.loop_buckets):
@@ -119,11 +122,15 @@ class Engine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None, *, initial_state=None,
                     warm_start: bool = False) -> str:
-        """Queue a request; returns its id. initial_state (Huginn): None (the engine default),
-        'zero', 'seeded', or explicit s0 per position [>= prompt + max_tokens - 1, H].
+        """Queue a request; returns its id (`request_id`, a str, or a fresh one). initial_state
+        (Huginn): None (the engine default), 'zero', 'seeded', or explicit s0 per position
+        [>= prompt + max_tokens - 1, H] (max_tokens counted up to the context).
         warm_start (Huginn): each generated token's s0 is ln_f of the previous token's final
         state (the reference's `generate_minimal(continuous_compute=True)`); the prompt's
         s0 follow initial_state."""
+        if request_id is not None and not isinstance(request_id, str):  # NOTE: ids key dicts, logs, JSON
+            raise ValueError(f"request_id must be a str (or None: a fresh one), got "
+                             f"{type(request_id).__name__}")
         params = SamplingParams() if params is None else params
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
@@ -142,8 +149,10 @@ class Engine:
                          fused=self.config.fused_decode,
                          adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
+        # NOTE: explicit states cover the positions fed: max_tokens counts up to the context only
+        outputs = min(params.max_tokens, max(1, self.scheduler.config.max_seq_len - len(prompt)))
         extra = initial_state_extra(self.model.cfg, initial_state, self.config.huginn_init,
-                                    len(prompt) + (0 if warm_start else params.max_tokens - 1))
+                                    len(prompt) + (0 if warm_start else outputs - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
         if params.exit_criterion is not None:
@@ -194,9 +203,33 @@ class Engine:
         if not self._in_flight:
             return self._update(None, None)
         # NOTE: the oldest step leaves the queue only once it is read: an interrupt while the
-        # host waits for the device (Ctrl-C) leaves the engine as it was, for the next step()
-        result = self.runner.read(self._in_flight[0][1])
+        # host waits for the device (Ctrl-C, no Exception) leaves the engine as it was
+        try:
+            result = self.runner.read(self._in_flight[0][1])
+        except Exception as e:  # a device error: this step's outputs are lost, maybe the state too
+            raise self._lose_device_state(e) from e
         return self._update(self._in_flight.popleft()[0], result)
+
+    def _lose_device_state(self, error: Exception) -> RuntimeError:
+        """A step's read raised: drop every step in flight, abort every admitted request (their
+        KV went with the donated state; reported by the next step), forget the prefix cache
+        and start a fresh device state, so that waiting and new requests run; the error to
+        raise, in one line."""
+        lost = [r for plan, _ in reversed(self._in_flight) for r in self.scheduler.drop(plan)]
+        self._in_flight.clear()
+        lost += [self.scheduler.abort(r.request_id) for r in list(self.scheduler.running)]
+        for request in lost:
+            self._release_slots(request)
+            self._aborted.append(self._output(request, []))
+        self.scheduler.block_manager.forget_cached()
+        try:
+            self.runner.reset_state()
+            after = "the KV pool made anew"
+        except Exception as e:  # NOTE: the device is gone; Runner.submit refuses every later step
+            after = f"no new KV pool ({type(e).__name__}): build a new engine"
+        line = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        return RuntimeError(f"a step failed on the device ({type(error).__name__}: {line}); its "
+                            f"{len(lost)} running requests were aborted, {after}")
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:
@@ -285,7 +318,8 @@ class Engine:
                                            zip(result.top_ids[i][:k], result.top_logprobs[i][:k])])
             self.num_generated += 1
             self.loops_generated += loops[i]
-            self._check_stop_strings(request)
+            if self.model.tokenizer is not None and update_text(extra, request, self.model):
+                self.scheduler.finish(request.request_id, FINISH_STOP)  # a stop string matched
             if request.is_finished:
                 self._release_slots(request)
             elif request.num_loops_done == 0 and not extra.warm:
@@ -294,39 +328,6 @@ class Engine:
         return outputs
 
     # ------------------------------------------------------------------ helpers
-    def _check_stop_strings(self, request: Request) -> None:
-        """Apply stop strings (a running request's new tokens decoded incrementally each step,
-        as is the text without spaces_between_special_tokens), and set the text of a finished
-        request (else decoded once); none for a request with detokenize=False (the server's:
-        it detokenizes as it streams)."""
-        if self.model.tokenizer is None or not request.sampling_params.detokenize:
-            return
-        extra, params = self._extra[request.request_id], request.sampling_params
-        # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM (unless
-        # include_stop_str_in_output)
-        stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
-                      and not params.include_stop_str_in_output)
-        if params.stop or not params.spaces_between_special_tokens:
-            if extra.detokenizer is None:
-                extra.detokenizer = IncrementalDetokenizer(self.model.tokenizer, params.stop,
-                                                           params.skip_special_tokens,
-                                                           params.spaces_between_special_tokens,
-                                                           params.include_stop_str_in_output)
-            # NOTE: no stop string ends the output before min_tokens (as no stop token does).
-            # The last token (max_tokens) is searched too: a stop string there trims the text
-            # and makes the reason "stop" (as vLLM's and the server's Choice).
-            if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                        check_stop=request.num_output_tokens >= params.min_tokens,
-                                        stop_token=stop_token):
-                if request.is_finished:
-                    request.finish_reason = FINISH_STOP
-                else:
-                    self.scheduler.finish(request.request_id, FINISH_STOP)
-            extra.text = extra.detokenizer.text
-        if request.is_finished and extra.detokenizer is None:
-            ids = request.output_token_ids
-            extra.text = self.model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
-
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or RequestExtra()
         want_lp = request.sampling_params.logprobs is not None

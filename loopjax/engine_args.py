@@ -24,6 +24,7 @@ def add_engine_arguments(parser):
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
     try:
         from loopjax.engine import EngineConfig
+        from loopjax.engine_config import DEFAULT_WORDS
     except ImportError:  # the engine is optional for --help; build_engine will say what is missing
         return
     group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
@@ -35,7 +36,7 @@ def add_engine_arguments(parser):
         taken = parser._option_string_actions  # a subcommand's own flags win
         if kind is None or flag in taken or "--no-" + flag[2:] in taken:
             continue
-        dest, text = "engine_" + field.name, f"default: {field.default}"
+        dest, text = "engine_" + field.name, f"default: {DEFAULT_WORDS.get(field.name, field.default)}"
         if kind is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                help=text)
@@ -85,12 +86,13 @@ def build_engine(args, timings: dict | None = None):
 def failure_line(e: BaseException) -> str | None:
     """The one line a command prints when loading a model or building and running an engine
     fails for a reason the user can act on: a bad model or option (ValueError, OSError) or too
-    little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError); None for anything else
-    (a bug, whose traceback should stay)."""
+    little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError, also as the cause the
+    Engine's one-line step failure names); None for anything else (a bug, whose traceback
+    should stay)."""
     first = str(e).splitlines()[0] if str(e) else ""
     if isinstance(e, ValueError | OSError):
         return first or type(e).__name__
-    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and first.startswith("RESOURCE_EXHAUSTED")):
+    if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in first):
         return f"out of memory: {first}" if first else "out of memory"
     return None
 

@@ -13,6 +13,20 @@ _POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_p
              "compile_threads")
 
 
+# What each default of no value means, in words (the command-line help prints them, not "None").
+DEFAULT_WORDS = {
+    "num_pages": "from --kv-memory-bytes",
+    "kv_memory_bytes": "max-num-rows full contexts (when --num-pages is unset too)",
+    "decode_row_buckets": "1 8 16 32 64 128 (1 4 8 ... past a 4096 context), up to max-num-rows",
+    "max_context_len": "the model's context length, at most 4096",
+    "decode_context_buckets": "none (the max context only)",
+    "max_loops": "the model's default loop count",
+    "loop_buckets": "none (the default and max loop counts only)",
+    "compile_threads": "the CPU count",
+    "compilation_cache_dir": "none (no persistent cache)",
+}
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     page_size: int = 16
@@ -49,6 +63,10 @@ class EngineConfig:
     compilation_cache_dir: str | None = None  # JAX's persistent compile cache (process-wide JAX state)
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
+
+    def context_len(self, model_context_len: int) -> int:
+        """The context the engine serves for a model of `model_context_len`."""
+        return self.max_context_len or min(model_context_len, 4096)
 
     def __post_init__(self):
         """Each field has its annotated type (bool is no int here; a list of ints becomes a tuple)

@@ -1,17 +1,20 @@
 """Offline generation: `LLM` (keeps one compiled engine across calls) and `generate`.
 
 Prompts are strings (when the model has a tokenizer), token-id lists, or vLLM's prompt dicts
-({"prompt": text}, {"prompt_token_ids": ids}); `SamplingParams.n`
-samples each (`fan_out`: sample i uses seed + i; params without a seed draw one per prompt
-and call, so one params object for many prompts gives independent samples). Each result holds the
-generated tokens only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected
-state per token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
+({"prompt": text}, {"prompt_token_ids": ids}); `SamplingParams.n` samples each (`fan_out`:
+sample i uses seed + i; params without a seed draw one per prompt and call, so one params
+object for many prompts gives independent samples). Each result holds the generated tokens
+only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected state per
+token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
 
-Huginn `initial_state` per prompt: None (the engine default: position-keyed random s0),
-'zero', 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (the goldens'
-`gen_init_states`); `warm_start=True` starts each generated token from ln_f of the previous
-token's final state. Adaptive exits: the SamplingParams exit fields (exit_mode, exit_threshold,
-exit_criterion, exit_trace) run on device.
+Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
+'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
+the goldens' `gen_init_states`). A call of ONE prompt (a string or one id sequence) takes it
+as that prompt's; a call of a list of prompts takes None or a mode for all of them, or a list
+(or tuple) with one entry per prompt: an array there is refused (is it one state or one per
+prompt?), as is a list of the wrong length. `warm_start=True` starts each generated token
+from ln_f of the previous token's final state. Adaptive exits: the SamplingParams exit
+fields (exit_mode, exit_threshold, exit_criterion, exit_trace) run on device.
 
 `prompt_logprobs` (vLLM's): each distinct prompt a call asks it for is scored once on the
 identity path (`loopjax.score`, after the generation, at the depth, Ouro threshold and Huginn
@@ -63,16 +66,17 @@ class LLM:
                  *, initial_state=None, warm_start: bool = False, use_tqdm: bool = False,
                  **kwargs: Any) -> list[GenerateOutput]:
         """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
-        prompt p's sample i is result p * n + i). kwargs build a SamplingParams
-        (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to 0.0, greedy, as
-        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None.
-        use_tqdm (vLLM's; off by default here): a progress bar of finished requests on stderr."""
-        ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(_prompt_list(prompts))]
+        prompt p's sample i is result p * n + i). initial_state: the prompt's (one prompt) or
+        one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a
+        SamplingParams (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to
+        0.0, greedy, as in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is
+        None. use_tqdm (vLLM's; off by default here): a progress bar of finished requests on
+        stderr."""
+        prompt_list, one_prompt = _prompt_list(prompts)
+        states = _state_list(initial_state, len(prompt_list), one_prompt)
+        ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(prompt_list)]
         params = _params_list(sampling_params, kwargs, len(ids))
         ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
-        states = initial_state if isinstance(initial_state, list) else [initial_state] * len(ids)
-        if len(states) != len(ids):
-            raise ValueError(f"initial_state: {len(states)} entries for {len(ids)} prompts")
         scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
         jobs = [(k, i, sample) for k, p in enumerate(params) for i, sample in enumerate(p.fan_out())]
         order = []
@@ -121,7 +125,8 @@ class LLM:
                                        continue_final_message=continue_final_message))
             except ValueError as e:
                 raise ValueError(str(e) if one else f"conversation {k}: {e}") from None
-        return self.generate(ids, sampling_params, **generate_kwargs)
+        # NOTE: one conversation is one prompt (an initial_state is its own, generate's rule)
+        return self.generate(ids[0] if one else ids, sampling_params, **generate_kwargs)
 
     def _score_options(self, params: SamplingParams, state) -> dict | None:
         """`score`'s keywords (top_k included) for a request asking prompt_logprobs, else None;
@@ -172,19 +177,19 @@ class LLM:
         return finals
 
 
+
 def _prompt_ids(model, prompt, k: int) -> list[int]:
     """The token ids of prompt k of a call: text (encoded with the tokenizer's special tokens),
     token ids, or vLLM's prompt dicts {"prompt": text} and {"prompt_token_ids": ids}; a one-line
-    ValueError naming the prompt otherwise, before anything is queued."""
+    ValueError naming the prompt otherwise (an empty text too), before anything is queued."""
     if isinstance(prompt, dict):
         if set(prompt) not in ({"prompt"}, {"prompt_token_ids"}):
             raise ValueError(f"prompt {k}: a prompt dict holds one key, 'prompt' (text) or "
                              f"'prompt_token_ids', got {sorted(map(str, prompt))}")
         prompt = prompt.get("prompt", prompt.get("prompt_token_ids"))
-    if isinstance(prompt, str):
-        return model.tokenize(prompt)
-    try:
-        return check_prompt_ids(prompt, model.cfg.vocab_size)
+    ids = model.tokenize(prompt) if isinstance(prompt, str) else prompt
+    try:  # NOTE: a text's ids are checked too: an empty text has none
+        return check_prompt_ids(ids, model.cfg.vocab_size)
     except ValueError as e:  # named as the engine's refusals name it
         raise ValueError(f"prompt {k}: {e}") from None
 
@@ -205,16 +210,33 @@ def _model(model_or_path, dtype=None):
     return model_or_path
 
 
-def _prompt_list(prompts) -> list:
-    """The prompts of a call: a string, a prompt dict or one token-id sequence (ints, or a 1-D
-    integer array) is one prompt; otherwise each item is one (the rows of a 2-D array)."""
+def _prompt_list(prompts) -> tuple[list, bool]:
+    """(the prompts of a call, whether it is ONE prompt): a string, a prompt dict or one token-id
+    sequence (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows
+    of a 2-D array)."""
     if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
-        return [prompts]
-    if not hasattr(prompts, "__iter__"):
+        return [prompts], True
+    if not hasattr(prompts, "__iter__") or isinstance(prompts, set | frozenset):  # NOTE: unordered
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
                          f"got {type(prompts).__name__}")
     prompt_list = list(prompts)
-    return [prompt_list] if prompt_list and isinstance(prompt_list[0], int | np.integer) else prompt_list
+    if prompt_list and isinstance(prompt_list[0], int | np.integer):
+        return [prompt_list], True
+    return prompt_list, False
+
+
+def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:
+    """One Huginn initial_state per prompt (module note): a call of one prompt takes it whole;
+    a list of prompts takes None or a mode for all, or a list (tuple) of one entry per prompt."""
+    if one_prompt or initial_state is None or isinstance(initial_state, str):
+        return [initial_state] * num_prompts
+    if not isinstance(initial_state, list | tuple):
+        raise ValueError(f"initial_state: one {type(initial_state).__name__} for a list of {num_prompts} "
+                         f"prompts; give a list with one state per prompt")
+    if len(initial_state) != num_prompts:
+        raise ValueError(f"initial_state: {len(initial_state)} entries for {num_prompts} prompts "
+                         f"(a list of prompts takes one state per prompt)")
+    return list(initial_state)
 
 
 def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
@@ -223,7 +245,8 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     their random draws (vLLM's unseeded requests are independent). A given seed is kept."""
     if sampling_params is not None:
         if kwargs:
-            raise ValueError("give sampling_params or sampling keyword arguments, not both")
+            raise ValueError(f"give sampling_params or sampling keyword arguments, not both (got "
+                             f"{', '.join(sorted(kwargs))} beside sampling_params)")
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * num_prompts
         if len(sampling_params) != num_prompts:
@@ -296,9 +319,10 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     source = _source(model)
     loaded = next((llm.model for (src, _), llm in _CACHE.items() if source and src == source), None)
     model = loaded if loaded is not None else _model(model)
-    prompt_list = _prompt_list(prompts)
+    prompt_list, one_prompt = _prompt_list(prompts)
     if not prompt_list:
         raise ValueError("prompts is empty")
+    states = _state_list(initial_state, len(prompt_list), one_prompt)  # before an engine is built
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
@@ -312,12 +336,19 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
     options = dict(engine_options or compact_engine_options(lengths * params.n, max_new_tokens, params.loops,
                                                             params.exit_weighted))
+    # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
+    options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     options.setdefault("max_context_len", None)
     if options["max_context_len"] is not None:
         options["max_context_len"] = min(options["max_context_len"], model.cfg.max_context_len)
+    # NOTE: the engine would refuse such a prompt once built (compiled): refused here
+    context = EngineConfig(**options).context_len(model.cfg.max_context_len)
+    if max(lengths) >= context:
+        raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
+                         f"engine's max_context_len={context}")
     key = (source or ("object", id(model)), tuple(sorted(options.items())))
     llm = _CACHE.get(key)
     if llm is None or llm.model is not model:
         _CACHE.clear()  # keep one engine: its KV pool holds device memory
         llm = _CACHE[key] = LLM(model, **options)
-    return llm.generate(prompt_list, params, initial_state=initial_state, warm_start=warm_start)
+    return llm.generate(prompt_list, params, initial_state=states, warm_start=warm_start)

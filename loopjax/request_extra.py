@@ -1,6 +1,7 @@
 """The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
 exit settings, device slots, text and logprobs so far), made from what `Engine.add_request` was
-given, and what a request's KV depends on besides its tokens and loops (`cache_salt`).
+given, what a request's KV depends on besides its tokens and loops (`cache_salt`), and its text
+after each of its tokens (`update_text`: stop strings).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import numpy as np
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.exits import ExitSpec
+from loopjax.request import FINISH_STOP
 
 
 @dataclass
@@ -45,11 +47,15 @@ def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestE
         if spec not in modes:
             raise ValueError(f"initial_state must be 'seeded', 'zero' or an array, got {spec!r}")
         return RequestExtra(init_mode=modes[spec])
-    states = np.asarray(spec, np.float32)
     hidden = cfg.hidden_size
+    try:
+        states = np.asarray(spec, np.float32)
+    except (TypeError, ValueError):  # NOTE: numpy's words (a dict, ragged rows) would not name the field
+        raise ValueError(f"initial_state must be 'seeded', 'zero' or an array [positions, {hidden}] of "
+                         f"numbers, got {type(spec).__name__}") from None
     if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
         raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
-                         f"per position of prompt + max_tokens - 1), got {states.shape}")
+                         f"per position fed: prompt + max_tokens - 1, up to the context), got {states.shape}")
     return RequestExtra(init_mode=INIT_EXPLICIT, init_states=states)
 
 
@@ -61,3 +67,39 @@ def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
     if extra.init_mode == INIT_EXPLICIT:
         return None
     return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", huginn_seed)
+
+
+def update_text(extra: RequestExtra, request, model) -> bool:
+    """After a request's new token: apply its stop strings (new tokens decoded incrementally,
+    as is the text without spaces_between_special_tokens) and set the text of a finished one
+    (else decoded once). True when a stop string ends the running request now (the engine
+    finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
+    params = request.sampling_params
+    if not params.detokenize:
+        return False
+    # NOTE: a stop token (EOS, a stop id) ending the output adds no text, as in vLLM (unless
+    # include_stop_str_in_output)
+    stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
+                  and not params.include_stop_str_in_output)
+    stops_now = False
+    if params.stop or not params.spaces_between_special_tokens:
+        if extra.detokenizer is None:
+            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop,
+                                                       params.skip_special_tokens,
+                                                       params.spaces_between_special_tokens,
+                                                       params.include_stop_str_in_output)
+        # NOTE: no stop string ends the output before min_tokens (as no stop token does).
+        # The last token (max_tokens) is searched too: a stop string there trims the text
+        # and makes the reason "stop" (as vLLM's and the server's Choice).
+        if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
+                                    check_stop=request.num_output_tokens >= params.min_tokens,
+                                    stop_token=stop_token):
+            if request.is_finished:
+                request.finish_reason = FINISH_STOP
+            else:
+                stops_now = True
+        extra.text = extra.detokenizer.text
+    if request.is_finished and extra.detokenizer is None:
+        ids = request.output_token_ids
+        extra.text = model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
+    return stops_now

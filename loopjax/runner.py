@@ -62,8 +62,8 @@ class Runner:
         self._compiled: dict = {}  # (kind, batch shapes) -> ahead-of-time executable
         self.compile_times: list[CompileTime] = []  # one per executable built, in build order
         self.loop_counts = (max_loops,)  # fused loop counts compiled (warmup may add more)
-        dtype = jax.tree.leaves(self.params)[0].dtype
-        self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, dtype)
+        self.dtype = jax.tree.leaves(self.params)[0].dtype
+        self.state = kv_cache.allocate_state(self.cfg, layout, self.max_rows, self.dtype)
         step = huginn_step if self.cfg.family == "huginn" else ouro_step
 
         def traced(params, state, batch, kind):
@@ -104,6 +104,9 @@ class Runner:
     def submit(self, batch, kind: StepKind):
         """One asynchronous run of the shapes' executable (compiled now if missing); returns
         the device StepOut (None unless kind.final)."""
+        if self.state is None:  # reset_state could not allocate it
+            raise RuntimeError("the device state was lost with a failed step and could not be made "
+                               "anew; build a new engine")
         key = self._key(batch, kind)
         if key not in self._compiled:
             self.precompile([(batch, kind)], threads=1)
@@ -147,6 +150,13 @@ class Runner:
         host = jax.device_get(o)  # the one host read of this step
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
                           host.top_ids[:k], host.top_logprobs[:k])
+
+    def reset_state(self) -> None:
+        """A fresh (zeroed) device state: after a step failed on the device, the state it was
+        donated (and every later step's) may be lost with it. The executables stay. If this
+        raises (the device is gone), `submit` refuses every later step in one line."""
+        self.state = None  # NOTE: the old buffers go before the new ones are allocated
+        self.state = kv_cache.allocate_state(self.cfg, self.layout, self.max_rows, self.dtype)
 
     def warmup(self, *, loop_counts=(), series=False, adaptive=False, weighted=False,
                threads=None) -> int:

@@ -34,14 +34,18 @@ def _hash(*items) -> int:
 class FakeDevice:
     def __init__(self, max_rows: int, page_size: int, vocab_size: int, huginn: bool):
         self.max_rows, self.page_size, self.vocab_size, self.huginn = max_rows, page_size, vocab_size, huginn
-        slots = max_rows + 1  # the last one: padding rows' and non-emitting rows'
+        self.reset_state()
+        self.submissions = self.compilations = 0
+        self.compile_times: dict = {}
+
+    def reset_state(self) -> None:
+        """Empty device state (Runner.reset_state): no slot, history, carry or KV survives."""
+        slots = self.max_rows + 1  # the last one: padding rows' and non-emitting rows'
         self.last_tokens: list[int | None] = [None] * slots
         self.history: list[list[int] | None] = [None] * slots  # per token slot: prompt + outputs
         self.carry: list[tuple | None] = [None] * slots         # per-loop: (context, loops done)
         self.warm: list[int | None] = [None] * slots
         self.pool: dict[tuple[int, int, int], tuple] = {}
-        self.submissions = self.compilations = 0
-        self.compile_times: dict = {}
 
     def dispatch(self, rows, *, decode, loop_begin=0, num_loops=None, series=False, num_rows=0,
                  num_tokens=0) -> StepResult | None:
@@ -128,3 +132,19 @@ class FakeDevice:
             return [("zero",)] * (end - start)
         assert row.init_mode == INIT_WARM and row.decoded and self.warm[row.carry_slot] is not None
         return [self.warm[row.carry_slot]]
+
+
+def engine_on_fake_device(model, config, tokenizer=None):
+    """An Engine of `model`'s shapes (with `tokenizer`, if given) whose runner is a FakeDevice:
+    no warm-up, nothing compiles."""
+    import dataclasses
+
+    from loopjax.engine import Engine
+
+    if tokenizer is not None:
+        model = dataclasses.replace(model, tokenizer=tokenizer)
+    engine = Engine(model, dataclasses.replace(config, warmup=False, verbose=False))
+    cfg = model.cfg
+    engine.runner = FakeDevice(engine.runner.max_rows, config.page_size, cfg.vocab_size,
+                               huginn=cfg.family == "huginn")
+    return engine

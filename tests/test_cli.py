@@ -61,14 +61,33 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
 
     xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB.\n"
                        "BufferAssignment OOM Debugging.")
+    step = RuntimeError("a step failed on the device (XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory); "
+                        "its 1 running requests were aborted")  # the Engine's line for a failed read
     for error, detail in ((xla, ": RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB."),
-                          (MemoryError(), "")):
+                          (MemoryError(), ""), (step, f": {step}")):
         def out_of_memory(*args, error=error, **kwargs):
             raise error
 
         monkeypatch.setattr(loopjax.llm, "generate", out_of_memory)
         assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: out of memory{detail}\n"
+
+
+def test_no_help_text_prints_default_none(capsys):
+    """Every option whose default is no value says what that means (an engine flag's "default:
+    None" told nothing: the model's context, the CPU count...)."""
+    import dataclasses
+
+    from loopjax.engine_config import DEFAULT_WORDS, EngineConfig
+    texts = {}
+    for command in ("generate", "serve", "bench", "convert"):
+        with pytest.raises(SystemExit):
+            cli.main([command, "--help"])
+        texts[command] = " ".join(capsys.readouterr().out.split())
+        assert "default: None" not in texts[command] and "default: ()" not in texts[command], command
+    assert "--max-context-len INT default: the model's context length, at most 4096" in texts["serve"]
+    blank = {f.name for f in dataclasses.fields(EngineConfig) if f.default in (None, ())}
+    assert blank == set(DEFAULT_WORDS)  # a new field defaulting to no value needs its words
 
 
 def test_version(capsys):

@@ -645,7 +645,8 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
             ([1, 2], dict(max_new_tokens=4, temperature=-1), r"temperature must be in \[0, 2.0\], got -1"),
             ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
-            ([1, 300], dict(max_new_tokens=4), r"token id 300 is outside the vocabulary \[0, 256\)"),
+            ([1, 300], dict(max_new_tokens=4), r"prompt 0: token id 300 is outside the vocabulary "
+                                                r"\[0, 256\)"),
             ([1] * 512, dict(max_new_tokens=4), "a prompt of 512 tokens leaves no room to generate within "
                                                 "the model's context of 512 tokens"),
             # the model's own refusals (sampling_params.check_for_model), before the compile too
@@ -704,6 +705,31 @@ def test_interrupt_while_generating_leaves_the_llm_usable(ouro_llm, ouro_ref, mo
     out = ouro_llm.generate(ids[0], max_new_tokens=5, ignore_eos=True)[0]
     assert out.token_ids == ouro_ref["p0_greedy_tokens"][:5].tolist()
     assert engine.stats()["generated_tokens"] == stats["generated_tokens"] + 5
+
+
+def test_a_device_error_while_reading_leaves_the_llm_usable(ouro_llm, ouro_ref, monkeypatch):
+    """A read that raises (a device error) is one line; the call's requests are aborted, the
+    device state made anew (same shapes: nothing compiles in this strict engine) and the next
+    call gives the golden tokens."""
+    ids = [ouro_ref[f"{k}_input_ids"].tolist() for k in PROMPTS]
+    engine = ouro_llm.engine
+    original, calls = engine.runner.read, []
+
+    def failing(pending):
+        calls.append(pending)
+        if len(calls) == 3:
+            raise RuntimeError("INTERNAL: CUDA error: an illegal memory access was encountered")
+        return original(pending)
+
+    monkeypatch.setattr(engine.runner, "read", failing)
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: CUDA "):
+        ouro_llm.generate(ids, max_new_tokens=24, ignore_eos=True)
+    monkeypatch.undo()
+    stats = engine.stats()
+    assert not engine.has_unfinished() and stats["pages_free"] == stats["pages_total"]
+    out = ouro_llm.generate(ids, max_new_tokens=5, ignore_eos=True)
+    assert [o.token_ids for o in out] == [ouro_ref[f"{k}_greedy_tokens"][:5].tolist() for k in PROMPTS]
+    assert engine.stats()["compilations"] == stats["compilations"]
 
 
 def test_model_given_as_a_path_object(ouro_model, monkeypatch):

@@ -81,10 +81,10 @@ def test_a_config_without_threshold_selects_its_early_exit_step(model):
     cfg = dataclasses.replace(model.cfg, early_exit_threshold=None, early_exit_step=2)
     stepped = dataclasses.replace(model, cfg=cfg)
     engine = Engine(stepped, EngineConfig(**SMALL))
-    finals = run_requests(engine, {p: (prompt, greedy()) for p, prompt in enumerate(PROMPTS)})
+    finals = run_requests(engine, {f"p{p}": (prompt, greedy()) for p, prompt in enumerate(PROMPTS)})
     for p, prompt in enumerate(PROMPTS):
         tokens, loops = reference(stepped, prompt)  # forward's default: the config's step
-        assert (finals[p].token_ids, finals[p].exit_loops) == (tokens, loops)
+        assert (finals[f"p{p}"].token_ids, finals[f"p{p}"].exit_loops) == (tokens, loops)
         assert (tokens, loops) == reference(model, prompt, exit_step=2)
         assert tokens != reference(model, prompt)[0]  # the released rule differs here (not a no-op)
     # a request shallower than the config's step keeps its last loop; the identity path (and so

@@ -11,7 +11,7 @@ import types
 
 import numpy as np
 import pytest
-from fake_device import FakeDevice
+from fake_device import engine_on_fake_device
 
 import loopjax
 from loopjax.engine import Engine, EngineConfig
@@ -29,14 +29,12 @@ class _Letters:  # a tokenizer: token t is one letter, so stop strings match oft
     def decode(self, ids, skip_special_tokens=True):
         return "".join("abcdefgh"[t % 8] for t in ids)
 
+    def encode(self, text, add_special_tokens=True):
+        return types.SimpleNamespace(ids=["abcdefgh".index(c) for c in text])
+
 
 def _engine(model, config: EngineConfig) -> Engine:
-    model = dataclasses.replace(model, tokenizer=_Letters())
-    engine = Engine(model, dataclasses.replace(config, warmup=False, verbose=False))
-    cfg = model.cfg
-    engine.runner = FakeDevice(engine.runner.max_rows, config.page_size, cfg.vocab_size,
-                               huginn=cfg.family == "huginn")
-    return engine
+    return engine_on_fake_device(model, config, _Letters())
 
 
 def _workload(rng, family, ctx, fused, vocab, hidden):
@@ -160,6 +158,233 @@ def test_stop_string_in_the_last_token_trims_the_text(models):
     assert full.finish_reason == "length" and full.text.find(stop) == len(full.text) - 2
     out = _run(engine, [(0, "cut", [1, 2, 3], dataclasses.replace(params, stop=(stop,)), {})])["cut"]
     assert (out.text, out.finish_reason, out.token_ids) == (full.text[:-2], "stop", full.token_ids)
+
+
+@pytest.mark.parametrize("request_id", [7, None.__class__, b"r", ("r",)])
+def test_a_request_id_that_is_not_a_str_is_refused_in_one_line(models, request_id):
+    engine = _engine(models["ouro"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=32,
+                                                  max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    with pytest.raises(ValueError, match=r"^request_id must be a str .*got (int|type|bytes|tuple)$"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), request_id)
+    assert not engine.has_unfinished() and not engine._extra
+    assert engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), None)  # None: a fresh id
+
+
+def _llm(model, **config):
+    """An LLM over the fake device (no compile)."""
+    llm = object.__new__(loopjax.LLM)
+    llm.model = dataclasses.replace(model, tokenizer=_Letters())
+    llm.engine = _engine(model, EngineConfig(**{**dict(page_size=4, max_num_rows=2, max_context_len=32,
+                                                       max_prefill_tokens=8, prefill_token_buckets=(8,)),
+                                                **config}))
+    return llm
+
+
+def test_llm_initial_state_of_one_prompt_is_that_prompts_and_a_list_takes_one_per_prompt(models):
+    """One prompt: initial_state (an array or the same nested lists) is its states, whatever
+    its length; a list of prompts: one entry per prompt, an array refused in one line."""
+    model = models["huginn"]
+    llm, hidden = _llm(model), model.cfg.hidden_size
+    states = [np.random.default_rng(k).standard_normal((5, hidden)).astype(np.float32) for k in range(2)]
+    prompts, kw = [[1, 2, 3], [4, 5, 6]], dict(max_tokens=3, ignore_eos=True)
+    each = [llm.generate(p, initial_state=s, **kw)[0].token_ids for p, s in zip(prompts, states)]
+    nested = [llm.generate(p, initial_state=s.tolist(), **kw)[0].token_ids for p, s in zip(prompts, states)]
+    both = [o.token_ids for o in llm.generate(prompts, initial_state=states, **kw)]
+    as_lists = [o.token_ids for o in llm.generate(prompts, initial_state=[s.tolist() for s in states], **kw)]
+    assert each == nested == both == as_lists and each[0] != each[1]
+    one_row = [[0.5] * hidden]  # a one-position prompt, one token: the nested list is ONE state
+    assert llm.generate([7], initial_state=one_row, max_tokens=1)[0].token_ids
+    with pytest.raises(ValueError, match=r"^initial_state: one ndarray for a list of 2 prompts; give a list"):
+        llm.generate(prompts, initial_state=states[0], **kw)
+    with pytest.raises(ValueError, match=r"^initial_state: 5 entries for 2 prompts"):
+        llm.generate(prompts, initial_state=states[0].tolist(), **kw)
+    assert [o.token_ids for o in llm.generate(prompts, initial_state="zero", **kw)] == \
+        [llm.generate(p, initial_state="zero", **kw)[0].token_ids for p in prompts]
+    stats = llm.engine.stats()
+    assert stats["pages_free"] == stats["pages_total"] and not llm.engine.has_unfinished()
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_read_that_fails_aborts_the_running_requests_and_the_engine_serves_on(models, async_scheduling):
+    """Runner.read raising (a device error) is one line; the running requests are aborted
+    (reported by the next step, their pages and slots back), the prefix cache forgotten (its
+    KV went with the device state) and a fresh state made: the waiting request and a new one
+    with a cached prompt get the tokens a fresh engine gives them."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,), max_prefill_rows=2, enable_prefix_caching=True,
+                          async_scheduling=async_scheduling, max_logprobs=2)
+    engine = _engine(models["ouro"], config)
+    prompts = {"a": list(range(1, 10)), "b": list(range(20, 26)), "c": [7, 8, 9]}
+    params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=3, logprobs=1)
+    for rid, prompt in prompts.items():
+        engine.add_request(prompt, params, rid)
+    outs = engine.step() + engine.step()
+    assert {o.request_id for o in outs} == {"a", "b"} and not any(o.finished for o in outs)
+    read = engine.runner.read
+
+    def broken(pending):
+        engine.runner.read = read  # the next read works
+        raise RuntimeError("INTERNAL: an illegal memory access\nstack of the device error")
+    engine.runner.read = broken
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
+                                           r"illegal memory access\); its 2 running requests were aborted"):
+        engine.step()
+    aborted = [o for o in engine.step() if o.finished]
+    assert {(o.request_id, o.finish_reason) for o in aborted} == {("a", "abort"), ("b", "abort")}
+    engine.add_request(prompts["a"], params, "a again")  # its pages were cached: gone now
+    finals = _run(engine, [])
+    fresh = _run(_engine(models["ouro"], config), [(0, "c", prompts["c"], params, {}),
+                                                   (0, "a again", prompts["a"], params, {})])
+    assert {rid: (o.token_ids, o.logprobs) for rid, o in finals.items()} == \
+        {rid: (o.token_ids, o.logprobs) for rid, o in fresh.items()}
+    assert sorted(engine._free_token_slots) == list(range(engine.runner.max_rows))
+
+
+def test_llm_generate_after_a_failed_read_raises_one_line_and_the_next_call_runs(models):
+    llm = _llm(models["ouro"], max_num_rows=1)
+    kw = dict(max_tokens=4, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)]
+    read = llm.engine.runner.read
+
+    def broken(pending):
+        llm.engine.runner.read = read
+        raise RuntimeError("INTERNAL: device lost")
+    llm.engine.runner.read = broken
+    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: device "
+                                           r"lost\); its 1 running requests were aborted"):
+        llm.generate([[1, 2, 3], [4, 5]], **kw)
+    assert not llm.engine.has_unfinished() and not llm.engine._extra
+    assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)] == expected
+    stats = llm.engine.stats()
+    assert stats["pages_free"] == stats["pages_total"]
+
+
+def test_llm_names_the_empty_text_prompt_it_refuses(models):
+    llm = _llm(models["ouro"])
+    assert llm.generate(["ab", "c"], max_tokens=1, ignore_eos=True)[1].prompt_token_ids == [2]
+    with pytest.raises(ValueError, match="^prompt 1: empty prompt: give at least one token id$"):
+        llm.generate(["ab", ""], max_tokens=1)
+    assert not llm.engine.has_unfinished()
+
+
+def test_llm_takes_vllms_prompt_dicts(models):
+    """{"prompt_token_ids": ids} and {"prompt": text} (vLLM's TokensPrompt, TextPrompt), one or
+    a list; iterated as before, a dict's key names became the prompt text. Other keys, and a
+    set of prompts (no order), are refused in one line."""
+    llm = _llm(models["ouro"])
+    kw = dict(max_tokens=3, ignore_eos=True)
+    expected = [o.token_ids for o in llm.generate([[1, 2, 3], "abc"], **kw)]
+    assert [o.token_ids for o in llm.generate([{"prompt_token_ids": [1, 2, 3]}, {"prompt": "abc"}],
+                                              **kw)] == expected
+    one = llm.generate({"prompt_token_ids": [1, 2, 3]}, **kw)
+    assert len(one) == 1 and one[0].token_ids == expected[0] and one[0].prompt_token_ids == [1, 2, 3]
+    with pytest.raises(ValueError, match=r"^prompt 0: a prompt dict holds one key, 'prompt' \(text\) or "
+                                         r"'prompt_token_ids', got \['multi_modal_data', 'prompt'\]$"):
+        llm.generate({"prompt": "abc", "multi_modal_data": {}}, **kw)
+    with pytest.raises(ValueError, match="^prompts must be a string, token ids or a list of them, got set$"):
+        llm.generate({"ab", "cd"}, **kw)
+    assert not llm.engine.has_unfinished()
+
+
+def test_explicit_states_need_cover_only_the_positions_the_context_leaves(models):
+    """A max_tokens past the context (cut there, finish 'length') asks explicit Huginn states
+    for the positions that can be fed (max_context_len - 1), not prompt + max_tokens - 1."""
+    model = models["huginn"]
+    engine = _engine(model, EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,
+                                         max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    states = np.random.default_rng(0).standard_normal((15, model.cfg.hidden_size)).astype(np.float32)
+    params = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0.0)
+    out = _run(engine, [(0, "long", [1, 2, 3], params, {"initial_state": states})])["long"]
+    assert (len(out.token_ids), out.finish_reason) == (13, "length")
+    with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 15, "):
+        engine.add_request([1, 2, 3], params, initial_state=states[:14])
+
+
+@pytest.mark.parametrize("state", [{"s0": 1}, [[1.0, 2.0], [3.0]], object()])
+def test_an_initial_state_that_is_no_array_is_one_value_error(models, state):
+    engine = _engine(models["huginn"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,
+                                                    max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    with pytest.raises(ValueError, match=r"^initial_state must be 'seeded', 'zero' or an array \[pos"):
+        engine.add_request([1, 2, 3], SamplingParams(max_tokens=2), initial_state=state)
+    assert not engine.has_unfinished()
+
+
+def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_line(models):
+    """The state cannot be made anew after a failed read (the device is gone): the error says
+    to build a new engine, and the real runner refuses each later step in one line (its plan's
+    requests aborted) instead of running on no state."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=16, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,))
+    engine = _engine(models["ouro"], config)
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=4), "a")
+    engine.step()
+
+    def gone(*args):
+        raise RuntimeError("INTERNAL: device lost")
+    engine.runner.read = engine.runner.reset_state = gone
+    with pytest.raises(RuntimeError, match=r"1 running requests were aborted, no new KV pool "
+                                           r"\(RuntimeError\): build a new engine$"):
+        engine.step()
+    real = Engine(models["ouro"], dataclasses.replace(config, warmup=False, verbose=False))
+    real.runner.state = None  # what a failed Runner.reset_state leaves
+    real.add_request([1, 2, 3], SamplingParams(max_tokens=4), "b")
+    with pytest.raises(RuntimeError, match="^the device state was lost with a failed step and could not be "
+                                           "made anew; build a new engine$"):
+        real.step()
+    assert [(o.request_id, o.finish_reason) for o in real.step()] == [("b", "abort")]
+    assert real.stats()["pages_free"] == real.stats()["pages_total"]
+
+
+def test_llm_names_the_keywords_given_beside_sampling_params(models):
+    llm = _llm(models["ouro"])
+    with pytest.raises(ValueError, match=r"^give sampling_params or sampling keyword arguments, not both "
+                                         r"\(got max_tokens, temperature beside sampling_params\)$"):
+        llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3, temperature=0.5)
+
+
+def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkeypatch):
+    from loopjax import llm as llm_module
+
+    built = []
+    monkeypatch.setattr(llm_module, "LLM", lambda model, **options: built.append(options))
+    model = dataclasses.replace(models["ouro"], tokenizer=_Letters())
+    with pytest.raises(ValueError, match="^prompt 1: empty prompt: give at least one token id$"):
+        loopjax.generate(model, ["ab", ""], max_new_tokens=2)
+    assert built == []
+
+
+def test_generate_refuses_a_prompt_past_its_engines_context_before_building_it(models, monkeypatch):
+    from loopjax import llm as llm_module
+
+    built = []
+    monkeypatch.setattr(llm_module, "LLM", lambda model, **options: built.append(options))
+    with pytest.raises(ValueError, match="^a prompt of 40 tokens leaves no room to generate within the "
+                                         "engine's max_context_len=32$"):
+        loopjax.generate(models["ouro"], [1] * 40, max_new_tokens=2, engine_options={"max_context_len": 32})
+    assert built == []
+
+
+def test_generate_takes_engine_options_with_lists(models, monkeypatch):
+    """EngineConfig takes a list of ints for a tuple field; generate keyed its engine cache by
+    the options and raised "unhashable type: 'list'"."""
+    from loopjax import llm as llm_module
+
+    built = []
+
+    class NoEngine:
+        def __init__(self, model, **options):
+            self.model = model
+            built.append(options)
+
+        def generate(self, *args, **kwargs):
+            return []
+
+    monkeypatch.setattr(llm_module, "LLM", NoEngine)
+    monkeypatch.setattr(llm_module, "_CACHE", {})
+    for _ in range(2):
+        loopjax.generate(models["ouro"], [1, 2], max_new_tokens=2,
+                         engine_options={"max_num_rows": 4, "decode_row_buckets": [4]})
+    assert len(built) == 1 and built[0]["decode_row_buckets"] == (4,)
 
 
 class _Specials(_Letters):  # tokens divisible by 4 are special: "<t>", left out when skipped

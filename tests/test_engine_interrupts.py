@@ -1,8 +1,10 @@
-"""Engine.step() interrupted at random (an exception while a step is dispatched, or while the
-host waits for one's result) over the random workloads of tests/test_engine_host.py on the fake
-device: a plan whose dispatch raised never ran and its requests end as aborted, a step not yet
-read stays queued for the next step(); the token and carry slots and the pages stay
-consistent after every step, and every request that was not aborted gets its tokens alone."""
+"""Engine.step() interrupted at random (an interrupt, as Ctrl-C's, while a step is dispatched or
+while the host waits for one's result) over the random workloads of tests/test_engine_host.py
+on the fake device: a plan whose dispatch raised never ran and its requests end as aborted, a
+step not yet read stays queued for the next step(); a read that fails (a device error, an
+Exception) aborts the running requests and the engine serves on. The token and carry slots and
+the pages stay consistent after every step, and every request that was not aborted gets its
+tokens alone."""
 
 from __future__ import annotations
 
@@ -11,13 +13,18 @@ import random
 from test_engine_host import check_alone, check_engine, models, random_scenario  # noqa: F401 (models: a fixture)
 
 
-class Interrupt(Exception):
+class Interrupt(BaseException):  # as Ctrl-C's KeyboardInterrupt: no Exception
     pass
 
 
-def _run_interrupted(engine, items, rng, rate):
+class DeviceError(RuntimeError):
+    pass
+
+
+def _run_interrupted(engine, items, rng, rate, read_error=Interrupt):
     """Step to the end while dispatch and read raise at `rate` (before the fake device runs,
-    resp. after it ran); aborts too. Returns ({id: final output}, interruptions)."""
+    resp. after it ran; read: `read_error`); aborts too. Returns ({id: final output},
+    interruptions)."""
     device, arrivals, finals = engine.runner, {}, {}
     dispatch, read, interruptions = device.dispatch, device.read, []
 
@@ -25,7 +32,7 @@ def _run_interrupted(engine, items, rng, rate):
         def wrapped(*args, **kwargs):
             if rng.random() < rate:
                 interruptions.append(name)
-                raise Interrupt(name)
+                raise (read_error if name == "read" else Interrupt)(name)
             return call(*args, **kwargs)
         return wrapped
     device.dispatch, device.read = flaky(dispatch, "dispatch"), flaky(read, "read")
@@ -41,6 +48,9 @@ def _run_interrupted(engine, items, rng, rate):
         try:
             outputs = engine.step()
         except Interrupt:
+            outputs = []
+        except RuntimeError as e:  # the engine's one line for a failed read
+            assert read_error is not Interrupt and str(e).startswith("a step failed on the device ("), e
             outputs = []
         for out in outputs:
             assert out.request_id not in finals
@@ -64,9 +74,19 @@ def test_interrupted_steps_keep_slots_pages_and_tokens(models):  # noqa: F811
     assert kinds == {"dispatch", "read"}
 
 
-def _scenario(loaded: dict, seed: int) -> list[str]:
+def test_failed_reads_abort_the_running_requests_and_the_engine_serves_on(models):  # noqa: F811
+    kinds = set()
+    for seed in range(12):
+        try:
+            kinds |= set(_scenario(models, seed, read_error=DeviceError, rate=0.05))
+        except AssertionError as e:
+            raise AssertionError(f"seed {seed}: {e}") from e
+    assert "read" in kinds
+
+
+def _scenario(loaded: dict, seed: int, read_error=Interrupt, rate=0.1) -> list[str]:
     rng = random.Random(seed)
     model, config, engine, items = random_scenario(loaded, rng)
-    finals, interruptions = _run_interrupted(engine, items, rng, rate=0.1)
+    finals, interruptions = _run_interrupted(engine, items, rng, rate=rate, read_error=read_error)
     check_alone(model, config, items, finals)
     return interruptions

@@ -146,3 +146,30 @@ def test_kernel_groups_drop_numeric_suffixes():
     events = synthetic_trace() + [_x(GPU, STREAM, "A_7", 200, 30)]
     groups = profile.device_summary(events)["top_kernel_groups"]
     assert (groups[0]["name"], groups[0]["count"], groups[0]["total_us"]) == ("A", 3, 60)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_a_step_is_named_by_the_plan_it_reads(async_scheduling):
+    """Pipelined, a step sends plan n + 1 and reads (waits for) plan n: the record takes plan
+    n's kind and rows, so each kind counts the plans applied of it, and the burst's last step
+    (it sends nothing) is no idle step. On the fake device (tests/fake_device.py)."""
+    from fake_device import engine_on_fake_device
+
+    import loopjax
+    from loopjax.engine import EngineConfig
+    from loopjax.sampling_params import SamplingParams
+
+    config = EngineConfig(page_size=4, max_num_rows=4, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,), max_prefill_rows=1, async_scheduling=async_scheduling)
+    engine = engine_on_fake_device(loopjax.load("tests/data/ouro"), config)
+    applied = []  # (kind, real rows) of every plan the engine applies, in order
+    update = engine.scheduler.update
+    engine.scheduler.update = lambda plan, out: applied.append((plan.kind.value, plan.num_real_rows)) \
+        or update(plan, out)
+    timer = profile.StageTimer(engine)
+    for k, length in enumerate((6, 7, 5)):  # one prompt per prefill step: prefills among decodes
+        engine.add_request(list(range(1, length + 1)), SamplingParams(max_tokens=4 + k, ignore_eos=True))
+    profile._drain(engine)
+    named = [(r["kind"], r["rows"]) for r in timer.records if r["kind"] != "idle"]
+    assert named == applied and {"prefill", "decode"} <= {kind for kind, _ in named}
+    assert timer.records[-1]["kind"] == "decode"
