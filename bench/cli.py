@@ -63,6 +63,8 @@ def add_arguments(parser):
                         help="drawing requests: a request's seed is SAMPLING_SEED + crc32(its prompt "
                              "ids), so runs repeat (default: a random seed per request)")
     parser.add_argument("--url", default=None, help="http://host:port of a running `loopjax serve`")
+    parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or None,
+                        help="with --url: the server's API key (default: $OPENAI_API_KEY)")
     parser.add_argument("--vocab-size", type=int, default=None,
                         help="with --url: token ids to draw from (default: the server's /v1/models)")
     parser.add_argument("--no-warmup-request", action="store_true", help="skip the untimed warm-up request")
@@ -299,8 +301,9 @@ async def _run_http(args, plan, deadline):
     most = max(spec.num_requests for _, spec in items)
     limits = httpx.Limits(max_connections=most + 4, max_keepalive_connections=64)
     try:
+        headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         return await _run_http_client(args, items, deadline, httpx.AsyncClient(
-            base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits))
+            base_url=args.url, timeout=httpx.Timeout(600.0), limits=limits, headers=headers))
     except (httpx.HTTPError, httpx.InvalidURL) as e:  # e.g. no server up yet: not a traceback
         raise RuntimeError(f"cannot reach the server at {args.url}: {e or type(e).__name__}") from None
 
@@ -311,7 +314,11 @@ async def _run_http_client(args, items, deadline, client):
     async with client:
         vocab_size = args.vocab_size
         if vocab_size is None:
-            reply = (await client.get("/v1/models")).json()
+            response = await client.get("/v1/models")
+            if response.status_code == 401:
+                raise RuntimeError(f"the server at {args.url} asks for an API key (401): pass --api-key "
+                                   f"or set OPENAI_API_KEY")
+            reply = response.json()
             cards = reply.get("data") if isinstance(reply, dict) else None
             cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
             vocab_size = next((c.get("vocab_size") for c in cards if c.get("id") == args.model), None)
