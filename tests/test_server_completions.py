@@ -295,10 +295,10 @@ def test_stop_strings_end_the_text_on_the_server_side(client, served_model, monk
     """A stop string ends the choice before it (answer and stream alike, finish_reason "stop"),
     matched by the server on the text it streams: the engine gets the request without stop
     strings and makes no text of its own (no second detokenization)."""
-    import loopjax.engine
+    import loopjax.request_extra
 
     made = []
-    monkeypatch.setattr(loopjax.engine, "IncrementalDetokenizer",
+    monkeypatch.setattr(loopjax.request_extra, "IncrementalDetokenizer",
                         lambda *a, **k: made.append(a) or pytest.fail("the engine detokenized"))
     kw = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=12, temperature=0,
               extra_body={"ignore_eos": True})
