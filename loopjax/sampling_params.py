@@ -100,7 +100,7 @@ class SamplingParams:
     seed: int | None = None  # None: a random seed drawn and stored at creation
     n: int = 1  # independent samples of the prompt, >= 1 (`fan_out` gives one params each)
     stop_token_ids: tuple[int, ...] = ()  # finish when one of these is generated
-    stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed)
+    stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed); a str is one
     ignore_eos: bool = False  # keep generating past the model's EOS token
     min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
     detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
@@ -142,7 +142,8 @@ class SamplingParams:
         check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
         check_int("n", self.n, 1)
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
-        object.__setattr__(self, "stop", _str_tuple("stop", self.stop))
+        stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one string, as vLLM takes it
+        object.__setattr__(self, "stop", _str_tuple("stop", stop))
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         check_int("min_tokens", self.min_tokens, 0)

@@ -277,6 +277,7 @@ def test_logprobs_are_log_softmax_of_raw_logits():
 def test_defaults_and_normalisation():
     p = SamplingParams(top_k=-1, stop=["a"], stop_token_ids=[2], exit_trace=[1, 2])
     assert p.top_k == 0 and p.stop == ("a",) and p.stop_token_ids == (2,) and p.exit_trace == (1, 2)
+    assert SamplingParams(stop="\n").stop == ("\n",)  # one string, as vLLM takes it
     assert isinstance(p.seed, int) and 0 <= p.seed < 2**31
     assert SamplingParams().seed != SamplingParams().seed  # drawn, 1 in 2**31 to collide
     assert dataclasses.replace(p, top_p=0.5).seed == p.seed  # the recorded seed is kept
@@ -301,7 +302,8 @@ def test_defaults_and_normalisation():
     (dict(seed=2**64), "seed must be in"),
     (dict(seed="x"), "seed must be an integer"),
     (dict(stop_token_ids=[-3]), "every stop_token_ids entry must be >= 0, got -3"),
-    (dict(stop="abc"), "stop must be a list of strings"),
+    (dict(stop=5), "stop must be a list of strings"),
+    (dict(stop=""), "every stop entry must be a non-empty string"),
     (dict(stop=[""]), "every stop entry must be a non-empty string"),
     (dict(detokenize=1), "detokenize must be true or false"),
     (dict(stop=["a"], detokenize=False), "stop strings need detokenize=True"),
