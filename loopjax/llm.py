@@ -65,8 +65,9 @@ class LLM:
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  *, initial_state=None, warm_start: bool = False, use_tqdm: bool = False,
                  **kwargs: Any) -> list[GenerateOutput]:
-        """One GenerateOutput per prompt and sample, in order (with n samples per prompt,
-        prompt p's sample i is result p * n + i). initial_state: the prompt's (one prompt) or
+        """One GenerateOutput per prompt and sample, in order: each prompt's samples together,
+        sample 0 first (with the same n for every prompt, prompt p's sample i is result
+        p * n + i). initial_state: the prompt's (one prompt) or
         one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a
         SamplingParams (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to
         0.0, greedy, as in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is
