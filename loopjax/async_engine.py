@@ -20,6 +20,11 @@ Contract:
   window changed nothing and 5 or 10 ms made burst-32 slower (bench/RESULTS.md runs 26, 30),
   so it stays off. A busy engine takes new requests at its next step.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
+- A step that fails on the device (the Engine's StepFailedError) fails the requests it lost
+  with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
+  device state. After MAX_STEP_FAILURES failed steps with no token between them, one it could
+  not recover from, or any other error of a step, the loop stops: every open request gets an
+  `EngineDeadError` (503), as do every later submit and /health.
 - `shutdown()` sets the stop event, joins the thread and fails the streams still open.
 This module imports neither JAX nor FastAPI; it works with any object that has the
 Engine's add_request / abort / step / has_unfinished / stats methods.
@@ -36,11 +41,13 @@ import traceback
 import uuid
 
 from loopjax.metrics import ServingMetrics
+from loopjax.request import StepFailedError
 
 log = logging.getLogger("loopjax.async_engine")
 
 
 ADMISSION_WINDOWS = 10  # the longest an idle engine waits for a burst's requests, in windows
+MAX_STEP_FAILURES = 3  # failed steps with no token between them, after which the device counts as dead
 
 
 class QueueFullError(RuntimeError):
@@ -49,6 +56,10 @@ class QueueFullError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine loop is not running (stopped, or a step raised)."""
+
+
+class RequestFailedError(RuntimeError):
+    """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
 
 
 _CLOSED = object()  # queue item: the stream was closed while a reader waited
@@ -250,16 +261,24 @@ class AsyncEngine:
 
     def _fail_all(self, error: BaseException):
         """Every open stream and every unanswered admission gets `error`."""
-        streams, self._streams = self._streams, {}
-        for stream in streams.values():
-            stream.queue.put_nowait(error)
-            stream.started.set()
+        self._fail_streams(list(self._streams), error)
         for future in self._pending:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
-        self.num_waiting = 0
-        self.metrics.waiting.set(0)
+
+    def _fail_streams(self, request_ids: list[str], error: BaseException) -> int:
+        """The streams of `request_ids` still open end with `error`; -> how many."""
+        streams = [s for rid in request_ids if (s := self._streams.pop(rid, None)) is not None]
+        for stream in streams:
+            self._set_waiting(-(stream.first_token_at is None))
+            stream.queue.put_nowait(error)
+            stream.started.set()
+        return len(streams)
+
+    def _on_step_failure(self, request_ids: list[str], error: RequestFailedError):
+        self.metrics.step_failures.inc()
+        self.metrics.aborted.inc(self._fail_streams(request_ids, error))
 
     def _on_stats(self, stats):
         self._stats = stats
@@ -273,6 +292,7 @@ class AsyncEngine:
             self._stop.set()
 
     def _run(self):
+        failures = 0  # failed steps since the last one read
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before draining: a post after this wakes the wait below
@@ -281,7 +301,17 @@ class AsyncEngine:
                 if idle and changed:
                     self._admit_burst()
                 if self.engine.has_unfinished():
-                    outputs = self.engine.step()
+                    try:
+                        outputs = self.engine.step()
+                        if any(out.new_token_ids for out in outputs):  # a step read back (not only aborts)
+                            failures = 0
+                    except StepFailedError as e:
+                        failures += 1
+                        if not e.recovered or failures >= MAX_STEP_FAILURES:
+                            raise
+                        log.error("%s; the engine serves on", e)
+                        self._call(self._on_step_failure, e.request_ids, RequestFailedError(str(e)))
+                        outputs = None
                     if outputs:
                         self._call(self._deliver, outputs)
                     changed = True

@@ -41,7 +41,15 @@ from loopjax.engine_config import EngineConfig
 from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
-from loopjax.request import FINISH_STOP, Request, RequestOutput, Snapshot, check_exit_depth, check_prompt_ids
+from loopjax.request import (
+    FINISH_STOP,
+    Request,
+    RequestOutput,
+    Snapshot,
+    StepFailedError,
+    check_exit_depth,
+    check_prompt_ids,
+)
 from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
@@ -210,7 +218,7 @@ class Engine:
             raise self._lose_device_state(e) from e
         return self._update(self._in_flight.popleft()[0], result)
 
-    def _lose_device_state(self, error: Exception) -> RuntimeError:
+    def _lose_device_state(self, error: Exception) -> StepFailedError:
         """A step's read raised: drop every step in flight, abort every admitted request (their
         KV went with the donated state; reported by the next step), forget the prefix cache
         and start a fresh device state, so that waiting and new requests run; the error to
@@ -224,12 +232,13 @@ class Engine:
         self.scheduler.block_manager.forget_cached()
         try:
             self.runner.reset_state()
-            after = "the KV pool made anew"
+            recovered, after = True, "the KV pool made anew"
         except Exception as e:  # NOTE: the device is gone; Runner.submit refuses every later step
-            after = f"no new KV pool ({type(e).__name__}): build a new engine"
+            recovered, after = False, f"no new KV pool ({type(e).__name__}): build a new engine"
         line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return RuntimeError(f"a step failed on the device ({type(error).__name__}: {line}); its "
-                            f"{len(lost)} running requests were aborted, {after}")
+        return StepFailedError(f"a step failed on the device ({type(error).__name__}: {line}); its "
+                               f"{len(lost)} running requests were aborted, {after}",
+                               [r.request_id for r in lost], recovered)
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from loopjax.request import StepFailedError
+
 _SIMPLE_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
@@ -85,15 +87,17 @@ def build_engine(args, timings: dict | None = None):
 
 def failure_line(e: BaseException) -> str | None:
     """The one line a command prints when loading a model or building and running an engine
-    fails for a reason the user can act on: a bad model or option (ValueError, OSError) or too
+    fails for a reason the user can act on: a bad model or option (ValueError, OSError), too
     little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError, also as the cause the
-    Engine's one-line step failure names); None for anything else (a bug, whose traceback
-    should stay)."""
+    Engine's one-line step failure names) or another device error (the Engine's StepFailedError,
+    which names it); None for anything else (a bug, whose traceback should stay)."""
     first = str(e).splitlines()[0] if str(e) else ""
     if isinstance(e, ValueError | OSError):
         return first or type(e).__name__
     if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in first):
         return f"out of memory: {first}" if first else "out of memory"
+    if isinstance(e, StepFailedError):
+        return first
     return None
 
 

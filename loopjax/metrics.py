@@ -185,8 +185,11 @@ class ServingMetrics:
         self.requests = r.counter("loopjax_requests_total", "Requests accepted")
         self.finished = r.counter("loopjax_requests_finished_total", "Requests finished")
         self.aborted = r.counter("loopjax_requests_aborted_total",
-                                 "Requests aborted: client gone, server shutting down, admission rolled back")
+                                 "Requests aborted: client gone, server shutting down, admission rolled "
+                                 "back, a step failed")
         self.rejected = r.counter("loopjax_requests_rejected_total", "Requests rejected: queue full")
+        self.step_failures = r.counter("loopjax_step_failures_total",
+                                       "Engine steps that failed on the device (their requests failed)")
         self.prompt_tokens = r.counter("loopjax_prompt_tokens_total", "Prompt tokens accepted")
         self.generation_tokens = r.counter("loopjax_generation_tokens_total", "Tokens generated")
         self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)

@@ -47,6 +47,16 @@ FINISH_LENGTH = "length"
 FINISH_ABORT = "abort"
 
 
+class StepFailedError(RuntimeError):
+    """Engine.step()'s one line when a step failed on the device: `request_ids` were aborted
+    (their outputs come with the next step); `recovered` when a fresh device state was made, so
+    the engine serves on (the server then fails only those requests)."""
+
+    def __init__(self, message: str, request_ids: list[str], recovered: bool):
+        super().__init__(message)
+        self.request_ids, self.recovered = request_ids, recovered
+
+
 class RequestPhase(enum.Enum):
     WAITING = "waiting"        # queued, holds no page, nothing computed
     PREFILLING = "prefilling"  # admitted; some prompt chunks computed, more to come

@@ -9,7 +9,9 @@ Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
   "param", "code"}}`, `param` naming the field; a full queue gets 429 (a request needing more
   engine requests at once than max_waiting: 400, as no retry can pass); a dead engine 503, as
-  does a full answer still running when the graceful shutdown (SIGTERM, Ctrl-C; 5 s) ends.
+  does a full answer still running when the graceful shutdown (SIGTERM, Ctrl-C; 5 s) ends; a
+  request lost to a step that failed on the device 500, while the server serves on
+  (async_engine.py). A stream that began gets the error as its last event before [DONE].
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
@@ -53,7 +55,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from loopjax import __version__
-from loopjax.async_engine import AsyncEngine, EngineDeadError, QueueFullError, merge_streams
+from loopjax.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    QueueFullError,
+    RequestFailedError,
+    merge_streams,
+)
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs
 from loopjax.openai_protocol import (
@@ -125,6 +133,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
 
+    def engine_error(e: EngineDeadError | RequestFailedError) -> APIError:
+        """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""
+        return APIError(503 if isinstance(e, EngineDeadError) else 500, str(e), None, "server_error")
+
     async def submit_all(body, jobs: list[tuple[list[int], object]]) -> list:
         """All (prompt ids, params) admitted at once (one engine turn), or none: the first
         error maps to HTTP."""
@@ -140,7 +152,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         if isinstance(e, QueueFullError):
             raise APIError(429, str(e), None, "rate_limit_error")
         if isinstance(e, EngineDeadError):
-            raise APIError(503, str(e), None, "server_error")
+            raise engine_error(e)
         if isinstance(e, ValueError):  # the engine's one line, less its internal request id
             message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
             raise bad_request(message, param_of(message, body) or "prompt")
@@ -250,8 +262,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 for stream in streams:
                     stream.close()
                 return APIError(503, "server shutting down", None, "server_error").response()
-            if isinstance(consumer.exception(), EngineDeadError):
-                raise APIError(503, str(consumer.exception()), None, "server_error")
+            if isinstance(consumer.exception(), EngineDeadError | RequestFailedError):
+                raise engine_error(consumer.exception())
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
@@ -291,8 +303,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     yield sse(json.dumps({**head, "choices": [choice]}))
                 if include_usage:
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
-            except EngineDeadError as e:
-                yield sse(APIError(503, str(e), None, "server_error").response().body.decode())
+            except (EngineDeadError, RequestFailedError) as e:
+                yield sse(engine_error(e).response().body.decode())
             except APIError as e:  # the scorer's error, after the stream began
                 yield sse(e.response().body.decode())
             finally:  # NOTE: also when the client leaves while the prompts are scored

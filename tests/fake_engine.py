@@ -3,8 +3,10 @@
 One token per step per request (token = previous + 1), one page each; it has the Engine's
 add_request / abort / step / has_unfinished / stats methods (async_engine.py's contract)
 and records which threads called it. Knobs: `fail_at_step` (that step raises, as a broken
-device would), `paused` (the loop accepts requests but never steps), `gate` (an Event that
-step() waits for)."""
+device would), `lose_token` (a step that would give a request a token it accepts raises the
+Engine's StepFailedError: every running request lost and reported aborted by the next step, a
+fresh state made unless `recovered` is False), `paused` (the loop accepts requests but never
+steps), `gate` (an Event that step() waits for)."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ import threading
 import time
 import types
 
+from loopjax.request import StepFailedError
+
 
 class FakeEngine:
     """Exact stand-in: one token per step per request (token = previous + 1), 1 page each."""
 
-    def __init__(self, fail_at_step=None):
-        self.requests, self.steps, self.fail_at_step = {}, 0, fail_at_step
+    def __init__(self, fail_at_step=None, lose_token=None):
+        self.requests, self.steps, self.fail_at_step, self.lose_token = {}, 0, fail_at_step, lose_token
+        self.recovered, self.lost = True, []  # lost: request ids the next step reports aborted
         self.thread_ids = set()
         self.paused = False  # while set, the loop accepts requests but never steps
         self.gate = None  # a threading.Event step() waits for, when set
@@ -33,7 +38,7 @@ class FakeEngine:
         self.requests.pop(request_id)
 
     def has_unfinished(self):
-        return bool(self.requests) and not self.paused
+        return bool(self.requests or self.lost) and not self.paused
 
     def stats(self):
         return {"queue_len": 0, "running_rows": len(self.requests), "pages_used": len(self.requests),
@@ -46,8 +51,14 @@ class FakeEngine:
             self.gate.wait(10)
         if self.steps == self.fail_at_step:
             raise RuntimeError("device fell over")
+        if self.lose_token and any(self.lose_token(r.last + 1) for r in self.requests.values()):
+            lost, self.requests = list(self.requests), {}
+            self.lost += lost
+            raise StepFailedError(f"a step failed on the device; {len(lost)} lost", lost, self.recovered)
+        outs = [types.SimpleNamespace(request_id=rid, new_token_ids=[], finished=True, finish_reason="abort")
+                for rid in self.lost]
+        self.lost = []
         time.sleep(0.002)
-        outs = []
         for rid, r in list(self.requests.items()):
             r.last += 1
             r.ids.append(r.last)

@@ -207,3 +207,62 @@ def test_a_submit_cancelled_after_its_first_token_counts_it_once():
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_step_lost_on_the_device_fails_its_requests_and_the_engine_serves_on():
+    """The Engine's StepFailedError (a failed read, a fresh device state made): the requests it
+    lost end with a RequestFailedError naming the failure, the loop serves on; MAX_STEP_FAILURES
+    failed steps with no token between them (the steps that only report the aborts give none)
+    make the device count as dead, as does a failure without a fresh state."""
+    from loopjax.async_engine import MAX_STEP_FAILURES, RequestFailedError
+
+    params = SamplingParams(max_tokens=4, temperature=0)
+
+    async def run(stream):
+        return [o.token_ids async for o in stream][-1]
+
+    async def start(fake):
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        return aeng
+
+    async def main():
+        fake = FakeEngine(lose_token=lambda t: t == 12)
+        fake.paused = True  # both admitted before the first step
+        aeng = await start(fake)
+        streams = [await aeng.submit([10 * i], params) for i in (1, 2)]
+        fake.paused = False
+        for stream in streams:  # 11 and 21, then the step that would give 12 loses both
+            with pytest.raises(RequestFailedError, match=r"^a step failed on the device; 2 lost$"):
+                await run(stream)
+        assert await run(await aeng.submit([5], params)) == [6, 7, 8, 9]
+        assert aeng.running and aeng.num_waiting == 0
+        assert (aeng.metrics.step_failures.value, aeng.metrics.aborted.value) == (1, 2)
+        aeng.shutdown()
+
+        # a token before each failure: it serves on, however many fail
+        aeng = await start(FakeEngine(lose_token=lambda t: t == 3))
+        for _ in range(MAX_STEP_FAILURES + 1):
+            with pytest.raises(RequestFailedError):
+                await run(await aeng.submit([1], params))
+        assert aeng.running and aeng.metrics.step_failures.value == MAX_STEP_FAILURES + 1
+        aeng.shutdown()
+
+        aeng = await start(FakeEngine(lose_token=lambda t: True))  # a broken device: no token at all
+        for _ in range(1, MAX_STEP_FAILURES):
+            with pytest.raises(RequestFailedError):
+                await run(await aeng.submit([1], params))
+        with pytest.raises(EngineDeadError, match=r"^engine step failed: StepFailedError: a step failed"):
+            await run(await aeng.submit([1], params))
+        assert not aeng.running and aeng.metrics.step_failures.value == MAX_STEP_FAILURES - 1
+        with pytest.raises(EngineDeadError):
+            await aeng.submit([1], params)
+
+        fake = FakeEngine(lose_token=lambda t: True)
+        fake.recovered = False  # no fresh device state: dead at once
+        aeng = await start(fake)
+        with pytest.raises(EngineDeadError, match=r"^engine step failed: StepFailedError: a step failed"):
+            await run(await aeng.submit([1], params))
+        assert not aeng.running
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -73,6 +73,23 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
         assert capsys.readouterr().err == f"loopjax generate: error: out of memory{detail}\n"
 
 
+def test_a_device_error_in_generate_is_one_line(monkeypatch, capsys):
+    """A step that failed on the device for another reason than memory: the Engine's one line,
+    exit code 2 (it was a traceback)."""
+    import loopjax.llm
+    from loopjax.request import StepFailedError
+
+    line = ("a step failed on the device (XlaRuntimeError: INTERNAL: an illegal memory access); its 1 "
+            "running requests were aborted, the KV pool made anew")
+
+    def failed(*args, **kwargs):
+        raise StepFailedError(line, ["0"], True)
+
+    monkeypatch.setattr(loopjax.llm, "generate", failed)
+    assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2"]) == 2
+    assert capsys.readouterr().err == f"loopjax generate: error: {line}\n"
+
+
 def test_no_help_text_prints_default_none(capsys):
     """Every option whose default is no value says what that means (an engine flag's "default:
     None" told nothing: the model's context, the CPU count...)."""

@@ -15,6 +15,7 @@ from fake_device import engine_on_fake_device
 
 import loopjax
 from loopjax.engine import Engine, EngineConfig
+from loopjax.request import StepFailedError
 from loopjax.sampling_params import SamplingParams
 
 MODELS = {"ouro": "tests/data/ouro", "huginn": "tests/data/huginn/huginn_shape_242"}
@@ -226,9 +227,11 @@ def test_a_read_that_fails_aborts_the_running_requests_and_the_engine_serves_on(
         engine.runner.read = read  # the next read works
         raise RuntimeError("INTERNAL: an illegal memory access\nstack of the device error")
     engine.runner.read = broken
-    with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
-                                           r"illegal memory access\); its 2 running requests were aborted"):
+    with pytest.raises(StepFailedError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
+                                              r"illegal memory access\); its 2 running requests were "
+                                              r"aborted, the KV pool made anew$") as failed:
         engine.step()
+    assert sorted(failed.value.request_ids) == ["a", "b"] and failed.value.recovered
     aborted = [o for o in engine.step() if o.finished]
     assert {(o.request_id, o.finish_reason) for o in aborted} == {("a", "abort"), ("b", "abort")}
     engine.add_request(prompts["a"], params, "a again")  # its pages were cached: gone now
@@ -322,9 +325,10 @@ def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_l
     def gone(*args):
         raise RuntimeError("INTERNAL: device lost")
     engine.runner.read = engine.runner.reset_state = gone
-    with pytest.raises(RuntimeError, match=r"1 running requests were aborted, no new KV pool "
-                                           r"\(RuntimeError\): build a new engine$"):
+    with pytest.raises(StepFailedError, match=r"1 running requests were aborted, no new KV pool "
+                                              r"\(RuntimeError\): build a new engine$") as failed:
         engine.step()
+    assert failed.value.request_ids == ["a"] and not failed.value.recovered
     real = Engine(models["ouro"], dataclasses.replace(config, warmup=False, verbose=False))
     real.runner.state = None  # what a failed Runner.reset_state leaves
     real.add_request([1, 2, 3], SamplingParams(max_tokens=4), "b")

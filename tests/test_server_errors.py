@@ -1,6 +1,7 @@
 """Failures while serving: a cancelled stream or a vanished client aborts its requests and
 frees their pages, a full queue answers 429 (also when it fills in the middle of an `n`
-fan-out), and after each the server keeps serving; a dead engine answers 503 everywhere."""
+fan-out), a step lost on the device fails its requests with 500, and after each the server
+keeps serving; a dead engine answers 503 everywhere."""
 
 from __future__ import annotations
 
@@ -160,6 +161,34 @@ def test_dead_engine_answers_503():
         assert r.json()["error"]["message"] == "engine is not running (device fell over)"
         health = httpx.get(live.url + "/health", timeout=10)
         assert health.status_code == 503 and health.json() == {"status": "dead", "error": "device fell over"}
+
+
+def test_a_request_lost_on_the_device_is_500_and_the_server_serves_on():
+    """A step that fails on the device and is recovered from (the Engine's StepFailedError)
+    fails the requests it lost with a one-line 500 (a stream: as its last event before [DONE],
+    after its tokens); later requests run, /health stays ok and /metrics counts the failure.
+    (The server loop used to die on it: 503 for every later request.)"""
+    fake = FakeEngine(lose_token=lambda t: t in (103, 1003))
+    app = create_app(fake, MODEL_NAME)
+    with LiveServer(app) as live:
+        url = live.url + "/v1/completions"
+        r = httpx.post(url, json={"prompt": [1000], "max_tokens": 5}, timeout=30)
+        assert r.status_code == 500, r.text
+        assert r.json()["error"] == {"message": "a step failed on the device; 1 lost", "type": "server_error",
+                                     "param": None, "code": 500}
+        with httpx.stream("POST", url, json={"prompt": [100], "max_tokens": 5, "stream": True},
+                          timeout=30) as stream:
+            events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        assert [t for c in chunks[:-1] for t in c["choices"][0]["token_ids"]] == [101, 102]
+        assert chunks[-1]["error"]["code"] == 500
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 3}, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [6, 7, 8]
+        assert httpx.get(live.url + "/health", timeout=10).json() == {"status": "ok"}
+        metrics = httpx.get(live.url + "/metrics", timeout=10).text
+        assert "loopjax_step_failures_total 2" in metrics.splitlines()
+    assert not fake.requests and not fake.lost
 
 
 def test_a_full_answer_cut_by_shutdown_is_503():
