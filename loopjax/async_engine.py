@@ -115,8 +115,8 @@ class RequestStream:
 class AsyncEngine:
     def __init__(self, engine, *, max_waiting: int = 256, idle_timeout_s: float = 0.5,
                  admission_window_s: float = 0.0, metrics: ServingMetrics | None = None):
-        if max_waiting < 0:
-            raise ValueError(f"max_waiting must be >= 0, got {max_waiting}")
+        if max_waiting < 1:  # NOTE: 0 would refuse every request with a 429 no retry passes
+            raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
         if not admission_window_s >= 0:
             raise ValueError(f"admission_window_s must be >= 0, got {admission_window_s}")
         self.engine = engine

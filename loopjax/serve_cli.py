@@ -49,7 +49,7 @@ def add_arguments(parser):
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: MODEL as given)")
-    parser.add_argument("--max-waiting", type=_int_at_least(0), default=256,
+    parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
                         help="requests that may wait for a first token before new ones get 429")
     parser.add_argument("--max-n", type=_int_at_least(1), default=DEFAULT_MAX_N,
                         help="the largest `n` (samples per prompt) a request may ask for")

@@ -57,16 +57,23 @@ def test_serve_refuses_a_negative_admission_window(capsys):
     assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
 
 
-def test_serve_refuses_a_negative_max_waiting(capsys):
-    """At parsing, not after the engine is built (the AsyncEngine's ValueError was a traceback)."""
+def test_serve_refuses_a_max_waiting_below_one(capsys):
+    """At parsing, not after the engine is built (the AsyncEngine's ValueError was a traceback).
+    0 once passed: every request then got a 429 that no retry could pass."""
     from loopjax import serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
-    with pytest.raises(SystemExit):
-        parser.parse_args(["ouro-tiny", "--max-waiting", "-1"])
-    assert "--max-waiting: must be an integer >= 0, got '-1'" in capsys.readouterr().err
-    assert parser.parse_args(["ouro-tiny", "--max-waiting", "0"]).max_waiting == 0
+    for bad in ("-1", "0"):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["ouro-tiny", "--max-waiting", bad])
+        assert f"--max-waiting: must be an integer >= 1, got '{bad}'" in capsys.readouterr().err
+    assert parser.parse_args(["ouro-tiny", "--max-waiting", "1"]).max_waiting == 1
+    from fake_engine import FakeEngine
+
+    from loopjax.async_engine import AsyncEngine
+    with pytest.raises(ValueError, match=r"^max_waiting must be >= 1, got 0$"):
+        AsyncEngine(FakeEngine(), max_waiting=0)
 
 
 def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys):
