@@ -166,8 +166,10 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     """Convert the HF folder `hf_dir` into a new loopjax checkpoint folder `out_dir`.
 
     All-or-nothing: `out_dir` must not exist; everything is written to a temporary folder
-    beside it and renamed at the end; on any failure nothing is left behind."""
-    out_dir = os.path.abspath(out_dir)
+    beside it and renamed at the end; on any failure nothing is left behind. Paths may be
+    `os.PathLike` and start with '~'."""
+    hf_dir = os.path.expanduser(os.fspath(hf_dir))
+    out_dir = os.path.abspath(os.path.expanduser(os.fspath(out_dir)))
     if os.path.lexists(out_dir):
         raise ConvertError(f"output folder {out_dir} already exists")
     hf_dir = hub_cache.resolve(hf_dir)  # a Hub name already in the local cache: its snapshot

@@ -67,7 +67,7 @@ def load(path_or_preset: str, dtype=None) -> Model:
 
     dtype: 'bfloat16' / 'float32' (or the dtypes). Default: the checkpoint's dtype; for
     presets bf16 at the real sizes and fp32 for the `*-tiny` ones."""
-    path = os.fspath(path_or_preset)
+    path = os.path.expanduser(os.fspath(path_or_preset))  # '~/model' is the home folder's
     if os.path.isdir(path):
         return _load_folder(path, dtype)
     if os.path.exists(path):

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+import loopjax
 from loopjax import checkpoint, cli
 from loopjax.config import config_from_hf, read_hf_config
 from loopjax.convert import converter, huginn_keys, ouro_keys, safetensors_reader
@@ -550,3 +551,23 @@ def test_progress_bar_for_large_checkpoints(monkeypatch, capsys):
     monkeypatch.setattr(converter, "PROGRESS_MIN_BYTES", 0)
     converter.load_hf(OURO, progress=True)
     assert "reading tensors" in capsys.readouterr().err
+
+
+def test_paths_as_pathlib_and_with_tilde(tmp_path, monkeypatch):
+    """A pathlib.Path input that does not exist is the one-line error (it was a TypeError out
+    of the Hub-name check), and '~' is the home folder, as for the shell (the output was
+    written under a folder literally named '~' in the working folder)."""
+    from pathlib import Path
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    with pytest.raises(converter.ConvertError, match="does not exist"):
+        converter.convert(Path(tmp_path / "nope"), str(tmp_path / "out"), progress=False)
+    shutil.copytree(OURO, tmp_path / "home" / "hf", ignore=shutil.ignore_patterns("*.npz"))
+    out = converter.convert("~/hf", Path("~/out"), progress=False)
+    assert out == str(tmp_path / "home" / "out") and checkpoint.is_checkpoint(out)
+    assert os.listdir(work) == []
+    assert loopjax.load("~/out").path == out
