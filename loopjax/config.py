@@ -61,6 +61,7 @@ class OuroConfig:
         if step is not None and not (_is_int(step) and 0 <= step < self.total_ut_steps):
             raise ConfigError(f"ouro config: early_exit_step {step!r} is outside "
                               f"0..{self.total_ut_steps - 1}")
+        _check_token_ids(self)
 
     @property
     def default_loops(self) -> int:
@@ -134,6 +135,7 @@ class HuginnConfig:
         if not self.tie_word_embeddings:
             raise ConfigError("huginn config: untied embeddings are not supported "
                               "(every released Huginn checkpoint ties them)")
+        _check_token_ids(self)
 
     @property
     def head_dim(self) -> int:
@@ -201,6 +203,8 @@ def _ouro_rope_fields(hf: dict[str, Any]) -> dict[str, Any]:
     if act not in ("silu", "swish"):
         raise ConfigError(f"ouro config: hidden_act {act!r} is not supported (loopjax runs SiLU)")
     layer_types = hf.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise ConfigError(f"ouro config: layer_types must be a list of layer types, got {layer_types!r}")
     other = next((t for t in layer_types if t != "full_attention"), None)
     if other is not None:
         raise ConfigError(f"ouro config: layer_types {other!r} is not supported (loopjax runs "
@@ -277,6 +281,16 @@ def _token_ids(value, source: str) -> tuple[int, ...]:
     if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values):
         raise ConfigError(f"{source}: eos_token_id must be a token id or a list of them, got {value!r}")
     return values
+
+
+def _check_token_ids(cfg) -> None:
+    """bos / pad: a token id (any integer, as HF configs' -1) or null; eos: `_token_ids`. A list
+    or an object would make the config unhashable, and every jitted forward refuses it."""
+    for name in ("bos_token_id", "pad_token_id"):
+        value = getattr(cfg, name)
+        if value is not None and not _is_int(value):
+            raise ConfigError(f"{cfg.family} config: {name} must be a token id or null, got {value!r}")
+    _token_ids(cfg.eos_token_id, "config.json")
 
 
 def _is_int(value) -> bool:

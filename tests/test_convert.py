@@ -281,6 +281,24 @@ def make_sliding_window_layers(hf):
     return "ouro config: layer_types 'sliding_attention' is not supported"
 
 
+def make_layer_types_not_a_list(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "layer_types": True}, tensors)  # was a TypeError traceback
+    return "ouro config: layer_types must be a list of layer types, got True"
+
+
+def make_list_bos(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "bos_token_id": [1]}, tensors)  # converted; then forward: unhashable config
+    return "ouro config: bos_token_id must be a token id or null, got [1]"
+
+
+def make_huginn_dict_pad(hf):
+    config, tensors = golden_parts(HUGINN)
+    write_hf(hf, {**config, "pad_token_id": {"id": 0}}, tensors)
+    return "huginn config: pad_token_id must be a token id or null, got {'id': 0}"
+
+
 def make_gelu_activation(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, {**config, "hidden_act": "gelu"}, tensors)
@@ -413,7 +431,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
-              make_sliding_window_layers, make_gelu_activation, make_utf16_config,
+              make_sliding_window_layers, make_layer_types_not_a_list, make_list_bos,
+              make_huginn_dict_pad, make_gelu_activation, make_utf16_config,
               make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
               make_generation_config_bad_eos, make_chat_template_not_utf8, make_no_config,
               make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
