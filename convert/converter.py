@@ -14,12 +14,15 @@ failure (or Ctrl-C) never leaves a half-written checkpoint behind.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
 import re
 import shutil
+import signal
 import tempfile
+import threading
 
 import numpy as np
 from tqdm import tqdm
@@ -180,7 +183,8 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     tmp = None
     try:
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
-        checkpoint.save(tmp, cfg, params)
+        with _interrupts_deferred():
+            checkpoint.save(tmp, cfg, params)
         for name in AUX_FILES:
             src = os.path.join(hf_dir, name)
             if os.path.isfile(src):
@@ -202,6 +206,25 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             raise ConvertError(f"cannot write {out_dir}: {e.strerror or e}") from None
         raise
     return out_dir
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Ctrl-C during the block is raised when it ends: Orbax writes in background threads that a
+    KeyboardInterrupt does not stop, and they would refill the temporary folder after its removal.
+    Only in the main thread, and only while SIGINT has Python's own handler."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def _make_parents(parent: str) -> list[str]:

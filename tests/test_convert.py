@@ -590,3 +590,35 @@ def test_paths_as_pathlib_and_with_tilde(tmp_path, monkeypatch):
     assert out == str(tmp_path / "home" / "out") and checkpoint.is_checkpoint(out)
     assert os.listdir(work) == []
     assert loopjax.load("~/out").path == out
+
+
+def test_ctrl_c_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """Orbax writes in background threads that a KeyboardInterrupt in the main thread does not
+    stop: the temporary folder was removed while they wrote on, so they left it behind
+    (re-created) and printed tracebacks at exit. Ctrl-C now waits for the save to end."""
+    import signal
+    import threading
+    import time
+
+    writers = []
+
+    def background_save(path, cfg, params):
+        def write():
+            for i in range(5):
+                time.sleep(0.05)
+                os.makedirs(os.path.join(path, "params"), exist_ok=True)
+                with open(os.path.join(path, "params", f"chunk{i}"), "w") as f:
+                    f.write("data")
+
+        writers.append(threading.Thread(target=write))
+        writers[-1].start()
+        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the thread writes
+        writers[-1].join()
+
+    monkeypatch.setattr(checkpoint, "save", background_save)
+    assert convert_cli(OURO, str(tmp_path / "out")) == 130
+    writers[0].join()
+    err = capsys.readouterr().err
+    assert err == "loopjax convert: interrupted; nothing was written\n"
+    assert os.listdir(tmp_path) == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
