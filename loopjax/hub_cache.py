@@ -3,7 +3,8 @@
 `loopjax convert` and the command lines take a Hub name as vLLM does. Nothing is downloaded:
 the machines loopjax runs on may have no network. Pure Python, no huggingface_hub needed.
 
-The cache is `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`; a repo's
+The cache is `$HF_HUB_CACHE` (or the older `$HUGGINGFACE_HUB_CACHE`), else `$HF_HOME/hub`, else
+`$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`; a repo's
 folder is `models--ORG--NAME`, its `refs/main` names the commit whose `snapshots/COMMIT`
 holds the files (a cache without refs and with one snapshot serves that one).
 """
@@ -17,10 +18,13 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
 
 
 def cache_dir() -> str:
-    if os.environ.get("HF_HUB_CACHE"):
-        return os.environ["HF_HUB_CACHE"]
-    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
-    return os.path.join(home, "hub")
+    """As huggingface_hub finds it: '~' and $VARS expanded in each variable."""
+    expand = lambda path: os.path.expandvars(os.path.expanduser(path))
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    home = os.environ.get("HF_HOME") or os.path.join(cache, "huggingface")
+    hub = (os.environ.get("HF_HUB_CACHE") or os.environ.get("HUGGINGFACE_HUB_CACHE")
+           or os.path.join(expand(home), "hub"))
+    return expand(hub)
 
 
 def is_repo_id(name: str) -> bool:

@@ -322,3 +322,24 @@ def test_hub_names_load_from_the_local_hugging_face_cache(tmp_path, monkeypatch)
         loopjax.load("acme/ouro-tiny")
     with pytest.raises(LoadError, match="not a preset \\(presets: [^)]*\\)$"):  # not a Hub name
         loopjax.load("no-such-model")
+
+
+def test_hub_cache_folder_is_the_one_huggingface_hub_uses(tmp_path, monkeypatch):
+    """huggingface_hub puts the cache under $XDG_CACHE_HOME when HF_HOME is unset, reads the
+    legacy $HUGGINGFACE_HUB_CACHE and expands '~' in them: loopjax looked in
+    ~/.cache/huggingface/hub (or a folder literally named '~') and said the model was not there."""
+    from loopjax import hub_cache
+
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    repo = tmp_path / "xdg" / "huggingface" / "hub" / "models--acme--ouro-tiny"
+    shutil.copytree(OURO, repo / "snapshots" / "abc123", ignore=shutil.ignore_patterns("*.npz"))
+    assert loopjax.load("acme/ouro-tiny").path == str(repo / "snapshots" / "abc123")
+    monkeypatch.setenv("HF_HOME", "~/hf")
+    assert hub_cache.cache_dir() == str(tmp_path / "hf" / "hub")
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", "~/legacy")
+    assert hub_cache.cache_dir() == str(tmp_path / "legacy")
+    monkeypatch.setenv("HF_HUB_CACHE", "~/new")
+    assert hub_cache.cache_dir() == str(tmp_path / "new")
