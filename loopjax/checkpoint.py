@@ -71,7 +71,10 @@ def read_config(path: str) -> config_lib.ModelConfig:
         raise CheckpointError(f"{path} is not a loopjax checkpoint: it has no {CONFIG_FILE}")
     try:
         with open(file) as f:
-            return config_lib.from_dict(json.load(f))
+            data = json.load(f)
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{file} is not a valid loopjax config: not a JSON object")
+        return config_lib.from_dict(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
     except TypeError as e:  # from_dict got an unknown or missing field

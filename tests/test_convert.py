@@ -509,6 +509,18 @@ def test_undecodable_loopjax_config_is_one_line(tmp_path, converted):
         checkpoint.read_config(str(folder))
 
 
+@pytest.mark.parametrize("text", ['"ouro"', "[]"])
+def test_loopjax_config_not_an_object_is_one_line_naming_it(tmp_path, converted, text):
+    """It was a bare 'dictionary update sequence element #0 has length 1' ValueError, or
+    'unsupported model_type None' for a list."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(converted["ouro"], folder)
+    (folder / checkpoint.CONFIG_FILE).write_text(text)
+    with pytest.raises(checkpoint.CheckpointError, match=r"loopjax_config.json is not a valid loopjax "
+                                                         r"config: not a JSON object"):
+        checkpoint.read_config(str(folder))
+
+
 def test_python_m_entry_point(tmp_path):
     result = subprocess.run([sys.executable, "-m", "loopjax.convert", str(tmp_path / "nope"),
                              str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
