@@ -8,6 +8,7 @@ is one line too, exit status 130 (128 + SIGINT, as a shell reports it), nothing 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 
 PROG = "loopjax convert"
@@ -26,6 +27,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    # Orbax logs a failed background write, traceback and all, before the save raises it: the
+    # error is printed below, in one line.
+    logging.getLogger("absl").setLevel(logging.CRITICAL)
     try:
         # Imported here so that `loopjax --help` and argument errors never pay for JAX.
         from loopjax.convert.converter import convert

@@ -204,6 +204,9 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
                 break
         if isinstance(e, OSError):  # e.g. a read-only folder: name the output, not the temporary
             raise ConvertError(f"cannot write {out_dir}: {e.strerror or e}") from None
+        code = re.search(r"\[os_error_code='(\d+)'\]", str(e)) if isinstance(e, ValueError) else None
+        if code:  # Orbax's (TensorStore's) failed write, e.g. a full disk, names a temporary file
+            raise ConvertError(f"cannot write {out_dir}: {os.strerror(int(code[1]))}") from None
         raise
     return out_dir
 

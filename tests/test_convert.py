@@ -634,3 +634,28 @@ def test_ctrl_c_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkey
     assert err == "loopjax convert: interrupted; nothing was written\n"
     assert os.listdir(tmp_path) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_disk_full_while_orbax_writes_is_one_line(tmp_path):
+    """A full disk: Orbax logged each failed background write with its traceback (200 lines on
+    stderr), then raised a ValueError naming a file in the hidden temporary folder."""
+    out = tmp_path / "out"
+    code = f"""
+import sys
+from absl import logging as absl_logging
+from loopjax import checkpoint
+from loopjax.convert import cli
+
+def full_disk(path, cfg, params):
+    message = ('RESOURCE_EXHAUSTED: Error writing "embed/0.0" in OCDBT database at local file "' + path
+               + '/params/d/1f": Failed to write: No space left on device [os_error_code=\\'28\\']')
+    absl_logging.error("[thread=np_type_handler] raised an exception: " + message)
+    raise ValueError(message)
+
+checkpoint.save = full_disk
+sys.exit(cli.main([{OURO!r}, {str(out)!r}, "--no-progress"]))
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr == f"loopjax convert: error: cannot write {out}: No space left on device\n"
+    assert os.listdir(tmp_path) == []
