@@ -222,7 +222,7 @@ def config_from_hf(hf: dict[str, Any]) -> ModelConfig:
     if not isinstance(hf, dict):
         raise ConfigError(f"config.json must hold a JSON object, got {type(hf).__name__}")
     model_type = hf.get("model_type")
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:  # a list is unhashable
         raise ConfigError(f"unsupported model_type {model_type!r}; loopjax supports: "
                           + ", ".join(sorted(FAMILIES)))
     try:
@@ -255,7 +255,7 @@ def from_dict(data: dict[str, Any]) -> ModelConfig:
     """Inverse of `to_dict`."""
     data = dict(data)
     model_type = data.pop("model_type", None)
-    if model_type not in FAMILIES:
+    if not isinstance(model_type, str) or model_type not in FAMILIES:
         raise ConfigError(f"unsupported model_type {model_type!r}; loopjax supports: "
                           + ", ".join(sorted(FAMILIES)))
     if isinstance(data.get("eos_token_id"), list):

@@ -219,6 +219,12 @@ def make_unsupported_type(hf):
     return "unsupported model_type 'llama'; loopjax supports: huginn_raven, ouro"
 
 
+def make_list_model_type(hf):
+    config, tensors = golden_parts(OURO)
+    write_hf(hf, {**config, "model_type": ["ouro"]}, tensors)  # was a TypeError traceback (unhashable)
+    return "unsupported model_type ['ouro']; loopjax supports: huginn_raven, ouro"
+
+
 def make_config_not_object(hf):
     _, tensors = golden_parts(OURO)
     write_hf(hf, ["ouro"], tensors)
@@ -427,7 +433,8 @@ def make_tied_ouro_head_differs(hf):
 
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
-              make_corrupt_header, make_garbage_file, make_unsupported_type, make_config_not_object,
+              make_corrupt_header, make_garbage_file, make_unsupported_type, make_list_model_type,
+              make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
