@@ -102,7 +102,7 @@ def _tensor_ref(path, file_name, tensor_name, entry, data_start, data_len) -> Te
     except (KeyError, TypeError, ValueError):
         raise SafetensorsError(f"{file_name} is corrupt: bad header entry for tensor "
                                f"{tensor_name!r}") from None
-    if dtype_name not in DTYPES:
+    if not isinstance(dtype_name, str) or dtype_name not in DTYPES:  # a list is unhashable
         raise SafetensorsError(f"{file_name}: tensor {tensor_name!r} has unsupported dtype "
                                f"{dtype_name}")
     dtype = DTYPES[dtype_name]

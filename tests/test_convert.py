@@ -206,6 +206,20 @@ def make_corrupt_header(hf):
     return "model.safetensors is corrupt"
 
 
+def make_header_dtype_not_a_name(hf):
+    copy_hf(OURO, hf)
+    path = os.path.join(hf, "model.safetensors")
+    with open(path, "rb") as f:
+        data = f.read()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + size])
+    header["model.norm.weight"]["dtype"] = ["F32"]  # was a TypeError traceback (unhashable)
+    raw = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+    return "model.safetensors: tensor 'model.norm.weight' has unsupported dtype ['F32']"
+
+
 def make_garbage_file(hf):
     copy_hf(OURO, hf)
     with open(os.path.join(hf, "model.safetensors"), "wb") as f:
@@ -433,8 +447,8 @@ def make_tied_ouro_head_differs(hf):
 
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
-              make_corrupt_header, make_garbage_file, make_unsupported_type, make_list_model_type,
-              make_config_not_object,
+              make_corrupt_header, make_header_dtype_not_a_name, make_garbage_file, make_unsupported_type,
+              make_list_model_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
