@@ -49,6 +49,7 @@ class OuroConfig:
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "intermediate_size", "num_layers",
                         "num_heads", "num_kv_heads", "head_dim", "total_ut_steps", "max_position_embeddings")
+        _check_kinds(self, numbers=("rope_theta", "rms_norm_eps"), bools=("tie_word_embeddings",))
         if self.num_heads % self.num_kv_heads:
             raise ConfigError(f"ouro config: num_attention_heads {self.num_heads} is not a "
                               f"multiple of num_key_value_heads {self.num_kv_heads}")
@@ -125,6 +126,7 @@ class HuginnConfig:
     def __post_init__(self):
         _check_positive(self, "vocab_size", "hidden_size", "num_heads", "intermediate_size",
                         "num_core_layers", "max_position_embeddings", "mean_recurrence")
+        _check_kinds(self, numbers=("rope_base", "norm_eps"), bools=("qk_bias", "tie_word_embeddings"))
         for name in ("num_prelude_layers", "num_coda_layers"):  # 0 is a valid (empty) stack
             if not (_is_int(getattr(self, name)) and getattr(self, name) >= 0):
                 raise ConfigError(f"huginn config: {name} must be a non-negative integer, "
@@ -309,6 +311,19 @@ def _float(hf: dict[str, Any], key: str, default: float, family: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(f"{family} config: {key} must be a number, got {value!r}")
     return float(value)
+
+
+def _check_kinds(cfg, numbers=(), bools=()) -> None:
+    """Float and bool fields (from_hf converts them; a hand-edited loopjax_config.json may not):
+    a list would make the config unhashable, a string fail deep in the model."""
+    for name in numbers:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{cfg.family} config: {name} must be a number, got {value!r}")
+    for name in bools:
+        value = getattr(cfg, name)
+        if not isinstance(value, bool):
+            raise ConfigError(f"{cfg.family} config: {name} must be true or false, got {value!r}")
 
 
 def _check_positive(cfg, *names):

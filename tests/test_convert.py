@@ -680,3 +680,16 @@ sys.exit(cli.main([{OURO!r}, {str(out)!r}, "--no-progress"]))
     assert result.returncode == 2
     assert result.stderr == f"loopjax convert: error: cannot write {out}: No space left on device\n"
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("field,value", [("rope_theta", [10000.0]), ("rms_norm_eps", "1e-6"),
+                                         ("tie_word_embeddings", [])])
+def test_loopjax_config_field_of_the_wrong_type_is_one_line(tmp_path, converted, field, value):
+    """A hand-edited loopjax_config.json: the checkpoint loaded, then every forward failed on an
+    unhashable config or deep in the model (from_dict checked only the integer fields)."""
+    folder = tmp_path / "ckpt"
+    shutil.copytree(converted["ouro"], folder)
+    data = json.loads((folder / checkpoint.CONFIG_FILE).read_text())
+    (folder / checkpoint.CONFIG_FILE).write_text(json.dumps({**data, field: value}))
+    with pytest.raises(ValueError, match=f"ouro config: {field} must be (a number|true or false), got"):
+        loopjax.load(str(folder))
