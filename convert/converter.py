@@ -254,7 +254,7 @@ def _check_aux_files(folder: str, cfg) -> None:
         path = os.path.join(folder, name)
         if name.endswith(".json") and os.path.isfile(path):
             try:
-                with open(path) as f:
+                with open(path, encoding="utf-8") as f:  # as transformers reads them
                     data = json.load(f)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise ConvertError(f"{name} in the input folder is not valid JSON: {e}") from None

@@ -131,7 +131,7 @@ def open_checkpoint(hf_dir: str) -> dict[str, TensorRef]:
 
 def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
     try:
-        with open(index) as f:
+        with open(index, encoding="utf-8") as f:
             weight_map = json.load(f)["weight_map"]
         if not isinstance(weight_map, dict) or not weight_map:
             raise ValueError("empty weight_map")

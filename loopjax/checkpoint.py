@@ -70,7 +70,7 @@ def read_config(path: str) -> config_lib.ModelConfig:
     if not os.path.isfile(file):
         raise CheckpointError(f"{path} is not a loopjax checkpoint: it has no {CONFIG_FILE}")
     try:
-        with open(file) as f:
+        with open(file, encoding="utf-8") as f:
             data = json.load(f)
         if not isinstance(data, dict):
             raise CheckpointError(f"{file} is not a valid loopjax config: not a JSON object")
@@ -95,7 +95,7 @@ def save(path: str, cfg: config_lib.ModelConfig, params) -> None:
         checkpointer.save(os.path.join(path, PARAMS_DIR), params)
         checkpointer.wait_until_finished()
     # The config goes last: a folder without it is never mistaken for a checkpoint.
-    with open(os.path.join(path, CONFIG_FILE), "w") as f:
+    with open(os.path.join(path, CONFIG_FILE), "w", encoding="utf-8") as f:
         json.dump(config_lib.to_dict(cfg), f, indent=2)
         f.write("\n")
 

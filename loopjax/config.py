@@ -239,7 +239,7 @@ def read_hf_config(path: str) -> ModelConfig:
     if not os.path.exists(file):
         raise ConfigError(f"no config.json at {path}")
     try:
-        with open(file) as f:
+        with open(file, encoding="utf-8") as f:
             hf = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:  # e.g. saved as UTF-16
         raise ConfigError(f"{file} is not valid JSON: {e}") from None

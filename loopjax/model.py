@@ -110,7 +110,7 @@ def _read_json(folder: str, name: str) -> dict | None:
     if not os.path.isfile(file):
         return None
     try:
-        with open(file) as f:
+        with open(file, encoding="utf-8") as f:  # as transformers reads it, whatever the locale
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise LoadError(f"{file} is not valid JSON: {e}") from None

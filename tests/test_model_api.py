@@ -343,3 +343,28 @@ def test_hub_cache_folder_is_the_one_huggingface_hub_uses(tmp_path, monkeypatch)
     assert hub_cache.cache_dir() == str(tmp_path / "legacy")
     monkeypatch.setenv("HF_HUB_CACHE", "~/new")
     assert hub_cache.cache_dir() == str(tmp_path / "new")
+
+
+def test_json_files_are_read_as_utf8_whatever_the_locale(tmp_path):
+    """HF writes its JSON files in UTF-8 and transformers reads them so; they were read in the
+    locale's encoding: under an ASCII (or Latin-1) locale a chat template with a non-ASCII
+    character failed conversion as 'not valid JSON' (or loaded garbled)."""
+    import subprocess
+    import sys
+
+    hf = tmp_path / "hf"
+    shutil.copytree(OURO, hf, ignore=shutil.ignore_patterns("*.npz"))
+    template = "{{ messages[0]['content'] }} \u2014 caf\u00e9"
+    with open(hf / "tokenizer_config.json", "w", encoding="utf-8") as f:
+        json.dump({"chat_template": template}, f, ensure_ascii=False)
+    code = f"""
+import loopjax
+from loopjax.convert import convert
+out = convert({str(hf)!r}, {str(tmp_path / 'out')!r}, progress=False)
+print(ascii([loopjax.load({str(hf)!r}).chat_template, loopjax.load(out).chat_template]))
+"""
+    env = {**os.environ, "LC_ALL": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == ascii([template, template])
