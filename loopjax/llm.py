@@ -213,9 +213,9 @@ def _model(model_or_path, dtype=None):
 
 def _prompt_list(prompts) -> tuple[list, bool]:
     """(the prompts of a call, whether it is ONE prompt): a string, a prompt dict or one token-id
-    sequence (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows
-    of a 2-D array)."""
-    if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+    sequence (ints, or a 1-D integer array: numpy's or jax's) is one prompt; otherwise each item
+    is one (the rows of a 2-D array)."""
+    if isinstance(prompts, str | dict) or getattr(prompts, "ndim", None) == 1:
         return [prompts], True
     if not hasattr(prompts, "__iter__") or isinstance(prompts, set | frozenset):  # NOTE: unordered
         raise ValueError(f"prompts must be a string, token ids or a list of them, "

@@ -563,6 +563,7 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     prompt = ouro_ref["p0_input_ids"]
     golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
     for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2),
+                           (jax.numpy.asarray(prompt), 1), ([jax.numpy.asarray(prompt)] * 2, 2),
                            ({"prompt_token_ids": prompt}, 1), ([{"prompt_token_ids": list(prompt)}] * 2, 2)):
         outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
         assert [o.token_ids for o in outs] == [golden] * count
@@ -572,6 +573,7 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
             ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
             ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
             ([prompt, [5, True]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
+            ([prompt, np.array(5)], "prompt 1: prompt_token_ids must be a list of token ids, got ndarray"),
             ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)"),
             ([prompt, {"prompt_token_ids": [1], "multi_modal_data": {}}],
              r"prompt 1: a prompt dict holds one key, 'prompt' \(text\) or 'prompt_token_ids', got "
