@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import secrets
 from typing import Any
 
@@ -63,12 +64,19 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def _is_int(x) -> bool:  # numpy integers too (numbers.Integral); bools are no numbers here
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
-    return (isinstance(x, int | float)) and not isinstance(x, bool)
+def _is_number(x) -> bool:  # numpy reals too (numbers.Real)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _plain(x):
+    """A numpy (or other non-builtin) integer or real as Python's int or float; others as given."""
+    if isinstance(x, bool | int | float) or not isinstance(x, numbers.Real):
+        return x
+    return int(x) if isinstance(x, numbers.Integral) else float(x)
 
 
 def check_int(name, value, lo, hi=None):
@@ -129,6 +137,8 @@ class SamplingParams:
     seed_drawn: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # NOTE: numpy scalars stored as Python's (seeds wrap in int64)
+            object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
         check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
         check_int("top_k", self.top_k, -1)
@@ -180,7 +190,7 @@ class SamplingParams:
             _fail("logit_bias lists a token id twice")
         if len(pairs) > MAX_LOGIT_BIAS:
             _fail(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(pairs)}")
-        object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(v)) for t, v in pairs)))
         if self.allowed_token_ids is not None:
             allowed = sorted(set(_int_tuple("allowed_token_ids", self.allowed_token_ids, 0)))
             if not allowed or len(allowed) > MAX_LOGIT_BIAS:
@@ -317,7 +327,7 @@ def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
         _fail(f"{name} must be a list of integers, got {values!r}")
     for v in values:
         check_int(f"every {name} entry", v, lo, hi)
-    return tuple(values)
+    return tuple(int(v) for v in values)
 
 
 def _str_tuple(name, values) -> tuple[str, ...]:
