@@ -250,6 +250,9 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
                              f"{', '.join(sorted(kwargs))} beside sampling_params)")
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * num_prompts
+        if not isinstance(sampling_params, list | tuple):  # NOTE: a str has a len too
+            raise ValueError(f"sampling_params must be SamplingParams or a list of them (one per prompt), "
+                             f"got {type(sampling_params).__name__}")
         if len(sampling_params) != num_prompts:
             raise ValueError(f"{len(sampling_params)} sampling_params for {num_prompts} prompts")
     else:
@@ -324,6 +327,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if not prompt_list:
         raise ValueError("prompts is empty")
     states = _state_list(initial_state, len(prompt_list), one_prompt)  # before an engine is built
+    if "max_tokens" in sampling_kwargs:  # NOTE: LLM.generate's alias; a TypeError of SamplingParams here
+        raise ValueError("generate takes max_new_tokens (SamplingParams' max_tokens); give it alone")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built

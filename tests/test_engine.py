@@ -658,7 +658,9 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             ([1, 2], dict(max_new_tokens=4, logit_bias={300: 1}), "logit_bias token id 300 is outside the "
                                                                   "vocabulary of 256"),
             ([1, 2], dict(max_new_tokens=4, stop=["x"]), r"stop strings need a tokenizer; this model has "
-                                                         r"none \(use stop_token_ids\)")):
+                                                         r"none \(use stop_token_ids\)"),
+            ([1, 2], dict(max_new_tokens=4, max_tokens=4),  # a TypeError of SamplingParams before
+             r"generate takes max_new_tokens \(SamplingParams' max_tokens\); give it alone")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             loopjax.generate(ouro_model, prompt, **kwargs)
     for kwargs, message in ((dict(exit_step=4), "exit_step=4 must be below the depth 4"),  # the engine's
