@@ -35,7 +35,8 @@ Conventions:
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
   generated token, the number of loops to run (>= 1), to replay a recorded run;
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
-  sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside).
+  sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside: it bounds an
+  exit_trace's tokens too, but exit_step and exit_weighted never take the threshold exit).
   `exit_min_loops` / `exit_check_every` pace an `exit_criterion`'s checks: refused without one.
 """
 
@@ -234,6 +235,8 @@ class SamplingParams:
                                   ("exit_trace", self.exit_trace is not None)) if on]
         if len(fixed) > 1 or (fixed and others):
             _fail(f"{' and '.join(fixed + others)} exclude each other: give one exit rule")
+        if fixed and self.exit_threshold is not None:  # NOTE: refused, not ignored (the engine ignored it)
+            _fail(f"{fixed[0]} and exit_threshold exclude each other: {fixed[0]} takes no threshold exit")
         if self.exit_weighted and self.exit_mode == "skip":
             _fail("exit_weighted needs every loop's logits: use exit_mode='select'")
 
@@ -294,6 +297,8 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
     it has a tokenizer), as one-line ValueErrors. Engine.add_request runs them, and
     loopjax.generate before it builds (compiles) an engine; the engine checks the depths."""
     huginn = cfg.family == "huginn"
+    if not isinstance(warm_start, bool):  # NOTE: bool("no") is True
+        _fail(f"warm_start must be true or false, got {warm_start!r}")
     if params.exit_criterion is not None and not huginn:
         _fail("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
     if huginn and params.exit_threshold is not None and params.exit_criterion is None:

@@ -655,6 +655,7 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             ([1, 2], dict(max_new_tokens=4, exit_criterion="kl"), "exit_criterion applies to Huginn models; "
                                                                   "Ouro exits by exit_threshold"),
             ([1, 2], dict(max_new_tokens=4, warm_start=True), "warm_start applies to Huginn models only"),
+            ([1, 2], dict(max_new_tokens=4, warm_start="no"), "warm_start must be true or false, got 'no'"),
             ([1, 2], dict(max_new_tokens=4, logit_bias={300: 1}), "logit_bias token id 300 is outside the "
                                                                   "vocabulary of 256"),
             ([1, 2], dict(max_new_tokens=4, stop=["x"]), r"stop strings need a tokenizer; this model has "

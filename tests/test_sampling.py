@@ -324,6 +324,9 @@ def test_defaults_and_normalisation():
     (dict(exit_trace=[1, 5], loops=4), "every exit_trace entry must be in [1, 4], got 5"),
     (dict(exit_trace=[]), "exit_trace must list at least one loop count"),
     (dict(exit_trace=[2], exit_criterion="kl"), "exit_trace and exit_criterion exclude each other"),
+    # the engine took loop 1 (the weighted sum) whatever the threshold: refused, not ignored
+    (dict(exit_step=1, exit_threshold=0.5), "exit_step and exit_threshold exclude each other"),
+    (dict(exit_weighted=True, exit_threshold=0.5), "exit_weighted and exit_threshold exclude each other"),
     (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
     (dict(min_tokens=5, max_tokens=4), "min_tokens (5) must not exceed max_tokens (4)"),
     (dict(repetition_penalty=-1.0), "repetition_penalty must be in (0, inf], got -1.0"),
