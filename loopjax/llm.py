@@ -110,7 +110,7 @@ class LLM:
         tokenizer's special tokens (the template writes its own), as the server's chat is.
         The other arguments are `generate`'s; results are in its order, one conversation per
         prompt."""
-        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        one = isinstance(messages, list | tuple) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, list | tuple) or not conversations:
             raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
@@ -120,6 +120,8 @@ class LLM:
         ids = []
         for k, conversation in enumerate(conversations):
             try:
+                # NOTE: a tuple of messages is a conversation too (the server's JSON gives lists)
+                conversation = list(conversation) if isinstance(conversation, tuple) else conversation
                 ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
                                        add_generation_prompt=add_generation_prompt,
                                        template_kwargs=chat_template_kwargs,

@@ -502,7 +502,10 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
     parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "w28"},
                                                     {"type": "text", "text": " w72"}]}]
     two = ouro_llm.chat([talk, parts], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
-    for out in (one[0], *two):
+    # tuples as lists (a tuple of messages was taken for a list of conversations, each refused)
+    tuples = ouro_llm.chat(tuple(talk), max_new_tokens=3, ignore_eos=True)
+    tuples += ouro_llm.chat((tuple(talk), parts), max_new_tokens=3, ignore_eos=True)
+    for out in (one[0], *two, *tuples):
         assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
     closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
     assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
