@@ -34,6 +34,7 @@ import tqdm
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
+from loopjax.request_extra import initial_state_extra
 from loopjax.sampling_params import SamplingParams, check_for_model
 from loopjax.scoring import score, score_options
 
@@ -336,6 +337,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
     ids = [params.truncate(_prompt_ids(model, p, k)) for k, p in enumerate(prompt_list)]
+    for prompt, state in zip(ids, states):  # NOTE: the engine's s0 check, at least the prompt's positions
+        initial_state_extra(model.cfg, state, "seeded", len(prompt))
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "

@@ -673,6 +673,12 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, **kwargs)
     with pytest.raises(ValueError, match="^exit_step applies to Ouro models only$"):
         loopjax.generate(loopjax.load(HUGINN), [1, 2], max_new_tokens=4, exit_step=1)
+    # the engine's initial_state checks too (they came after the compile)
+    with pytest.raises(ValueError, match="^initial_state applies to Huginn models only$"):
+        loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, initial_state="zero")
+    with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 3, 64\]"):
+        loopjax.generate(loopjax.load(HUGINN), [[1, 2], [1, 2, 3]], max_new_tokens=1,
+                         initial_state=[None, np.zeros((2, 64))])
     assert built == []
     options = dict(SMALL)
     (_, params), = loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)
