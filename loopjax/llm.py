@@ -345,8 +345,9 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
                          f"model's context of {model.cfg.max_context_len} tokens")
     # a copy: the caller's engine_options stay as given
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
-    options = dict(engine_options or compact_engine_options(lengths * params.n, max_new_tokens, params.loops,
-                                                            params.exit_weighted))
+    # NOTE: params' values (Python's ints), not the arguments as given (a numpy int has no bit_length)
+    options = dict(engine_options or compact_engine_options(lengths * params.n, params.max_tokens,
+                                                            params.loops, params.exit_weighted))
     # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     options.setdefault("max_context_len", None)

@@ -691,6 +691,11 @@ def test_generate_sizes_its_engine_for_every_sample(ouro_model, engines_built):
     side (rows for all of them), not one after another in a one-row engine."""
     loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, temperature=1.0, n=4)
     assert engines_built[-1]["max_num_rows"] == 4 and engines_built[-1]["decode_row_buckets"] == (4,)
+    # numpy integers as SamplingParams takes them (an AttributeError: no bit_length)
+    loopjax.generate(ouro_model, [1, 2], max_new_tokens=np.int64(4), n=np.int64(2), loops=np.int32(3))
+    assert engines_built[-1] == engines_built[0] | {"max_num_rows": 2, "decode_row_buckets": (2,),
+                                                    "max_prefill_rows": 2, "max_loops": 3,
+                                                    "loop_buckets": (3,)}
 
 
 @pytest.mark.parametrize("method", ["read", "dispatch"])
