@@ -156,7 +156,8 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
     exit-probability threshold (default: the config's). initial_state (Huginn only): s_0
     [T, H], 'zero', or None for the position-keyed random state.
     Returns the family's output: `logits [T,V]` f32 (exit-selected), `loop_logits [L,T,V]`,
-    `loop_hidden [L,T,H]`; Ouro adds `gate_logits [L,T]`, `exit_loop [T]`; Huginn `latents [T,H]`.
+    `loop_hidden [L,T,H]`; Ouro adds `gate_logits [L,T]`, `exit_loop [T]` (the selected loop's
+    0-based index: generate's `exit_loops` counts loops, exit_loop + 1); Huginn `latents [T,H]`.
     """
     cfg = model.cfg
     ids = _check_ids(input_ids, cfg.vocab_size)
