@@ -34,6 +34,7 @@ import tqdm
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
+from loopjax.request_extra import initial_state_extra
 from loopjax.sampling_params import SamplingParams, check_for_model
 from loopjax.scoring import score, score_options
 
@@ -110,7 +111,7 @@ class LLM:
         tokenizer's special tokens (the template writes its own), as the server's chat is.
         The other arguments are `generate`'s; results are in its order, one conversation per
         prompt."""
-        one = isinstance(messages, list) and bool(messages) and isinstance(messages[0], dict)
+        one = isinstance(messages, list | tuple) and bool(messages) and isinstance(messages[0], dict)
         conversations = [messages] if one else messages
         if not isinstance(conversations, list | tuple) or not conversations:
             raise ValueError("messages must be a conversation (a list of {role, content} dicts) or a "
@@ -120,6 +121,8 @@ class LLM:
         ids = []
         for k, conversation in enumerate(conversations):
             try:
+                # NOTE: a tuple of messages is a conversation too (the server's JSON gives lists)
+                conversation = list(conversation) if isinstance(conversation, tuple) else conversation
                 ids.append(encode_chat(self.model, conversation, chat_template=chat_template,
                                        add_generation_prompt=add_generation_prompt,
                                        template_kwargs=chat_template_kwargs,
@@ -213,9 +216,9 @@ def _model(model_or_path, dtype=None):
 
 def _prompt_list(prompts) -> tuple[list, bool]:
     """(the prompts of a call, whether it is ONE prompt): a string, a prompt dict or one token-id
-    sequence (ints, or a 1-D integer array) is one prompt; otherwise each item is one (the rows
-    of a 2-D array)."""
-    if isinstance(prompts, str | dict) or (isinstance(prompts, np.ndarray) and prompts.ndim == 1):
+    sequence (ints, or a 1-D integer array: numpy's or jax's) is one prompt; otherwise each item
+    is one (the rows of a 2-D array)."""
+    if isinstance(prompts, str | dict) or getattr(prompts, "ndim", None) == 1:
         return [prompts], True
     if not hasattr(prompts, "__iter__") or isinstance(prompts, set | frozenset):  # NOTE: unordered
         raise ValueError(f"prompts must be a string, token ids or a list of them, "
@@ -250,6 +253,9 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
                              f"{', '.join(sorted(kwargs))} beside sampling_params)")
         if isinstance(sampling_params, SamplingParams):
             sampling_params = [sampling_params] * num_prompts
+        if not isinstance(sampling_params, list | tuple):  # NOTE: a str has a len too
+            raise ValueError(f"sampling_params must be SamplingParams or a list of them (one per prompt), "
+                             f"got {type(sampling_params).__name__}")
         if len(sampling_params) != num_prompts:
             raise ValueError(f"{len(sampling_params)} sampling_params for {num_prompts} prompts")
     else:
@@ -324,19 +330,24 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     if not prompt_list:
         raise ValueError("prompts is empty")
     states = _state_list(initial_state, len(prompt_list), one_prompt)  # before an engine is built
+    if "max_tokens" in sampling_kwargs:  # NOTE: LLM.generate's alias; a TypeError of SamplingParams here
+        raise ValueError("generate takes max_new_tokens (SamplingParams' max_tokens); give it alone")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
     ids = [params.truncate(_prompt_ids(model, p, k)) for k, p in enumerate(prompt_list)]
+    for prompt, state in zip(ids, states):  # NOTE: the engine's s0 check, at least the prompt's positions
+        initial_state_extra(model.cfg, state, "seeded", len(prompt))
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:
         raise ValueError(f"a prompt of {max(lengths)} tokens leaves no room to generate within the "
                          f"model's context of {model.cfg.max_context_len} tokens")
     # a copy: the caller's engine_options stay as given
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
-    options = dict(engine_options or compact_engine_options(lengths * params.n, max_new_tokens, params.loops,
-                                                            params.exit_weighted))
+    # NOTE: params' values (Python's ints), not the arguments as given (a numpy int has no bit_length)
+    options = dict(engine_options or compact_engine_options(lengths * params.n, params.max_tokens,
+                                                            params.loops, params.exit_weighted))
     # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}
     options.setdefault("max_context_len", None)

@@ -156,7 +156,8 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
     exit-probability threshold (default: the config's). initial_state (Huginn only): s_0
     [T, H], 'zero', or None for the position-keyed random state.
     Returns the family's output: `logits [T,V]` f32 (exit-selected), `loop_logits [L,T,V]`,
-    `loop_hidden [L,T,H]`; Ouro adds `gate_logits [L,T]`, `exit_loop [T]`; Huginn `latents [T,H]`.
+    `loop_hidden [L,T,H]`; Ouro adds `gate_logits [L,T]`, `exit_loop [T]` (the selected loop's
+    0-based index: generate's `exit_loops` counts loops, exit_loop + 1); Huginn `latents [T,H]`.
     """
     cfg = model.cfg
     ids = _check_ids(input_ids, cfg.vocab_size)
@@ -197,6 +198,9 @@ def _check_ids(input_ids, vocab_size: int):
         raise ValueError(f"input_ids must be a non-empty 1-D sequence of token ids, got shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"input_ids must be integers, got dtype {ids.dtype}")
+    # NOTE: numpy reads [5, True] as ints; True is no token id (the engine's prompts refuse it too)
+    if not hasattr(input_ids, "dtype") and any(isinstance(t, bool | np.bool_) for t in input_ids):
+        raise ValueError("input_ids must be integer token ids, not booleans")
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.size:
         raise ValueError(f"token id {int(bad[0])} is outside the vocabulary 0..{vocab_size - 1}")

@@ -240,13 +240,14 @@ class RequestOutput:
 
 def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
     """The prompt as a list of ints, or a one-line ValueError (not ids, empty, out of vocabulary)."""
-    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__"):
+    if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__") or getattr(prompt, "ndim", 1) == 0:
         raise ValueError(f"prompt_token_ids must be a list of token ids, got {type(prompt).__name__}")
     if not len(prompt):
         raise ValueError("empty prompt: give at least one token id")
     array = np.asarray(prompt)
     if (array.ndim != 1 or array.dtype.kind not in "iu"
-            or any(isinstance(t, bool | np.bool_) for t in prompt)):  # numpy reads [5, True] as ints
+            or (not hasattr(prompt, "dtype")  # an array's dtype says it (a jax array's items are slow)
+                and any(isinstance(t, bool | np.bool_) for t in prompt))):  # numpy reads [5, True] as ints
         raise ValueError("prompt_token_ids must be a flat list of integer token ids")
     ids = [int(t) for t in array]
     bad = [t for t in ids if not 0 <= t < vocab_size]

@@ -35,7 +35,8 @@ Conventions:
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
   generated token, the number of loops to run (>= 1), to replay a recorded run;
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
-  sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside).
+  sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside: it bounds an
+  exit_trace's tokens too, but exit_step and exit_weighted never take the threshold exit).
   `exit_min_loops` / `exit_check_every` pace an `exit_criterion`'s checks: refused without one.
 """
 
@@ -43,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 import secrets
 from typing import Any
 
@@ -63,12 +65,19 @@ def _fail(msg: str):
     raise ValueError(msg)
 
 
-def _is_int(x) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
+def _is_int(x) -> bool:  # numpy integers too (numbers.Integral); bools are no numbers here
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
 
 
-def _is_number(x) -> bool:
-    return (isinstance(x, int | float)) and not isinstance(x, bool)
+def _is_number(x) -> bool:  # numpy reals too (numbers.Real)
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _plain(x):
+    """A numpy (or other non-builtin) integer or real as Python's int or float; others as given."""
+    if isinstance(x, bool | int | float) or not isinstance(x, numbers.Real):
+        return x
+    return int(x) if isinstance(x, numbers.Integral) else float(x)
 
 
 def check_int(name, value, lo, hi=None):
@@ -129,6 +138,8 @@ class SamplingParams:
     seed_drawn: bool = dataclasses.field(default=False, init=False, repr=False, compare=False)
 
     def __post_init__(self):
+        for f in dataclasses.fields(self):  # NOTE: numpy scalars stored as Python's (seeds wrap in int64)
+            object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
         check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
         check_int("top_k", self.top_k, -1)
@@ -180,7 +191,7 @@ class SamplingParams:
             _fail("logit_bias lists a token id twice")
         if len(pairs) > MAX_LOGIT_BIAS:
             _fail(f"logit_bias takes at most {MAX_LOGIT_BIAS} token ids, got {len(pairs)}")
-        object.__setattr__(self, "logit_bias", tuple(sorted((t, float(v)) for t, v in pairs)))
+        object.__setattr__(self, "logit_bias", tuple(sorted((int(t), float(v)) for t, v in pairs)))
         if self.allowed_token_ids is not None:
             allowed = sorted(set(_int_tuple("allowed_token_ids", self.allowed_token_ids, 0)))
             if not allowed or len(allowed) > MAX_LOGIT_BIAS:
@@ -224,6 +235,8 @@ class SamplingParams:
                                   ("exit_trace", self.exit_trace is not None)) if on]
         if len(fixed) > 1 or (fixed and others):
             _fail(f"{' and '.join(fixed + others)} exclude each other: give one exit rule")
+        if fixed and self.exit_threshold is not None:  # NOTE: refused, not ignored (the engine ignored it)
+            _fail(f"{fixed[0]} and exit_threshold exclude each other: {fixed[0]} takes no threshold exit")
         if self.exit_weighted and self.exit_mode == "skip":
             _fail("exit_weighted needs every loop's logits: use exit_mode='select'")
 
@@ -284,6 +297,8 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
     it has a tokenizer), as one-line ValueErrors. Engine.add_request runs them, and
     loopjax.generate before it builds (compiles) an engine; the engine checks the depths."""
     huginn = cfg.family == "huginn"
+    if not isinstance(warm_start, bool):  # NOTE: bool("no") is True
+        _fail(f"warm_start must be true or false, got {warm_start!r}")
     if params.exit_criterion is not None and not huginn:
         _fail("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
     if huginn and params.exit_threshold is not None and params.exit_criterion is None:
@@ -317,7 +332,7 @@ def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
         _fail(f"{name} must be a list of integers, got {values!r}")
     for v in values:
         check_int(f"every {name} entry", v, lo, hi)
-    return tuple(values)
+    return tuple(int(v) for v in values)
 
 
 def _str_tuple(name, values) -> tuple[str, ...]:

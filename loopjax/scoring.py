@@ -93,7 +93,7 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     if initial_state is not None and not isinstance(initial_state, str):
         raise ValueError(f"initial_state must be None or 'zero' when scoring, got a "
                          f"{type(initial_state).__name__} (an explicit s_0 [T, H]: use loopjax.forward)")
-    if isinstance(sequences, str) or (isinstance(sequences, np.ndarray) and sequences.ndim == 1):
+    if isinstance(sequences, str) or getattr(sequences, "ndim", None) == 1:  # numpy's or jax's array
         items: Sequence = [sequences]
     else:
         items = list(sequences)
@@ -105,7 +105,9 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     for i, seq in enumerate(items):
         ids = model.tokenize(seq) if isinstance(seq, str) else np.asarray(seq)
         # NOTE: refused as the engine's check_prompt_ids does, not cast: int() would score 3.7 as 3
-        if not isinstance(ids, list) and ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu"):
+        # NOTE: True is no token id (numpy reads [5, True] as ints), as the engine's prompts
+        if not isinstance(ids, list) and ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu" or (
+                not hasattr(seq, "dtype") and any(isinstance(t, bool | np.bool_) for t in seq))):
             raise ValueError(f"sequence {i} must be text or a flat list of integer token ids")
         ids = [int(t) for t in ids]
         if not ids:  # one token has nothing to score (its lists are empty), none is an error

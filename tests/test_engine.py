@@ -502,7 +502,10 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
     parts = [talk[0], {"role": "user", "content": [{"type": "text", "text": "w28"},
                                                     {"type": "text", "text": " w72"}]}]
     two = ouro_llm.chat([talk, parts], SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True))
-    for out in (one[0], *two):
+    # tuples as lists (a tuple of messages was taken for a list of conversations, each refused)
+    tuples = ouro_llm.chat(tuple(talk), max_new_tokens=3, ignore_eos=True)
+    tuples += ouro_llm.chat((tuple(talk), parts), max_new_tokens=3, ignore_eos=True)
+    for out in (one[0], *two, *tuples):
         assert (out.prompt_token_ids, out.token_ids) == (expected.prompt_token_ids, expected.token_ids)
     closed = ouro_llm.chat(talk, max_new_tokens=1, add_generation_prompt=False)[0]
     assert closed.prompt_token_ids == expected.prompt_token_ids[:-1]
@@ -563,6 +566,7 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
     prompt = ouro_ref["p0_input_ids"]
     golden = ouro_ref["p0_greedy_tokens"][:3].tolist()
     for prompts, count in ((prompt, 1), (list(prompt), 1), (np.stack([prompt, prompt]), 2),
+                           (jax.numpy.asarray(prompt), 1), ([jax.numpy.asarray(prompt)] * 2, 2),
                            ({"prompt_token_ids": prompt}, 1), ([{"prompt_token_ids": list(prompt)}] * 2, 2)):
         outs = ouro_llm.generate(prompts, max_new_tokens=3, ignore_eos=True)
         assert [o.token_ids for o in outs] == [golden] * count
@@ -572,6 +576,7 @@ def test_token_id_arrays_are_prompts(ouro_llm, ouro_ref):
             ([prompt, None], "prompt 1: prompt_token_ids must be a list of token ids, got NoneType"),
             ([prompt, [1.5]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
             ([prompt, [5, True]], "prompt 1: prompt_token_ids must be a flat list of integer token ids"),
+            ([prompt, np.array(5)], "prompt 1: prompt_token_ids must be a list of token ids, got ndarray"),
             ([[1, 2], [3], [4, 300]], r"prompt 2: token id 300 is outside the vocabulary \[0, 256\)"),
             ([prompt, {"prompt_token_ids": [1], "multi_modal_data": {}}],
              r"prompt 1: a prompt dict holds one key, 'prompt' \(text\) or 'prompt_token_ids', got "
@@ -653,10 +658,13 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             ([1, 2], dict(max_new_tokens=4, exit_criterion="kl"), "exit_criterion applies to Huginn models; "
                                                                   "Ouro exits by exit_threshold"),
             ([1, 2], dict(max_new_tokens=4, warm_start=True), "warm_start applies to Huginn models only"),
+            ([1, 2], dict(max_new_tokens=4, warm_start="no"), "warm_start must be true or false, got 'no'"),
             ([1, 2], dict(max_new_tokens=4, logit_bias={300: 1}), "logit_bias token id 300 is outside the "
                                                                   "vocabulary of 256"),
             ([1, 2], dict(max_new_tokens=4, stop=["x"]), r"stop strings need a tokenizer; this model has "
-                                                         r"none \(use stop_token_ids\)")):
+                                                         r"none \(use stop_token_ids\)"),
+            ([1, 2], dict(max_new_tokens=4, max_tokens=4),  # a TypeError of SamplingParams before
+             r"generate takes max_new_tokens \(SamplingParams' max_tokens\); give it alone")):
         with pytest.raises(ValueError, match=f"^{message}$"):
             loopjax.generate(ouro_model, prompt, **kwargs)
     for kwargs, message in ((dict(exit_step=4), "exit_step=4 must be below the depth 4"),  # the engine's
@@ -665,6 +673,12 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
             loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, **kwargs)
     with pytest.raises(ValueError, match="^exit_step applies to Ouro models only$"):
         loopjax.generate(loopjax.load(HUGINN), [1, 2], max_new_tokens=4, exit_step=1)
+    # the engine's initial_state checks too (they came after the compile)
+    with pytest.raises(ValueError, match="^initial_state applies to Huginn models only$"):
+        loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, initial_state="zero")
+    with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 3, 64\]"):
+        loopjax.generate(loopjax.load(HUGINN), [[1, 2], [1, 2, 3]], max_new_tokens=1,
+                         initial_state=[None, np.zeros((2, 64))])
     assert built == []
     options = dict(SMALL)
     (_, params), = loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)
@@ -677,6 +691,11 @@ def test_generate_sizes_its_engine_for_every_sample(ouro_model, engines_built):
     side (rows for all of them), not one after another in a one-row engine."""
     loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, temperature=1.0, n=4)
     assert engines_built[-1]["max_num_rows"] == 4 and engines_built[-1]["decode_row_buckets"] == (4,)
+    # numpy integers as SamplingParams takes them (an AttributeError: no bit_length)
+    loopjax.generate(ouro_model, [1, 2], max_new_tokens=np.int64(4), n=np.int64(2), loops=np.int32(3))
+    assert engines_built[-1] == engines_built[0] | {"max_num_rows": 2, "decode_row_buckets": (2,),
+                                                    "max_prefill_rows": 2, "max_loops": 3,
+                                                    "loop_buckets": (3,)}
 
 
 @pytest.mark.parametrize("method", ["read", "dispatch"])

@@ -344,6 +344,10 @@ def test_llm_names_the_keywords_given_beside_sampling_params(models):
     with pytest.raises(ValueError, match=r"^give sampling_params or sampling keyword arguments, not both "
                                          r"\(got max_tokens, temperature beside sampling_params\)$"):
         llm.generate([1, 2], SamplingParams(max_tokens=2), use_tqdm=False, max_tokens=3, temperature=0.5)
+    for given in ("greedy", SamplingParams):  # a str's len was taken for a count of params
+        with pytest.raises(ValueError, match=r"^sampling_params must be SamplingParams or a list of them "
+                                             rf"\(one per prompt\), got {type(given).__name__}$"):
+            llm.generate([1, 2], given)
 
 
 def test_generate_refuses_an_empty_text_before_building_an_engine(models, monkeypatch):

@@ -224,6 +224,9 @@ def test_forward_argument_errors(presets):
         loopjax.forward(ouro, [[1, 2]])
     with pytest.raises(ValueError, match=r"token id 256 is outside the vocabulary 0..255"):
         loopjax.forward(huginn, [1, 256])
+    for model in (ouro, huginn):  # numpy reads [1, True] as [1, 1]
+        with pytest.raises(ValueError, match=r"^input_ids must be integer token ids, not booleans$"):
+            loopjax.forward(model, [1, True])
     with pytest.raises(ValueError, match="loops must be a non-negative integer"):
         loopjax.forward(huginn, [1, 2], loops=-1)
     for model in (ouro, huginn):  # past the context: refused by both families (Ouro ran on)

@@ -324,6 +324,9 @@ def test_defaults_and_normalisation():
     (dict(exit_trace=[1, 5], loops=4), "every exit_trace entry must be in [1, 4], got 5"),
     (dict(exit_trace=[]), "exit_trace must list at least one loop count"),
     (dict(exit_trace=[2], exit_criterion="kl"), "exit_trace and exit_criterion exclude each other"),
+    # the engine took loop 1 (the weighted sum) whatever the threshold: refused, not ignored
+    (dict(exit_step=1, exit_threshold=0.5), "exit_step and exit_threshold exclude each other"),
+    (dict(exit_weighted=True, exit_threshold=0.5), "exit_weighted and exit_threshold exclude each other"),
     (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
     (dict(min_tokens=5, max_tokens=4), "min_tokens (5) must not exceed max_tokens (4)"),
     (dict(repetition_penalty=-1.0), "repetition_penalty must be in (0, inf], got -1.0"),
@@ -345,6 +348,22 @@ def test_bad_params_give_one_line_errors(kw, msg):
     with pytest.raises(ValueError) as err:
         SamplingParams(**kw)
     assert str(err.value).startswith(msg) and "\n" not in str(err.value)
+
+
+def test_numpy_scalars_are_numbers():
+    """numpy integers and reals (a loop variable, an array's item) are taken as Python's, stored
+    as Python's (they were refused: "max_tokens must be an integer >= 1, got np.int64(5)")."""
+    p = SamplingParams(max_tokens=np.int64(5), temperature=np.float32(0.5), seed=np.uint64(2**64 - 1),
+                       n=np.int32(2), loops=np.int8(3), stop_token_ids=[np.int64(7)],
+                       exit_trace=(np.int16(2),), logit_bias={np.int64(4): np.float32(1.5)},
+                       allowed_token_ids=[np.int64(4)])
+    want = SamplingParams(max_tokens=5, temperature=0.5, seed=2**64 - 1, n=2, loops=3, stop_token_ids=[7],
+                          exit_trace=(2,), logit_bias={4: 1.5}, allowed_token_ids=[4])
+    assert p == want and type(p.max_tokens) is int and type(p.temperature) is float
+    assert [s.seed for s in p.fan_out()] == [2**64 - 1, 0]  # Python's ints wrap as documented
+    assert all(type(v) is int for v in (*p.stop_token_ids, *p.exit_trace, p.logit_bias[0][0]))
+    with pytest.raises(ValueError, match="^ignore_eos must be true or false"):
+        SamplingParams(ignore_eos=np.bool_(True))
 
 
 def test_good_exit_settings():

@@ -118,6 +118,8 @@ def test_buckets_and_errors(ouro):
         ((np.array([3.7, 4.2]),), {}, "sequence 0 must be text or a flat list of integer token ids"),
         (([[3, 4], [True, False]],), {}, "sequence 1 must be text or a flat list of integer"),
         (([3.0, 4.0],), {}, "sequence 0 must be text or a flat list of integer"),
+        (([3, True],), {}, "sequence 0 must be text or a flat list of integer"),  # numpy: [3, 1]
+        (([[3, 4], (5, False)],), {}, "sequence 1 must be text or a flat list of integer"),
         (([3, 4],), {"exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\], got 1.5"),
         (([3, 4],), {"exit_threshold": float("nan")}, r"exit_threshold must be a number in \[0, 1\]"),
     ]:
@@ -129,6 +131,16 @@ def test_buckets_and_errors(ouro):
     assert loopjax.score(model, [3, 4])[0].top_logprobs == [[]]  # top_k 0: none
     one, = loopjax.score(model, [5], top_k=2)  # one token: no prefix, nothing to score
     assert (one.token_ids, one.token_logprobs, one.greedy, one.top_logprobs) == ([5], [], [], [])
+
+
+def test_jax_array_is_one_sequence(ouro):
+    """A 1-D jax array is one sequence, as a numpy one (it was read as one sequence per token)."""
+    import jax.numpy as jnp
+
+    model, ref = ouro
+    seq = ref["p0_input_ids"].tolist()
+    got, = loopjax.score(model, jnp.asarray(seq))
+    assert got == loopjax.score(model, seq)[0]
 
 
 def test_model_given_by_name_or_path(ouro):
