@@ -221,18 +221,21 @@ def test_adaptive_exits_with_the_pallas_decode_kernel():
     prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
     k = key("kl", 5e-4, "latest_m4")
     engine = Engine(loopjax.load(HUGINN), EngineConfig(**CFG, max_loops=16, attention_backend="pallas"))
-    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
+    # NOTE: 4 tokens (the interpreter is slow): exits at 11, 12, 7, 12 loops, so the 4th token
+    # reads the planes its 7-loop predecessor filled
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, loops=16,
                             exit_criterion="kl", exit_threshold=5e-4, exit_mode="skip")
     rid = engine.add_request(prompt, params, initial_state=gold[f"{k}_init_states"][0])
     out = finish(engine)[rid]
-    assert out.token_ids == gold[f"{k}_tokens"][0].tolist()
-    assert out.exit_loops == gold[f"{k}_steps_per_token"].tolist()
+    assert out.token_ids == gold[f"{k}_tokens"][0].tolist()[:4]
+    assert out.exit_loops == gold[f"{k}_steps_per_token"].tolist()[:4]
     model = loopjax.load(OURO)
     engine = Engine(model, EngineConfig(**CFG, attention_backend="pallas"))
     prompt = np.load(f"{OURO}/reference_fp32.npz")["p1_input_ids"].tolist()
-    params = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, exit_threshold=0.5,
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, exit_threshold=0.5,
                             exit_mode="skip")
     rid = engine.add_request(prompt, params)
     out = finish(engine)[rid]
-    expected = ouro_generate(model.params, model.cfg, prompt, 6, threshold=0.5, mode="skip")
+    expected = ouro_generate(model.params, model.cfg, prompt, 4, threshold=0.5, mode="skip")
+    assert len(set(out.exit_loops)) > 1, out.exit_loops  # its tokens exit at different depths
     assert out.token_ids == expected.tokens.tolist() and out.exit_loops == expected.loops.tolist()

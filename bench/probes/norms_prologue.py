@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
-    hidden, inter, num_layers, num_loops = (128, 256, 2, 2) if args.smoke else (2048, 5632, 24, 4)
+    hidden, inter, num_layers, num_loops = (128, 256, 1, 1) if args.smoke else (2048, 5632, 24, 4)
     iters = 1 if args.smoke else args.iters
     keys = iter(jax.random.split(jax.random.PRNGKey(0), 4 * num_layers + 1))
     weights = [(jax.random.normal(next(keys), (hidden, 2 * inter)) * hidden**-0.5).astype(jnp.bfloat16)

@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
     interpret = args.smoke
-    hidden, inter, num_layers, num_loops = (128, 256, 2, 1) if args.smoke else (2048, 5632, 24, 4)
+    hidden, inter, num_layers, num_loops = (128, 256, 1, 1) if args.smoke else (2048, 5632, 24, 4)
     split_k = 2 if args.smoke else args.split_k
     arms = [a for a in args.arms if not (args.smoke and a == "fused")]  # no semaphores on CPU
     keys = jax.random.split(jax.random.PRNGKey(0), 2 * num_layers)

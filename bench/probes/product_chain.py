@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     parser.add_argument("--trace", default=None, help="also trace 2 runs per case under this folder")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
-    hidden, inter, num_layers, num_loops = (256, 512, 2, 2) if args.smoke else (2048, 5632, 24, args.loops)
+    hidden, inter, num_layers, num_loops = (256, 512, 1, 1) if args.smoke else (2048, 5632, 24, args.loops)
     iters = 1 if args.smoke else args.iters
     records, status = [], 0
     for chain in args.chains:

@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     parser.add_argument("--heads", default=None, help="Hq:Hkv per case, comma-separated (default: 16:16)")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, CPU interpret mode")
     args = parser.parse_args(argv)
-    num_layers, num_loops = (2, 2) if args.smoke else (24, 4)
+    num_layers, num_loops = (1, 1) if args.smoke else (24, 4)
     heads = args.heads or ("2:2" if args.smoke else "16:16")
     iters = 1 if args.smoke else args.iters
     records, status = [], 0
