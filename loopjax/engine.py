@@ -339,6 +339,8 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or RequestExtra()
+        if request.is_finished and extra.text is None and self.model.tokenizer is not None:
+            update_text(extra, request, self.model)  # aborted: the text of the tokens it got
         want_lp = request.sampling_params.logprobs is not None
         subs = request.num_prefill_submissions + request.num_decode_submissions
         metrics = {"ttft": request.ttft, "tpot": request.tpot,

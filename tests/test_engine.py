@@ -474,6 +474,16 @@ def test_detokenize_false_leaves_the_text_none(ouro_llm, monkeypatch):
     assert outs[0].text == " ".join(f"w{t}" for t in outs[0].token_ids)
     assert outs[1].token_ids == outs[0].token_ids and outs[1].text is None
     assert ouro_llm.generate({"prompt": "w28 w72 w220"}, greedy_params)[0].token_ids == outs[0].token_ids
+    # an aborted request's text is that of the tokens it got (it was None)
+    engine = ouro_llm.engine
+    engine.add_request([28, 72, 220], SamplingParams(max_tokens=20, temperature=0.0, ignore_eos=True), "cut")
+    while not engine.step():
+        pass
+    assert engine.abort("cut")
+    [aborted] = [o for o in engine.step() if o.request_id == "cut"]
+    assert aborted.finish_reason == "abort" and aborted.token_ids
+    assert aborted.text == " ".join(f"w{t}" for t in aborted.token_ids)
+    assert not engine.has_unfinished()
 
 
 def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
