@@ -156,6 +156,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         if isinstance(e, ValueError):  # the engine's one line, less its internal request id
             message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
             raise bad_request(message, param_of(message, body) or "prompt")
+        if isinstance(e, RuntimeError):  # add_request's bug, that request alone (async_engine.py)
+            raise APIError(500, str(e), None, "server_error")
         raise e
 
     async def submit_choices(body, prompts: list[list[int]], params) -> list:

@@ -241,3 +241,27 @@ def test_api_key_guards_the_v1_endpoints():
         assert httpx.get(live.url + "/version", timeout=10).json() == {"version": loopjax.__version__} != {
             "version": "unknown"}
         assert httpx.get(live.url + "/metrics", timeout=10).status_code == 200
+
+
+def test_an_add_request_bug_is_a_500_in_openais_error_shape():
+    """An unexpected error of the engine's add_request (a bug in one request's checks) fails
+    that request with a one-line 500 in OpenAI's error JSON, and the server serves on (it was
+    uvicorn's plain-text "Internal Server Error", the message lost)."""
+    fake = FakeEngine()
+    add = fake.add_request
+
+    def add_request(prompt_ids, params, request_id=None):
+        if prompt_ids == [666]:
+            raise TypeError("unexpected")
+        return add(prompt_ids, params, request_id)
+
+    fake.add_request = add_request
+    with LiveServer(create_app(fake, MODEL_NAME)) as live:
+        url = live.url + "/v1/completions"
+        for stream in (False, True):
+            r = httpx.post(url, json={"prompt": [666], "max_tokens": 2, "stream": stream}, timeout=30)
+            assert r.status_code == 500, r.text
+            assert r.json()["error"] == {"message": "request not admitted: TypeError: unexpected",
+                                         "type": "server_error", "param": None, "code": 500}
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [6, 7]
