@@ -6,6 +6,7 @@ keeps serving; a dead engine answers 503 everywhere."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import time
 
@@ -265,3 +266,28 @@ def test_an_add_request_bug_is_a_500_in_openais_error_shape():
                                          "type": "server_error", "param": None, "code": 500}
         r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
         assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [6, 7]
+
+
+def test_a_stream_cut_by_shutdown_counts_as_aborted():
+    """uvicorn's graceful shutdown cancels a stream still running only after the lifespan has
+    stopped the engine, which fails the stream's requests: they count as aborted, as a full
+    answer's do (they counted as neither finished nor aborted)."""
+    fake = FakeEngine()
+    fake.paused = True  # admitted, never stepped: the stream is still running at shutdown
+    app = create_app(fake, MODEL_NAME)
+    aengine = app.state.async_engine
+
+    def stream(url):
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", url, json={"prompt": [1], "max_tokens": 50, "stream": True}, timeout=30) as s:
+            list(s.iter_lines())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with LiveServer(app) as live:
+            done = pool.submit(stream, live.url + "/v1/completions")
+            deadline = time.time() + 20
+            while aengine.num_waiting < 1:
+                assert time.time() < deadline, "the request was not admitted"
+                time.sleep(0.01)
+        done.result()
+    assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
