@@ -9,6 +9,7 @@ import concurrent.futures
 import contextlib
 import json
 import time
+import types
 
 import httpx
 import openai
@@ -291,3 +292,30 @@ def test_a_stream_cut_by_shutdown_counts_as_aborted():
                 time.sleep(0.01)
         done.result()
     assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
+
+
+def test_a_request_waiting_for_sample_0_when_shutdown_ends_is_503():
+    """The 503 of a request the graceful shutdown's timeout cuts holds wherever its handler
+    waits: here an n=2 request (prefix cache on) waiting for sample 0's prefill, streamed or
+    not (both were uvicorn's plain-text 500 and a traceback: only the wait for the full
+    answer answered 503)."""
+    for stream in (False, True):
+        fake = FakeEngine()
+        fake.scheduler = types.SimpleNamespace(config=types.SimpleNamespace(enable_prefix_caching=True,
+                                                                            page_size=1))
+        fake.paused = True  # sample 0 admitted, never prefilled: samples 1.. wait for it
+        app = create_app(fake, MODEL_NAME)
+        aengine = app.state.async_engine
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with LiveServer(app) as live:
+                full = pool.submit(httpx.post, live.url + "/v1/completions", timeout=30,
+                                   json={"prompt": [1, 2, 3], "max_tokens": 5, "n": 2, "stream": stream})
+                deadline = time.time() + 20
+                while aengine.num_waiting < 1:
+                    assert time.time() < deadline, "sample 0 was not admitted"
+                    time.sleep(0.01)
+            r = full.result()
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == {"message": "server shutting down", "type": "server_error", "param": None,
+                                     "code": 503}
+        assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
