@@ -218,6 +218,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 scored = await scores
             except ValueError as e:  # the scorer's one line (the prompts were checked above)
                 raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
+            except Exception as e:  # e.g. the device ran out of memory: a 500 (the stream's last event)
+                raise APIError(500, f"scoring the prompts failed: {type(e).__name__}: {e}", None,
+                               "server_error") from None
             formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
             echoed = None
             if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
