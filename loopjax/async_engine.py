@@ -260,8 +260,8 @@ class AsyncEngine:
             future.set_exception(error)
 
     def _fail_all(self, error: BaseException):
-        """Every open stream and every unanswered admission gets `error`."""
-        self._fail_streams(list(self._streams), error)
+        """Every open stream and every unanswered admission gets `error`; the streams count as aborted."""
+        self.metrics.aborted.inc(self._fail_streams(list(self._streams), error))
         for future in self._pending:
             if not future.done():
                 future.set_exception(error)

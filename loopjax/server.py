@@ -9,7 +9,8 @@ Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
   "param", "code"}}`, `param` naming the field; a full queue gets 429 (a request needing more
   engine requests at once than max_waiting: 400, as no retry can pass); a dead engine 503, as
-  does a full answer still running when the graceful shutdown (SIGTERM, Ctrl-C; 5 s) ends; a
+  does a request not yet answered (a full answer, a stream not begun) when the graceful
+  shutdown (SIGTERM, Ctrl-C; 5 s) ends; a
   request lost to a step that failed on the device 500, while the server serves on
   (async_engine.py). A stream that began gets the error as its last event before [DONE].
   Request parsing and validation live in `openai_protocol.py`.
@@ -156,6 +157,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         if isinstance(e, ValueError):  # the engine's one line, less its internal request id
             message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
             raise bad_request(message, param_of(message, body) or "prompt")
+        if isinstance(e, RuntimeError):  # add_request's bug, that request alone (async_engine.py)
+            raise APIError(500, str(e), None, "server_error")
         raise e
 
     async def submit_choices(body, prompts: list[list[int]], params) -> list:
@@ -215,6 +218,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 scored = await scores
             except ValueError as e:  # the scorer's one line (the prompts were checked above)
                 raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
+            except Exception as e:  # e.g. the device ran out of memory: a 500 (the stream's last event)
+                raise APIError(500, f"scoring the prompts failed: {type(e).__name__}: {e}", None,
+                               "server_error") from None
             formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
             echoed = None
             if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
@@ -255,13 +261,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     if await request.is_disconnected():
                         consumer.cancel()
                         return JSONResponse({}, status_code=499)
-            except asyncio.CancelledError:  # NOTE: only uvicorn cancels a handler: its graceful
-                # shutdown (SIGTERM, Ctrl-C) ran out of time. A 503 rather than its 500, requests dropped;
-                # returned, not raised: the APIError handler runs in a worker thread, cancelled again.
+            except asyncio.CancelledError:  # the graceful shutdown ran out of time (`answer`): drop them
                 consumer.cancel()
                 for stream in streams:
                     stream.close()
-                return APIError(503, "server shutting down", None, "server_error").response()
+                raise
             if isinstance(consumer.exception(), EngineDeadError | RequestFailedError):
                 raise engine_error(consumer.exception())
             consumer.result()
@@ -315,13 +319,24 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         return StreamingResponse(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
+    async def answer(request: Request, chat: bool):
+        """`handle`'s response; a 503 when uvicorn cancels it before the response began.
+        NOTE: only uvicorn cancels a handler: its graceful shutdown (SIGTERM, Ctrl-C) ran out of
+        time, wherever the handler waits (admission, sample 0's prefill, the answer, the
+        scoring). A 503 rather than its 500; returned, not raised: the APIError handler runs in
+        a worker thread, cancelled again."""
+        try:
+            return await handle(request, chat)
+        except asyncio.CancelledError:
+            return APIError(503, "server shutting down", None, "server_error").response()
+
     @app.post("/v1/completions")
     async def completions(request: Request):
-        return await handle(request, chat=False)
+        return await answer(request, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        return await handle(request, chat=True)
+        return await answer(request, chat=True)
 
     @app.post("/tokenize")
     async def tokenize(request: Request):

@@ -367,3 +367,24 @@ def test_a_scoring_error_mid_stream_ends_it_and_frees_the_rows(server, monkeypat
     assert events[-1] == "[DONE]" and "the scorer refused" in json.loads(events[-2])["error"]["message"]
     assert server.aengine.metrics.aborted.value == before + 1
     wait_idle(server.aengine)
+
+
+def test_a_scoring_failure_on_the_device_is_a_500(server, monkeypatch):
+    """echo whose scoring fails with another error than the scorer's refusal (the device out of
+    memory): a one-line 500 in OpenAI's error JSON; streamed, as the last event before [DONE]
+    (it was uvicorn's plain-text 500; a stream ended without either)."""
+    import loopjax.scoring
+
+    def failing(*args, **kw):
+        raise RuntimeError("RESOURCE_EXHAUSTED: out of memory")
+
+    monkeypatch.setattr(loopjax.scoring, "score", failing)
+    body = dict(model=MODEL_NAME, prompt=[5, 9, 13], max_tokens=2, echo=True)
+    error = {"message": "scoring the prompts failed: RuntimeError: RESOURCE_EXHAUSTED: out of memory",
+             "type": "server_error", "param": None, "code": 500}
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json=body)
+    assert r.status_code == 500 and r.json()["error"] == error, r.text
+    r = httpx.post(server.url + "/v1/completions", timeout=60, json=body | {"stream": True})
+    events = [e[6:] for e in r.text.split("\n\n") if e.startswith("data: ")]
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"] == error
+    wait_idle(server.aengine)

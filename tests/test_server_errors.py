@@ -6,8 +6,10 @@ keeps serving; a dead engine answers 503 everywhere."""
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import json
 import time
+import types
 
 import httpx
 import openai
@@ -241,3 +243,79 @@ def test_api_key_guards_the_v1_endpoints():
         assert httpx.get(live.url + "/version", timeout=10).json() == {"version": loopjax.__version__} != {
             "version": "unknown"}
         assert httpx.get(live.url + "/metrics", timeout=10).status_code == 200
+
+
+def test_an_add_request_bug_is_a_500_in_openais_error_shape():
+    """An unexpected error of the engine's add_request (a bug in one request's checks) fails
+    that request with a one-line 500 in OpenAI's error JSON, and the server serves on (it was
+    uvicorn's plain-text "Internal Server Error", the message lost)."""
+    fake = FakeEngine()
+    add = fake.add_request
+
+    def add_request(prompt_ids, params, request_id=None):
+        if prompt_ids == [666]:
+            raise TypeError("unexpected")
+        return add(prompt_ids, params, request_id)
+
+    fake.add_request = add_request
+    with LiveServer(create_app(fake, MODEL_NAME)) as live:
+        url = live.url + "/v1/completions"
+        for stream in (False, True):
+            r = httpx.post(url, json={"prompt": [666], "max_tokens": 2, "stream": stream}, timeout=30)
+            assert r.status_code == 500, r.text
+            assert r.json()["error"] == {"message": "request not admitted: TypeError: unexpected",
+                                         "type": "server_error", "param": None, "code": 500}
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [6, 7]
+
+
+def test_a_stream_cut_by_shutdown_counts_as_aborted():
+    """uvicorn's graceful shutdown cancels a stream still running only after the lifespan has
+    stopped the engine, which fails the stream's requests: they count as aborted, as a full
+    answer's do (they counted as neither finished nor aborted)."""
+    fake = FakeEngine()
+    fake.paused = True  # admitted, never stepped: the stream is still running at shutdown
+    app = create_app(fake, MODEL_NAME)
+    aengine = app.state.async_engine
+
+    def stream(url):
+        with contextlib.suppress(httpx.HTTPError), httpx.stream(
+                "POST", url, json={"prompt": [1], "max_tokens": 50, "stream": True}, timeout=30) as s:
+            list(s.iter_lines())
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        with LiveServer(app) as live:
+            done = pool.submit(stream, live.url + "/v1/completions")
+            deadline = time.time() + 20
+            while aengine.num_waiting < 1:
+                assert time.time() < deadline, "the request was not admitted"
+                time.sleep(0.01)
+        done.result()
+    assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
+
+
+def test_a_request_waiting_for_sample_0_when_shutdown_ends_is_503():
+    """The 503 of a request the graceful shutdown's timeout cuts holds wherever its handler
+    waits: here an n=2 request (prefix cache on) waiting for sample 0's prefill, streamed or
+    not (both were uvicorn's plain-text 500 and a traceback: only the wait for the full
+    answer answered 503)."""
+    for stream in (False, True):
+        fake = FakeEngine()
+        fake.scheduler = types.SimpleNamespace(config=types.SimpleNamespace(enable_prefix_caching=True,
+                                                                            page_size=1))
+        fake.paused = True  # sample 0 admitted, never prefilled: samples 1.. wait for it
+        app = create_app(fake, MODEL_NAME)
+        aengine = app.state.async_engine
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            with LiveServer(app) as live:
+                full = pool.submit(httpx.post, live.url + "/v1/completions", timeout=30,
+                                   json={"prompt": [1, 2, 3], "max_tokens": 5, "n": 2, "stream": stream})
+                deadline = time.time() + 20
+                while aengine.num_waiting < 1:
+                    assert time.time() < deadline, "sample 0 was not admitted"
+                    time.sleep(0.01)
+            r = full.result()
+        assert r.status_code == 503, r.text
+        assert r.json()["error"] == {"message": "server shutting down", "type": "server_error", "param": None,
+                                     "code": 503}
+        assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
