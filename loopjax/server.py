@@ -10,9 +10,9 @@ Contract:
   "param", "code"}}`, `param` naming the field; a full queue gets 429 (a request needing more
   engine requests at once than max_waiting: 400, as no retry can pass); a dead engine 503, as
   does a request not yet answered (a full answer, a stream not begun) when the graceful
-  shutdown (SIGTERM, Ctrl-C; 5 s) ends; a
-  request lost to a step that failed on the device 500, while the server serves on
-  (async_engine.py). A stream that began gets the error as its last event before [DONE].
+  shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
+  500, while the server serves on (async_engine.py). A stream that began gets the error as its
+  last event before [DONE].
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
