@@ -79,8 +79,8 @@ class RequestParser:
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
         if body.get("model") is not None and body["model"] != self.model_name:
-            raise bad_request(f"model {body['model']!r} is not served here; this server serves "
-                              f"{self.model_name!r}", "model")
+            raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
+                           f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
         for key in ("stream", "echo"):  # NOTE: the server reads them as flags: "false" would be true
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)

@@ -7,8 +7,9 @@ POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) a
 
 Contract:
 - Bad requests get HTTP 400 with OpenAI's error JSON `{"error": {"message", "type",
-  "param", "code"}}`, `param` naming the field; a full queue gets 429 (a request needing more
-  engine requests at once than max_waiting: 400, as no retry can pass); a dead engine 503, as
+  "param", "code"}}`, `param` naming the field; an unknown `model` 404 (as vLLM); a full
+  queue 429 (a request needing more engine requests at once than max_waiting: 400, as no
+  retry can pass); a dead engine 503, as
   does a request not yet answered (a full answer, a stream not begun) when the graceful
   shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
   500, while the server serves on (async_engine.py). A stream that began gets the error as its

@@ -21,7 +21,7 @@ from loopjax.server import create_app
 
 
 @pytest.mark.parametrize("body, status, param, words", [
-    ({"model": "gpt-4", "prompt": [1, 2]}, 400, "model", "gpt-4"),
+    ({"model": "gpt-4", "prompt": [1, 2]}, 404, "model", "'gpt-4' does not exist here"),  # vLLM's 404
     ({"prompt": [5, 6], "max_tokens": -3}, 400, "max_tokens", "max_tokens"),
     ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
     ({"prompt": [5] * 600}, 400, "prompt", "too long"),
@@ -112,7 +112,8 @@ def test_tokenize_and_detokenize(server, client, served_model):
     ]:
         r = post(path, body)
         err = r.json()["error"]
-        assert r.status_code == 400 and err["param"] == param and words in err["message"], (path, body, err)
+        assert r.status_code == (404 if param == "model" else 400), (path, body, err)
+        assert err["param"] == param and words in err["message"], (path, body, err)
     assert post("/detokenize", {"tokens": []}).json() == {"prompt": ""}
 
 
