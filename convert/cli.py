@@ -1,4 +1,4 @@
-"""`loopjax convert HF_DIR OUT_DIR [--dtype bfloat16|float32]` (also `python -m loopjax.convert`).
+"""`loopjax convert HF_DIR OUT_DIR [--dtype bfloat16|float32|auto]` (also `python -m loopjax.convert`).
 
 Exit status 0 on success; every failure is one line on stderr
 (`loopjax convert: error: ...`) and exit status 2, with no output folder left behind; Ctrl-C
@@ -20,8 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "Hub name whose snapshot is in the local Hugging Face cache")
     parser.add_argument("out_dir", metavar="OUT_DIR",
                         help="new folder for the loopjax checkpoint (must not exist)")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="params dtype of the checkpoint (default: bfloat16)")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32", "auto"], default="bfloat16",
+                        help="params dtype of the checkpoint (auto: the input's, bf16 if mixed or fp16; "
+                             "default: bfloat16)")
     parser.add_argument("--no-progress", dest="progress", action="store_false",
                         help="do not show a progress bar while reading tensors")
 

@@ -115,6 +115,7 @@ def load_hf(hf_dir: str, dtype=None, progress: bool = True):
     except safetensors_reader.SafetensorsError as e:
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"{e}{hint}") from None
+    dtype = checkpoint.dtype_option(dtype)
     dtype = default_dtype(refs) if dtype is None else checkpoint.parse_dtype(dtype)
     check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
     # Ignored tensors (e.g. a RoPE table) are never read; present optional ones are.

@@ -38,11 +38,16 @@ class CheckpointError(ValueError):
     """A folder that is not a (valid) loopjax checkpoint; the message is one line."""
 
 
+def dtype_option(dtype: Any) -> Any:
+    """None (the checkpoint's own dtype) for 'auto', HF's and vLLM's word for it; else as given."""
+    return None if isinstance(dtype, str) and dtype.lower() == "auto" else dtype
+
+
 def parse_dtype(dtype: Any) -> np.dtype:
     """bfloat16 or float32, from a name ('bf16', 'float32', ...) or a dtype; anything else is refused."""
     if isinstance(dtype, str):
         if dtype.lower() not in DTYPE_NAMES:
-            raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16 or float32")
+            raise ValueError(f"unsupported dtype {dtype!r}; use bfloat16, float32 or auto")
         return np.dtype(DTYPE_NAMES[dtype.lower()])
     try:
         result = np.dtype(dtype)

@@ -21,7 +21,7 @@ def add_engine_arguments(parser):
     import dataclasses
 
     parser.add_argument("--dtype", default=None,
-                        help="params dtype (float32, bfloat16; default: the checkpoint's)")
+                        help="params dtype (float32, bfloat16, auto; default: auto, the checkpoint's)")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
     try:

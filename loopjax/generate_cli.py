@@ -27,7 +27,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="sampling seed")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
-    parser.add_argument("--dtype", default=None, help="bfloat16 | float32 (default: the checkpoint's)")
+    parser.add_argument("--dtype", default=None,
+                        help="bfloat16 | float32 | auto (default: auto, the checkpoint's)")
     parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"))
     parser.add_argument("--attention-backend", default="auto",
                         choices=("auto", "xla", "pallas", "pallas_mgpu"))

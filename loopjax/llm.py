@@ -208,6 +208,7 @@ def _model(model_or_path, dtype=None):
     if not isinstance(model_or_path, Model):
         raise ValueError(f"model must be a loopjax Model, a model folder or a preset name, "
                          f"got {type(model_or_path).__name__}")
+    dtype = checkpoint.dtype_option(dtype)
     if dtype is not None and (want := checkpoint.parse_dtype(dtype)) != model_or_path.dtype:
         raise ValueError(f"dtype {want} differs from the given Model's {model_or_path.dtype}: dtype "
                          f"applies to a model loaded by name (loopjax.load(path, dtype))")

@@ -65,9 +65,10 @@ def load(path_or_preset: str, dtype=None) -> Model:
     of `config.PRESETS` (seeded random weights), or a Hub name ('org/name') whose snapshot is
     in the local Hugging Face cache (`hub_cache`; nothing is downloaded).
 
-    dtype: 'bfloat16' / 'float32' (or the dtypes). Default: the checkpoint's dtype; for
-    presets bf16 at the real sizes and fp32 for the `*-tiny` ones."""
+    dtype: 'bfloat16' / 'float32' (or the dtypes). Default (None or 'auto'): the checkpoint's
+    dtype; for presets bf16 at the real sizes and fp32 for the `*-tiny` ones."""
     path = os.path.expanduser(os.fspath(path_or_preset))  # '~/model' is the home folder's
+    dtype = checkpoint.dtype_option(dtype)
     if os.path.isdir(path):
         return _load_folder(path, dtype)
     if os.path.exists(path):

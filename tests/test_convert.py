@@ -120,6 +120,9 @@ def test_bf16_conversion_casts(tmp_path, converted):
     assert_trees_equal(params, jax.tree.map(lambda a: np.asarray(a).astype(ml_dtypes.bfloat16), params32))
     _, widened = checkpoint.restore(out, dtype="float32")  # restore-time cast
     assert np.dtype(widened["embed"].dtype) == np.float32
+    auto = str(tmp_path / "auto")
+    assert convert_cli(HUGINN, auto, "--dtype", "auto") == 0  # the input's own dtype (fp32 here)
+    assert checkpoint.stored_dtype(auto) == np.float32
 
 
 def test_sharded_input_equals_single_file(tmp_path, converted):

@@ -139,6 +139,10 @@ def test_load_preset(presets, name):
 
 def test_preset_dtype_override():
     assert loopjax.load("ouro-tiny", dtype="bfloat16").dtype == np.dtype(jax.numpy.bfloat16)
+    # 'auto' (HF's and vLLM's word): the checkpoint's own dtype, as None
+    tiny = loopjax.load("ouro-tiny", dtype="auto")
+    assert tiny.dtype == np.float32 and loopjax.load(OURO, dtype="AUTO").dtype == np.float32
+    assert loopjax.LLM(tiny, dtype="AUTO", warmup=False, verbose=False).model is tiny
 
 
 def test_bad_paths_name_the_path(tmp_path):
