@@ -47,7 +47,8 @@ def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments, add_sampling_arguments
 
     d = WorkloadSpec("burst")
-    parser.add_argument("model", help="checkpoint folder or preset (in-process), or the served name (--url)")
+    parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset (in-process), "
+                                      "or the served name (--url)")
     parser.add_argument("--workload", choices=("burst", "sessions"), default="burst")
     parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
                         help="burst prompt tokens / sessions' opening tokens")

@@ -22,9 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--prompt-ids", help="comma-separated prompt token ids, e.g. 1,2,3")
     parser.add_argument("--chat", action="store_true",
                         help="send --prompt as one user message, rendered by the checkpoint's chat template")
-    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate")
+    parser.add_argument("--max-tokens", type=int, default=32, help="tokens to generate (default: 32)")
     add_sampling_arguments(parser)
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--loops", type=int, default=None, help="loops per token (default: the model's)")
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     parser.add_argument("--dtype", default=None,

@@ -5,7 +5,8 @@ Prompts are strings (when the model has a tokenizer), token-id lists, or vLLM's 
 sample i uses seed + i; params without a seed draw one per prompt and call, so one params
 object for many prompts gives independent samples). Each result holds the generated tokens
 only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected state per
-token), `finish_reason` and metrics (ttft, tpot, submissions per output token).
+token), `finish_reason`, `stop_reason` (vLLM's), the log-probabilities asked for and metrics
+(ttft, tpot, submissions per output token).
 
 Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
@@ -319,8 +320,9 @@ def compact_engine_options(prompt_lens: list[int], max_new_tokens: int,
 def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
              initial_state=None, warm_start: bool = False, engine_options: dict | None = None,
              **sampling_kwargs: Any) -> list[GenerateOutput]:
-    """Generate for `prompts` (strings, token-id lists, or one of them) with `model` (a Model,
-    a checkpoint folder or a preset name). The engine (and a model loaded by name) is kept for
+    """Generate for `prompts` (strings, token-id lists, vLLM's prompt dicts, or one of them) with
+    `model` (a Model, or what `loopjax.load` takes: a checkpoint or HF folder, a cached Hub name, a
+    preset name). The engine (and a model loaded by name) is kept for
     later calls with the same model and options. Returns one GenerateOutput per prompt and
     sample, as `LLM.generate` (with `n` samples, prompt p's sample i is result p * n + i). The
     prompts and sampling settings are checked before an engine is built (it takes a while)."""

@@ -74,11 +74,11 @@ def _next_token_logprobs(logits, ids, top_k: int):
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
           initial_state: str | None = None, top_k: int = 0) -> list[ScoreOutput]:
-    """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, a
-    checkpoint folder or a preset name); one ScoreOutput per sequence, in order. `loops`,
-    `exit_threshold` (Ouro) and `initial_state` (Huginn: None for the position-keyed s_0, or
-    'zero'; an explicit s_0 goes through `loopjax.forward`) as in `loopjax.forward`; `top_k`
-    most likely tokens of each position in `top_logprobs` (0: none)."""
+    """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, or what
+    `loopjax.load` takes: a folder, a cached Hub name, a preset name); one ScoreOutput per
+    sequence, in order. `loops`, `exit_threshold` (Ouro) and `initial_state` (Huginn: None for
+    the position-keyed s_0, or 'zero'; an explicit s_0 goes through `loopjax.forward`) as in
+    `loopjax.forward`; `top_k` most likely tokens of each position in `top_logprobs` (0: none)."""
     from loopjax.model import _check_ids, forward, load
     from loopjax.models import huginn
 

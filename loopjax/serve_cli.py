@@ -50,9 +50,11 @@ def add_arguments(parser):
     parser.add_argument("--served-model-name", default=None,
                         help="the name clients send as `model` (default: MODEL as given)")
     parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
-                        help="requests that may wait for a first token before new ones get 429")
+                        help="requests that may wait for a first token before new ones get 429 "
+                             "(default: 256)")
     parser.add_argument("--max-n", type=_int_at_least(1), default=DEFAULT_MAX_N,
-                        help="the largest `n` (samples per prompt) a request may ask for")
+                        help=f"the largest `n` (samples per prompt) a request may ask for "
+                             f"(default: {DEFAULT_MAX_N})")
     parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")

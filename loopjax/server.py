@@ -34,7 +34,7 @@ Contract:
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
-  Bearer <key>` (401 otherwise); /health, /metrics, /tokenize and /detokenize stay open.
+  Bearer <key>` (401 otherwise); /health, /version, /metrics, /tokenize and /detokenize stay open.
 This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
 before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
