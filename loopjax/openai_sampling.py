@@ -69,12 +69,15 @@ _UNSUPPORTED = {
     "guided_json": "guided decoding", "guided_regex": "guided decoding", "guided_choice": "guided decoding",
     "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
     "logits_processors": "custom logits processors", "lora_request": "LoRA adapters",
+    "suffix": "text insertion", "bad_words": "banned word sequences; logit_bias "
+    "bans single tokens",
 }
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
-             "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",)}
+             "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
+             "suffix": ("",), "bad_words": ([],)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
-    "model", "prompt", "messages", "stream", "stream_options", "user", "echo", "suffix",
+    "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
     "chat_template_kwargs", "continue_final_message",
 })
