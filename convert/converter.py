@@ -190,7 +190,9 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             src = os.path.join(hf_dir, name)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, name))
-        os.chmod(tmp, 0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
+        umask = os.umask(0o022)  # NOTE: read (os.umask has no getter) and put back at once
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary folder
         if os.path.lexists(out_dir):
             raise ConvertError(f"output folder {out_dir} already exists")
         os.rename(tmp, out_dir)

@@ -121,8 +121,13 @@ def test_bf16_conversion_casts(tmp_path, converted):
     _, widened = checkpoint.restore(out, dtype="float32")  # restore-time cast
     assert np.dtype(widened["embed"].dtype) == np.float32
     auto = str(tmp_path / "auto")
-    assert convert_cli(HUGINN, auto, "--dtype", "auto") == 0  # the input's own dtype (fp32 here)
+    umask = os.umask(0o077)  # a private user's: the folder is theirs alone (it was 0o755 whatever the umask)
+    try:
+        assert convert_cli(HUGINN, auto, "--dtype", "auto") == 0  # the input's own dtype (fp32 here)
+    finally:
+        os.umask(umask)
     assert checkpoint.stored_dtype(auto) == np.float32
+    assert os.stat(auto).st_mode & 0o777 == 0o700 and os.stat(out).st_mode & 0o777 == 0o777 & ~umask
 
 
 def test_sharded_input_equals_single_file(tmp_path, converted):
