@@ -271,7 +271,8 @@ class AsyncEngine:
         """The streams of `request_ids` still open end with `error`; -> how many."""
         streams = [s for rid in request_ids if (s := self._streams.pop(rid, None)) is not None]
         for stream in streams:
-            self._set_waiting(-(stream.first_token_at is None))
+            if stream.first_token_at is None:
+                self._set_waiting(-1)
             stream.queue.put_nowait(error)
             stream.started.set()
         return len(streams)
@@ -292,7 +293,7 @@ class AsyncEngine:
             self._stop.set()
 
     def _run(self):
-        failures = 0  # failed steps since the last one read
+        failures = 0  # failed steps since the last token
         try:
             while not self._stop.is_set():
                 self._wake.clear()  # before draining: a post after this wakes the wait below
@@ -303,7 +304,7 @@ class AsyncEngine:
                 if self.engine.has_unfinished():
                     try:
                         outputs = self.engine.step()
-                        if any(out.new_token_ids for out in outputs):  # a step read back (not only aborts)
+                        if any(out.new_token_ids for out in outputs):  # a token: the device works
                             failures = 0
                     except StepFailedError as e:
                         failures += 1
