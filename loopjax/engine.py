@@ -282,12 +282,15 @@ class Engine:
         # Ouro prompt tokens run every loop (they need their planes); Huginn prefill may exit.
         exits_here = decode or self.model.cfg.family == "huginn"
         trace = params.exit_trace
+        traced = None if trace is None else trace[min(index, len(trace) - 1)]
         if trace is not None and exits_here:  # replay: token k runs trace[k] loops
-            loops = min(loops, trace[min(index, len(trace) - 1)])
+            loops = min(loops, traced)
         exit_step = -1 if params.exit_step is None else params.exit_step
         default_step = self._default_exit_step
         if exit_step < 0 and threshold is None and not params.exit_weighted and default_step is not None:
             exit_step = default_step if default_step < loops else -1
+        if trace is not None and emits and not exits_here and not 0 <= exit_step < traced:
+            exit_step = min(traced, loops) - 1  # Ouro prefill: every loop runs, its token exits by trace[k]
         if params.exit_step is not None or params.exit_weighted:
             threshold = 2.0  # the fixed loop or the weighted sum, never the Q-exit
             if extra.skip and exits_here and params.exit_step is not None:

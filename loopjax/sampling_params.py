@@ -33,7 +33,9 @@ Conventions:
 - Loop/exit settings: `loops` is the depth (None = model default); `exit_threshold` is
   Ouro's Q-exit threshold in [0, 1] when no `exit_criterion` is set, else the Huginn
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
-  generated token, the number of loops to run (>= 1), to replay a recorded run;
+  generated token, the number of loops to run (>= 1), to replay a recorded run (an output's
+  `exit_loops` as given; an Ouro token sampled at prefill takes loop k's logits, every loop
+  running for the prompt's KV, as the exit rule's prefill does);
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
   sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside: it bounds an
   exit_trace's tokens too, but exit_step and exit_weighted never take the threshold exit).
@@ -46,6 +48,7 @@ import dataclasses
 import math
 import numbers
 import secrets
+from collections.abc import Sequence
 from typing import Any
 
 # Temperatures below this are greedy (dividing logits by them would overflow).
@@ -328,7 +331,8 @@ def check_truncate_prompt_tokens(value) -> int | None:
 # ---------------------------------------------------------------- helpers
 
 def _int_tuple(name, values, lo, hi=None) -> tuple[int, ...]:
-    if isinstance(values, str | bytes) or not isinstance(values, list | tuple):
+    # NOTE: any sequence: an output's exit_loops (a Snapshot) replays as exit_trace as it is
+    if isinstance(values, str | bytes) or not isinstance(values, Sequence):
         _fail(f"{name} must be a list of integers, got {values!r}")
     for v in values:
         check_int(f"every {name} entry", v, lo, hi)

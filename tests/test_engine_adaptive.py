@@ -85,17 +85,28 @@ def test_ouro_skip_mode_equals_reference():
     engine = Engine(model, EngineConfig(**CFG))
     ref = np.load(f"{OURO}/reference_fp32.npz")
     prompts = {k: ref[f"{k}_input_ids"].tolist() for k in ("p0", "p1", "p2")}
+    finals = {}
     for mode in ("skip", "select"):
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, exit_threshold=0.5,
                                 exit_mode=mode)
         for k, prompt in prompts.items():
             engine.add_request(prompt, params, f"{mode}-{k}")
-        finals = finish(engine)
+        finals.update(finish(engine))
         for k, prompt in prompts.items():
             expected = ouro_generate(model.params, model.cfg, prompt, 8, threshold=0.5, mode=mode)
             out = finals[f"{mode}-{k}"]
             assert out.token_ids == expected.tokens.tolist(), (mode, k)
             assert out.exit_loops == expected.loops.tolist(), (mode, k)
+    # exit_trace replays the skip runs, their first (prefill) tokens' early exits included
+    assert any(finals[f"skip-{k}"].exit_loops[0] < 4 for k in prompts)
+    for k, prompt in prompts.items():
+        trace = finals[f"skip-{k}"].exit_loops
+        engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                  exit_trace=trace), f"trace-{k}")
+    replays = finish(engine)
+    for k in prompts:
+        assert (replays[f"trace-{k}"].token_ids, replays[f"trace-{k}"].exit_loops) == \
+            (finals[f"skip-{k}"].token_ids, finals[f"skip-{k}"].exit_loops), k
     assert engine.stats()["pages_free"] == engine.stats()["pages_total"]
 
 

@@ -341,7 +341,7 @@ def test_defaults_and_normalisation():
     (dict(allowed_token_ids=[]), "allowed_token_ids must list 1 to 1024 token ids, got 0"),
     (dict(allowed_token_ids=[3, -1]), "every allowed_token_ids entry must be >= 0, got -1"),
     (dict(allowed_token_ids=5), "allowed_token_ids must be a list of integers, got 5"),
-    (dict(allowed_token_ids=range(1025)), "allowed_token_ids must be a list of integers"),
+    (dict(allowed_token_ids=range(1025)), "allowed_token_ids must list 1 to 1024 token ids, got 1025"),
     (dict(allowed_token_ids=list(range(1025))), "allowed_token_ids must list 1 to 1024 token ids, got 1025"),
 ])
 def test_bad_params_give_one_line_errors(kw, msg):
