@@ -806,8 +806,9 @@ def test_generate_cli(capsys):
 
 
 def test_generate_cli_exit_flags(capsys):
-    """Exit settings reach the engine from the CLI: a replayed trace sets each decoded
-    token's loops (Ouro's first token comes from the prompt, which runs every loop)."""
+    """Exit settings reach the engine from the CLI: a replayed trace sets each token's loops
+    (Ouro's first token, sampled at prefill, where every loop runs for the prompt's KV, takes
+    the traced loop's logits: it reported 4 loops, ignoring trace[0])."""
     import argparse
     import json
 
@@ -817,7 +818,7 @@ def test_generate_cli_exit_flags(capsys):
     assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220", "--max-tokens", "4",
                                                "--exit-trace", "1,2,3,1", "--json"])) == 0
     out = json.loads(capsys.readouterr().out)
-    assert out["exit_loops"] == [4, 2, 3, 1]
+    assert out["exit_loops"] == [1, 2, 3, 1]
     assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "28,72,220", "--max-tokens", "3",
                                                "--exit-step", "1", "--json"])) == 0
     assert json.loads(capsys.readouterr().out)["exit_loops"] == [2, 2, 2]
