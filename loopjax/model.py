@@ -19,6 +19,7 @@ import numpy as np
 
 from loopjax import checkpoint, hub_cache
 from loopjax import config as config_lib
+from loopjax.request import holds_bools
 
 
 class LoadError(ValueError):
@@ -199,8 +200,7 @@ def _check_ids(input_ids, vocab_size: int):
         raise ValueError(f"input_ids must be a non-empty 1-D sequence of token ids, got shape {ids.shape}")
     if not np.issubdtype(ids.dtype, np.integer):
         raise ValueError(f"input_ids must be integers, got dtype {ids.dtype}")
-    # NOTE: numpy reads [5, True] as ints; True is no token id (the engine's prompts refuse it too)
-    if not hasattr(input_ids, "dtype") and any(isinstance(t, bool | np.bool_) for t in input_ids):
+    if holds_bools(input_ids):  # True is no token id (the engine's prompts refuse it too)
         raise ValueError("input_ids must be integer token ids, not booleans")
     bad = ids[(ids < 0) | (ids >= vocab_size)]
     if bad.size:

@@ -238,6 +238,12 @@ class RequestOutput:
     stop_reason: int | str | None = None
 
 
+def holds_bools(ids) -> bool:
+    """Whether a token-id sequence holds a bool, which numpy reads as an int ([5, True]); an
+    array's dtype says it (a jax array's items are slow to walk)."""
+    return not hasattr(ids, "dtype") and any(isinstance(t, bool | np.bool_) for t in ids)
+
+
 def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
     """The prompt as a list of ints, or a one-line ValueError (not ids, empty, out of vocabulary)."""
     if isinstance(prompt, str | bytes) or not hasattr(prompt, "__len__") or getattr(prompt, "ndim", 1) == 0:
@@ -245,9 +251,7 @@ def check_prompt_ids(prompt, vocab_size: int) -> list[int]:
     if not len(prompt):
         raise ValueError("empty prompt: give at least one token id")
     array = np.asarray(prompt)
-    if (array.ndim != 1 or array.dtype.kind not in "iu"
-            or (not hasattr(prompt, "dtype")  # an array's dtype says it (a jax array's items are slow)
-                and any(isinstance(t, bool | np.bool_) for t in prompt))):  # numpy reads [5, True] as ints
+    if array.ndim != 1 or array.dtype.kind not in "iu" or holds_bools(prompt):
         raise ValueError("prompt_token_ids must be a flat list of integer token ids")
     ids = [int(t) for t in array]
     bad = [t for t in ids if not 0 <= t < vocab_size]

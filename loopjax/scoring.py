@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from loopjax.request import holds_bools
 from loopjax.sampling import top_k as top_k_of  # the sampler's top-k (two stages above k = 16)
 
 MIN_BUCKET = 16
@@ -105,9 +106,8 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
     for i, seq in enumerate(items):
         ids = model.tokenize(seq) if isinstance(seq, str) else np.asarray(seq)
         # NOTE: refused as the engine's check_prompt_ids does, not cast: int() would score 3.7 as 3
-        # NOTE: True is no token id (numpy reads [5, True] as ints), as the engine's prompts
-        if not isinstance(ids, list) and ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu" or (
-                not hasattr(seq, "dtype") and any(isinstance(t, bool | np.bool_) for t in seq))):
+        if not isinstance(ids, list) and ids.size and (ids.ndim != 1 or ids.dtype.kind not in "iu"
+                                                       or holds_bools(seq)):
             raise ValueError(f"sequence {i} must be text or a flat list of integer token ids")
         ids = [int(t) for t in ids]
         if not ids:  # one token has nothing to score (its lists are empty), none is an error
