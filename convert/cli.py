@@ -2,16 +2,42 @@
 
 Exit status 0 on success; every failure is one line on stderr
 (`loopjax convert: error: ...`) and exit status 2, with no output folder left behind; Ctrl-C
-is one line too, exit status 130 (128 + SIGINT, as a shell reports it), nothing left behind.
+is one line too, exit status 130 (128 + SIGINT, as a shell reports it), nothing left behind;
+SIGTERM (`kill`, a job scheduler's stop) the same with exit status 143.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import sys
+import threading
 
 PROG = "loopjax convert"
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that convert removes what it wrote (a BaseException,
+    as KeyboardInterrupt is: no `except Exception` on the way may swallow it)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """SIGTERM raises `Terminated` during the block (main thread only; put back after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,10 +61,14 @@ def run(args: argparse.Namespace) -> int:
         # Imported here so that `loopjax --help` and argument errors never pay for JAX.
         from loopjax.convert.converter import convert
 
-        out_dir = convert(args.hf_dir, args.out_dir, dtype=args.dtype, progress=args.progress)
+        with _sigterm_raises():
+            out_dir = convert(args.hf_dir, args.out_dir, dtype=args.dtype, progress=args.progress)
     except KeyboardInterrupt:  # convert removed what it had written
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"{PROG}: terminated; nothing was written", file=sys.stderr)
+        return 143
     except MemoryError:
         print(f"{PROG}: error: out of memory while converting {args.hf_dir}", file=sys.stderr)
         return 2

@@ -183,7 +183,8 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     created = _make_parents(parent)
     tmp = None
     try:
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)}.tmp-", dir=parent)
+        # The name cut short: a 255-character output name must leave room for the prefix and suffix.
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)[:64]}.tmp-", dir=parent)
         with _interrupts_deferred():
             checkpoint.save(tmp, cfg, params)
         for name in AUX_FILES:
@@ -216,21 +217,25 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
 
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """Ctrl-C during the block is raised when it ends: Orbax writes in background threads that a
-    KeyboardInterrupt does not stop, and they would refill the temporary folder after its removal.
-    Only in the main thread, and only while SIGINT has Python's own handler."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+    """Ctrl-C (and SIGTERM where the CLI handles it) during the block is delivered when it ends:
+    Orbax writes in background threads that an exception in the main thread does not stop, and
+    they would refill the temporary folder after its removal. Only in the main thread, and only
+    for signals with a Python handler (SIGTERM's default kills at once: nothing to defer)."""
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: handler for signum, handler in handlers.items() if callable(handler)}
     received = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: received.append(signum))
+    for signum in handlers:
+        signal.signal(signum, lambda signum, frame: received.append(signum))
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
     if received:
-        raise KeyboardInterrupt
+        handlers[received[0]](received[0], None)  # the handler raises (KeyboardInterrupt, ...)
 
 
 def _make_parents(parent: str) -> list[str]:

@@ -633,15 +633,20 @@ def test_paths_as_pathlib_and_with_tilde(tmp_path, monkeypatch):
     assert loopjax.load("~/out").path == out
 
 
-def test_ctrl_c_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys):
-    """Orbax writes in background threads that a KeyboardInterrupt in the main thread does not
-    stop: the temporary folder was removed while they wrote on, so they left it behind
-    (re-created) and printed tracebacks at exit. Ctrl-C now waits for the save to end."""
+@pytest.mark.parametrize("signame, code, word",
+                         [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys,
+                                                                signame, code, word):
+    """Orbax writes in background threads that an exception in the main thread does not stop: the
+    temporary folder was removed while they wrote on, so they left it behind (re-created) and
+    printed tracebacks at exit. Ctrl-C (and the CLI's SIGTERM) now waits for the save to end;
+    SIGTERM killed the process and left the temporary folder."""
     import signal
     import threading
     import time
 
     writers = []
+    previous = signal.getsignal(signal.SIGTERM)
 
     def background_save(path, cfg, params):
         def write():
@@ -653,16 +658,42 @@ def test_ctrl_c_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkey
 
         writers.append(threading.Thread(target=write))
         writers[-1].start()
-        os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while the thread writes
+        os.kill(os.getpid(), getattr(signal, signame))  # the signal while the thread writes
         writers[-1].join()
 
     monkeypatch.setattr(checkpoint, "save", background_save)
-    assert convert_cli(OURO, str(tmp_path / "out")) == 130
+    assert convert_cli(OURO, str(tmp_path / "out")) == code
     writers[0].join()
     err = capsys.readouterr().err
-    assert err == "loopjax convert: interrupted; nothing was written\n"
+    assert err == f"loopjax convert: {word}; nothing was written\n"
     assert os.listdir(tmp_path) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGTERM) is previous
+
+
+def test_sigterm_before_the_save_leaves_nothing(tmp_path, monkeypatch, capsys):
+    import signal
+
+    def terminated(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(converter, "_check_aux_files", terminated)  # after the read, before any write
+    assert convert_cli(OURO, str(tmp_path / "new" / "out")) == 143
+    assert capsys.readouterr().err == "loopjax convert: terminated; nothing was written\n"
+    assert os.listdir(tmp_path) == []  # the created parent is gone
+
+
+def test_output_name_of_255_characters(tmp_path, monkeypatch):
+    """The temporary folder's name held the whole output name plus '.' and '.tmp-XXXXXXXX':
+    names of 242-255 characters failed with 'File name too long'."""
+    def save(path, cfg, params):
+        with open(os.path.join(path, "params"), "w") as f:
+            f.write("data")
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    out = tmp_path / ("o" * 255)
+    assert convert_cli(OURO, str(out)) == 0
+    assert os.listdir(tmp_path) == [out.name] and os.path.isfile(out / "params")
 
 
 def test_disk_full_while_orbax_writes_is_one_line(tmp_path):
