@@ -106,6 +106,7 @@ class RowInput:
     # its token slot's history
     # this step (a prefill row that gets its slot and whose params process logits)
     history: tuple | None = field(default=None, repr=False)
+    bans: tuple = ()              # the sampled token's bad_words bans, (id, after) pairs (bad_words.py)
 
 
 def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_tokens: int,
@@ -190,7 +191,7 @@ def build_step_batch(rows: list[RowInput], *, decode: bool, num_rows: int, num_t
     if adaptive and hidden_size is not None:
         exit_params = exits.exit_params([r.exit_spec or exits.ExitSpec() for r in rows], num_rows)
     sampling = SamplingBatch.from_params([r.params for r in rows], num_rows,
-                                         [r.token_index for r in rows])
+                                         [r.token_index for r in rows], [r.bans for r in rows])
     threshold = np.array([r.exit_threshold for r in rows] + [1.0] * (num_rows - n), np.float32)
     from_device = np.array(on_device, bool)
     history_reset = None if decode else build_reset([r.history for r in rows], num_rows,

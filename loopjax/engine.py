@@ -19,10 +19,9 @@ A read that raises an Exception (a device error) loses the steps in flight and m
 donated device state: every admitted request is aborted (reported by the next step), the
 prefix cache forgotten and the state made anew; step() raises one line, waiting and new
 requests run on.
-Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are
-planned as fixed-depth rows: the device decides their exits inside the same submission.
-Engine-side per-request data (Huginn s0 rule, exit settings, carry slot) lives in `RequestExtra`
-(request_extra.py).
+Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are planned
+as fixed-depth rows: the device decides their exits inside the same submission. Engine-side
+per-request data (Huginn s0 rule, exit settings, slots) lives in `RequestExtra` (request_extra.py).
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-from loopjax import attention_backend, kv_cache
+from loopjax import attention_backend, bad_words, kv_cache
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
@@ -163,6 +162,7 @@ class Engine:
                                     len(prompt) + (0 if warm_start else outputs - 1))
         extra.warm = bool(warm_start)
         extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
+        extra.bad_words = bad_words.request_sequences(self.model, params.bad_words)
         if params.exit_criterion is not None:
             extra.exit_spec = ExitSpec(params.exit_criterion, "auto" if params.exit_threshold is None
                                        else params.exit_threshold, params.exit_min_loops,
@@ -299,7 +299,9 @@ class Engine:
         pages, planes = bm.locate(request.page_ids) if bm.decode_page_planes else (request.page_ids, None)
         assert decode or planes is None or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
         ids = request.token_ids(start, end - 1 if on_device else end) + [0] * on_device
-        return RowInput(ids, start, pages, emits, loops, params, token_index=index,
+        bans = bad_words.step_bans(extra.bad_words, request.output_token_ids,
+                                   request.num_pending_tokens > 0) if emits and extra.bad_words else ()
+        return RowInput(ids, start, pages, emits, loops, params, token_index=index, bans=bans,
                         token_slot=extra.token_slot, input_on_device=on_device,
                         exit_skip=extra.skip and exits_here, exit_spec=extra.exit_spec,
                         exit_step=exit_step, exit_weighted=params.exit_weighted,

@@ -43,7 +43,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     stop = body.get("stop")
     if stop is not None:
         kw["stop"] = (stop,) if isinstance(stop, str) else stop
-    for key in ("stop_token_ids", "exit_trace", "allowed_token_ids"):
+    for key in ("stop_token_ids", "exit_trace", "allowed_token_ids", "bad_words"):
         if isinstance(kw.get(key), list):
             kw[key] = tuple(kw[key])
     return kw
@@ -52,7 +52,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 # Fields passed through under the same name (OpenAI's and loopjax's extras).
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
-    "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens",
+    "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens", "bad_words",
     "spaces_between_special_tokens", "include_stop_str_in_output",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
@@ -69,12 +69,11 @@ _UNSUPPORTED = {
     "guided_json": "guided decoding", "guided_regex": "guided decoding", "guided_choice": "guided decoding",
     "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
     "logits_processors": "custom logits processors", "lora_request": "LoRA adapters",
-    "suffix": "text insertion", "bad_words": "banned word sequences; logit_bias "
-    "bans single tokens",
+    "suffix": "text insertion",
 }
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
-             "suffix": ("",), "bad_words": ([],)}
+             "suffix": ("",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",

@@ -24,6 +24,7 @@ class RequestExtra:
     init_states: np.ndarray | None = None   # [positions, H] explicit Huginn s0
     skip: bool = False                      # adaptive "skip": stop at the exit (or trace)
     exit_spec: ExitSpec | None = None       # Huginn exit criterion
+    bad_words: tuple = ()                   # its bad_words' token-id sequences (bad_words.py)
     warm: bool = False                      # Huginn warm start (keeps a carry slot throughout)
     carry_slot: int | None = None
     token_slot: int | None = None           # its last sampled token on the device

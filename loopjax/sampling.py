@@ -21,7 +21,8 @@ Semantics of one row, in order (Hugging Face's warper order):
   token, plus the `num_top_logprobs` largest (ids, values).
 - min_tokens: until a row has generated that many tokens, its stop ids (the engine adds EOS
   to them) are set to -inf before the choice (as Hugging Face's MinNewTokensLengthLogitsProcessor);
-  its logprobs stay the model's.
+  its logprobs stay the model's. bad_words the same way, a ban that depends on the output's
+  last token checked against `prev_tokens` (loopjax/bad_words.py).
 - Penalties and logit_bias (`processed` rows, full samplers only): loopjax/penalties.py, on
   f32 logits after min_tokens; greedy rows take the f32 argmax of the result, drawing rows
   draw from it rounded to the logits' dtype (as every logit is). Logprobs stay the model's.
@@ -37,13 +38,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import penalties
+from loopjax.bad_words import MAX_BAD_WORD_SEQUENCES
 from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 
 # Rows whose top_k is in 1..TOP_K_CAP are filtered from the TOP_K_CAP largest values only
 # (top-p over the top-k survivors needs only them).
 TOP_K_CAP = 128
-# Stop token ids (EOS included) a row under its min_tokens may have suppressed: a static width.
+# Stop token ids (EOS included) a row under its min_tokens may have suppressed, and the bans of
+# its bad_words: the static width of `SamplingBatch.suppressed`.
 MAX_SUPPRESSED_TOKENS = 8
+MAX_BANNED_TOKENS = MAX_SUPPRESSED_TOKENS + MAX_BAD_WORD_SEQUENCES
 # `top_k` takes more than TWO_STAGE_MIN_K values in two stages, from chunks this wide.
 TWO_STAGE_MIN_K, TOP_K_CHUNK = 16, 1024
 INT32_MAX = 2**31 - 1
@@ -60,7 +64,9 @@ class SamplingBatch:
     min_p: jax.Array  # [R] f32 in [0, 1]; 0 means off
     seed: jax.Array  # [R, 2] u32; threefry key words (seed >> 32, seed & 0xffffffff)
     token_index: jax.Array  # [R] i32; index of the token being generated (0 = first output)
-    suppressed: jax.Array  # [R, MAX_SUPPRESSED_TOKENS] i32; ids this row may not sample (-1: none)
+    # [R, MAX_BANNED_TOKENS, 2] i32; (id, after): the row may not sample id (-1: none) if after
+    # < 0 or its last output token is after (bad_words.py)
+    suppressed: jax.Array
     repetition_penalty: jax.Array  # [R] f32; 1 means off
     frequency_penalty: jax.Array  # [R] f32; 0 means off
     presence_penalty: jax.Array  # [R] f32; 0 means off
@@ -68,9 +74,11 @@ class SamplingBatch:
 
     @classmethod
     def from_params(cls, params_list: Sequence[SamplingParams], num_rows: int,
-                    step_counts: Sequence[int]) -> SamplingBatch:
+                    step_counts: Sequence[int],
+                    bans: Sequence[Sequence[tuple[int, int]]] = ()) -> SamplingBatch:
         """Host-side (numpy) batch: row i gets params_list[i], generating its token
-        number step_counts[i]; rows past len(params_list) up to num_rows are padding."""
+        number step_counts[i], with its bad_words' (id, after) pairs bans[i] (none past
+        len(bans)); rows past len(params_list) up to num_rows are padding."""
         n = len(params_list)
         if num_rows < n:
             raise ValueError(f"num_rows must be >= len(params_list) = {n}, got {num_rows}")
@@ -94,13 +102,16 @@ class SamplingBatch:
         processed = np.zeros(num_rows, bool)
         processed[:n] = [p.processes_logits for p in params_list]
         # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them)
-        suppressed = np.full((num_rows, MAX_SUPPRESSED_TOKENS), -1, np.int32)
+        suppressed = np.full((num_rows, MAX_BANNED_TOKENS, 2), -1, np.int32)
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
             if index < p.min_tokens:
                 check_suppressible(p)
                 # an id past the int32 range is no token (nothing to suppress): -1, as padding is
                 ids = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
-                suppressed[i, :len(ids)] = ids
+                suppressed[i, :len(ids), 0] = ids
+        for i, pairs in enumerate(bans):
+            if pairs:  # after the stop ids' columns (at most MAX_BAD_WORD_SEQUENCES: bad_words.py)
+                suppressed[i, MAX_SUPPRESSED_TOKENS:MAX_SUPPRESSED_TOKENS + len(pairs)] = pairs
         return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed, repetition,
                    frequency, presence, processed)
 
@@ -125,7 +136,8 @@ def row_keys(batch: SamplingBatch) -> jax.Array:
 
 
 def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
-           greedy: bool = False, history: penalties.TokenHistory | None = None):
+           greedy: bool = False, history: penalties.TokenHistory | None = None,
+           prev_tokens: jax.Array | None = None):
     """Sample one token per row.
 
     logits: [R, V] raw model logits, f32 or the model's 16-bit dtype (bf16 / f16: the draw
@@ -135,6 +147,8 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     for greedy rows (StepKind.greedy).
     history: the rows' token histories ([R, V] each, `penalties.rows_of`) for the `processed`
     rows' penalties and bias; None in the greedy sampler (no row processes logits there).
+    prev_tokens: [R] i32, each row's last output token (a decode row's input): the bans that
+    depend on it apply where it matches; None: none of them applies.
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
     top_logprobs [R, k] f32 (descending).
     """
@@ -144,7 +158,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
         logits = logits.astype(jnp.float32)
     with jax.named_scope("sample"):
         raw = logits.astype(jnp.float32)  # logprobs are the model's, suppression aside
-        logits = _suppress(logits, batch.suppressed)
+        logits = _suppress(logits, batch.suppressed, prev_tokens)
         scores = logits.astype(jnp.float32)
         if history is not None:
             scores = penalties.apply(scores, history, repetition=batch.repetition_penalty,
@@ -189,10 +203,13 @@ def top_k(x, k: int):
     return vals, jnp.take_along_axis(ids.reshape(r, chunks * k), pick, axis=-1)
 
 
-def _suppress(logits, suppressed):
-    """logits with -inf at each row's suppressed ids (-1 entries drop out): rows under their
-    min_tokens cannot pick a stop token; with none, the logits are unchanged bit for bit."""
-    ids = jnp.where(suppressed < 0, logits.shape[-1], suppressed)  # out of range: dropped
+def _suppress(logits, suppressed, prev_tokens):
+    """logits with -inf at each row's suppressed ids [R, W, 2] whose condition holds (-1 ids
+    drop out): rows under their min_tokens cannot pick a stop token, nor any row the end of a
+    bad word; with none, the logits are unchanged bit for bit."""
+    ids, after = suppressed[..., 0], suppressed[..., 1]
+    applies = after < 0 if prev_tokens is None else (after < 0) | (after == prev_tokens[:, None])
+    ids = jnp.where((ids < 0) | ~applies, logits.shape[-1], ids)  # out of range: dropped
     rows = jnp.arange(logits.shape[0])[:, None]
     return logits.at[rows, ids].set(-jnp.inf, mode="drop")
 

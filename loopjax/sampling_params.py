@@ -23,6 +23,9 @@ Conventions:
   logits first. They apply to greedy requests too; logprobs stay the model's.
   `allowed_token_ids` (vLLM's; at most MAX_LOGIT_BIAS ids) masks every other token out (their
   logits -inf) before the penalties, the bias of an allowed id still added.
+- `bad_words` (vLLM's): words the output may not contain; the engine bans each as token-id
+  sequences (loopjax/bad_words.py: as given and after a space; output tokens only). A str is
+  one word.
 - `truncate_prompt_tokens` (vLLM's): a prompt longer than that keeps its last that many tokens
   (`truncate`; the engine, the offline API and the server apply it before checking its length).
 - Text (vLLM's fields, docs/semantics.md): `skip_special_tokens` leaves special tokens out,
@@ -127,6 +130,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
     logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated; stored sorted
+    bad_words: tuple[str, ...] = ()  # words the output may not contain (bad_words.py); a str is one
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
@@ -158,6 +162,8 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one string, as vLLM takes it
         object.__setattr__(self, "stop", _str_tuple("stop", stop))
+        bad_words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
+        object.__setattr__(self, "bad_words", _str_tuple("bad_words", bad_words))
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         check_int("min_tokens", self.min_tokens, 0)
@@ -317,6 +323,8 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
               f"{cfg.vocab_size}")
     if params.stop and not has_tokenizer:
         _fail("stop strings need a tokenizer; this model has none (use stop_token_ids)")
+    if params.bad_words and not has_tokenizer:
+        _fail("bad_words needs a tokenizer; this model has none (use logit_bias)")
     if warm_start and not huginn:
         _fail("warm_start applies to Huginn models only")
 

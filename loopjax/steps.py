@@ -99,8 +99,11 @@ def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit
         if batch.history_reset is not None:
             history = penalties.reset(history, batch.token_slot, batch.history_reset)
         rows = penalties.rows_of(history, slots)
+    # A decode row's last output token is in its slot (its input); a prefill row's bans are
+    # all outright (the host has its whole output: bad_words.py).
     tokens, logprobs, top_ids, top_lp = sample(logits, batch.sampling, greedy=kind.greedy,
-                                               num_top_logprobs=num_top_logprobs, history=rows)
+                                               num_top_logprobs=num_top_logprobs, history=rows,
+                                               prev_tokens=state.last_tokens[slots])
     if not kind.greedy:
         history = penalties.record(history, slots, tokens)
     state = DeviceState(kv, carry, _put(state.last_tokens, slots, tokens), history)

@@ -397,7 +397,8 @@ def test_from_openai_maps_fields():
     # what clients send by default asks for nothing: accepted
     assert SamplingParams.from_openai({"response_format": {"type": "text"}, "tools": [],
                                        "tool_choice": "none", "parallel_tool_calls": False, "suffix": "",
-                                       "bad_words": []}).max_tokens == 16
+                                       }).max_tokens == 16
+    assert SamplingParams.from_openai({"bad_words": ["no", "yes"]}).bad_words == ("no", "yes")
     allowed = SamplingParams.from_openai({"allowed_token_ids": [9, 3, 9]})
     assert allowed.allowed_token_ids == (3, 9) and allowed.processes_logits and not allowed.is_plain_greedy
 
@@ -422,8 +423,7 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"tool_choice": "auto"}, "tool_choice is not supported by this server (tool calling)"),
     ({"guided_choice": ["a", "b"]}, "guided_choice is not supported by this server (guided decoding)"),
     ({"suffix": "}"}, "suffix is not supported by this server (text insertion)"),  # was ignored
-    ({"bad_words": ["no"]}, "bad_words is not supported by this server (banned word sequences; logit_bias "
-                            "bans single tokens)"),
+    ({"bad_words": ["no", 3]}, "every bad_words entry must be a non-empty string, got 3"),
     ({"temperature": 3}, "temperature must be in [0, 2.0], got 3"),
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
     ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens (3) and max_completion_tokens (4) disagree"),

@@ -227,6 +227,30 @@ def test_penalties_and_logit_bias_pass_through(client, served_model):
         client.completions.create(**dict(kw, presence_penalty=2.5))
 
 
+def test_bad_words_never_complete_in_the_output(client, served_model, monkeypatch):
+    """vLLM's bad_words: the output never holds a banned word sequence and is the plain greedy
+    output up to where that held it. The word before the banned one was sampled by a step in
+    flight (async scheduling), so the device checks it: the spy sees such bans."""
+    from loopjax import bad_words
+
+    seen, step_bans = [], bad_words.step_bans
+    spy = lambda *a: seen.append(step_bans(*a)) or seen[-1]  # noqa: E731
+    monkeypatch.setattr(bad_words, "step_bans", spy)
+    kw = dict(model=MODEL_NAME, prompt=[5, 9, 13, 17, 21], max_tokens=8, temperature=0)
+    plain = client.completions.create(**kw, extra_body={"ignore_eos": True}).choices[0].token_ids
+    for length in (1, 2, 3):
+        banned = plain[3 - length + 1:4]  # ends at plain[3]
+        start = next(i for i in range(len(plain)) if plain[i:i + length] == banned)
+        got = client.completions.create(**kw, extra_body={
+            "ignore_eos": True, "bad_words": [served_model.detokenize(banned)]}).choices[0].token_ids
+        end = start + length - 1  # where the plain output first completes the sequence
+        assert got[:end] == plain[:end] and got[end] != plain[end], (length, plain, got)
+        assert all(got[i:i + length] != banned for i in range(len(got)))
+    assert any(after >= 0 for bans in seen for _, after in bans)
+    with pytest.raises(openai.BadRequestError, match="every bad_words entry must be a non-empty string"):
+        client.completions.create(**kw, extra_body={"bad_words": [""]})
+
+
 def test_text_prompt_and_batch_of_prompts(client):
     r = client.completions.create(model=MODEL_NAME, prompt=["hello world", "the loop model"], max_tokens=4,
                                   temperature=0, extra_body={"ignore_eos": True})
