@@ -23,7 +23,8 @@ class IncrementalDetokenizer:
     (completions' text_offset): the text's length before it, so a skipped special token or the
     first bytes of a character split over tokens add nothing; past a stop string's cut it may
     exceed len(text). Special tokens are left out unless skip_special_tokens is False;
-    spaces_between_special_tokens False joins consecutive added tokens without spaces.
+    spaces_between_special_tokens False (with skip_special_tokens False, as vLLM's) joins
+    consecutive added tokens without spaces.
     With check_stop False (e.g. before min_tokens) the new text is not searched: a later
     update searches from its own new text (and the len(stop) - 1 characters before).
     `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
@@ -35,8 +36,9 @@ class IncrementalDetokenizer:
                  spaces_between_special_tokens: bool = True, include_stop_str: bool = False):
         self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
         # NOTE: spaces_between_special_tokens False: an added token right after another is its
-        # content alone, without the space a decoder may put between tokens (vLLM's fast rule)
-        self._added = None if spaces_between_special_tokens else {
+        # content alone, without the space a decoder may put between tokens (vLLM's fast rule,
+        # which skip_special_tokens turns off: the token before may be a skipped one)
+        self._added = None if spaces_between_special_tokens or skip_special_tokens else {
             t: a.content for t, a in tokenizer.get_added_tokens_decoder().items()}
         self.include_stop_str = include_stop_str
         self.text = ""

@@ -121,3 +121,8 @@ def test_special_tokens_kept_or_skipped_and_spaced_or_not():
     assert text(skip_special_tokens=False) == "<|im_start|> <|im_start|> hello <|im_end|> <|im_end|>"
     unspaced = "<|im_start|><|im_start|> hello <|im_end|><|im_end|>"
     assert text(skip_special_tokens=False, spaces_between_special_tokens=False) == unspaced
+    # skipped special tokens turn the rule off (vLLM's): an added token after a skipped one kept
+    # its content alone, "hello<tool>", as if it followed an added token in the text
+    tok.add_tokens(["<tool>"])
+    ids = [3, 2, 4]
+    assert text(spaces_between_special_tokens=False) == "hello <tool>" == tok.decode(ids)
