@@ -42,11 +42,11 @@ class Choice:
     def __init__(self, index: int, tokenizer, params):
         """params: the request's SamplingParams (its stop strings and text fields)."""
         self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
-        self.min_tokens, self.include_stop = params.min_tokens, params.include_stop_str_in_output
+        self.include_stop = params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
             tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
-            params.include_stop_str_in_output)
+            params.include_stop_str_in_output, params.min_tokens)
         self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
@@ -63,7 +63,6 @@ class Choice:
         if self.detokenizer is not None:
             # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             if self.detokenizer.update(self.token_ids, final=out.finished,
-                                       check_stop=len(self.token_ids) >= self.min_tokens,
                                        stop_token=out.finished and out.finish_reason == "stop"
                                        and not self.include_stop):
                 self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_string
