@@ -36,7 +36,7 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
     return out
 
 
-def stop_string_start(text: str, stop) -> int:
+def stop_prefix_len(text: str, stop) -> int:
     """How many characters at the end of `text` may still begin a stop string (held back from
     the stream): the longest end of it that is a proper prefix of one of them."""
     return max((k for s in stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
@@ -76,7 +76,7 @@ class Choice:
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
-        end = len(self.text) - (0 if self.finish_reason else stop_string_start(self.text, self.stop))
+        end = len(self.text) - (0 if self.finish_reason else stop_prefix_len(self.text, self.stop))
         delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
         return delta, len(out.new_token_ids)
 
