@@ -7,7 +7,8 @@ Contract:
   (image_url, input_audio, file...) is refused, not dropped, as the model would answer
   without what the message asks about. It returns copies whose content is text.
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
-  does (jinja2 sandboxed, its loop controls, `tojson`, `raise_exception`, `strftime_now`).
+  does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
+  `raise_exception`, `strftime_now`; `tools` and `documents` None unless given).
   Without jinja2 only ChatML templates render (a built-in renderer).
 - Refusals are one-line ValueErrors that start with `messages` (the server's 400 names that
   field); a template that cannot render on this installation (not ChatML, no jinja2) is a
@@ -19,6 +20,7 @@ Contract:
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import os
 
@@ -96,13 +98,41 @@ def _render(template: str, messages: list[dict], bos_token: str, eos_token: str,
             extra: dict) -> str:
     try:
         from jinja2.exceptions import TemplateError
-        from jinja2.sandbox import ImmutableSandboxedEnvironment
     except ImportError:
         if CHATML_START in template and CHATML_END in template:
             text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
             return text + (f"{CHATML_START}assistant\n" if add_generation_prompt else "")
         raise RuntimeError("the chat template is not ChatML and jinja2 is not installed "
                            "(pip install jinja2)") from None
+    try:
+        # NOTE: transformers' variables: tools and documents are None unless given
+        variables = dict(dict(tools=None, documents=None), **extra, messages=messages, bos_token=bos_token,
+                         eos_token=eos_token, add_generation_prompt=add_generation_prompt)
+        return _compiled(template).render(**variables)
+    except TemplateError as e:
+        raise ValueError(f"messages: the chat template refused them: {e}") from None
+    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
+        # a ZeroDivisionError...): the checkpoint's template, not a bug here
+        raise ValueError(f"messages: the chat template failed on them: {type(e).__name__}: {e}") from None
+
+
+@functools.lru_cache(maxsize=16)
+def _compiled(template: str):
+    """`template` compiled in transformers' apply_chat_template environment (jinja2 sandboxed):
+    {% break %} / {% continue %}, {% generation %} blocks, its tojson, raise_exception and
+    strftime_now. Kept: a server renders its one template per chat request."""
+    from jinja2.exceptions import TemplateError
+    from jinja2.ext import Extension
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    class GenerationBlocks(Extension):
+        """{% generation %}...{% endgeneration %} (transformers marks the assistant's text with
+        it, for training masks): its body, as rendered without the tags."""
+        tags = {"generation"}
+
+        def parse(self, parser):
+            next(parser.stream)
+            return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
     def raise_exception(message):
         raise TemplateError(message)
@@ -112,22 +142,12 @@ def _render(template: str, messages: list[dict], bos_token: str, eos_token: str,
         return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
                           sort_keys=sort_keys)
 
-    # transformers' apply_chat_template environment: {% break %} / {% continue %}, its tojson,
-    # raise_exception and strftime_now
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=["jinja2.ext.loopcontrols"])
+                                        extensions=["jinja2.ext.loopcontrols", GenerationBlocks])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    try:
-        variables = dict(extra, messages=messages, bos_token=bos_token, eos_token=eos_token,
-                         add_generation_prompt=add_generation_prompt)
-        return env.from_string(template).render(**variables)
-    except TemplateError as e:
-        raise ValueError(f"messages: the chat template refused them: {e}") from None
-    except Exception as e:  # NOTE: the template's own code failed on these messages (a TypeError,
-        # a ZeroDivisionError...): the checkpoint's template, not a bug here
-        raise ValueError(f"messages: the chat template failed on them: {type(e).__name__}: {e}") from None
+    return env.from_string(template)
 
 
 _RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # render's own variables

@@ -17,26 +17,31 @@ from collections.abc import Sequence
 class IncrementalDetokenizer:
     """The text of a growing token sequence, trimmed before the first stop string found.
 
-    `update(token_ids, final, check_stop)` takes the whole sequence so far (append-only; a
+    `update(token_ids, final)` takes the whole sequence so far (append-only; a
     Snapshot serves) and decodes what is new, one token at a time; it returns True when a stop
     string matched in this update. `offsets[i]` is where token i's text starts in `text`
     (completions' text_offset): the text's length before it, so a skipped special token or the
     first bytes of a character split over tokens add nothing; past a stop string's cut it may
     exceed len(text). Special tokens are left out unless skip_special_tokens is False;
-    spaces_between_special_tokens False joins consecutive added tokens without spaces.
-    With check_stop False (e.g. before min_tokens) the new text is not searched: a later
-    update searches from its own new text (and the len(stop) - 1 characters before).
+    spaces_between_special_tokens False (with skip_special_tokens False, as vLLM's) joins
+    consecutive added tokens without spaces.
+    A stop string must end past the text of the first `min_tokens` tokens (vLLM's rule): as an
+    EOS may be token min_tokens + 1 at the earliest, so may the token that completes a stop
+    string.
     `stop_token` (with final): the last token ended the sequence (an EOS or stop id); it adds no
     text, as in vLLM, special or not (the caller passes False under include_stop_str_in_output).
     A matched stop string is `stop_string`; the text ends before it, or after it with
     include_stop_str (vLLM's include_stop_str_in_output)."""
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True,
-                 spaces_between_special_tokens: bool = True, include_stop_str: bool = False):
+                 spaces_between_special_tokens: bool = True, include_stop_str: bool = False,
+                 min_tokens: int = 0):
         self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
+        self.min_tokens = min_tokens
         # NOTE: spaces_between_special_tokens False: an added token right after another is its
-        # content alone, without the space a decoder may put between tokens (vLLM's fast rule)
-        self._added = None if spaces_between_special_tokens else {
+        # content alone, without the space a decoder may put between tokens (vLLM's fast rule,
+        # which skip_special_tokens turns off: the token before may be a skipped one)
+        self._added = None if spaces_between_special_tokens or skip_special_tokens else {
             t: a.content for t, a in tokenizer.get_added_tokens_decoder().items()}
         self.include_stop_str = include_stop_str
         self.text = ""
@@ -45,8 +50,7 @@ class IncrementalDetokenizer:
         self.offsets: list[int] = []
         self._window = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
 
-    def update(self, token_ids: Sequence[int], final: bool = False, check_stop: bool = True,
-               stop_token: bool = False) -> bool:
+    def update(self, token_ids: Sequence[int], final: bool = False, stop_token: bool = False) -> bool:
         if self.stopped:
             return False
         old_len, end = len(self.text), len(token_ids) - stop_token
@@ -59,9 +63,12 @@ class IncrementalDetokenizer:
         self.offsets += [len(self.text)] * (len(token_ids) - len(self.offsets))  # the stop token
         # NOTE: the first stop string to end wins (of those ending at one character, the longest),
         # whatever their order and however the text splits into tokens: one character a step
-        # would have stopped there. Searched only where a match could end in the new text.
-        hits = [(cut + len(s), cut, s) for s in (self.stop if check_stop else ())
-                if (cut := self.text.find(s, max(0, old_len - len(s) + 1))) >= 0]
+        # would have stopped there. Searched only where a match could end in the new text, past
+        # the first min_tokens tokens' text (its end: where the next token's text starts).
+        floor = self.offsets[self.min_tokens] if len(self.offsets) > self.min_tokens else len(self.text)
+        start = max(old_len, floor)
+        hits = [(cut + len(s), cut, s) for s in self.stop
+                if (cut := self.text.find(s, max(0, start - len(s) + 1))) >= 0]
         if hits:
             end, cut, self.stop_string = min(hits)
             self.text, self.stopped = self.text[:end if self.include_stop_str else cut], True

@@ -36,17 +36,24 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
     return out
 
 
+def stop_prefix_len(text: str, stop) -> int:
+    """How many characters at the end of `text` may still begin a stop string (held back from
+    the stream): the longest end of it that is a proper prefix of one of them."""
+    return max((k for s in stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
+               default=0)
+
+
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
     def __init__(self, index: int, tokenizer, params):
         """params: the request's SamplingParams (its stop strings and text fields)."""
         self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
-        self.min_tokens, self.include_stop = params.min_tokens, params.include_stop_str_in_output
+        self.include_stop = params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
             tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
-            params.include_stop_str_in_output)
+            params.include_stop_str_in_output, params.min_tokens)
         self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
@@ -63,20 +70,13 @@ class Choice:
         if self.detokenizer is not None:
             # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             if self.detokenizer.update(self.token_ids, final=out.finished,
-                                       check_stop=len(self.token_ids) >= self.min_tokens,
                                        stop_token=out.finished and out.finish_reason == "stop"
                                        and not self.include_stop):
                 self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_string
             self.text = self.detokenizer.text
         if out.finished and self.finish_reason is None:
             self.finish_reason, self.stop_reason = out.finish_reason, out.stop_reason
-        end = len(self.text)
-        if self.finish_reason is None:  # hold back what may still become a stop string
-            for s in self.stop:
-                for k in range(min(len(s) - 1, end), 0, -1):
-                    if self.text[:end].endswith(s[:k]):
-                        end -= k
-                        break
+        end = len(self.text) - (0 if self.finish_reason else stop_prefix_len(self.text, self.stop))
         delta, self.sent = self.text[self.sent:max(end, self.sent)], max(end, self.sent)
         return delta, len(out.new_token_ids)
 

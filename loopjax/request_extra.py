@@ -88,12 +88,11 @@ def update_text(extra: RequestExtra, request, model) -> bool:
             extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop,
                                                        params.skip_special_tokens,
                                                        params.spaces_between_special_tokens,
-                                                       params.include_stop_str_in_output)
-        # NOTE: no stop string ends the output before min_tokens (as no stop token does).
-        # The last token (max_tokens) is searched too: a stop string there trims the text
+                                                       params.include_stop_str_in_output,
+                                                       params.min_tokens)
+        # NOTE: the last token (max_tokens) is searched too: a stop string there trims the text
         # and makes the reason "stop" (as vLLM's and the server's Choice).
         if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                    check_stop=request.num_output_tokens >= params.min_tokens,
                                     stop_token=stop_token):
             if request.is_finished:
                 request.finish_reason = FINISH_STOP

@@ -117,7 +117,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # finish when one of these is generated
     stop: tuple[str, ...] = ()  # finish when the text ends with one of these (trimmed); a str is one
     ignore_eos: bool = False  # keep generating past the model's EOS token
-    min_tokens: int = 0  # no EOS, stop token or stop string ends the output before this many tokens
+    min_tokens: int = 0  # no EOS, stop token or stop string ends the output within its first this many tokens
     detokenize: bool = True  # False: the engine makes no text (nor checks stop strings, refused then)
     skip_special_tokens: bool = True  # the text leaves out special tokens (vLLM's and HF's decode option)
     spaces_between_special_tokens: bool = True  # False: consecutive added tokens' text unspaced (vLLM's)

@@ -431,13 +431,14 @@ class _Spaced(_Letters):  # every token an added one, decoded with spaces betwee
 
 def test_spaces_between_special_tokens_off_joins_added_tokens(models):
     """spaces_between_special_tokens=False (vLLM's field) gives consecutive added tokens their
-    content alone, without the decoder's spaces, in the engine's (offline) text."""
+    content alone, without the decoder's spaces, in the engine's (offline) text; with special
+    tokens kept only, as vLLM's rule."""
     config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
                           prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
     engine = _engine(models["ouro"], dataclasses.replace(config, async_scheduling=False))
     engine.model = dataclasses.replace(engine.model, tokenizer=_Spaced())
     params = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.0)
-    joined = dataclasses.replace(params, spaces_between_special_tokens=False)
+    joined = dataclasses.replace(params, spaces_between_special_tokens=False, skip_special_tokens=False)
     out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
     letters = _Letters().decode(out["spaced"].token_ids)
     assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)

@@ -263,7 +263,9 @@ def test_a_chat_template_that_raises_is_400():
 
 def test_chat_template_renders_as_transformers_does():
     """HF's apply_chat_template environment: the loopcontrols extension ({% break %},
-    {% continue %}), a tojson that keeps non-ASCII and <, > as they are, and strftime_now."""
+    {% continue %}), a tojson that keeps non-ASCII and <, > as they are, strftime_now, its
+    {% generation %} blocks (rendered as their body; they were a 400 "unknown tag") and its
+    tools and documents variables (None; they were undefined, so `tools is none` was false)."""
     messages = [{"role": "system", "content": "<é>"}, {"role": "user", "content": "hi"},
                 {"role": "user", "content": "again"}]
     skip_system = ("{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
@@ -271,6 +273,9 @@ def test_chat_template_renders_as_transformers_does():
     assert render_chat(skip_system, messages) == "hi;"
     assert render_chat("{{ messages[0].content | tojson }}", messages) == '"<é>"'
     assert render_chat("{{ strftime_now('%Y') | length }}", messages) == "4"
+    marked = "{% for m in messages %}{% generation %}{{ m.content }};{% endgeneration %}{% endfor %}"
+    assert render_chat(marked, messages) == "<é>;hi;again;"
+    assert render_chat("{{ tools is none }} {{ documents is none }}", messages) == "True True"
 
 
 def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):

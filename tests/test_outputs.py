@@ -75,16 +75,19 @@ def test_stop_string_spanning_tokens_trims_the_text():
     assert not any(stops[stops.index(True) + 1:])  # reported once
 
 
-def test_stop_strings_wait_for_check_stop():
-    """Updates with check_stop False (before min_tokens) decode without searching; the next
-    update searches its own new text and a stop string ending there, not the text before."""
+@pytest.mark.parametrize("min_tokens, text", [(0, "ab "), (5, "ab "), (7, "ab STOP cd "),
+                                              (13, "ab STOP cd "), (15, "ab STOP cd STOP ef")])
+def test_stop_strings_end_past_min_tokens(min_tokens, text):
+    """A stop string ends the text only where it ends past the first min_tokens tokens' text
+    (vLLM's rule: the token completing it comes after them, as an EOS does; one that started
+    before counts), one token per update or all in one. A stop string that token min_tokens
+    completed ended the text there (min_tokens=7: "ab ")."""
     tok = byte_tokenizer()
-    ids = tok.encode("ab STOP cd STOP ef").ids
-    detok = IncrementalDetokenizer(tok, stop=("STOP",))
-    cut = len(tok.encode("ab STOP cd ST").ids)  # min_tokens falls inside the second STOP
-    assert not any(detok.update(ids[:n], check_stop=False) for n in range(1, cut))
-    assert [detok.update(ids[:n]) for n in range(cut, len(ids) + 1)].count(True) == 1
-    assert detok.text == "ab STOP cd " and detok.stopped
+    ids = tok.encode("ab STOP cd STOP ef").ids  # one token a character
+    step, whole = (IncrementalDetokenizer(tok, stop=("STOP",), min_tokens=min_tokens) for _ in range(2))
+    stops = [step.update(ids[:n], final=n == len(ids)) for n in range(1, len(ids) + 1)]
+    whole.update(ids, final=True)
+    assert step.text == whole.text == text and stops.count(True) == step.stopped == whole.stopped
 
 
 @pytest.mark.parametrize("stop", [("cd", "bc"), ("bc", "cd"), ("abcd", "bc"), ("bc", "abcd"), ("c", "bc")])
@@ -121,3 +124,8 @@ def test_special_tokens_kept_or_skipped_and_spaced_or_not():
     assert text(skip_special_tokens=False) == "<|im_start|> <|im_start|> hello <|im_end|> <|im_end|>"
     unspaced = "<|im_start|><|im_start|> hello <|im_end|><|im_end|>"
     assert text(skip_special_tokens=False, spaces_between_special_tokens=False) == unspaced
+    # skipped special tokens turn the rule off (vLLM's): an added token after a skipped one kept
+    # its content alone, "hello<tool>", as if it followed an added token in the text
+    tok.add_tokens(["<tool>"])
+    ids = [3, 2, 4]
+    assert text(spaces_between_special_tokens=False) == "hello <tool>" == tok.decode(ids)

@@ -75,6 +75,24 @@ def test_incremental_text_with_split_characters_and_stop_strings():
         assert (choice.finish_reason, choice.stop_reason) == ("stop", ids[-1])
 
 
+def test_streams_hold_back_only_what_may_begin_a_stop_string():
+    """A delta holds back the longest end of the text that begins some stop string, not one
+    end per stop string added up: with stops "ab" and "cb", "ca" holds back "a" only ("c" was
+    held back too, though "ca" begins neither)."""
+    from loopjax.openai_choice import Choice
+
+    tok = _byte_tokenizer()
+    ids, choice = tok.encode("caxy").ids, Choice(0, tok, SamplingParams(stop=("ab", "cb"), max_tokens=8))
+    deltas = []
+    for n in range(1, len(ids) + 1):
+        done = n == len(ids)
+        out = types.SimpleNamespace(token_ids=ids[:n], new_token_ids=ids[n - 1:n], exit_loops=[1] * n,
+                                    logprobs=None, top_logprobs=None, metrics={}, finished=done,
+                                    finish_reason="length" if done else None, stop_reason=None)
+        deltas.append(choice.update(out)[0])
+    assert deltas == ["", "c", "ax", "y"] and choice.text == "caxy"
+
+
 def test_logprobs_name_tokens_by_their_text():
     """Logprobs tokens (completions, chat, echo) are each token's text, as vLLM's and OpenAI's,
     so they join to the completion and chat's `bytes` are those of the text; they were the
