@@ -79,7 +79,10 @@ class SamplingBatch:
         # NOTE: one conversion per dtype, no numpy call per row (host time of every step)
         floats = np.zeros((6, num_rows), np.float32)
         floats[[1, 3]] = 1.0  # top_p, repetition_penalty off
-        floats[:, :n] = [[p.temperature for p in params_list], [p.top_p for p in params_list],
+        # NOTE: a greedy row's temperature is 0 here: the host's is_greedy decides (a temperature
+        # just below GREEDY_EPS rounds to f32(GREEDY_EPS), which the device would draw with)
+        floats[:, :n] = [[0.0 if p.is_greedy else p.temperature for p in params_list],
+                         [p.top_p for p in params_list],
                          [p.min_p for p in params_list], [p.repetition_penalty for p in params_list],
                          [p.frequency_penalty for p in params_list],
                          [p.presence_penalty for p in params_list]]

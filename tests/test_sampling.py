@@ -92,6 +92,15 @@ def test_temperature_to_zero_limit_equals_greedy():
     np.testing.assert_array_equal(tokens, rnd.argmax(-1))
 
 
+def test_a_temperature_the_host_calls_greedy_is_greedy_on_the_device():
+    """9.9999999e-6 < GREEDY_EPS (is_greedy, the greedy executable) but rounds to f32(GREEDY_EPS),
+    which the device compared as not greedy: a full sampler drew uniformly from tied logits."""
+    params = [SamplingParams(temperature=9.9999999e-6, seed=s) for s in range(8)]
+    assert all(p.is_greedy for p in params)
+    tokens, *_ = run(np.zeros((8, 8), np.float32), params)
+    assert tokens.tolist() == [0] * 8  # the first index of the tie, as every greedy row
+
+
 def test_top_k_one_equals_greedy():
     rnd = np.random.default_rng(2).normal(size=(8, 64)).astype(np.float32)
     params = [SamplingParams(temperature=1.5, top_k=1, seed=s) for s in range(8)]
