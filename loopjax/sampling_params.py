@@ -6,9 +6,9 @@ one-line `ValueError` naming the field and its allowed range before anything is 
 
 Conventions:
 - `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
-  reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate`, given
-  one such params for many prompts or calls, draws a seed per request, so that their samples
-  are independent, as vLLM's unseeded requests are). The device derives the random key of the t-th
+  reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate` and
+  `Engine.add_request`, given one such params for many prompts or calls, draw a seed per
+  request, so that their samples are independent, as vLLM's unseeded requests are). The device derives the random key of the t-th
   generated token (t = 0 for the first) from (seed, t) only: `sampling.py`.
 - `n` independent samples of one prompt: an engine request is one sample, so callers (the
   server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
