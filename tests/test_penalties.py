@@ -22,7 +22,7 @@ OURO = "tests/data/ouro"
 # 8 pages of 8 tokens: the three golden prompts with 20 tokens each cannot all fit (preemption).
 CONFIG = EngineConfig(page_size=8, num_pages=8, max_num_rows=4, decode_row_buckets=(4,),
                       max_prefill_tokens=32, prefill_token_buckets=(32,), max_prefill_rows=2,
-                      max_context_len=48, strict_compile=True, verbose=False)
+                      max_context_len=48, enable_prefix_caching=True, strict_compile=True, verbose=False)
 
 
 def np_penalize(scores, prompt, outputs, params: SamplingParams):
@@ -175,6 +175,24 @@ def test_engine_tokens_equal_the_penalized_reference_through_preemption(model, e
     # The draw depends on the request alone (seed, token index, its own history), not the batch.
     alone = run_all(engine, {0: [(*requests["drawn"], "drawn")]})
     assert list(alone["drawn"].token_ids) == tokens["drawn"]
+
+
+def test_penalties_after_a_prefix_cache_hit_and_in_each_of_n_samples(model, engine):
+    """A request whose prompt pages come from the prefix cache still penalizes its whole
+    prompt (its history is the prompt, not the tokens it computed), and each of n samples
+    (fan_out: its own seed and token slot) follows its own history."""
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p2_input_ids"].tolist()  # 17 tokens: 2 full pages
+    params = SamplingParams(n=2, max_tokens=8, temperature=0.9, seed=5, ignore_eos=True,
+                            repetition_penalty=1.5, presence_penalty=1.0)
+    samples = params.fan_out()
+    run_all(engine, {0: [(prompt, greedy(1), "warm")]})  # publishes the prompt's pages
+    hits = engine.stats()["prefix_cache_hit_tokens"]
+    finals = run_all(engine, {0: [(prompt, q, f"s{i}") for i, q in enumerate(samples)]})
+    assert engine.stats()["prefix_cache_hit_tokens"] - hits == 2 * 16
+    tokens = [list(finals[f"s{i}"].token_ids) for i in range(2)]
+    assert tokens[0] != tokens[1]
+    for got, q in zip(tokens, samples):
+        assert got == reference_tokens(model, prompt, q)
 
 
 def test_allowed_token_ids_mask_every_other_token(model, engine):
