@@ -233,6 +233,52 @@ def test_sampled_tokens_stay_inside_the_filter():
         assert set(tokens.tolist()) == allowed, kw
 
 
+def np_kept(x, p: SamplingParams):
+    """Hugging Face's warpers in numpy (f64) over one row's logits x: temperature, top-k (ties
+    with the k-th kept), top-p over the top-k survivors renormalised (a token stays iff the mass
+    before it is < top_p; ties with the last kept stay), min-p; the kept mask."""
+    x = x.astype(np.float64) / p.temperature
+    keep = np.ones(len(x), bool)
+    if 0 < p.top_k < len(x):
+        keep &= x >= np.sort(x)[::-1][p.top_k - 1]
+    if p.top_p < 1:
+        vals = np.where(keep, x, -np.inf)
+        order = np.argsort(-vals, kind="stable")
+        probs = np.exp(vals[order] - vals.max())
+        probs /= probs.sum()
+        kept = max(1, int((np.cumsum(probs) - probs < p.top_p).sum()))
+        keep &= x >= vals[order][kept - 1]
+    return keep & (x >= x.max() + np.log(p.min_p) if p.min_p > 0 else keep)
+
+
+def test_tokens_equal_a_numpy_reference_of_the_filters_and_the_draw():
+    """Random mixed batches (greedy, top-k under and over TOP_K_CAP, top-p, min-p, ties): each
+    token is the numpy reference's argmax(kept logits / t + the row's Gumbel noise)."""
+    rng = np.random.default_rng(11)
+    noise_of = jax.jit(jax.vmap(lambda k: jax.random.gumbel(k, (1024,), jnp.float32)))
+    for trial in range(12):
+        logits = (rng.standard_normal((8, 700)) * rng.choice([0.5, 2.0, 5.0])).astype(np.float32)
+        if trial % 3 == 0:
+            logits = np.round(logits * 2) / 2  # many ties
+        params = []
+        for _ in range(8):
+            kw = dict(temperature=float(rng.choice([0.0, 0.3, 1.0, 1.7])), seed=int(rng.integers(2**40)))
+            if rng.random() < 0.5:
+                kw["top_k"] = int(rng.choice([1, 3, 50, 200, 600, -1]))
+            if rng.random() < 0.5:
+                kw["top_p"] = float(rng.choice([0.1, 0.5, 0.9, 0.99]))
+            if rng.random() < 0.3:
+                kw["min_p"] = float(rng.choice([0.01, 0.1, 0.5]))
+            params.append(SamplingParams(**kw))
+        steps = rng.integers(0, 50, 8).tolist()
+        tokens, *_ = run(logits, params, steps=steps)
+        noise = np.asarray(noise_of(row_keys(SamplingBatch.from_params(params, 8, steps))))[:, :700]
+        for i, p in enumerate(params):
+            kept = np.where(np_kept(logits[i], p), logits[i] / np.float32(p.temperature), -np.inf)
+            want = np.argmax(logits[i]) if p.is_greedy else np.argmax(kept.astype(np.float32) + noise[i])
+            assert tokens[i] == want, (trial, i, p)
+
+
 @pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(temperature=1.3, top_k=3)])
 def test_empirical_distribution_matches_softmax(kw):
     logits = np.array([1.0, 0.2, -0.5, 0.8, -1.5], np.float32)
