@@ -8,8 +8,9 @@ logprobs when asked).
 
 Semantics of one row, in order (Hugging Face's warper order):
   temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
-- Greedy rows (temperature < GREEDY_EPS) take the argmax of the raw logits, first index
-  on ties (like torch); the whole batch shares one argmax.
+- Greedy rows (SamplingParams.is_greedy: temperature < GREEDY_EPS; `from_params` stores their
+  temperature as 0) take the argmax of the raw logits, first index on ties (like torch); the
+  whole batch shares one argmax.
 - A token tied with the top-k / top-p boundary value is kept too (the mask is a value
   threshold), so the kept set never depends on the sort's tie order.
 - min-p keeps tokens whose probability is >= min_p times the row's largest; since top-k and
