@@ -221,3 +221,24 @@ def test_engine_refuses_a_bias_outside_the_vocabulary(engine):
     with pytest.raises(ValueError, match="^logit_bias token id 256 is outside the vocabulary of 256$"):
         engine.add_request([1, 2, 3], greedy(4, logit_bias={256: 1.0}))
     assert not engine.has_unfinished()
+
+
+def test_min_tokens_holds_back_a_biased_eos_and_logprobs_stay_the_models(model, engine):
+    """A bias of 100 on EOS (2) makes it every token's choice: min_tokens=3 holds it back for 3
+    tokens, then it ends the output ('stop', no stop_reason: an EOS); with ignore_eos it is
+    generated to max_tokens. The logprobs are the model's (log_softmax of the forward's
+    logits, vLLM's raw logprobs), not the biased distribution's (where EOS holds ~all mass)."""
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p0_input_ids"].tolist()
+    held = SamplingParams(max_tokens=8, temperature=0.0, min_tokens=3, logit_bias={2: 100.0}, logprobs=1)
+    finals = run_all(engine, {0: [(prompt, held, "held"),
+                                  (prompt, greedy(4, logit_bias={2: 100.0}), "ignored")]})
+    out = finals["held"]
+    assert 2 not in out.token_ids[:3] and out.token_ids[3] == 2 and len(out.token_ids) == 4
+    assert (out.finish_reason, out.stop_reason) == ("stop", None)
+    assert list(finals["ignored"].token_ids) == [2] * 4 and finals["ignored"].finish_reason == "length"
+    ids = prompt + list(out.token_ids[:3])
+    logits = np.asarray(forward(model, ids + [0] * (CONFIG.max_context_len - len(ids))).logits)[len(ids) - 1]
+    want = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    np.testing.assert_allclose(out.logprobs[3], want[2], atol=1e-4)
+    assert out.logprobs[3] < -1
+    assert out.top_logprobs[3][0] == (int(np.argmax(want)), pytest.approx(want.max(), abs=1e-4))
