@@ -167,6 +167,8 @@ class Engine:
             extra.exit_spec = ExitSpec(params.exit_criterion, "auto" if params.exit_threshold is None
                                        else params.exit_threshold, params.exit_min_loops,
                                        params.exit_check_every)
+        if params.seed_drawn:  # NOTE: one unseeded params for many requests: independent draws (vLLM's)
+            params = dataclasses.replace(params, seed=None)
         if not params.ignore_eos and self._eos:
             # NOTE: an EOS id the request names too counts once (min_tokens masks at most 8 ids)
             params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids

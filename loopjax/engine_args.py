@@ -115,7 +115,7 @@ def add_sampling_arguments(parser) -> None:
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")
     parser.add_argument("--repetition-penalty", type=float, default=1.0,
-                        help="> 0; prompt and output tokens (1 = off)")
+                        help="[1e-4, 1e4]; prompt and output tokens (1 = off)")
     parser.add_argument("--frequency-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
     parser.add_argument("--presence-penalty", type=float, default=0.0, help="[-2, 2]; output tokens")
 

@@ -35,6 +35,8 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
             _fail(f"unknown request field {key!r}")
     _map_max_tokens(body, kw)
     best_of = body.get("best_of")
+    if best_of is not None:  # NOTE: checked first: true and 1.0 equal n=1
+        check_int("best_of", best_of, 1)
     if best_of is not None and best_of != kw.get("n", 1):
         _fail(f"best_of must equal n ({kw.get('n', 1)!r}): every sample is returned, got {best_of!r}")
     _map_logprobs(body, kw)

@@ -8,8 +8,9 @@ logprobs when asked).
 
 Semantics of one row, in order (Hugging Face's warper order):
   temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
-- Greedy rows (temperature < GREEDY_EPS) take the argmax of the raw logits, first index
-  on ties (like torch); the whole batch shares one argmax.
+- Greedy rows (SamplingParams.is_greedy: temperature < GREEDY_EPS; `from_params` stores their
+  temperature as 0) take the argmax of the raw logits, first index on ties (like torch); the
+  whole batch shares one argmax.
 - A token tied with the top-k / top-p boundary value is kept too (the mask is a value
   threshold), so the kept set never depends on the sort's tie order.
 - min-p keeps tokens whose probability is >= min_p times the row's largest; since top-k and
@@ -87,7 +88,10 @@ class SamplingBatch:
         # NOTE: one conversion per dtype, no numpy call per row (host time of every step)
         floats = np.zeros((6, num_rows), np.float32)
         floats[[1, 3]] = 1.0  # top_p, repetition_penalty off
-        floats[:, :n] = [[p.temperature for p in params_list], [p.top_p for p in params_list],
+        # NOTE: a greedy row's temperature is 0 here: the host's is_greedy decides (a temperature
+        # just below GREEDY_EPS rounds to f32(GREEDY_EPS), which the device would draw with)
+        floats[:, :n] = [[0.0 if p.is_greedy else p.temperature for p in params_list],
+                         [p.top_p for p in params_list],
                          [p.min_p for p in params_list], [p.repetition_penalty for p in params_list],
                          [p.frequency_penalty for p in params_list],
                          [p.presence_penalty for p in params_list]]

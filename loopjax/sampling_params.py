@@ -6,18 +6,20 @@ one-line `ValueError` naming the field and its allowed range before anything is 
 
 Conventions:
 - `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
-  reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate`, given
-  one such params for many prompts or calls, draws a seed per request, so that their samples
-  are independent, as vLLM's unseeded requests are). The device derives the random key of the t-th
-  generated token (t = 0 for the first) from (seed, t) only: `sampling.py`.
+  reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate` and
+  `Engine.add_request`, given one such params for many prompts or calls, draw a seed per
+  request, so that their samples are independent, as vLLM's unseeded requests are). The
+  device derives the random key of the t-th generated token (t = 0 for the first) from
+  (seed, t) only: `sampling.py`.
 - `n` independent samples of one prompt: an engine request is one sample, so callers (the
   server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
   the seed range; the device keys seeds mod 2**64). Sample 0 is the n=1 request itself.
 - `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
   `temperature` below `GREEDY_EPS` (0 included) means greedy.
 - Penalties and bias (vLLM's and OpenAI's meanings; applied on device, loopjax/penalties.py):
-  `repetition_penalty` r > 0 (1 = off) scales the logit x of every token seen in the prompt or
-  the output (x > 0: x / r, else x * r); `frequency_penalty` f and `presence_penalty` p in
+  `repetition_penalty` r in [1e-4, 1e4] (1 = off; vLLM takes any r > 0, which f32 may round to 0
+  or inf) scales the logit x of every token seen in the prompt or the output (x > 0: x / r,
+  else x * r); `frequency_penalty` f and `presence_penalty` p in
   [-2, 2] (0 = off) subtract f * count + p * (count > 0) for every output token;
   `logit_bias` {token id: bias in [-100, 100]} (at most MAX_LOGIT_BIAS entries) adds to the
   logits first. They apply to greedy requests too; logprobs stay the model's.
@@ -60,6 +62,10 @@ MAX_TEMPERATURE = 2.0
 MAX_LOGPROBS = 20
 MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)
 MAX_BIAS = 100.0  # a logit_bias value lies in [-MAX_BIAS, MAX_BIAS] (OpenAI's range)
+# repetition_penalty lies in [1 / MAX_REPETITION_PENALTY, MAX_REPETITION_PENALTY]: the device scales
+# logits by it in f32, where 1e39 is inf and 1e-50 is 0, and 0 * inf is NaN (a token with logit 0,
+# or a banned one at -inf, was then chosen); within it every logit below 1e34 stays finite.
+MAX_REPETITION_PENALTY = 1e4
 MAX_LOGIT_BIAS = 1024  # logit_bias entries of one request: a static width on the device
 EXIT_MODES = ("select", "skip")
 EXIT_CRITERIA = ("kl", "entropy-diff", "latent-diff", "argmax-stability", "cosine", "minp-kl")
@@ -125,7 +131,7 @@ class SamplingParams:
     logprobs: int | None = None  # None: no logprobs; n: chosen token's + top-n, n in 0..20
     prompt_logprobs: int | None = None  # None: off; n: each prompt token's + top-n, n in 0..20 (scored)
     truncate_prompt_tokens: int | None = None  # >= 1: a longer prompt keeps its last that many tokens
-    repetition_penalty: float = 1.0  # > 0; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
+    repetition_penalty: float = 1.0  # [1e-4, 1e4]; 1 = off; prompt and output tokens (x>0: x/r, else x*r)
     frequency_penalty: float = 0.0  # [-2, 2]; minus f * (times the token was output)
     presence_penalty: float = 0.0  # [-2, 2]; minus p if the token was output
     logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
@@ -185,7 +191,8 @@ class SamplingParams:
         self._check_exit()
 
     def _check_penalties(self):
-        _check_float("repetition_penalty", self.repetition_penalty, 0, math.inf, lo_open=True)
+        _check_float("repetition_penalty", self.repetition_penalty, 1 / MAX_REPETITION_PENALTY,
+                     MAX_REPETITION_PENALTY)
         _check_float("frequency_penalty", self.frequency_penalty, -MAX_PENALTY, MAX_PENALTY)
         _check_float("presence_penalty", self.presence_penalty, -MAX_PENALTY, MAX_PENALTY)
         bias = self.logit_bias

@@ -452,6 +452,9 @@ def test_unseeded_params_draw_a_seed_per_request(ouro_llm, ouro_ref, monkeypatch
     assert len({tuple(o.token_ids) for o in outs}) == len(outs) == 8
     seeded = ouro_llm.generate([prompt] * 2, SamplingParams(seed=7, **drawn))
     assert seeded[0].token_ids == seeded[1].token_ids
+    # Engine.add_request too (AsyncEngine.submit's): it reused the params' one drawn seed
+    outs = run_all(ouro_llm.engine, {0: [(prompt, params, "a"), (prompt, params, "b")]})
+    assert outs["a"].token_ids != outs["b"].token_ids
     with pytest.raises(ValueError, match="sampling_params must be SamplingParams, got dict"):
         ouro_llm.generate([prompt], [drawn])
 

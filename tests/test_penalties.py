@@ -22,7 +22,7 @@ OURO = "tests/data/ouro"
 # 8 pages of 8 tokens: the three golden prompts with 20 tokens each cannot all fit (preemption).
 CONFIG = EngineConfig(page_size=8, num_pages=8, max_num_rows=4, decode_row_buckets=(4,),
                       max_prefill_tokens=32, prefill_token_buckets=(32,), max_prefill_rows=2,
-                      max_context_len=48, strict_compile=True, verbose=False)
+                      max_context_len=48, enable_prefix_caching=True, strict_compile=True, verbose=False)
 
 
 def np_penalize(scores, prompt, outputs, params: SamplingParams):
@@ -177,6 +177,24 @@ def test_engine_tokens_equal_the_penalized_reference_through_preemption(model, e
     assert list(alone["drawn"].token_ids) == tokens["drawn"]
 
 
+def test_penalties_after_a_prefix_cache_hit_and_in_each_of_n_samples(model, engine):
+    """A request whose prompt pages come from the prefix cache still penalizes its whole
+    prompt (its history is the prompt, not the tokens it computed), and each of n samples
+    (fan_out: its own seed and token slot) follows its own history."""
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p2_input_ids"].tolist()  # 17 tokens: 2 full pages
+    params = SamplingParams(n=2, max_tokens=8, temperature=0.9, seed=5, ignore_eos=True,
+                            repetition_penalty=1.5, presence_penalty=1.0)
+    samples = params.fan_out()
+    run_all(engine, {0: [(prompt, greedy(1), "warm")]})  # publishes the prompt's pages
+    hits = engine.stats()["prefix_cache_hit_tokens"]
+    finals = run_all(engine, {0: [(prompt, q, f"s{i}") for i, q in enumerate(samples)]})
+    assert engine.stats()["prefix_cache_hit_tokens"] - hits == 2 * 16
+    tokens = [list(finals[f"s{i}"].token_ids) for i in range(2)]
+    assert tokens[0] != tokens[1]
+    for got, q in zip(tokens, samples):
+        assert got == reference_tokens(model, prompt, q)
+
+
 def test_allowed_token_ids_mask_every_other_token(model, engine):
     """allowed_token_ids (vLLM's): only those tokens come out, greedy or drawn, each the
     reference's choice among them with their bias added (a bias on another id unmasks
@@ -203,3 +221,24 @@ def test_engine_refuses_a_bias_outside_the_vocabulary(engine):
     with pytest.raises(ValueError, match="^logit_bias token id 256 is outside the vocabulary of 256$"):
         engine.add_request([1, 2, 3], greedy(4, logit_bias={256: 1.0}))
     assert not engine.has_unfinished()
+
+
+def test_min_tokens_holds_back_a_biased_eos_and_logprobs_stay_the_models(model, engine):
+    """A bias of 100 on EOS (2) makes it every token's choice: min_tokens=3 holds it back for 3
+    tokens, then it ends the output ('stop', no stop_reason: an EOS); with ignore_eos it is
+    generated to max_tokens. The logprobs are the model's (log_softmax of the forward's
+    logits, vLLM's raw logprobs), not the biased distribution's (where EOS holds ~all mass)."""
+    prompt = np.load(f"{OURO}/reference_fp32.npz")["p0_input_ids"].tolist()
+    held = SamplingParams(max_tokens=8, temperature=0.0, min_tokens=3, logit_bias={2: 100.0}, logprobs=1)
+    finals = run_all(engine, {0: [(prompt, held, "held"),
+                                  (prompt, greedy(4, logit_bias={2: 100.0}), "ignored")]})
+    out = finals["held"]
+    assert 2 not in out.token_ids[:3] and out.token_ids[3] == 2 and len(out.token_ids) == 4
+    assert (out.finish_reason, out.stop_reason) == ("stop", None)
+    assert list(finals["ignored"].token_ids) == [2] * 4 and finals["ignored"].finish_reason == "length"
+    ids = prompt + list(out.token_ids[:3])
+    logits = np.asarray(forward(model, ids + [0] * (CONFIG.max_context_len - len(ids))).logits)[len(ids) - 1]
+    want = logits - logits.max() - np.log(np.exp(logits - logits.max()).sum())
+    np.testing.assert_allclose(out.logprobs[3], want[2], atol=1e-4)
+    assert out.logprobs[3] < -1
+    assert out.top_logprobs[3][0] == (int(np.argmax(want)), pytest.approx(want.max(), abs=1e-4))

@@ -92,6 +92,15 @@ def test_temperature_to_zero_limit_equals_greedy():
     np.testing.assert_array_equal(tokens, rnd.argmax(-1))
 
 
+def test_a_temperature_the_host_calls_greedy_is_greedy_on_the_device():
+    """9.9999999e-6 < GREEDY_EPS (is_greedy, the greedy executable) but rounds to f32(GREEDY_EPS),
+    which the device compared as not greedy: a full sampler drew uniformly from tied logits."""
+    params = [SamplingParams(temperature=9.9999999e-6, seed=s) for s in range(8)]
+    assert all(p.is_greedy for p in params)
+    tokens, *_ = run(np.zeros((8, 8), np.float32), params)
+    assert tokens.tolist() == [0] * 8  # the first index of the tie, as every greedy row
+
+
 def test_top_k_one_equals_greedy():
     rnd = np.random.default_rng(2).normal(size=(8, 64)).astype(np.float32)
     params = [SamplingParams(temperature=1.5, top_k=1, seed=s) for s in range(8)]
@@ -224,6 +233,52 @@ def test_sampled_tokens_stay_inside_the_filter():
         assert set(tokens.tolist()) == allowed, kw
 
 
+def np_kept(x, p: SamplingParams):
+    """Hugging Face's warpers in numpy (f64) over one row's logits x: temperature, top-k (ties
+    with the k-th kept), top-p over the top-k survivors renormalised (a token stays iff the mass
+    before it is < top_p; ties with the last kept stay), min-p; the kept mask."""
+    x = x.astype(np.float64) / p.temperature
+    keep = np.ones(len(x), bool)
+    if 0 < p.top_k < len(x):
+        keep &= x >= np.sort(x)[::-1][p.top_k - 1]
+    if p.top_p < 1:
+        vals = np.where(keep, x, -np.inf)
+        order = np.argsort(-vals, kind="stable")
+        probs = np.exp(vals[order] - vals.max())
+        probs /= probs.sum()
+        kept = max(1, int((np.cumsum(probs) - probs < p.top_p).sum()))
+        keep &= x >= vals[order][kept - 1]
+    return keep & (x >= x.max() + np.log(p.min_p) if p.min_p > 0 else keep)
+
+
+def test_tokens_equal_a_numpy_reference_of_the_filters_and_the_draw():
+    """Random mixed batches (greedy, top-k under and over TOP_K_CAP, top-p, min-p, ties): each
+    token is the numpy reference's argmax(kept logits / t + the row's Gumbel noise)."""
+    rng = np.random.default_rng(11)
+    noise_of = jax.jit(jax.vmap(lambda k: jax.random.gumbel(k, (1024,), jnp.float32)))
+    for trial in range(12):
+        logits = (rng.standard_normal((8, 700)) * rng.choice([0.5, 2.0, 5.0])).astype(np.float32)
+        if trial % 3 == 0:
+            logits = np.round(logits * 2) / 2  # many ties
+        params = []
+        for _ in range(8):
+            kw = dict(temperature=float(rng.choice([0.0, 0.3, 1.0, 1.7])), seed=int(rng.integers(2**40)))
+            if rng.random() < 0.5:
+                kw["top_k"] = int(rng.choice([1, 3, 50, 200, 600, -1]))
+            if rng.random() < 0.5:
+                kw["top_p"] = float(rng.choice([0.1, 0.5, 0.9, 0.99]))
+            if rng.random() < 0.3:
+                kw["min_p"] = float(rng.choice([0.01, 0.1, 0.5]))
+            params.append(SamplingParams(**kw))
+        steps = rng.integers(0, 50, 8).tolist()
+        tokens, *_ = run(logits, params, steps=steps)
+        noise = np.asarray(noise_of(row_keys(SamplingBatch.from_params(params, 8, steps))))[:, :700]
+        for i, p in enumerate(params):
+            kept = np.where(np_kept(logits[i], p), logits[i] / np.float32(p.temperature), -np.inf)
+            want = np.argmax(logits[i]) if p.is_greedy else np.argmax(kept.astype(np.float32) + noise[i])
+            assert tokens[i] == want, (trial, i, p)
+
+
 @pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(temperature=1.3, top_k=3)])
 def test_empirical_distribution_matches_softmax(kw):
     logits = np.array([1.0, 0.2, -0.5, 0.8, -1.5], np.float32)
@@ -329,8 +384,11 @@ def test_defaults_and_normalisation():
     (dict(exit_weighted=True, exit_threshold=0.5), "exit_weighted and exit_threshold exclude each other"),
     (dict(min_tokens=-1), "min_tokens must be >= 0, got -1"),
     (dict(min_tokens=5, max_tokens=4), "min_tokens (5) must not exceed max_tokens (4)"),
-    (dict(repetition_penalty=-1.0), "repetition_penalty must be in (0, inf], got -1.0"),
-    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a number in (0, inf], got inf"),
+    (dict(repetition_penalty=-1.0), "repetition_penalty must be in [0.0001, 10000.0], got -1.0"),
+    (dict(repetition_penalty=float("inf")), "repetition_penalty must be a number in [0.0001, 10000.0]"),
+    # f32 inf / 0 on the device, where 0 * inf is NaN: the logit-0 or the banned (-inf) token won
+    (dict(repetition_penalty=1e39), "repetition_penalty must be in [0.0001, 10000.0], got 1e+39"),
+    (dict(repetition_penalty=1e-50), "repetition_penalty must be in [0.0001, 10000.0], got 1e-50"),
     (dict(presence_penalty=-2.1), "presence_penalty must be in [-2.0, 2.0], got -2.1"),
     (dict(logit_bias={-1: 1.0}), "every logit_bias token id must be >= 0, got -1"),
     (dict(logit_bias={2: float("nan")}), "logit_bias[2] must be a number in [-100.0, 100.0], got nan"),
@@ -435,9 +493,11 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"n": "x"}, "n must be an integer >= 1, got 'x'"),
     ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),
     ({"best_of": 2}, "best_of must equal n (1)"),
+    ({"best_of": True}, "best_of must be an integer >= 1, got True"),  # was taken as n=1
+    ({"n": 2, "best_of": 2.0}, "best_of must be an integer >= 1, got 2.0"),
     ({"presence_penalty": 2.5}, "presence_penalty must be in [-2.0, 2.0], got 2.5"),
     ({"frequency_penalty": "x"}, "frequency_penalty must be a number in [-2.0, 2.0], got 'x'"),
-    ({"repetition_penalty": 0}, "repetition_penalty must be in (0, inf], got 0"),
+    ({"repetition_penalty": 0}, "repetition_penalty must be in [0.0001, 10000.0], got 0"),
     ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids (non-negative integers), got 'x'"),
     ({"logit_bias": {"-3": 1}}, "logit_bias keys must be token ids"),
     ({"logit_bias": {"5": 101}}, "logit_bias[5] must be in [-100.0, 100.0], got 101"),
