@@ -101,13 +101,13 @@ def test_chunked_prefill_splits_exactly():
     assert [p.emits for p in plans] == [(False,), (False,), (True,)]
     assert [p.token_bucket for p in plans] == [8, 8, 8]
     assert long.output_token_ids == [21] and long.finish_reason == "length"
-    # Two prompts share the 8-token budget: A whole, B's first 3; then A decodes (share used)
-    # and B's remaining 7 follow.
+    # Two prompts share the 8-token budget: A whole, B's first 3; B's remaining 7 follow within
+    # the share (L's chunks, prefilled while no row decoded, used none of it), then both decode.
     a, b = req("A", range(5), 3), req("B", range(50, 60), 2)
     trace = drive(sched, runner, {0: [a, b]})
-    assert trace.kinds.startswith("PDPD") and trace.rows[:3] == [["A", "B"], ["A"], ["B"]]
+    assert trace.kinds.startswith("PPD") and trace.rows[:3] == [["A", "B"], ["B"], ["A", "B"]]
     assert a.output_token_ids == [5, 6, 7] and b.output_token_ids == [60, 61]
-    assert trace.first_token_step == {"A": 0, "B": 2}
+    assert trace.first_token_step == {"A": 0, "B": 1}
 
 
 # ---------------------------------------------------------------- the prefill share
@@ -129,6 +129,19 @@ def test_prefill_share_first_token_step(share_per_loop, batches, expected_kinds,
     assert trace.first_token_step["B"] == first_token_step
     # The share moves work in time, never changes tokens.
     assert a.output_token_ids == [(2 + i) % V for i in range(30)] and b.output_token_ids == [48, 49]
+
+
+def test_a_burst_after_prefill_only_steps_gets_the_first_decodes_share():
+    """Prefill steps while no row waits to decode (X finishes at its prompt: 5 chunks, no
+    decode) use none of the share: a burst then runs as on a fresh scheduler, its first
+    L = 4 prompt batches before its first decode (was: one, the share counted X's chunks)."""
+    config = cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), max_prefill_rows=1)
+    burst = lambda: {0: [req(f"b{i}", [i] * 4, max_tokens=3) for i in range(6)]}  # noqa: E731
+    fresh = drive(*setup(config), burst()).kinds
+    assert fresh == "PPPPDPPDD"
+    sched, runner = setup(config)
+    drive(sched, runner, {0: [req("x", range(20), max_tokens=1)]})
+    assert drive(sched, runner, burst()).kinds == fresh
 
 
 def test_per_loop_share_is_one_loop_worth():
