@@ -148,7 +148,7 @@ class Scheduler:
         last decode step is used up, or when no prefill work can be placed; otherwise one
         prefill step packs chunks FCFS (partially prefilled requests first, then the queue).
         Admission shares the request's cached prefix pages and needs free pages for the rest
-        of the chunk, which starts after them; when a decode row (or a partially
+        of its context (its first chunk starts after them); when a decode row (or a partially
         prefilled request) needs pages the pool lacks, the most recently arrived running
         requests are preempted by recompute.
         """
@@ -238,7 +238,10 @@ class Scheduler:
             start = len(hits) * cfg.page_size         # < num_tokens: the last token is computed
             end = min(request.num_tokens, start + budget)
             split = request.whole_prefill and end < request.num_tokens <= cfg.max_prefill_tokens
-            if split or not self.block_manager.can_admit(hits, end):
+            # NOTE: room for the whole context, not just this chunk: a prompt let in by its first
+            # chunk where the rest had no room was preempted by the older rows' growth before it
+            # completed, then prefilled again, over and over (recompute ping-pong)
+            if split or not self.block_manager.can_admit(hits, request.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue (Request.whole_prefill waits)
             self.waiting.popleft()
             self.block_manager.admit(request, hits, end)

@@ -242,6 +242,22 @@ def test_preemption_by_recompute_hand_example():
     assert free == [4, 0, 0, 1, 4, 1, 4]
 
 
+def test_a_prompt_waits_for_room_for_its_whole_context_not_its_first_chunk():
+    """10 pages of 4; A (4 tokens, 30 out) grows to 9 pages; B (20 tokens, in chunks of 4) is
+    admitted at step 1, prefilled (steps 1-3, 5-6) and decodes beside A until A's 4th page finds
+    the pool full (B holds 7): B, the newer, is preempted. Then it waits, as its 28 tokens (7
+    pages) do not fit beside A, and is recomputed once A is done. It was admitted again whenever
+    its first chunk fit, and preempted at A's next page: 6 times, 32 prefill rows."""
+    config = cfg(num_pages=10, max_prefill_tokens=4, prefill_token_buckets=(4,))
+    sched, runner = setup(config)
+    a, b = req("A", [1] * 4, max_tokens=30), req("B", range(20), max_tokens=10)
+    trace = drive(sched, runner, {0: [a], 1: [b]})
+    assert trace.kinds == "PPPPDPP" + "D" * 28 + "P" * 7 + "D"
+    assert (b.num_preemptions, b.num_prefill_submissions, sched.num_preemptions) == (1, 12, 1)
+    assert a.output_token_ids == [(2 + i) % V for i in range(30)]
+    assert b.output_token_ids == [(20 + i) % V for i in range(10)]
+
+
 @pytest.mark.parametrize("fused, adaptive", [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_preemption_gives_the_same_tokens_as_an_unconstrained_run(fused, adaptive, seed):
