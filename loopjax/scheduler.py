@@ -183,13 +183,11 @@ class Scheduler:
         return plan
 
     def _restart_prefill_share(self) -> None:
-        """No row waits to decode: the next decode waits for the share a decode step grants,
-        as after every decode step, counted from the prefill planned now. A burst's prompts are
-        then admitted before its first rows decode (run 19), also when it reaches an engine whose
-        last steps were prefills (requests that finished at their prompt, long prompt chunks)."""
+        """No row waits to decode: the next decode waits for a decode step's share, so a burst's
+        prompts are admitted before its first rows decode (run 19), also after prefill-only steps."""
+        cfg = self.config
         self._prefills_since_decode = 0
-        self._prefill_allowance = self.config.prefill_share(self.config.num_loops if self.config.fused_decode
-                                                            else 1)
+        self._prefill_allowance = cfg.prefill_share(cfg.num_loops if cfg.fused_decode else 1)
 
     def _decodes_next(self, request: Request) -> bool:
         """A decoding request that may still need a token after the steps in flight."""
@@ -238,9 +236,8 @@ class Scheduler:
             start = len(hits) * cfg.page_size         # < num_tokens: the last token is computed
             end = min(request.num_tokens, start + budget)
             split = request.whole_prefill and end < request.num_tokens <= cfg.max_prefill_tokens
-            # NOTE: room for the whole context, not just this chunk: a prompt let in by its first
-            # chunk where the rest had no room was preempted by the older rows' growth before it
-            # completed, then prefilled again, over and over (recompute ping-pong)
+            # NOTE: room for the whole context, not just this chunk, else older rows' growth
+            # preempts it before it completes, again and again (recompute ping-pong)
             if split or not self.block_manager.can_admit(hits, request.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue (Request.whole_prefill waits)
             self.waiting.popleft()
