@@ -18,6 +18,7 @@ Vocabulary:
 - The prefill share: a decode submission of L loops allows L x max_prefill_batches_before_decode
   prefill steps before the next decode (just max_prefill_batches_before_decode with
   `prefill_share_per_loop=False`), so prompt work keeps the share it had without fusion.
+  While no row waits to decode, the share starts over (the configured depth's, as at start).
 - Prefix cache (`enable_prefix_caching`, loopjax/prefix_cache.py): an admitted request first
   takes the cached pages of its prefix and starts with `num_computed_tokens` = their length,
   so its first chunk (and the runner's positions and slots) starts after them; every update
@@ -63,10 +64,7 @@ class Scheduler:
         self.running: list[Request] = []        # admitted (PREFILLING / DECODING), by arrival
         self._series: list[Request] = []        # per-loop decode: rows of the token in progress
         self._series_loop = 0                   # next loop_begin of the series
-        self._prefills_since_decode = 0
-        # NOTE: the first decode waits for the share a decode step grants, as every later one
-        # does: a burst's prompts are then admitted before its first rows decode (run 19).
-        self._prefill_allowance = config.prefill_share(config.num_loops if config.fused_decode else 1)
+        self._restart_prefill_share()
         self._in_flight: deque[StepPlan] = deque()  # planned, not yet updated (oldest first)
         self._num_arrivals = 0
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
@@ -150,7 +148,7 @@ class Scheduler:
         last decode step is used up, or when no prefill work can be placed; otherwise one
         prefill step packs chunks FCFS (partially prefilled requests first, then the queue).
         Admission shares the request's cached prefix pages and needs free pages for the rest
-        of the chunk, which starts after them; when a decode row (or a partially
+        of its context (its first chunk starts after them); when a decode row (or a partially
         prefilled request) needs pages the pool lacks, the most recently arrived running
         requests are preempted by recompute.
         """
@@ -164,6 +162,8 @@ class Scheduler:
         try:
             for _ in range(2):  # a decode that preempted all its rows falls back to prefill once
                 decode_ready = any(self._decodes_next(r) for r in self.running)
+                if not decode_ready:
+                    self._restart_prefill_share()
                 if not decode_ready or self._prefills_since_decode < self._prefill_allowance:
                     plan = self._plan_prefill(preempted, ahead)
                 if plan is None and decode_ready:
@@ -181,6 +181,13 @@ class Scheduler:
         self._in_flight.append(plan)
         self.num_steps += 1
         return plan
+
+    def _restart_prefill_share(self) -> None:
+        """No row waits to decode: the next decode waits for a decode step's share, so a burst's
+        prompts are admitted before its first rows decode (run 19), also after prefill-only steps."""
+        cfg = self.config
+        self._prefills_since_decode = 0
+        self._prefill_allowance = cfg.prefill_share(cfg.num_loops if cfg.fused_decode else 1)
 
     def _decodes_next(self, request: Request) -> bool:
         """A decoding request that may still need a token after the steps in flight."""
@@ -229,7 +236,9 @@ class Scheduler:
             start = len(hits) * cfg.page_size         # < num_tokens: the last token is computed
             end = min(request.num_tokens, start + budget)
             split = request.whole_prefill and end < request.num_tokens <= cfg.max_prefill_tokens
-            if split or not self.block_manager.can_admit(hits, end):
+            # NOTE: room for the whole context, not just this chunk, else older rows' growth
+            # preempts it before it completes, again and again (recompute ping-pong)
+            if split or not self.block_manager.can_admit(hits, request.num_tokens):
                 break  # FCFS: nobody overtakes the head of the queue (Request.whole_prefill waits)
             self.waiting.popleft()
             self.block_manager.admit(request, hits, end)

@@ -101,13 +101,13 @@ def test_chunked_prefill_splits_exactly():
     assert [p.emits for p in plans] == [(False,), (False,), (True,)]
     assert [p.token_bucket for p in plans] == [8, 8, 8]
     assert long.output_token_ids == [21] and long.finish_reason == "length"
-    # Two prompts share the 8-token budget: A whole, B's first 3; then A decodes (share used)
-    # and B's remaining 7 follow.
+    # Two prompts share the 8-token budget: A whole, B's first 3; B's remaining 7 follow within
+    # the share (L's chunks, prefilled while no row decoded, used none of it), then both decode.
     a, b = req("A", range(5), 3), req("B", range(50, 60), 2)
     trace = drive(sched, runner, {0: [a, b]})
-    assert trace.kinds.startswith("PDPD") and trace.rows[:3] == [["A", "B"], ["A"], ["B"]]
+    assert trace.kinds.startswith("PPD") and trace.rows[:3] == [["A", "B"], ["B"], ["A", "B"]]
     assert a.output_token_ids == [5, 6, 7] and b.output_token_ids == [60, 61]
-    assert trace.first_token_step == {"A": 0, "B": 2}
+    assert trace.first_token_step == {"A": 0, "B": 1}
 
 
 # ---------------------------------------------------------------- the prefill share
@@ -129,6 +129,19 @@ def test_prefill_share_first_token_step(share_per_loop, batches, expected_kinds,
     assert trace.first_token_step["B"] == first_token_step
     # The share moves work in time, never changes tokens.
     assert a.output_token_ids == [(2 + i) % V for i in range(30)] and b.output_token_ids == [48, 49]
+
+
+def test_a_burst_after_prefill_only_steps_gets_the_first_decodes_share():
+    """Prefill steps while no row waits to decode (X finishes at its prompt: 5 chunks, no
+    decode) use none of the share: a burst then runs as on a fresh scheduler, its first
+    L = 4 prompt batches before its first decode (was: one, the share counted X's chunks)."""
+    config = cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), max_prefill_rows=1)
+    burst = lambda: {0: [req(f"b{i}", [i] * 4, max_tokens=3) for i in range(6)]}  # noqa: E731
+    fresh = drive(*setup(config), burst()).kinds
+    assert fresh == "PPPPDPPDD"
+    sched, runner = setup(config)
+    drive(sched, runner, {0: [req("x", range(20), max_tokens=1)]})
+    assert drive(sched, runner, burst()).kinds == fresh
 
 
 def test_per_loop_share_is_one_loop_worth():
@@ -227,6 +240,22 @@ def test_preemption_by_recompute_hand_example():
     assert (a.num_preemptions, b.num_preemptions, sched.num_preemptions) == (0, 1, 1)
     # A took 1 of B's 2 freed pages at step 2; A's 3 pages came back when it finished at 3.
     assert free == [4, 0, 0, 1, 4, 1, 4]
+
+
+def test_a_prompt_waits_for_room_for_its_whole_context_not_its_first_chunk():
+    """10 pages of 4; A (4 tokens, 30 out) grows to 9 pages; B (20 tokens, in chunks of 4) is
+    admitted at step 1, prefilled (steps 1-3, 5-6) and decodes beside A until A's 4th page finds
+    the pool full (B holds 7): B, the newer, is preempted. Then it waits, as its 28 tokens (7
+    pages) do not fit beside A, and is recomputed once A is done. It was admitted again whenever
+    its first chunk fit, and preempted at A's next page: 6 times, 32 prefill rows."""
+    config = cfg(num_pages=10, max_prefill_tokens=4, prefill_token_buckets=(4,))
+    sched, runner = setup(config)
+    a, b = req("A", [1] * 4, max_tokens=30), req("B", range(20), max_tokens=10)
+    trace = drive(sched, runner, {0: [a], 1: [b]})
+    assert trace.kinds == "PPPPDPP" + "D" * 28 + "P" * 7 + "D"
+    assert (b.num_preemptions, b.num_prefill_submissions, sched.num_preemptions) == (1, 12, 1)
+    assert a.output_token_ids == [(2 + i) % V for i in range(30)]
+    assert b.output_token_ids == [(20 + i) % V for i in range(10)]
 
 
 @pytest.mark.parametrize("fused, adaptive", [(True, False), (False, False), (True, True)])
