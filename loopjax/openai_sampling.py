@@ -106,8 +106,11 @@ def _map_max_tokens(body, kw):
 
 
 def _map_logprobs(body, kw):
-    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n."""
+    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n. top_logprobs=0 asks
+    nothing: it needs no logprobs=true (as vLLM's)."""
     lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if not lp and type(top) is int and top == 0:
+        top = None
     if isinstance(lp, bool):
         if lp:
             if top is not None:

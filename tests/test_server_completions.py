@@ -147,14 +147,14 @@ def test_prompt_logprobs_in_vllms_shape(client, served_model, count_scores):
     ids = tok.encode("hello world the loop model user w7 w42", add_special_tokens=False).ids
     ids[4] = score(served_model, ids[:5], top_k=1)[0].top_logprobs[3][0][0]  # a greedy token: rank 1
     r = client.completions.create(model=MODEL_NAME, prompt=[ids, ids[:3]], n=2, max_tokens=2, temperature=0.8,
-                                  seed=1, extra_body={"prompt_logprobs": 3})
-    assert count_scores == [([ids, ids[:3]], 3)]  # one call, one sequence per prompt
-    want = check_prompt_logprobs(r.choices[0].prompt_logprobs, ids, 3, served_model)
-    assert want.ranks[3] == 1 and len(r.choices[0].prompt_logprobs[4]) == 3  # a prompt token in the top 3
-    assert any(rank > 3 for rank in want.ranks)  # ... and one outside it (4 entries)
+                                  seed=1, extra_body={"prompt_logprobs": 2})  # the server's max_logprobs
+    assert count_scores == [([ids, ids[:3]], 2)]  # one call, one sequence per prompt
+    want = check_prompt_logprobs(r.choices[0].prompt_logprobs, ids, 2, served_model)
+    assert want.ranks[3] == 1 and len(r.choices[0].prompt_logprobs[4]) == 2  # a prompt token in the top 2
+    assert any(rank > 2 for rank in want.ranks)  # ... and one outside it (3 entries)
     assert r.choices[1].prompt_logprobs == r.choices[0].prompt_logprobs
     assert r.choices[2].prompt_logprobs == r.choices[3].prompt_logprobs
-    check_prompt_logprobs(r.choices[2].prompt_logprobs, ids[:3], 3, served_model)
+    check_prompt_logprobs(r.choices[2].prompt_logprobs, ids[:3], 2, served_model)
     assert r.choices[0].logprobs is None and len(r.choices[0].token_ids) == 2
     # with echo: one scoring with the larger top; echo keeps logprobs' 1, prompt_logprobs its 2
     count_scores.clear()
