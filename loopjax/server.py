@@ -13,7 +13,10 @@ Contract:
   does a request not yet answered (a full answer, a stream not begun) when the graceful
   shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
   500, while the server serves on (async_engine.py). A stream that began gets the error as its
-  last event before [DONE].
+  last event before [DONE]. Any other exception (a bug) is a one-line 500 in the same shape
+  (a stream's last event), its traceback logged, and the server serves on.
+- Streams with `stream_options.include_usage` carry `"usage": null` on every chunk but the
+  last (OpenAI's), which has no choices and the usage.
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
@@ -26,7 +29,9 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
-  chunk of no tokens opening each choice, once scored.
+  chunk of no tokens opening each choice, once scored. Chat's `echo` (vLLM's): the last
+  message's content before each choice's when its role is the answer's (`chat_reply`); the
+  answer's role is the assistant's, or without a generation prompt the last message's.
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
@@ -134,6 +139,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
+    # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
+    # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.
+    app.add_exception_handler(Exception, lambda request, exc: internal_error(exc).response())
 
     def engine_error(e: EngineDeadError | RequestFailedError) -> APIError:
         """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""
@@ -202,11 +210,15 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         # strings on that text (closing its stream as stopped), so the engine makes no text.
         streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
         choices = [Choice(i, tokenizer, params) for i in range(len(streams))]
-        echo, k = bool(body.get("echo")), params.prompt_logprobs
+        echo, k = bool(body.get("echo")) and not chat, params.prompt_logprobs  # completions' echo is scored
+        role, chat_echo = parser.chat_reply(body) if chat else (None, "")
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:
             top_k = max((params.logprobs or 0) if echo else 0, k or 0)
             scores = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params, top_k))
+            # NOTE: a response that ends first (499, 503, an engine error) never awaits it: its
+            # exception is retrieved here, not logged as "never retrieved"
+            scores.add_done_callback(lambda done: done.cancelled() or done.exception())
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
@@ -272,7 +284,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
-                c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
+                c.fields(0, chat) | ({"message": {"role": role, "content": chat_echo + c.text}} if chat
                                      else {"text": c.text}) for c in choices]
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
@@ -282,6 +294,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             return JSONResponse(head)
 
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        if include_usage:  # OpenAI's: every chunk carries usage, null until the last one's
+            head["usage"] = None
 
         sse = "data: {}\n\n".format
 
@@ -290,7 +304,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
                 # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
                 opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
-                           | ({"delta": {"role": "assistant", "content": ""}} if chat else
+                           | ({"delta": {"role": role, "content": chat_echo}} if chat else
                               {"text": "", "logprobs": None if params.logprobs is None else
                                {"tokens": [], "token_logprobs": [], "top_logprobs": [],
                                 "text_offset": None if tokenizer is None else []}})
@@ -312,6 +326,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 yield sse(engine_error(e).response().body.decode())
             except APIError as e:  # the scorer's error, after the stream began
                 yield sse(e.response().body.decode())
+            except Exception as e:  # a bug: the stream's last event names it (its traceback logged)
+                log.exception("stream %s failed", rid)
+                yield sse(internal_error(e).response().body.decode())
             finally:  # NOTE: also when the client leaves while the prompts are scored
                 for stream in streams:
                     stream.close()
@@ -369,6 +386,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+def internal_error(e: Exception) -> APIError:
+    """A bug's 500: one line naming the exception."""
+    first_line = next(iter(str(e).splitlines()), "")
+    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
+                    "server_error")
 
 
 def _echo_state(model, config) -> str | None:

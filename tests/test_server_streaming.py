@@ -4,11 +4,16 @@ split over tokens, stop strings trimmed and never streamed)."""
 
 from __future__ import annotations
 
+import json
 import types
 
-from server_helpers import MODEL_NAME
+import httpx
+import pytest
+from fake_engine import FakeEngine
+from server_helpers import CHATML, MODEL_NAME, LiveServer, word_tokenizer
 
 from loopjax.sampling_params import SamplingParams
+from loopjax.server import create_app
 
 
 def test_streaming_completion_and_chat(client):
@@ -168,3 +173,60 @@ def _byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+
+def sse_chunks(url: str, body: dict) -> list[dict]:
+    """The JSON events of a stream (the [DONE] last, dropped)."""
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as stream:
+        events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+    assert events[-1] == "[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.fixture(scope="module")
+def fake_chat_server():
+    """A live server of the fake engine (one token a step: previous + 1) with the word tokenizer
+    and ChatML: chat without compiling anything."""
+    model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=CHATML,
+                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=model)) as live:
+        yield live
+
+
+def test_include_usage_puts_null_usage_on_every_other_chunk(fake_chat_server):
+    """stream_options.include_usage: every chunk carries "usage": null but the last, which has
+    no choices and the usage (OpenAI's; the other chunks had no usage field); without it no
+    chunk has the field."""
+    chat = [{"role": "user", "content": "hi"}]
+    for path, body, count, tokens in (("/v1/completions", {"prompt": [4], "n": 2}, 6, 6),  # a chunk a token
+                                      ("/v1/chat/completions", {"messages": chat}, 4, 3)):  # and the role's
+        body = {**body, "max_tokens": 3}
+        chunks = sse_chunks(fake_chat_server.url + path, {**body, "stream_options": {"include_usage": True}})
+        assert len(chunks) == count + 1 and all("usage" in c and c["usage"] is None for c in chunks[:-1])
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == tokens
+        assert not any("usage" in c for c in sse_chunks(fake_chat_server.url + path, body))
+
+
+def test_chat_echo_puts_the_last_message_first(fake_chat_server):
+    """Chat's echo (vLLM's; it was refused): the last message's content before each choice's
+    text when its role is the answer's: an assistant message continued (continue_final_message),
+    or with no generation prompt the last message, whose role the answer then takes; a user
+    message under a generation prompt is not echoed. Streamed: in each choice's opening delta."""
+    url = fake_chat_server.url + "/v1/chat/completions"
+    talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop"}]
+    for body, role, echoed in (
+            ({"messages": talk, "continue_final_message": True}, "assistant", "the loop"),
+            ({"messages": talk[:1], "add_generation_prompt": False}, "user", "hello"),
+            ({"messages": talk[:1]}, "assistant", "")):
+        body = {**body, "max_tokens": 2, "n": 2}
+        plain = httpx.post(url, json=body, timeout=30).json()["choices"][0]["message"]
+        r = httpx.post(url, json={**body, "echo": True}, timeout=30)
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            assert choice["message"] == {"role": role, "content": echoed + plain["content"]}, body
+        chunks = sse_chunks(url, {**body, "echo": True})
+        opening = [c["choices"][0]["delta"] for c in chunks[:2]]
+        assert opening == [{"role": role, "content": echoed}] * 2, body
+        text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == 1)
+        assert text == echoed + plain["content"] and plain["role"] == role
