@@ -2,7 +2,8 @@
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
 string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's;
-completions' `text_offset`: where each token's text begins in the choice's text), and (echo)
+completions' `top_logprobs` hold the token itself too; `text_offset`: where each token's text
+begins in the choice's text), and (echo)
 the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
@@ -41,6 +42,16 @@ def stop_prefix_len(text: str, stop) -> int:
     the stream): the longest end of it that is a proper prefix of one of them."""
     return max((k for s in stop for k in range(1, min(len(s), len(text) + 1)) if text.endswith(s[:k])),
                default=0)
+
+
+def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
+    """Completions' top_logprobs at one position: the top (id, log p) pairs by name, most likely
+    first, and the position's own token after them when it is not among them (OpenAI's "up to
+    logprobs + 1 elements": the sampled token's log p is always there; vLLM's too, and its
+    echoed prompt tokens')."""
+    entries = {name(u): v for u, v in top}
+    entries.setdefault(name(token), logprob)
+    return entries
 
 
 class Choice:
@@ -101,7 +112,8 @@ class Choice:
             lp = choice["logprobs"]
             lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
             lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
-            tops = ({name(u): v for u, v in top[:num_top]} for top in scored.top_logprobs)
+            tops = (_top_entries(name, t, v, top[:num_top])
+                    for t, v, top in zip(prompt[1:], scored.token_logprobs, scored.top_logprobs, strict=True))
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
             if echoed is not None:
                 lp["text_offset"] = echoed[1] + [o + self._echoed for o in lp["text_offset"]]
@@ -132,7 +144,7 @@ class Choice:
             return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
                                 for t, lp, top in zip(ids, lps, tops)]}
         return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
-                "top_logprobs": [{name(u): v for u, v in top} for top in tops],
+                "top_logprobs": [_top_entries(name, t, lp, top) for t, lp, top in zip(ids, lps, tops)],
                 "text_offset": self._text_offsets(start, len(ids))}
 
     def _text_offsets(self, start: int, count: int) -> list[int] | None:

@@ -52,9 +52,10 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
     assert lp.token_logprobs[1:len(ids)] == pytest.approx(ref.token_logprobs, abs=1e-6)
     assert lp.token_logprobs[len(ids):] == plain.logprobs.token_logprobs
     assert lp.top_logprobs[len(ids):] == plain.logprobs.top_logprobs
-    for t in range(1, len(ids)):  # lm-eval's is_greedy: the top entry is the scored token
-        (name, top), = lp.top_logprobs[t].items()
-        assert (name == lp.tokens[t]) == ref.greedy[t - 1] and top >= lp.token_logprobs[t]
+    for t in range(1, len(ids)):  # lm-eval's is_greedy: the most likely entry is the scored token
+        top = lp.top_logprobs[t]  # the top 1 and (OpenAI's logprobs + 1) the scored token itself
+        assert top[lp.tokens[t]] == lp.token_logprobs[t] and len(top) == 1 + (not ref.greedy[t - 1])
+        assert (max(top, key=top.get) == lp.tokens[t]) == ref.greedy[t - 1]
     generated = score(served_model, ids + plain.token_ids)[0].token_logprobs[-1]
     assert plain.logprobs.token_logprobs[0] == pytest.approx(generated, abs=1e-4)
     # A one-token prompt has no log-probability of its own.

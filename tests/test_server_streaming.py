@@ -130,6 +130,31 @@ def test_logprobs_name_tokens_by_their_text():
     assert answer["logprobs"]["tokens"][:2] == ["a", " h"]
 
 
+def test_completions_top_logprobs_hold_the_token_itself():
+    """Completions' top_logprobs at a position hold its own token after the top ones when it is
+    not among them (OpenAI's "up to logprobs + 1 elements", vLLM's; it was left out), echoed
+    prompt tokens too; logprobs=0 gives the token alone. Chat's top_logprobs are the top ones."""
+    from loopjax.openai_choice import Choice
+
+    tok = word_tokenizer(32)
+    out = types.SimpleNamespace(token_ids=[5, 6], new_token_ids=[5, 6], exit_loops=[1, 1],
+                                logprobs=[-1.0, -3.0], top_logprobs=[[(5, -1.0)], [(7, -0.5)]], metrics={},
+                                finished=True, finish_reason="length", stop_reason=None)
+    choice = Choice(0, tok, SamplingParams(logprobs=1))
+    choice.update(out)
+    lp = choice.fields(0, chat=False)["logprobs"]
+    assert lp["top_logprobs"] == [{"user": -1.0}, {"system": -0.5, "assistant": -3.0}]
+    assert [len(e["top_logprobs"]) for e in choice.fields(0, chat=True)["logprobs"]["content"]] == [1, 1]
+    answer = {"text": choice.text, "logprobs": lp}
+    scored = types.SimpleNamespace(token_ids=[3, 4], token_logprobs=[-2.0], top_logprobs=[[(8, -0.1)]])
+    choice.echo(answer, scored, 1, ("hello world", [0, 6]))
+    assert answer["logprobs"]["top_logprobs"][:2] == [None, {"the": -0.1, "world": -2.0}]
+    out.top_logprobs = [[], []]  # logprobs=0
+    choice = Choice(0, tok, SamplingParams(logprobs=0))
+    choice.update(out)
+    assert choice.fields(0, chat=False)["logprobs"]["top_logprobs"] == [{"user": -1.0}, {"assistant": -3.0}]
+
+
 def test_text_offsets_place_each_token_in_the_text():
     """Completions' text_offset (null before) is where each token's text begins in the choice's
     text: a special token skipped and the first bytes of a split character add nothing (vLLM
