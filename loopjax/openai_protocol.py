@@ -106,10 +106,11 @@ class RequestParser:
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):  # the server reads its fields
             raise bad_request(f"stream_options must be an object, got {options!r}", "stream_options")
-        usage = (options or {}).get("include_usage")
-        if usage is not None and not isinstance(usage, bool):
-            raise bad_request(f"stream_options.include_usage must be true or false, got {usage!r}",
-                              "stream_options")
+        for key in ("include_usage", "continuous_usage_stats"):  # OpenAI's; vLLM's
+            value = (options or {}).get(key)
+            if value is not None and not isinstance(value, bool):
+                raise bad_request(f"stream_options.{key} must be true or false, got {value!r}",
+                                  "stream_options")
         if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it

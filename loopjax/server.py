@@ -16,7 +16,8 @@ Contract:
   last event before [DONE]. Any other exception (a bug) is a one-line 500 in the same shape
   (a stream's last event), its traceback logged, and the server serves on.
 - Streams with `stream_options.include_usage` carry `"usage": null` on every chunk but the
-  last (OpenAI's), which has no choices and the usage.
+  last (OpenAI's), which has no choices and the usage; vLLM's `continuous_usage_stats` as
+  well puts each chunk's choice's usage so far (its prompt, its tokens) on it.
   Request parsing and validation live in `openai_protocol.py`.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
@@ -246,10 +247,14 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
 
-        def usage():
-            gen, given = sum(len(c.token_ids) for c in choices), sum(len(p) for p in prompts)
+        def usage(one: Choice | None = None):
+            """The request's usage (each prompt counted once), or one choice's: its prompt and
+            its tokens so far (vLLM's continuous_usage_stats)."""
+            chosen = choices if one is None else [one]
+            given = sum(map(len, prompts)) if one is None else len(prompts[one.index // params.n])
+            gen = sum(len(c.token_ids) for c in chosen)
             return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
-                    "submissions": sum(c.submissions for c in choices)}
+                    "submissions": sum(c.submissions for c in chosen)}
 
         async def run_choices():
             """Yields (choice, text delta, new tokens) per output; stops a choice at its stop string."""
@@ -293,11 +298,17 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["usage"] = usage()
             return JSONResponse(head)
 
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
         if include_usage:  # OpenAI's: every chunk carries usage, null until the last one's
             head["usage"] = None
-
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         sse = "data: {}\n\n".format
+
+        def chunk(choice: dict, c: Choice, **top) -> str:
+            """One choice's event; with vLLM's continuous_usage_stats, that choice's usage so far."""
+            return sse(json.dumps({**head, "choices": [choice], **top, **({"usage": usage(c)} if continuous
+                                                                           else {})}))
 
         async def events():
             try:
@@ -315,11 +326,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     top = {"prompt_logprobs": formatted[0]} if k is not None and chat else {}
                 if chat or scores is not None:
                     for i, first in enumerate(opening):
-                        yield sse(json.dumps({**head, "choices": [first], **(top if i == 0 else {})}))
+                        yield chunk(first, choices[i], **(top if i == 0 else {}))
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})
-                    yield sse(json.dumps({**head, "choices": [choice]}))
+                    yield chunk(choice, c)
                 if include_usage:
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except (EngineDeadError, RequestFailedError) as e:

@@ -63,6 +63,8 @@ from loopjax.server import create_app
     ({"prompt": [5], "stream": True, "stream_options": {"include_usage": "no"}}, 400, "stream_options",
      "stream_options.include_usage must be true or false, got 'no'"),  # was read as true
     ({"prompt": [5], "echo": "false"}, 400, "echo", "echo must be true or false, got 'false'"),  # echoed
+    ({"prompt": [5], "stream": True, "stream_options": {"continuous_usage_stats": 1}}, 400, "stream_options",
+     "stream_options.continuous_usage_stats must be true or false, got 1"),  # was ignored
     ({"prompt": [5], "skip_special_tokens": "false"}, 400, "skip_special_tokens",
      "skip_special_tokens must be true or false, got 'false'"),  # was an unknown field
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),

@@ -231,6 +231,18 @@ def test_include_usage_puts_null_usage_on_every_other_chunk(fake_chat_server):
         assert len(chunks) == count + 1 and all("usage" in c and c["usage"] is None for c in chunks[:-1])
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == tokens
         assert not any("usage" in c for c in sse_chunks(fake_chat_server.url + path, body))
+    # vLLM's continuous_usage_stats: each chunk carries its choice's usage so far
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = sse_chunks(fake_chat_server.url + "/v1/completions",
+                        {"prompt": [[4], [5, 6]], "max_tokens": 2, "stream_options": continuous})
+    seen = {}
+    for c in chunks[:-1]:
+        i = c["choices"][0]["index"]
+        seen[i] = seen.get(i, 0) + 1
+        used = c["usage"]
+        assert (used["prompt_tokens"], used["completion_tokens"], used["total_tokens"]) == (
+            1 + i, seen[i], 1 + i + seen[i]), c
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3 and chunks[-1]["usage"]["completion_tokens"] == 4
 
 
 def test_chat_echo_puts_the_last_message_first(fake_chat_server):
