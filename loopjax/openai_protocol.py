@@ -113,6 +113,9 @@ class RequestParser:
                                   "stream_options")
         if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+        request_id = body.get("request_id")  # vLLM's: the response's id after its prefix
+        if request_id is not None and not (isinstance(request_id, str) and request_id):
+            raise bad_request(f"request_id must be a non-empty string, got {request_id!r}", "request_id")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
         return body

@@ -75,6 +75,11 @@ from loopjax.server import create_app
      "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"prompt": [5], "logprobs": True}, 400, "logprobs",  # chat's switch: was top-0
      "logprobs must be an integer (the top log-probabilities per token) on /v1/completions, got True"),
+    ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
+     "use_beam_search is not supported by this server (beam search)"),
+    ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
+     "cache_salt is not supported by this server (prefix cache salting)"),
+    ({"prompt": [5], "request_id": 7}, 400, "request_id", "request_id must be a non-empty string, got 7"),
     ({"prompt": [5], "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens",
      "truncate_prompt_tokens must be an integer >= 1, or -1 (what the context holds), got -2"),
 ])
@@ -231,6 +236,16 @@ def test_null_max_tokens_fills_the_context():
     assert parser.sampling({}, False, prompts).max_tokens == 16
     assert parser.sampling({}, True, prompts).max_tokens == 54
     assert parser.sampling({"max_tokens": None, "max_completion_tokens": 5}, False, prompts).max_tokens == 5
+
+
+def test_vllms_fields_at_their_defaults_are_served():
+    """vLLM's extra fields for what loopjax does not do are served at the values that ask for
+    nothing, as clients send them by default (they were "unknown request field" 400s)."""
+    parser = RequestParser(MODEL_NAME, max_context=64)
+    defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
+                "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
+                "vllm_xargs": {}, "documents": [], "request_id": "mine"}
+    assert parser.sampling(parser.body(json.dumps(defaults).encode()), True, [[5]]).max_tokens == 63
 
 
 def test_chat_logprobs_is_a_switch():

@@ -267,3 +267,15 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
         assert opening == [{"role": role, "content": echoed}] * 2, body
         text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == 1)
         assert text == echoed + plain["content"] and plain["role"] == role
+
+
+def test_request_id_names_the_response(fake_chat_server):
+    """vLLM's request_id field is the response's id after its prefix (it was refused as an
+    unknown field), streamed chunks' too."""
+    url = fake_chat_server.url + "/v1/completions"
+    body = {"prompt": [4], "max_tokens": 2, "request_id": "job-7"}
+    assert httpx.post(url, json=body, timeout=30).json()["id"] == "cmpl-job-7"
+    assert {c["id"] for c in sse_chunks(url, body)} == {"cmpl-job-7"}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "request_id": "job-8"}
+    assert httpx.post(fake_chat_server.url + "/v1/chat/completions", json=chat, timeout=30).json()["id"] == (
+        "chatcmpl-job-8")
