@@ -44,6 +44,15 @@ def stop_prefix_len(text: str, stop) -> int:
                default=0)
 
 
+def usage_of(choices: list, prompts: list[list[int]], n: int) -> dict:
+    """OpenAI's usage of `choices` (choice i samples prompt i // n), each prompt counted once,
+    plus loopjax's device `submissions`; of one choice: vLLM's continuous_usage_stats."""
+    given = sum(len(prompts[p]) for p in {c.index // n for c in choices})
+    gen = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
+            "submissions": sum(c.submissions for c in choices)}
+
+
 def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
     """Completions' top_logprobs at one position: the top (id, log p) pairs by name, most likely
     first, and the position's own token after them when it is not among them (OpenAI's "up to
@@ -68,8 +77,15 @@ class Choice:
         self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
+        self.wants_logprobs = params.logprobs is not None
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
         self._echoed = 0  # characters of the echoed prompt before the completion's text
+
+    def end_empty(self) -> None:
+        """Finish this choice with no tokens (echo with max_tokens 0: the echoed prompt is all of it)."""
+        self.finish_reason = "length"
+        if self.wants_logprobs:
+            self.logprobs, self.top_logprobs = [], []
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""

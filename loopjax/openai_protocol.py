@@ -46,6 +46,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
 
 
+def internal_error(e: Exception) -> APIError:
+    """A bug's 500: one line naming the exception."""
+    first_line = next(iter(str(e).splitlines()), "")
+    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
+                    "server_error")
+
+
 def _check_logprobs_type(body: dict, chat: bool) -> None:
     """`logprobs` is chat's switch (true / false; 0 and 1 too, as vLLM's pydantic reads them) and
     completions' count (an integer): either endpoint refuses the other's (chat's `logprobs: 3`
@@ -130,6 +137,13 @@ class RequestParser:
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
 
+    @staticmethod
+    def scores_only(body: dict, chat: bool) -> bool:
+        """Completions' echo with max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the
+        prompts are scored and nothing is generated."""
+        zero = [k for k in MAX_TOKENS_FIELDS if type(body.get(k)) is int and body[k] == 0]
+        return bool(zero) and not chat and body.get("echo") is True
+
     def _truncation(self, body: dict) -> int | None:
         """truncate_prompt_tokens, checked; -1 becomes the prompt tokens the context holds with
         room for the max_tokens asked (for one token when none is): the body then carries that
@@ -154,6 +168,8 @@ class RequestParser:
         OpenAI answer); the default one is cut to what fits. Chat's default, and an explicit
         null max_tokens on either endpoint (vLLM's), is the whole room the prompt leaves;
         completions' default is 16."""
+        if self.scores_only(body, chat):  # checked as one token, which the server never asks for
+            body = {**body, **{k: 1 for k in MAX_TOKENS_FIELDS if body.get(k) is not None}}
         given = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
         unbounded = chat or any(k in body for k in MAX_TOKENS_FIELDS)  # given, or sent as null

@@ -30,9 +30,11 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
-  chunk of no tokens opening each choice, once scored. Chat's `echo` (vLLM's): the last
-  message's content before each choice's when its role is the answer's (`chat_reply`); the
-  answer's role is the assistant's, or without a generation prompt the last message's.
+  chunk of no tokens opening each choice, once scored. With max_tokens 0 (OpenAI's legacy
+  scoring request, vLLM's) that is all: no engine request, each choice finished by "length".
+  Chat's `echo` (vLLM's): the last message's content before each choice's when its role is the
+  answer's (`chat_reply`); the answer's role is the assistant's, or without a generation
+  prompt the last message's.
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
@@ -71,12 +73,13 @@ from loopjax.async_engine import (
     merge_streams,
 )
 from loopjax.chat import special_tokens
-from loopjax.openai_choice import Choice, prompt_logprobs
+from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
     APIError,
     RequestParser,
     bad_request,
+    internal_error,
     param_of,
 )
 
@@ -209,8 +212,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         params = parser.sampling(body, chat, prompts)
         # NOTE: each Choice detokenizes its outputs as it streams them and matches the stop
         # strings on that text (closing its stream as stopped), so the engine makes no text.
-        streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
-        choices = [Choice(i, tokenizer, params) for i in range(len(streams))]
+        scores_only = parser.scores_only(body, chat)  # echo, max_tokens 0: no engine request
+        streams = [] if scores_only else await submit_choices(
+            body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
+        choices = [Choice(i, tokenizer, params) for i in range(len(prompts) * params.n)]
+        for c in choices if scores_only else ():
+            c.end_empty()
         echo, k = bool(body.get("echo")) and not chat, params.prompt_logprobs  # completions' echo is scored
         role, chat_echo = parser.chat_reply(body) if chat else (None, "")
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
@@ -247,14 +254,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
 
-        def usage(one: Choice | None = None):
-            """The request's usage (each prompt counted once), or one choice's: its prompt and
-            its tokens so far (vLLM's continuous_usage_stats)."""
-            chosen = choices if one is None else [one]
-            given = sum(map(len, prompts)) if one is None else len(prompts[one.index // params.n])
-            gen = sum(len(c.token_ids) for c in chosen)
-            return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
-                    "submissions": sum(c.submissions for c in chosen)}
+        def usage(one: Choice | None = None):  # the request's, or one choice's so far
+            return usage_of(choices if one is None else [one], prompts, params.n)
 
         async def run_choices():
             """Yields (choice, text delta, new tokens) per output; stops a choice at its stop string."""
@@ -314,7 +315,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             try:
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
                 # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
-                opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
+                opening = [{"index": c.index, "finish_reason": c.finish_reason, "token_ids": [],
+                            "exit_loops": []}
                            | ({"delta": {"role": role, "content": chat_echo}} if chat else
                               {"text": "", "logprobs": None if params.logprobs is None else
                                {"tokens": [], "token_logprobs": [], "top_logprobs": [],
@@ -397,13 +399,6 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return app
-
-
-def internal_error(e: Exception) -> APIError:
-    """A bug's 500: one line naming the exception."""
-    first_line = next(iter(str(e).splitlines()), "")
-    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
-                    "server_error")
 
 
 def _echo_state(model, config) -> str | None:

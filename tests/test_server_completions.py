@@ -33,7 +33,7 @@ def test_completion_greedy_equals_generate(client, served_model):
         assert len(choice.exit_loops) == len(choice.token_ids)
 
 
-def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
+def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model, server):
     """lm-eval's loglikelihood request (echo, logprobs=1, max_tokens=1, greedy): the prompt's
     tokens and log-probabilities (loopjax.score, the identity path) come before the generated
     token's, which are the request's without echo; each top entry says whether the scored token
@@ -56,6 +56,22 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
         top = lp.top_logprobs[t]  # the top 1 and (OpenAI's logprobs + 1) the scored token itself
         assert top[lp.tokens[t]] == lp.token_logprobs[t] and len(top) == 1 + (not ref.greedy[t - 1])
         assert (max(top, key=top.get) == lp.tokens[t]) == ref.greedy[t - 1]
+    # max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the prompt's part alone, nothing generated
+    requests = server.aengine.metrics.requests.value
+    only = client.completions.create(**dict(kw, max_tokens=0), echo=True, n=2)
+    for c in only.choices:
+        assert (c.text, c.finish_reason, c.token_ids) == (tok.decode(ids), "length", [])
+        assert c.logprobs.tokens == lp.tokens[:len(ids)]
+        assert c.logprobs.top_logprobs == lp.top_logprobs[:len(ids)]
+    assert only.usage.completion_tokens == 0 and server.aengine.metrics.requests.value == requests
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={**kw, "max_tokens": 0, "echo": True, "stream": True}) as stream:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in stream.iter_lines()
+                  if line.startswith("data: {")]
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks] == [
+        (tok.decode(ids), "length")]
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1, got 0"):  # echo's alone
+        client.completions.create(**dict(kw, max_tokens=0))
     generated = score(served_model, ids + plain.token_ids)[0].token_logprobs[-1]
     assert plain.logprobs.token_logprobs[0] == pytest.approx(generated, abs=1e-4)
     # A one-token prompt has no log-probability of its own.
