@@ -123,6 +123,8 @@ class RequestParser:
         request_id = body.get("request_id")  # vLLM's: the response's id after its prefix
         if request_id is not None and not (isinstance(request_id, str) and request_id):
             raise bad_request(f"request_id must be a non-empty string, got {request_id!r}", "request_id")
+        if body.get("user") is not None and not isinstance(body["user"], str):  # OpenAI's and vLLM's type
+            raise bad_request(f"user must be a string, got {body['user']!r}", "user")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
         return body

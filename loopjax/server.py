@@ -378,9 +378,14 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     async def detokenize(request: Request):
         return {"prompt": parser.detokenize(parser.body(await request.body()))}
 
+    started = int(time.time())
+
     @app.get("/v1/models")
     async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "loopjax",
+        """vLLM's card: `root` the checkpoint served (its folder; a preset's name), `created` the
+        server's start (OpenAI's Unix time; it was 0, 1970)."""
+        card = {"id": model_name, "object": "model", "created": started, "owned_by": "loopjax",
+                "root": getattr(model, "path", None) or model_name, "parent": None,
                 "max_model_len": max_context, "vocab_size": vocab_size}
         return {"object": "list", "data": [card]}
 
