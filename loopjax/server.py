@@ -13,12 +13,10 @@ Contract:
   does a request not yet answered (a full answer, a stream not begun) when the graceful
   shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
   500, while the server serves on (async_engine.py). A stream that began gets the error as its
-  last event before [DONE]. Any other exception (a bug) is a one-line 500 in the same shape
-  (a stream's last event), its traceback logged, and the server serves on.
-- Streams with `stream_options.include_usage` carry `"usage": null` on every chunk but the
-  last (OpenAI's), which has no choices and the usage; vLLM's `continuous_usage_stats` as
-  well puts each chunk's choice's usage so far (its prompt, its tokens) on it.
-  Request parsing and validation live in `openai_protocol.py`.
+  last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
+  logged. Request parsing and validation live in `openai_protocol.py`.
+- `stream_options.include_usage`: every chunk has `"usage": null` (OpenAI's) but the last (no
+  choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
@@ -30,11 +28,9 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
-  chunk of no tokens opening each choice, once scored. With max_tokens 0 (OpenAI's legacy
-  scoring request, vLLM's) that is all: no engine request, each choice finished by "length".
-  Chat's `echo` (vLLM's): the last message's content before each choice's when its role is the
-  answer's (`chat_reply`); the answer's role is the assistant's, or without a generation
-  prompt the last message's.
+  chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
+  vLLM's) nothing else: no engine request, each choice finished by "length". Chat's `echo`
+  and the answer's role: `RequestParser.chat_reply` (vLLM's).
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
