@@ -89,7 +89,7 @@ _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choic
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
-    "chat_template_kwargs", "continue_final_message", "request_id",
+    "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
 })
 
 

@@ -26,6 +26,7 @@ Contract:
   prompt pages (not for adaptive exits, which share none: all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
+  vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
   chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
@@ -250,6 +251,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
 
+        def prompt_ids(c: Choice) -> dict:  # vLLM's return_token_ids: the prompt's ids too
+            return {"prompt_token_ids": prompts[c.index // params.n]} if body.get("return_token_ids") else {}
+
         def usage(one: Choice | None = None):  # the request's, or one choice's so far
             return usage_of(choices if one is None else [one], prompts, params.n)
 
@@ -287,7 +291,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
                 c.fields(0, chat) | ({"message": {"role": role, "content": chat_echo + c.text}} if chat
-                                     else {"text": c.text}) for c in choices]
+                                     else {"text": c.text} | prompt_ids(c)) for c in choices]
+            head |= prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
@@ -302,8 +307,15 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
         sse = "data: {}\n\n".format
 
+        announced = set()  # choices whose prompt_token_ids were sent
+
         def chunk(choice: dict, c: Choice, **top) -> str:
-            """One choice's event; with vLLM's continuous_usage_stats, that choice's usage so far."""
+            """One choice's event; with vLLM's continuous_usage_stats, that choice's usage so far;
+            with return_token_ids, its prompt's ids on its first (a chat's at the top)."""
+            if c.index not in announced:
+                announced.add(c.index)
+                top |= prompt_ids(c) if chat else {}
+                choice = choice if chat else choice | prompt_ids(c)
             return sse(json.dumps({**head, "choices": [choice], **top, **({"usage": usage(c)} if continuous
                                                                            else {})}))
 

@@ -279,3 +279,24 @@ def test_request_id_names_the_response(fake_chat_server):
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "request_id": "job-8"}
     assert httpx.post(fake_chat_server.url + "/v1/chat/completions", json=chat, timeout=30).json()["id"] == (
         "chatcmpl-job-8")
+
+
+def test_return_token_ids_adds_the_prompts_ids(fake_chat_server):
+    """vLLM's return_token_ids (it was an unknown field): each completions choice carries its
+    prompt's ids, a chat response carries them at the top; streamed, on each choice's first
+    chunk only."""
+    url = fake_chat_server.url
+    body = {"prompt": [[4, 5], [9]], "max_tokens": 2, "n": 2, "return_token_ids": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=30).json()
+    assert [c["prompt_token_ids"] for c in r["choices"]] == [[4, 5], [4, 5], [9], [9]]
+    chunks = sse_chunks(url + "/v1/completions", body)
+    firsts = [c["choices"][0] for c in chunks if "prompt_token_ids" in c["choices"][0]]
+    assert sorted((c["index"], c["prompt_token_ids"]) for c in firsts) == [
+        (0, [4, 5]), (1, [4, 5]), (2, [9]), (3, [9])] and len(chunks) == 8
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "return_token_ids": True}
+    ids = httpx.post(url + "/tokenize", json=chat, timeout=30).json()["tokens"]
+    assert httpx.post(url + "/v1/chat/completions", json=chat, timeout=30).json()["prompt_token_ids"] == ids
+    streamed = sse_chunks(url + "/v1/chat/completions", chat)
+    assert [c.get("prompt_token_ids") for c in streamed] == [ids, None, None]
+    plain = httpx.post(url + "/v1/completions", json={**body, "return_token_ids": False}, timeout=30).json()
+    assert "prompt_token_ids" not in plain["choices"][0]
