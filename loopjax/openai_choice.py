@@ -76,16 +76,16 @@ class Choice:
             params.include_stop_str_in_output, params.min_tokens)
         self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
-        self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
-        self.wants_logprobs = params.logprobs is not None
+        self.finish_reason = None
+        self.logprobs = self.top_logprobs = None if params.logprobs is None else []  # when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
         self._echoed = 0  # characters of the echoed prompt before the completion's text
 
-    def end_empty(self) -> None:
-        """Finish this choice with no tokens (echo with max_tokens 0: the echoed prompt is all of it)."""
-        self.finish_reason = "length"
-        if self.wants_logprobs:
-            self.logprobs, self.top_logprobs = [], []
+    def opening(self, chat: bool, delta: dict) -> dict:
+        """This choice's first streamed chunk, of no tokens: chat's `delta` (role, echo);
+        completions' empty text and logprobs, which echo fills with the prompt's."""
+        first = {"index": self.index, "finish_reason": self.finish_reason, "token_ids": [], "exit_loops": []}
+        return first | ({"delta": delta} if chat else {"text": "", "logprobs": self._logprobs(0, False)})
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""

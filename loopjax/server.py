@@ -214,7 +214,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
         choices = [Choice(i, tokenizer, params) for i in range(len(prompts) * params.n)]
         for c in choices if scores_only else ():
-            c.end_empty()
+            c.finish_reason = "length"  # the echoed prompt is all of it
         echo, k = bool(body.get("echo")) and not chat, params.prompt_logprobs  # completions' echo is scored
         role, chat_echo = parser.chat_reply(body) if chat else (None, "")
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
@@ -323,13 +323,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             try:
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
                 # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
-                opening = [{"index": c.index, "finish_reason": c.finish_reason, "token_ids": [],
-                            "exit_loops": []}
-                           | ({"delta": {"role": role, "content": chat_echo}} if chat else
-                              {"text": "", "logprobs": None if params.logprobs is None else
-                               {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                                "text_offset": None if tokenizer is None else []}})
-                           for c in choices]
+                opening = [c.opening(chat, {"role": role, "content": chat_echo}) for c in choices]
                 top = {}
                 if scores is not None:
                     formatted = await prompt_part(opening)
