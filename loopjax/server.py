@@ -40,8 +40,9 @@ Contract:
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
   Bearer <key>` (401 otherwise); /health, /version, /metrics, /tokenize and /detokenize stay open.
-This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
-before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
+The endpoints that generate nothing live in `server_info.py`. This module, it,
+`openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound before the
+engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
 
@@ -59,9 +60,8 @@ import time
 import uuid
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from loopjax import __version__
 from loopjax.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -79,6 +79,7 @@ from loopjax.openai_protocol import (
     internal_error,
     param_of,
 )
+from loopjax.server_info import add_info_routes
 
 log = logging.getLogger("loopjax.server")
 
@@ -371,40 +372,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     async def chat_completions(request: Request):
         return await answer(request, chat=True)
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        ids = parser.tokenize(parser.body(await request.body()))
-        return {"count": len(ids), "max_model_len": max_context, "tokens": ids}
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return {"prompt": parser.detokenize(parser.body(await request.body()))}
-
-    started = int(time.time())
-
-    @app.get("/v1/models")
-    async def models():
-        """vLLM's card: `root` the checkpoint served (its folder; a preset's name), `created` the
-        server's start (OpenAI's Unix time; it was 0, 1970)."""
-        card = {"id": model_name, "object": "model", "created": started, "owned_by": "loopjax",
-                "root": getattr(model, "path", None) or model_name, "parent": None,
-                "max_model_len": max_context, "vocab_size": vocab_size}
-        return {"object": "list", "data": [card]}
-
-    @app.get("/version")
-    async def version():
-        return {"version": __version__}
-
-    @app.get("/health")
-    async def health():
-        if not aengine.running:
-            return JSONResponse({"status": "dead", "error": str(aengine.error or "stopped")}, status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
-
+    add_info_routes(app, aengine, parser, root=getattr(model, "path", None) or model_name)
     return app
 
 
