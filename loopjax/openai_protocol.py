@@ -159,10 +159,14 @@ class RequestParser:
             fits = type(asked) is int and 0 < asked < self.max_context
             keep = body["truncate_prompt_tokens"] = self.max_context - (asked if fits else 1)
         try:
-            return check_truncate_prompt_tokens(keep)
+            check_truncate_prompt_tokens(keep)
         except ValueError:
             raise bad_request(f"truncate_prompt_tokens must be an integer >= 1, or -1 (what the context "
                               f"holds), got {keep!r}", "truncate_prompt_tokens") from None
+        if keep is not None and self.max_context is not None and keep > self.max_context:  # vLLM's 400
+            raise bad_request(f"truncate_prompt_tokens={keep} exceeds this server's context of "
+                              f"{self.max_context}", "truncate_prompt_tokens")
+        return keep
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the

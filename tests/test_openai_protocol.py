@@ -201,6 +201,9 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
         with pytest.raises(APIError, match=r"^truncate_prompt_tokens must be") as err:
             parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
         assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
+    assert parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 16}, False) == [[1, 2]]
+    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's context of 16$"):
+        parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 17}, False)  # vLLM's 400: it was served
 
 
 def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds():
