@@ -66,9 +66,11 @@ def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, params):
-        """params: the request's SamplingParams (its stop strings and text fields)."""
+    def __init__(self, index: int, tokenizer, params, *, ids_as_names: bool = False):
+        """params: the request's SamplingParams (its stop strings and text fields);
+        ids_as_names: logprobs name tokens "token_id:ID" (vLLM's return_tokens_as_token_ids)."""
         self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
+        self.ids_as_names = ids_as_names
         self.include_stop = params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
@@ -137,8 +139,11 @@ class Choice:
     def _token_name(self):
         """A token's name in logprobs: its text, decoded alone with special tokens kept (vLLM's
         and prompt_logprobs' decoded_token; not the vocabulary string, "Ġh" for " h" under a
-        byte-level BPE), each decoded once per choice; its id without a tokenizer."""
+        byte-level BPE), each decoded once per choice; its id without a tokenizer; "token_id:ID"
+        when asked (vLLM's return_tokens_as_token_ids: a text no JSON can garble)."""
         tok, names = self.tokenizer, self._names
+        if self.ids_as_names:
+            return "token_id:{}".format
         if tok is None:
             return str
 

@@ -107,7 +107,8 @@ class RequestParser:
         if body.get("model") is not None and body["model"] != self.model_name:
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
                            f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
-        for key in ("stream", "echo", "return_token_ids"):  # NOTE: read as flags: "false" would be true
+        # NOTE: read as flags: "false" would be true
+        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids"):
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)
         options = body.get("stream_options")

@@ -72,7 +72,7 @@ _UNSUPPORTED = {
     "suffix": "text insertion",
     # vLLM's extras (they were "unknown request field")
     "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
-    "cache_salt": "prefix cache salting", "return_tokens_as_token_ids": "tokens named by id in logprobs",
+    "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
     "structural_tag": "guided decoding", "chat_template": "a request's own chat template",
     "documents": "chat documents (RAG)", "mm_processor_kwargs": "multimodal input",
@@ -83,13 +83,14 @@ _UNSUPPORTED = {
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
-             "priority": (0,), "return_tokens_as_token_ids": (False,), "include_reasoning": (True,),
+             "priority": (0,), "include_reasoning": (True,),
              "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
     "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
+    "return_tokens_as_token_ids",
 })
 
 

@@ -81,6 +81,8 @@ from loopjax.server import create_app
      "cache_salt is not supported by this server (prefix cache salting)"),
     ({"prompt": [5], "request_id": 7}, 400, "request_id", "request_id must be a non-empty string, got 7"),
     ({"prompt": [5], "user": 7}, 400, "user", "user must be a string, got 7"),  # was ignored
+    ({"prompt": [5], "return_tokens_as_token_ids": "yes"}, 400, "return_tokens_as_token_ids",
+     "return_tokens_as_token_ids must be true or false, got 'yes'"),
     ({"prompt": [5], "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens",
      "truncate_prompt_tokens must be an integer >= 1, or -1 (what the context holds), got -2"),
 ])

@@ -296,6 +296,13 @@ def test_logprobs_completion_and_chat(client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert logprob <= 0 and len(top) == 2 and top[token] == pytest.approx(max(top.values()))  # greedy
+    # vLLM's return_tokens_as_token_ids (it was an unknown field): tokens named "token_id:ID"
+    named = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=0,
+                                      logprobs=2, extra_body={"ignore_eos": True,
+                                                              "return_tokens_as_token_ids": True})
+    ids = named.choices[0].token_ids
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ids] == [
+        max(top, key=top.get) for top in named.choices[0].logprobs.top_logprobs]
     chunks = list(client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3, temperature=0,
         logprobs=True, top_logprobs=1, stream=True, extra_body={"ignore_eos": True}))

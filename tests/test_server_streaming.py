@@ -149,6 +149,12 @@ def test_completions_top_logprobs_hold_the_token_itself():
     scored = types.SimpleNamespace(token_ids=[3, 4], token_logprobs=[-2.0], top_logprobs=[[(8, -0.1)]])
     choice.echo(answer, scored, 1, ("hello world", [0, 6]))
     assert answer["logprobs"]["top_logprobs"][:2] == [None, {"the": -0.1, "world": -2.0}]
+    named = Choice(0, tok, SamplingParams(logprobs=1), ids_as_names=True)  # vLLM's return_tokens_as_token_ids
+    named.update(out)
+    assert named.fields(0, chat=False)["logprobs"]["top_logprobs"] == [
+        {"token_id:5": -1.0}, {"token_id:7": -0.5, "token_id:6": -3.0}]
+    entry = named.fields(0, chat=True)["logprobs"]["content"][0]
+    assert (entry["token"], entry["bytes"]) == ("token_id:5", list(b"token_id:5"))
     out.top_logprobs = [[], []]  # logprobs=0
     choice = Choice(0, tok, SamplingParams(logprobs=0))
     choice.update(out)
