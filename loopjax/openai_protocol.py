@@ -108,7 +108,7 @@ class RequestParser:
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
                            f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
         # NOTE: read as flags: "false" would be true
-        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids"):
+        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs"):
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)
         options = body.get("stream_options")

@@ -1,5 +1,5 @@
 """The server's endpoints that generate nothing (`server.create_app` adds them), as vLLM's:
-POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}), POST
+POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens, token_strs}), POST
 /detokenize (`tokens` -> {prompt}), GET /v1/models (one card: the served name, its `root` the
 checkpoint, `created` the server's start), /version, /health (503 once the engine is gone) and
 /metrics (Prometheus text)."""
@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from loopjax import __version__
+from loopjax.openai_protocol import bad_request
 
 
 def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
@@ -21,8 +22,16 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
 
     @app.post("/tokenize")
     async def tokenize(request: Request):
-        ids = parser.tokenize(parser.body(await request.body()))
-        return {"count": len(ids), "max_model_len": parser.max_context, "tokens": ids}
+        """vLLM's `return_token_strs` adds each token's vocabulary string (`token_strs`)."""
+        body = parser.body(await request.body())
+        ids = parser.tokenize(body)
+        strs = None
+        if body.get("return_token_strs"):
+            if parser.tokenizer is None:
+                raise bad_request(f"model {parser.model_name!r} has no tokenizer to name tokens with",
+                                  "return_token_strs")
+            strs = [parser.tokenizer.id_to_token(t) for t in ids]
+        return {"count": len(ids), "max_model_len": parser.max_context, "tokens": ids, "token_strs": strs}
 
     @app.post("/detokenize")
     async def detokenize(request: Request):

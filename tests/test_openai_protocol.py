@@ -106,7 +106,10 @@ def test_tokenize_and_detokenize(server, client, served_model):
     assert r.status_code == 200, r.text
     got = r.json()
     ids = served_model.tokenizer.encode(text, add_special_tokens=False).ids
-    assert got == {"count": 5, "max_model_len": 512, "tokens": ids} and 0 not in ids  # no <unk>
+    assert got == {"count": 5, "max_model_len": 512, "tokens": ids, "token_strs": None}
+    assert 0 not in ids  # no <unk>
+    strs = post("/tokenize", {"prompt": text, "return_token_strs": True}).json()["token_strs"]  # vLLM's
+    assert strs == text.split()
     assert post("/detokenize", {"tokens": ids}).json() == {"prompt": text}
     assert post("/tokenize", {"prompt": [7] * 600}).json()["count"] == 600  # longer than the context
     messages = [{"role": "system", "content": "be the loop"}, {"role": "user", "content": "hello"}]
@@ -312,7 +315,9 @@ def test_chat_without_template_is_400():
         r = httpx.post(live.url + "/detokenize", timeout=30, json={"tokens": [4, 5]})
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5]})
-        assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5]}
+        assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5], "token_strs": None}
+        r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5], "return_token_strs": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
 
 
 def test_chatml_fallback_without_jinja2(monkeypatch):
