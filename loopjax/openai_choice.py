@@ -2,7 +2,8 @@
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
 string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's;
-completions' `text_offset`: where each token's text begins in the choice's text), and (echo)
+completions' `top_logprobs` hold the token itself too; `text_offset`: where each token's text
+begins in the choice's text), and (echo)
 the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
@@ -43,12 +44,33 @@ def stop_prefix_len(text: str, stop) -> int:
                default=0)
 
 
+def usage_of(choices: list, prompts: list[list[int]], n: int) -> dict:
+    """OpenAI's usage of `choices` (choice i samples prompt i // n), each prompt counted once,
+    plus loopjax's device `submissions`; of one choice: vLLM's continuous_usage_stats."""
+    given = sum(len(prompts[p]) for p in {c.index // n for c in choices})
+    gen = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
+            "submissions": sum(c.submissions for c in choices)}
+
+
+def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
+    """Completions' top_logprobs at one position: the top (id, log p) pairs by name, most likely
+    first, and the position's own token after them when it is not among them (OpenAI's "up to
+    logprobs + 1 elements": the sampled token's log p is always there; vLLM's too, and its
+    echoed prompt tokens')."""
+    entries = {name(u): v for u, v in top}
+    entries.setdefault(name(token), logprob)
+    return entries
+
+
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, params):
-        """params: the request's SamplingParams (its stop strings and text fields)."""
+    def __init__(self, index: int, tokenizer, params, *, ids_as_names: bool = False):
+        """params: the request's SamplingParams (its stop strings and text fields);
+        ids_as_names: logprobs name tokens "token_id:ID" (vLLM's return_tokens_as_token_ids)."""
         self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
+        self.ids_as_names = ids_as_names
         self.include_stop = params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
@@ -56,9 +78,16 @@ class Choice:
             params.include_stop_str_in_output, params.min_tokens)
         self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
-        self.logprobs = self.top_logprobs = self.finish_reason = None  # logprobs: when asked
+        self.finish_reason = None
+        self.logprobs = self.top_logprobs = None if params.logprobs is None else []  # when asked
         self._names: dict[int, str] = {}  # token id -> its text in logprobs
         self._echoed = 0  # characters of the echoed prompt before the completion's text
+
+    def opening(self, chat: bool, delta: dict) -> dict:
+        """This choice's first streamed chunk, of no tokens: chat's `delta` (role, echo);
+        completions' empty text and logprobs, which echo fills with the prompt's."""
+        first = {"index": self.index, "finish_reason": self.finish_reason, "token_ids": [], "exit_loops": []}
+        return first | ({"delta": delta} if chat else {"text": "", "logprobs": self._logprobs(0, False)})
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -101,7 +130,8 @@ class Choice:
             lp = choice["logprobs"]
             lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
             lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
-            tops = ({name(u): v for u, v in top[:num_top]} for top in scored.top_logprobs)
+            tops = (_top_entries(name, t, v, top[:num_top])
+                    for t, v, top in zip(prompt[1:], scored.token_logprobs, scored.top_logprobs, strict=True))
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
             if echoed is not None:
                 lp["text_offset"] = echoed[1] + [o + self._echoed for o in lp["text_offset"]]
@@ -109,8 +139,11 @@ class Choice:
     def _token_name(self):
         """A token's name in logprobs: its text, decoded alone with special tokens kept (vLLM's
         and prompt_logprobs' decoded_token; not the vocabulary string, "Ġh" for " h" under a
-        byte-level BPE), each decoded once per choice; its id without a tokenizer."""
+        byte-level BPE), each decoded once per choice; its id without a tokenizer; "token_id:ID"
+        when asked (vLLM's return_tokens_as_token_ids: a text no JSON can garble)."""
         tok, names = self.tokenizer, self._names
+        if self.ids_as_names:
+            return "token_id:{}".format
         if tok is None:
             return str
 
@@ -132,7 +165,7 @@ class Choice:
             return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
                                 for t, lp, top in zip(ids, lps, tops)]}
         return {"tokens": [name(t) for t in ids], "token_logprobs": lps,
-                "top_logprobs": [{name(u): v for u, v in top} for top in tops],
+                "top_logprobs": [_top_entries(name, t, lp, top) for t, lp, top in zip(ids, lps, tops)],
                 "text_offset": self._text_offsets(start, len(ids))}
 
     def _text_offsets(self, start: int, count: int) -> list[int] | None:

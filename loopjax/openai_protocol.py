@@ -28,6 +28,7 @@ from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
+MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
 class APIError(Exception):
@@ -43,6 +44,31 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param)
+
+
+def internal_error(e: Exception) -> APIError:
+    """A bug's 500: one line naming the exception."""
+    first_line = next(iter(str(e).splitlines()), "")
+    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
+                    "server_error")
+
+
+def _check_logprobs_type(body: dict, chat: bool) -> None:
+    """`logprobs` is chat's switch (true / false; 0 and 1 too, as vLLM's pydantic reads them) and
+    completions' count (an integer): either endpoint refuses the other's (chat's `logprobs: 3`
+    was taken as top-3). Chat's 0 / 1 are rewritten as the bools they stand for."""
+    value = body.get("logprobs")
+    if value is None:
+        return
+    if chat:
+        if type(value) is int and value in (0, 1):
+            body["logprobs"] = bool(value)
+        elif not isinstance(value, bool):
+            raise bad_request(f"logprobs must be true or false on /v1/chat/completions (top_logprobs is the "
+                              f"count), got {value!r}", "logprobs")
+    elif isinstance(value, bool):
+        raise bad_request(f"logprobs must be an integer (the top log-probabilities per token) on "
+                          f"/v1/completions, got {value!r}", "logprobs")
 
 
 def param_of(message: str, body: dict) -> str | None:
@@ -81,46 +107,86 @@ class RequestParser:
         if body.get("model") is not None and body["model"] != self.model_name:
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
                            f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
-        for key in ("stream", "echo"):  # NOTE: the server reads them as flags: "false" would be true
+        # NOTE: read as flags: "false" would be true
+        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs"):
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)
         options = body.get("stream_options")
         if options is not None and not isinstance(options, dict):  # the server reads its fields
             raise bad_request(f"stream_options must be an object, got {options!r}", "stream_options")
-        usage = (options or {}).get("include_usage")
-        if usage is not None and not isinstance(usage, bool):
-            raise bad_request(f"stream_options.include_usage must be true or false, got {usage!r}",
-                              "stream_options")
+        for key in ("include_usage", "continuous_usage_stats"):  # OpenAI's; vLLM's
+            value = (options or {}).get(key)
+            if value is not None and not isinstance(value, bool):
+                raise bad_request(f"stream_options.{key} must be true or false, got {value!r}",
+                                  "stream_options")
         if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
+        request_id = body.get("request_id")  # vLLM's: the response's id after its prefix
+        if request_id is not None and not (isinstance(request_id, str) and request_id):
+            raise bad_request(f"request_id must be a non-empty string, got {request_id!r}", "request_id")
+        if body.get("user") is not None and not isinstance(body["user"], str):  # OpenAI's and vLLM's type
+            raise bad_request(f"user must be a string, got {body['user']!r}", "user")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
         """The token ids of each prompt: chat has one (the rendered messages); each cut to its
-        last `truncate_prompt_tokens` (vLLM's field) before its length is checked."""
-        try:
-            keep = check_truncate_prompt_tokens(body.get("truncate_prompt_tokens"))
-        except ValueError as e:
-            raise bad_request(str(e), "truncate_prompt_tokens") from None
+        last `truncate_prompt_tokens` (vLLM's field) before its length is checked; -1 (vLLM's)
+        keeps what the context holds (`_truncation`)."""
+        keep = self._truncation(body)
         for field in ("add_generation_prompt", "chat_template_kwargs", "continue_final_message"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
 
+    @staticmethod
+    def scores_only(body: dict, chat: bool) -> bool:
+        """Completions' echo with max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the
+        prompts are scored and nothing is generated."""
+        zero = [k for k in MAX_TOKENS_FIELDS if type(body.get(k)) is int and body[k] == 0]
+        return bool(zero) and not chat and body.get("echo") is True
+
+    def _truncation(self, body: dict) -> int | None:
+        """truncate_prompt_tokens, checked; -1 becomes the prompt tokens the context holds with
+        room for the max_tokens asked (for one token when none is): the body then carries that
+        count, which the engine and echo read."""
+        keep = body.get("truncate_prompt_tokens")
+        if keep == -1 and type(keep) is int:
+            if self.max_context is None:  # no limit known: nothing to cut to
+                del body["truncate_prompt_tokens"]
+                return None
+            asked = next((body[k] for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
+            fits = type(asked) is int and 0 < asked < self.max_context
+            keep = body["truncate_prompt_tokens"] = self.max_context - (asked if fits else 1)
+        try:
+            check_truncate_prompt_tokens(keep)
+        except ValueError:
+            raise bad_request(f"truncate_prompt_tokens must be an integer >= 1, or -1 (what the context "
+                              f"holds), got {keep!r}", "truncate_prompt_tokens") from None
+        if keep is not None and self.max_context is not None and keep > self.max_context:  # vLLM's 400
+            raise bad_request(f"truncate_prompt_tokens={keep} exceeds this server's context of "
+                              f"{self.max_context}", "truncate_prompt_tokens")
+        return keep
+
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
         request sets must fit the context after its longest prompt (400 otherwise, as vLLM and
-        OpenAI answer); the default one is cut to what fits."""
-        given = next((k for k in ("max_tokens", "max_completion_tokens") if body.get(k) is not None), None)
+        OpenAI answer); the default one is cut to what fits. Chat's default, and an explicit
+        null max_tokens on either endpoint (vLLM's), is the whole room the prompt leaves;
+        completions' default is 16."""
+        if self.scores_only(body, chat):  # checked as one token, which the server never asks for
+            body = {**body, **{k: 1 for k in MAX_TOKENS_FIELDS if body.get(k) is not None}}
+        given = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
-        if chat and room and given is None:
-            body["max_tokens"] = room  # OpenAI's chat default: until done
+        unbounded = chat or any(k in body for k in MAX_TOKENS_FIELDS)  # given, or sent as null
+        if room and given is None and unbounded:
+            body["max_tokens"] = room  # until done
             least = body.get("min_tokens")
             if isinstance(least, int) and not isinstance(least, bool) and least > room:  # name no max_tokens
                 raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "
                                   f"this server's context of {self.max_context}", "min_tokens")
+        _check_logprobs_type(body, chat)
         try:
             params = SamplingParams.from_openai(body)
         except (ValueError, TypeError) as e:
@@ -136,15 +202,14 @@ class RequestParser:
         if params.stop and self.tokenizer is None:  # NOTE: the server, not the engine, matches them
             raise bad_request("stop strings need a tokenizer; this model has none (use stop_token_ids)",
                               "stop")
-        if self.max_logprobs is not None and (params.logprobs or 0) > self.max_logprobs:
-            # NOTE: checked here, not left to the engine, so the error names the field sent (chat's
-            # top_logprobs becomes SamplingParams.logprobs).
-            field = "top_logprobs" if chat else "logprobs"
-            raise bad_request(f"{field} must be at most {self.max_logprobs} (this server's max_logprobs), "
-                              f"got {params.logprobs}", field)
-        if body.get("echo"):
-            if chat:
-                raise bad_request("echo applies to /v1/completions only", "echo")
+        # NOTE: checked here, not left to the engine, so the error names the field sent (chat's
+        # top_logprobs becomes SamplingParams.logprobs); prompt_logprobs is capped too, as vLLM's
+        for field, value in (("top_logprobs" if chat else "logprobs", params.logprobs),
+                             ("prompt_logprobs", params.prompt_logprobs)):
+            if self.max_logprobs is not None and (value or 0) > self.max_logprobs:
+                raise bad_request(f"{field} must be at most {self.max_logprobs} (this server's "
+                                  f"max_logprobs), got {value}", field)
+        if body.get("echo") and not chat:  # NOTE: chat's echo is text the request sent (chat_reply)
             self._check_scorable("echo", body, params)
         if params.prompt_logprobs is not None:
             self._check_scorable("prompt_logprobs", body, params)
@@ -267,6 +332,30 @@ class RequestParser:
         return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
                                 keep_last) for p in self._prompt_items(body)]
 
+    def chat_reply(self, body: dict) -> tuple[str, str]:
+        """A (checked) chat request's answer role and echo text, as vLLM's: the assistant's role,
+        or without a generation prompt the last message's (its turn goes on); with `echo`, the
+        last message's content when its role is the answer's, put before each choice's text
+        ("" otherwise)."""
+        messages = check_messages(body["messages"])
+        role = "assistant" if self._turn(body)[0] else messages[-1]["role"]
+        echoed = messages[-1]["content"] if body.get("echo") and messages[-1]["role"] == role else ""
+        return role, echoed
+
+    @staticmethod
+    def _turn(body: dict) -> tuple[bool, bool]:
+        """(add_generation_prompt, continue_final_message), checked.
+        NOTE: continue_final_message alone turns add_generation_prompt off (vLLM asks for both)."""
+        going_on = body.get("continue_final_message", False)
+        generation = body.get("add_generation_prompt", not going_on)
+        for field, value in (("add_generation_prompt", generation), ("continue_final_message", going_on)):
+            if not isinstance(value, bool):
+                raise bad_request(f"{field} must be true or false, got {value!r}", field)
+        if generation and going_on:
+            raise bad_request("continue_final_message and add_generation_prompt exclude each other (the "
+                              "final message goes on; no new turn opens)", "continue_final_message")
+        return generation, going_on
+
     def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
         try:
             messages = check_messages(body.get("messages"))
@@ -276,15 +365,7 @@ class RequestParser:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
-        # NOTE: continue_final_message alone turns add_generation_prompt off (vLLM asks for both)
-        going_on = body.get("continue_final_message", False)
-        generation = body.get("add_generation_prompt", not going_on)
-        for field, value in (("add_generation_prompt", generation), ("continue_final_message", going_on)):
-            if not isinstance(value, bool):
-                raise bad_request(f"{field} must be true or false, got {value!r}", field)
-        if generation and going_on:
-            raise bad_request("continue_final_message and add_generation_prompt exclude each other (the "
-                              "final message goes on; no new turn opens)", "continue_final_message")
+        generation, going_on = self._turn(body)
         try:
             kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
         except ValueError as e:

@@ -72,15 +72,27 @@ _UNSUPPORTED = {
     "guided_grammar": "guided decoding", "structured_outputs": "guided decoding",
     "logits_processors": "custom logits processors", "lora_request": "LoRA adapters",
     "suffix": "text insertion",
+    # vLLM's extras (they were "unknown request field")
+    "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
+    "cache_salt": "prefix cache salting",
+    "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
+    "structural_tag": "guided decoding", "chat_template": "a request's own chat template",
+    "documents": "chat documents (RAG)", "mm_processor_kwargs": "multimodal input",
+    "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
+    "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
+    "kv_transfer_params": "disaggregated serving",
 }
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
-             "suffix": ("",)}
+             "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
+             "priority": (0,), "include_reasoning": (True,),
+             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
-    "chat_template_kwargs", "continue_final_message",
+    "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
+    "return_tokens_as_token_ids",
 })
 
 
@@ -108,8 +120,11 @@ def _map_max_tokens(body, kw):
 
 
 def _map_logprobs(body, kw):
-    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n."""
+    """Chat: logprobs=true plus top_logprobs=n. Completions: logprobs=n. top_logprobs=0 asks
+    nothing: it needs no logprobs=true (as vLLM's)."""
     lp, top = body.get("logprobs"), body.get("top_logprobs")
+    if not lp and type(top) is int and top == 0:
+        top = None
     if isinstance(lp, bool):
         if lp:
             if top is not None:

@@ -13,8 +13,10 @@ Contract:
   does a request not yet answered (a full answer, a stream not begun) when the graceful
   shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
   500, while the server serves on (async_engine.py). A stream that began gets the error as its
-  last event before [DONE].
-  Request parsing and validation live in `openai_protocol.py`.
+  last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
+  logged. Request parsing and validation live in `openai_protocol.py`.
+- `stream_options.include_usage`: every chunk has `"usage": null` (OpenAI's) but the last (no
+  choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
@@ -24,9 +26,12 @@ Contract:
   prompt pages (not for adaptive exits, which share none: all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
+  vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
-  chunk of no tokens opening each choice, once scored.
+  chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
+  vLLM's) nothing else: no engine request, each choice finished by "length". Chat's `echo`
+  and the answer's role: `RequestParser.chat_reply` (vLLM's).
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
@@ -35,8 +40,9 @@ Contract:
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
   Bearer <key>` (401 otherwise); /health, /version, /metrics, /tokenize and /detokenize stay open.
-This module, `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound
-before the engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
+The endpoints that generate nothing live in `server_info.py`. This module, it,
+`openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound before the
+engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
 
@@ -54,9 +60,8 @@ import time
 import uuid
 
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
-from loopjax import __version__
 from loopjax.async_engine import (
     AsyncEngine,
     EngineDeadError,
@@ -65,14 +70,16 @@ from loopjax.async_engine import (
     merge_streams,
 )
 from loopjax.chat import special_tokens
-from loopjax.openai_choice import Choice, prompt_logprobs
+from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
 from loopjax.openai_protocol import (
     DEFAULT_MAX_N,
     APIError,
     RequestParser,
     bad_request,
+    internal_error,
     param_of,
 )
+from loopjax.server_info import add_info_routes
 
 log = logging.getLogger("loopjax.server")
 
@@ -134,6 +141,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
+    # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
+    # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.
+    app.add_exception_handler(Exception, lambda request, exc: internal_error(exc).response())
 
     def engine_error(e: EngineDeadError | RequestFailedError) -> APIError:
         """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""
@@ -200,14 +210,23 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         params = parser.sampling(body, chat, prompts)
         # NOTE: each Choice detokenizes its outputs as it streams them and matches the stop
         # strings on that text (closing its stream as stopped), so the engine makes no text.
-        streams = await submit_choices(body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
-        choices = [Choice(i, tokenizer, params) for i in range(len(streams))]
-        echo, k = bool(body.get("echo")), params.prompt_logprobs
+        scores_only = parser.scores_only(body, chat)  # echo, max_tokens 0: no engine request
+        streams = [] if scores_only else await submit_choices(
+            body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
+        choices = [Choice(i, tokenizer, params, ids_as_names=bool(body.get("return_tokens_as_token_ids")))
+                   for i in range(len(prompts) * params.n)]
+        for c in choices if scores_only else ():
+            c.finish_reason = "length"  # the echoed prompt is all of it
+        echo, k = bool(body.get("echo")) and not chat, params.prompt_logprobs  # completions' echo is scored
+        role, chat_echo = parser.chat_reply(body) if chat else (None, "")
         scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
         if echo or k is not None:
             top_k = max((params.logprobs or 0) if echo else 0, k or 0)
             scores = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params, top_k))
-        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+            # NOTE: a response that ends first (499, 503, an engine error) never awaits it: its
+            # exception is retrieved here, not logged as "never retrieved"
+            scores.add_done_callback(lambda done: done.cancelled() or done.exception())
+        rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex)  # vLLM's
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
@@ -234,10 +253,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     answer["prompt_logprobs"] = formatted[c.index // params.n]
             return formatted
 
-        def usage():
-            gen, given = sum(len(c.token_ids) for c in choices), sum(len(p) for p in prompts)
-            return {"prompt_tokens": given, "completion_tokens": gen, "total_tokens": given + gen,
-                    "submissions": sum(c.submissions for c in choices)}
+        def prompt_ids(c: Choice) -> dict:  # vLLM's return_token_ids: the prompt's ids too
+            return {"prompt_token_ids": prompts[c.index // params.n]} if body.get("return_token_ids") else {}
+
+        def usage(one: Choice | None = None):  # the request's, or one choice's so far
+            return usage_of(choices if one is None else [one], prompts, params.n)
 
         async def run_choices():
             """Yields (choice, text delta, new tokens) per output; stops a choice at its stop string."""
@@ -272,8 +292,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [
-                c.fields(0, chat) | ({"message": {"role": "assistant", "content": c.text}} if chat
-                                     else {"text": c.text}) for c in choices]
+                c.fields(0, chat) | ({"message": {"role": role, "content": chat_echo + c.text}} if chat
+                                     else {"text": c.text} | prompt_ids(c)) for c in choices]
+            head |= prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
@@ -281,37 +302,50 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["usage"] = usage()
             return JSONResponse(head)
 
-        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-
+        options = body.get("stream_options") or {}
+        include_usage = bool(options.get("include_usage"))
+        if include_usage:  # OpenAI's: every chunk carries usage, null until the last one's
+            head["usage"] = None
+        continuous = include_usage and bool(options.get("continuous_usage_stats"))
         sse = "data: {}\n\n".format
+
+        announced = set()  # choices whose prompt_token_ids were sent
+
+        def chunk(choice: dict, c: Choice, **top) -> str:
+            """One choice's event; with vLLM's continuous_usage_stats, that choice's usage so far;
+            with return_token_ids, its prompt's ids on its first (a chat's at the top)."""
+            if c.index not in announced:
+                announced.add(c.index)
+                top |= prompt_ids(c) if chat else {}
+                choice = choice if chat else choice | prompt_ids(c)
+            return sse(json.dumps({**head, "choices": [choice], **top, **({"usage": usage(c)} if continuous
+                                                                           else {})}))
 
         async def events():
             try:
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
                 # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
-                opening = [{"index": c.index, "finish_reason": None, "token_ids": [], "exit_loops": []}
-                           | ({"delta": {"role": "assistant", "content": ""}} if chat else
-                              {"text": "", "logprobs": None if params.logprobs is None else
-                               {"tokens": [], "token_logprobs": [], "top_logprobs": [],
-                                "text_offset": None if tokenizer is None else []}})
-                           for c in choices]
+                opening = [c.opening(chat, {"role": role, "content": chat_echo}) for c in choices]
                 top = {}
                 if scores is not None:
                     formatted = await prompt_part(opening)
                     top = {"prompt_logprobs": formatted[0]} if k is not None and chat else {}
                 if chat or scores is not None:
                     for i, first in enumerate(opening):
-                        yield sse(json.dumps({**head, "choices": [first], **(top if i == 0 else {})}))
+                        yield chunk(first, choices[i], **(top if i == 0 else {}))
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})
-                    yield sse(json.dumps({**head, "choices": [choice]}))
+                    yield chunk(choice, c)
                 if include_usage:
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except (EngineDeadError, RequestFailedError) as e:
                 yield sse(engine_error(e).response().body.decode())
             except APIError as e:  # the scorer's error, after the stream began
                 yield sse(e.response().body.decode())
+            except Exception as e:  # a bug: the stream's last event names it (its traceback logged)
+                log.exception("stream %s failed", rid)
+                yield sse(internal_error(e).response().body.decode())
             finally:  # NOTE: also when the client leaves while the prompts are scored
                 for stream in streams:
                     stream.close()
@@ -339,35 +373,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     async def chat_completions(request: Request):
         return await answer(request, chat=True)
 
-    @app.post("/tokenize")
-    async def tokenize(request: Request):
-        ids = parser.tokenize(parser.body(await request.body()))
-        return {"count": len(ids), "max_model_len": max_context, "tokens": ids}
-
-    @app.post("/detokenize")
-    async def detokenize(request: Request):
-        return {"prompt": parser.detokenize(parser.body(await request.body()))}
-
-    @app.get("/v1/models")
-    async def models():
-        card = {"id": model_name, "object": "model", "created": 0, "owned_by": "loopjax",
-                "max_model_len": max_context, "vocab_size": vocab_size}
-        return {"object": "list", "data": [card]}
-
-    @app.get("/version")
-    async def version():
-        return {"version": __version__}
-
-    @app.get("/health")
-    async def health():
-        if not aengine.running:
-            return JSONResponse({"status": "dead", "error": str(aengine.error or "stopped")}, status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(aengine.metrics.render(), media_type="text/plain; version=0.0.4")
-
+    add_info_routes(app, aengine, parser, root=getattr(model, "path", None) or model_name)
     return app
 
 

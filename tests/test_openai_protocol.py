@@ -63,12 +63,28 @@ from loopjax.server import create_app
     ({"prompt": [5], "stream": True, "stream_options": {"include_usage": "no"}}, 400, "stream_options",
      "stream_options.include_usage must be true or false, got 'no'"),  # was read as true
     ({"prompt": [5], "echo": "false"}, 400, "echo", "echo must be true or false, got 'false'"),  # echoed
+    ({"prompt": [5], "stream": True, "stream_options": {"continuous_usage_stats": 1}}, 400, "stream_options",
+     "stream_options.continuous_usage_stats must be true or false, got 1"),  # was ignored
     ({"prompt": [5], "skip_special_tokens": "false"}, 400, "skip_special_tokens",
      "skip_special_tokens must be true or false, got 'false'"),  # was an unknown field
     ({"prompt": [5], "n": 0}, 400, "n", "n must be >= 1, got 0"),
     ({"prompt": [5], "n": 1000}, 400, "n", "n must be in [1, 16] (this server's max_n), got 1000"),
     ({"prompt": [5], "n": "x"}, 400, "n", "n must be an integer >= 1, got 'x'"),
     ({"prompt": [5], "n": 2, "best_of": 3}, 400, "best_of", "best_of must equal n (2)"),
+    ({"prompt": [5], "prompt_logprobs": 3}, 400, "prompt_logprobs",  # was not capped by max_logprobs
+     "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
+    ({"prompt": [5], "logprobs": True}, 400, "logprobs",  # chat's switch: was top-0
+     "logprobs must be an integer (the top log-probabilities per token) on /v1/completions, got True"),
+    ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
+     "use_beam_search is not supported by this server (beam search)"),
+    ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
+     "cache_salt is not supported by this server (prefix cache salting)"),
+    ({"prompt": [5], "request_id": 7}, 400, "request_id", "request_id must be a non-empty string, got 7"),
+    ({"prompt": [5], "user": 7}, 400, "user", "user must be a string, got 7"),  # was ignored
+    ({"prompt": [5], "return_tokens_as_token_ids": "yes"}, 400, "return_tokens_as_token_ids",
+     "return_tokens_as_token_ids must be true or false, got 'yes'"),
+    ({"prompt": [5], "truncate_prompt_tokens": -2}, 400, "truncate_prompt_tokens",
+     "truncate_prompt_tokens must be an integer >= 1, or -1 (what the context holds), got -2"),
 ])
 def test_bad_requests_get_400(server, body, status, param, words):
     r = httpx.post(server.url + "/v1/completions", json={"model": MODEL_NAME, **body}, timeout=30)
@@ -90,7 +106,10 @@ def test_tokenize_and_detokenize(server, client, served_model):
     assert r.status_code == 200, r.text
     got = r.json()
     ids = served_model.tokenizer.encode(text, add_special_tokens=False).ids
-    assert got == {"count": 5, "max_model_len": 512, "tokens": ids} and 0 not in ids  # no <unk>
+    assert got == {"count": 5, "max_model_len": 512, "tokens": ids, "token_strs": None}
+    assert 0 not in ids  # no <unk>
+    strs = post("/tokenize", {"prompt": text, "return_token_strs": True}).json()["token_strs"]  # vLLM's
+    assert strs == text.split()
     assert post("/detokenize", {"tokens": ids}).json() == {"prompt": text}
     assert post("/tokenize", {"prompt": [7] * 600}).json()["count"] == 600  # longer than the context
     messages = [{"role": "system", "content": "be the loop"}, {"role": "user", "content": "hello"}]
@@ -150,7 +169,11 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
     ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
-    ({"echo": True}, "echo", "echo applies to /v1/completions only"),
+    ({"logprobs": 3}, "logprobs", "logprobs must be true or false on /v1/chat/completions (top_logprobs is "
+     "the count), got 3"),  # was taken as top-3
+    ({"logprobs": "true"}, "logprobs", "logprobs must be true or false"),
+    ({"prompt_logprobs": 3}, "prompt_logprobs",  # was not capped
+     "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages",
      "messages[0] must have a role"),  # content parts whose text is not text: was a 500 (TypeError)
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
@@ -179,10 +202,76 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
     with pytest.raises(APIError, match="prompt is too long: 39 tokens"):
         parser.prompts({"prompt": long_prompt}, False)
     assert parser.tokenize({"prompt": long_prompt, "truncate_prompt_tokens": 5}) == long_prompt
-    for bad in (0, 2.5, "5", True):
+    for bad in (0, 2.5, "5", True, -2, -1.0):
         with pytest.raises(APIError, match=r"^truncate_prompt_tokens must be") as err:
             parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
         assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
+    assert parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 16}, False) == [[1, 2]]
+    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's context of 16$"):
+        parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 17}, False)  # vLLM's 400: it was served
+
+
+def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds():
+    """vLLM's truncate_prompt_tokens=-1 (it was refused): each prompt keeps the last tokens the
+    context holds with room for the max_tokens asked (for one token when none is); the engine
+    and echo get that count."""
+    parser = RequestParser(MODEL_NAME, vocab_size=256, max_context=16)
+    long_prompt = list(range(1, 40))
+    body = {"prompt": [long_prompt, [7, 8]], "truncate_prompt_tokens": -1}
+    prompts = parser.prompts(body, False)
+    assert prompts == [long_prompt[-15:], [7, 8]] and body["truncate_prompt_tokens"] == 15
+    params = parser.sampling(body, False, prompts)
+    assert (params.truncate_prompt_tokens, params.max_tokens) == (15, 1)
+    for asked in ({"max_tokens": 4}, {"max_completion_tokens": 4}):
+        assert parser.prompts({"prompt": long_prompt, "truncate_prompt_tokens": -1, **asked}, False) == [
+            long_prompt[-12:]]
+    chat = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML, max_context=16)
+    messages = [{"role": "user", "content": "hello " * 30}]
+    assert len(chat.prompts({"messages": messages, "truncate_prompt_tokens": -1}, True)[0]) == 15
+    unbounded = {"prompt": long_prompt, "truncate_prompt_tokens": -1}  # no context known: no cut
+    assert RequestParser(MODEL_NAME).prompts(unbounded, False) == [long_prompt]
+    assert SamplingParams.from_openai(unbounded).truncate_prompt_tokens is None
+
+
+def test_null_max_tokens_fills_the_context():
+    """An explicit null max_tokens (or max_completion_tokens) is the room the longest prompt
+    leaves, as vLLM's (it was completions' default 16); absent, completions' default stays 16
+    and chat's is the room."""
+    parser = RequestParser(MODEL_NAME, max_context=64)
+    prompts = [[5] * 10, [5] * 4]
+    for field in ("max_tokens", "max_completion_tokens"):
+        assert parser.sampling({field: None}, False, prompts).max_tokens == 54
+        assert parser.sampling({field: None}, True, prompts[:1]).max_tokens == 54
+    assert parser.sampling({}, False, prompts).max_tokens == 16
+    assert parser.sampling({}, True, prompts).max_tokens == 54
+    assert parser.sampling({"max_tokens": None, "max_completion_tokens": 5}, False, prompts).max_tokens == 5
+
+
+def test_vllms_fields_at_their_defaults_are_served():
+    """vLLM's extra fields for what loopjax does not do are served at the values that ask for
+    nothing, as clients send them by default (they were "unknown request field" 400s)."""
+    parser = RequestParser(MODEL_NAME, max_context=64)
+    defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
+                "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
+                "vllm_xargs": {}, "documents": [], "request_id": "mine"}
+    assert parser.sampling(parser.body(json.dumps(defaults).encode()), True, [[5]]).max_tokens == 63
+
+
+def test_chat_logprobs_is_a_switch():
+    """Chat's logprobs is true / false (0 / 1 too, as vLLM's pydantic reads them) and
+    top_logprobs the count; top_logprobs 0 needs no logprobs (vLLM's); completions' logprobs is
+    the count."""
+    parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5)
+    for body, want in (({"logprobs": 1}, 0), ({"logprobs": 0}, None),
+                       ({"logprobs": True, "top_logprobs": 2}, 2),
+                       ({"logprobs": 1, "top_logprobs": 2}, 2), ({"top_logprobs": 0}, None),
+                       ({"logprobs": False, "top_logprobs": 0}, None)):
+        assert parser.sampling(body, True, [[5]]).logprobs == want, body
+    assert parser.sampling({"logprobs": 3}, False, [[5]]).logprobs == 3
+    for bad in ({"logprobs": 2}, {"logprobs": 1.0}, {"logprobs": False, "top_logprobs": 1}):
+        with pytest.raises(APIError, match="logprobs") as err:
+            parser.sampling(bad, True, [[5]])
+        assert err.value.status == 400 and err.value.param in ("logprobs", "top_logprobs")
 
 
 def test_default_max_tokens_is_cut_to_the_context():
@@ -226,7 +315,9 @@ def test_chat_without_template_is_400():
         r = httpx.post(live.url + "/detokenize", timeout=30, json={"tokens": [4, 5]})
         assert r.status_code == 400 and "no tokenizer" in r.json()["error"]["message"]
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5]})
-        assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5]}
+        assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5], "token_strs": None}
+        r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5], "return_token_strs": True})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
 
 
 def test_chatml_fallback_without_jinja2(monkeypatch):

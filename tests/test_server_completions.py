@@ -33,7 +33,7 @@ def test_completion_greedy_equals_generate(client, served_model):
         assert len(choice.exit_loops) == len(choice.token_ids)
 
 
-def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
+def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model, server):
     """lm-eval's loglikelihood request (echo, logprobs=1, max_tokens=1, greedy): the prompt's
     tokens and log-probabilities (loopjax.score, the identity path) come before the generated
     token's, which are the request's without echo; each top entry says whether the scored token
@@ -52,9 +52,26 @@ def test_echo_scores_the_prompt_as_lm_eval_asks(client, served_model):
     assert lp.token_logprobs[1:len(ids)] == pytest.approx(ref.token_logprobs, abs=1e-6)
     assert lp.token_logprobs[len(ids):] == plain.logprobs.token_logprobs
     assert lp.top_logprobs[len(ids):] == plain.logprobs.top_logprobs
-    for t in range(1, len(ids)):  # lm-eval's is_greedy: the top entry is the scored token
-        (name, top), = lp.top_logprobs[t].items()
-        assert (name == lp.tokens[t]) == ref.greedy[t - 1] and top >= lp.token_logprobs[t]
+    for t in range(1, len(ids)):  # lm-eval's is_greedy: the most likely entry is the scored token
+        top = lp.top_logprobs[t]  # the top 1 and (OpenAI's logprobs + 1) the scored token itself
+        assert top[lp.tokens[t]] == lp.token_logprobs[t] and len(top) == 1 + (not ref.greedy[t - 1])
+        assert (max(top, key=top.get) == lp.tokens[t]) == ref.greedy[t - 1]
+    # max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the prompt's part alone, nothing generated
+    requests = server.aengine.metrics.requests.value
+    only = client.completions.create(**dict(kw, max_tokens=0), echo=True, n=2)
+    for c in only.choices:
+        assert (c.text, c.finish_reason, c.token_ids) == (tok.decode(ids), "length", [])
+        assert c.logprobs.tokens == lp.tokens[:len(ids)]
+        assert c.logprobs.top_logprobs == lp.top_logprobs[:len(ids)]
+    assert only.usage.completion_tokens == 0 and server.aengine.metrics.requests.value == requests
+    with httpx.stream("POST", server.url + "/v1/completions", timeout=60,
+                      json={**kw, "max_tokens": 0, "echo": True, "stream": True}) as stream:
+        chunks = [json.loads(line.removeprefix("data: ")) for line in stream.iter_lines()
+                  if line.startswith("data: {")]
+    assert [(c["choices"][0]["text"], c["choices"][0]["finish_reason"]) for c in chunks] == [
+        (tok.decode(ids), "length")]
+    with pytest.raises(openai.BadRequestError, match="max_tokens must be >= 1, got 0"):  # echo's alone
+        client.completions.create(**dict(kw, max_tokens=0))
     generated = score(served_model, ids + plain.token_ids)[0].token_logprobs[-1]
     assert plain.logprobs.token_logprobs[0] == pytest.approx(generated, abs=1e-4)
     # A one-token prompt has no log-probability of its own.
@@ -147,14 +164,14 @@ def test_prompt_logprobs_in_vllms_shape(client, served_model, count_scores):
     ids = tok.encode("hello world the loop model user w7 w42", add_special_tokens=False).ids
     ids[4] = score(served_model, ids[:5], top_k=1)[0].top_logprobs[3][0][0]  # a greedy token: rank 1
     r = client.completions.create(model=MODEL_NAME, prompt=[ids, ids[:3]], n=2, max_tokens=2, temperature=0.8,
-                                  seed=1, extra_body={"prompt_logprobs": 3})
-    assert count_scores == [([ids, ids[:3]], 3)]  # one call, one sequence per prompt
-    want = check_prompt_logprobs(r.choices[0].prompt_logprobs, ids, 3, served_model)
-    assert want.ranks[3] == 1 and len(r.choices[0].prompt_logprobs[4]) == 3  # a prompt token in the top 3
-    assert any(rank > 3 for rank in want.ranks)  # ... and one outside it (4 entries)
+                                  seed=1, extra_body={"prompt_logprobs": 2})  # the server's max_logprobs
+    assert count_scores == [([ids, ids[:3]], 2)]  # one call, one sequence per prompt
+    want = check_prompt_logprobs(r.choices[0].prompt_logprobs, ids, 2, served_model)
+    assert want.ranks[3] == 1 and len(r.choices[0].prompt_logprobs[4]) == 2  # a prompt token in the top 2
+    assert any(rank > 2 for rank in want.ranks)  # ... and one outside it (3 entries)
     assert r.choices[1].prompt_logprobs == r.choices[0].prompt_logprobs
     assert r.choices[2].prompt_logprobs == r.choices[3].prompt_logprobs
-    check_prompt_logprobs(r.choices[2].prompt_logprobs, ids[:3], 3, served_model)
+    check_prompt_logprobs(r.choices[2].prompt_logprobs, ids[:3], 2, served_model)
     assert r.choices[0].logprobs is None and len(r.choices[0].token_ids) == 2
     # with echo: one scoring with the larger top; echo keeps logprobs' 1, prompt_logprobs its 2
     count_scores.clear()
@@ -279,6 +296,13 @@ def test_logprobs_completion_and_chat(client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert logprob <= 0 and len(top) == 2 and top[token] == pytest.approx(max(top.values()))  # greedy
+    # vLLM's return_tokens_as_token_ids (it was an unknown field): tokens named "token_id:ID"
+    named = client.completions.create(model=MODEL_NAME, prompt=[5, 6, 7], max_tokens=3, temperature=0,
+                                      logprobs=2, extra_body={"ignore_eos": True,
+                                                              "return_tokens_as_token_ids": True})
+    ids = named.choices[0].token_ids
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ids] == [
+        max(top, key=top.get) for top in named.choices[0].logprobs.top_logprobs]
     chunks = list(client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "hello"}], max_tokens=3, temperature=0,
         logprobs=True, top_logprobs=1, stream=True, extra_body={"ignore_eos": True}))

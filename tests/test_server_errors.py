@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import gc
+import io
 import json
+import threading
 import time
 import types
 
@@ -18,6 +21,7 @@ from fake_engine import FakeEngine
 from server_helpers import MODEL_NAME, LiveServer, wait_idle
 
 import loopjax
+from loopjax.openai_choice import Choice
 from loopjax.server import create_app
 
 
@@ -319,3 +323,61 @@ def test_a_request_waiting_for_sample_0_when_shutdown_ends_is_503():
         assert r.json()["error"] == {"message": "server shutting down", "type": "server_error", "param": None,
                                      "code": 503}
         assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
+
+
+def test_a_handler_bug_is_a_500_in_openais_error_shape(monkeypatch):
+    """An unexpected exception in a request's handling (here a bug injected into the choice's
+    fields) is a one-line 500 in OpenAI's error JSON naming it (a stream: its last event before
+    [DONE]); its traceback is logged and the server serves on (it was uvicorn's plain-text
+    "Internal Server Error", a stream cut without [DONE])."""
+    real = Choice.fields
+
+    def fields(self, start, chat):
+        if self.token_ids[:1] == [667]:
+            raise ZeroDivisionError("a bug\nits second line")
+        return real(self, start, chat)
+
+    monkeypatch.setattr(Choice, "fields", fields)
+    want = {"message": "internal server error: ZeroDivisionError: a bug", "type": "server_error",
+            "param": None, "code": 500}
+    logged = io.StringIO()
+    with contextlib.redirect_stderr(logged), LiveServer(create_app(FakeEngine(), MODEL_NAME)) as live:
+        url = live.url + "/v1/completions"
+        r = httpx.post(url, json={"prompt": [666], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 500 and r.json() == {"error": want}, r.text
+        with httpx.stream("POST", url, json={"prompt": [666], "max_tokens": 2, "stream": True},
+                          timeout=30) as stream:
+            events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+        assert events[-1] == "[DONE]" and json.loads(events[-2]) == {"error": want}
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
+        assert r.status_code == 200 and r.json()["choices"][0]["token_ids"] == [6, 7]
+    assert "ZeroDivisionError: a bug" in logged.getvalue()  # uvicorn's traceback of the full answer's
+
+
+def test_a_scoring_left_running_has_its_error_retrieved(monkeypatch, caplog):
+    """A request whose response ends before its prompt's scoring (here a 503: the engine died)
+    leaves the scoring thread running; when it then fails, its error is retrieved, not logged
+    by asyncio as "exception was never retrieved" when the task is collected."""
+    import loopjax.scoring
+    import loopjax.server
+
+    release, finished = threading.Event(), threading.Event()
+
+    def score(model, prompts, **kw):
+        try:
+            release.wait(20)
+            raise RuntimeError("out of device memory")
+        finally:
+            finished.set()
+
+    monkeypatch.setattr(loopjax.scoring, "score", score)
+    monkeypatch.setattr(loopjax.scoring, "score_options", lambda *a, **kw: {})
+    monkeypatch.setattr(loopjax.server, "_echo_state", lambda model, config: None)  # scorable
+    with LiveServer(create_app(FakeEngine(fail_at_step=1), MODEL_NAME)) as live:
+        r = httpx.post(live.url + "/v1/completions", json={"prompt": [4], "prompt_logprobs": 0}, timeout=30)
+        assert r.status_code == 503, r.text
+        release.set()
+        assert finished.wait(20)
+        assert httpx.get(live.url + "/health", timeout=10).status_code == 503  # the loop took the failure
+        gc.collect()
+    assert not [rec for rec in caplog.records if "never retrieved" in rec.getMessage()]

@@ -16,6 +16,7 @@ def test_models_and_metrics(server, client, served_model):
     assert [m.id for m in cards] == [MODEL_NAME]
     assert cards[0].max_model_len == server.aengine.engine.scheduler.config.max_seq_len == 512
     assert cards[0].vocab_size == served_model.cfg.vocab_size
+    assert cards[0].created > 1.7e9 and cards[0].root == MODEL_NAME  # a preset: its name (created was 0)
     client.completions.create(model=MODEL_NAME, prompt=[8, 9], max_tokens=3, temperature=0)
     samples = scrape_metrics(server)
     for name in ("loopjax_queue_len", "loopjax_running_rows", "loopjax_pages_used", "loopjax_pages_free",

@@ -4,11 +4,16 @@ split over tokens, stop strings trimmed and never streamed)."""
 
 from __future__ import annotations
 
+import json
 import types
 
-from server_helpers import MODEL_NAME
+import httpx
+import pytest
+from fake_engine import FakeEngine
+from server_helpers import CHATML, MODEL_NAME, LiveServer, word_tokenizer
 
 from loopjax.sampling_params import SamplingParams
+from loopjax.server import create_app
 
 
 def test_streaming_completion_and_chat(client):
@@ -125,6 +130,37 @@ def test_logprobs_name_tokens_by_their_text():
     assert answer["logprobs"]["tokens"][:2] == ["a", " h"]
 
 
+def test_completions_top_logprobs_hold_the_token_itself():
+    """Completions' top_logprobs at a position hold its own token after the top ones when it is
+    not among them (OpenAI's "up to logprobs + 1 elements", vLLM's; it was left out), echoed
+    prompt tokens too; logprobs=0 gives the token alone. Chat's top_logprobs are the top ones."""
+    from loopjax.openai_choice import Choice
+
+    tok = word_tokenizer(32)
+    out = types.SimpleNamespace(token_ids=[5, 6], new_token_ids=[5, 6], exit_loops=[1, 1],
+                                logprobs=[-1.0, -3.0], top_logprobs=[[(5, -1.0)], [(7, -0.5)]], metrics={},
+                                finished=True, finish_reason="length", stop_reason=None)
+    choice = Choice(0, tok, SamplingParams(logprobs=1))
+    choice.update(out)
+    lp = choice.fields(0, chat=False)["logprobs"]
+    assert lp["top_logprobs"] == [{"user": -1.0}, {"system": -0.5, "assistant": -3.0}]
+    assert [len(e["top_logprobs"]) for e in choice.fields(0, chat=True)["logprobs"]["content"]] == [1, 1]
+    answer = {"text": choice.text, "logprobs": lp}
+    scored = types.SimpleNamespace(token_ids=[3, 4], token_logprobs=[-2.0], top_logprobs=[[(8, -0.1)]])
+    choice.echo(answer, scored, 1, ("hello world", [0, 6]))
+    assert answer["logprobs"]["top_logprobs"][:2] == [None, {"the": -0.1, "world": -2.0}]
+    named = Choice(0, tok, SamplingParams(logprobs=1), ids_as_names=True)  # vLLM's return_tokens_as_token_ids
+    named.update(out)
+    assert named.fields(0, chat=False)["logprobs"]["top_logprobs"] == [
+        {"token_id:5": -1.0}, {"token_id:7": -0.5, "token_id:6": -3.0}]
+    entry = named.fields(0, chat=True)["logprobs"]["content"][0]
+    assert (entry["token"], entry["bytes"]) == ("token_id:5", list(b"token_id:5"))
+    out.top_logprobs = [[], []]  # logprobs=0
+    choice = Choice(0, tok, SamplingParams(logprobs=0))
+    choice.update(out)
+    assert choice.fields(0, chat=False)["logprobs"]["top_logprobs"] == [{"user": -1.0}, {"assistant": -3.0}]
+
+
 def test_text_offsets_place_each_token_in_the_text():
     """Completions' text_offset (null before) is where each token's text begins in the choice's
     text: a special token skipped and the first bytes of a split character add nothing (vLLM
@@ -168,3 +204,105 @@ def _byte_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     return tok
+
+
+
+def sse_chunks(url: str, body: dict) -> list[dict]:
+    """The JSON events of a stream (the [DONE] last, dropped)."""
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as stream:
+        events = [line.removeprefix("data: ") for line in stream.iter_lines() if line]
+    assert events[-1] == "[DONE]", events
+    return [json.loads(e) for e in events[:-1]]
+
+
+@pytest.fixture(scope="module")
+def fake_chat_server():
+    """A live server of the fake engine (one token a step: previous + 1) with the word tokenizer
+    and ChatML: chat without compiling anything."""
+    model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=CHATML,
+                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512))
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=model)) as live:
+        yield live
+
+
+def test_include_usage_puts_null_usage_on_every_other_chunk(fake_chat_server):
+    """stream_options.include_usage: every chunk carries "usage": null but the last, which has
+    no choices and the usage (OpenAI's; the other chunks had no usage field); without it no
+    chunk has the field."""
+    chat = [{"role": "user", "content": "hi"}]
+    for path, body, count, tokens in (("/v1/completions", {"prompt": [4], "n": 2}, 6, 6),  # a chunk a token
+                                      ("/v1/chat/completions", {"messages": chat}, 4, 3)):  # and the role's
+        body = {**body, "max_tokens": 3}
+        chunks = sse_chunks(fake_chat_server.url + path, {**body, "stream_options": {"include_usage": True}})
+        assert len(chunks) == count + 1 and all("usage" in c and c["usage"] is None for c in chunks[:-1])
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == tokens
+        assert not any("usage" in c for c in sse_chunks(fake_chat_server.url + path, body))
+    # vLLM's continuous_usage_stats: each chunk carries its choice's usage so far
+    continuous = {"include_usage": True, "continuous_usage_stats": True}
+    chunks = sse_chunks(fake_chat_server.url + "/v1/completions",
+                        {"prompt": [[4], [5, 6]], "max_tokens": 2, "stream_options": continuous})
+    seen = {}
+    for c in chunks[:-1]:
+        i = c["choices"][0]["index"]
+        seen[i] = seen.get(i, 0) + 1
+        used = c["usage"]
+        assert (used["prompt_tokens"], used["completion_tokens"], used["total_tokens"]) == (
+            1 + i, seen[i], 1 + i + seen[i]), c
+    assert chunks[-1]["usage"]["prompt_tokens"] == 3 and chunks[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_chat_echo_puts_the_last_message_first(fake_chat_server):
+    """Chat's echo (vLLM's; it was refused): the last message's content before each choice's
+    text when its role is the answer's: an assistant message continued (continue_final_message),
+    or with no generation prompt the last message, whose role the answer then takes; a user
+    message under a generation prompt is not echoed. Streamed: in each choice's opening delta."""
+    url = fake_chat_server.url + "/v1/chat/completions"
+    talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop"}]
+    for body, role, echoed in (
+            ({"messages": talk, "continue_final_message": True}, "assistant", "the loop"),
+            ({"messages": talk[:1], "add_generation_prompt": False}, "user", "hello"),
+            ({"messages": talk[:1]}, "assistant", "")):
+        body = {**body, "max_tokens": 2, "n": 2}
+        plain = httpx.post(url, json=body, timeout=30).json()["choices"][0]["message"]
+        r = httpx.post(url, json={**body, "echo": True}, timeout=30)
+        assert r.status_code == 200, r.text
+        for choice in r.json()["choices"]:
+            assert choice["message"] == {"role": role, "content": echoed + plain["content"]}, body
+        chunks = sse_chunks(url, {**body, "echo": True})
+        opening = [c["choices"][0]["delta"] for c in chunks[:2]]
+        assert opening == [{"role": role, "content": echoed}] * 2, body
+        text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == 1)
+        assert text == echoed + plain["content"] and plain["role"] == role
+
+
+def test_request_id_names_the_response(fake_chat_server):
+    """vLLM's request_id field is the response's id after its prefix (it was refused as an
+    unknown field), streamed chunks' too."""
+    url = fake_chat_server.url + "/v1/completions"
+    body = {"prompt": [4], "max_tokens": 2, "request_id": "job-7"}
+    assert httpx.post(url, json=body, timeout=30).json()["id"] == "cmpl-job-7"
+    assert {c["id"] for c in sse_chunks(url, body)} == {"cmpl-job-7"}
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "request_id": "job-8"}
+    assert httpx.post(fake_chat_server.url + "/v1/chat/completions", json=chat, timeout=30).json()["id"] == (
+        "chatcmpl-job-8")
+
+
+def test_return_token_ids_adds_the_prompts_ids(fake_chat_server):
+    """vLLM's return_token_ids (it was an unknown field): each completions choice carries its
+    prompt's ids, a chat response carries them at the top; streamed, on each choice's first
+    chunk only."""
+    url = fake_chat_server.url
+    body = {"prompt": [[4, 5], [9]], "max_tokens": 2, "n": 2, "return_token_ids": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=30).json()
+    assert [c["prompt_token_ids"] for c in r["choices"]] == [[4, 5], [4, 5], [9], [9]]
+    chunks = sse_chunks(url + "/v1/completions", body)
+    firsts = [c["choices"][0] for c in chunks if "prompt_token_ids" in c["choices"][0]]
+    assert sorted((c["index"], c["prompt_token_ids"]) for c in firsts) == [
+        (0, [4, 5]), (1, [4, 5]), (2, [9]), (3, [9])] and len(chunks) == 8
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "return_token_ids": True}
+    ids = httpx.post(url + "/tokenize", json=chat, timeout=30).json()["tokens"]
+    assert httpx.post(url + "/v1/chat/completions", json=chat, timeout=30).json()["prompt_token_ids"] == ids
+    streamed = sse_chunks(url + "/v1/chat/completions", chat)
+    assert [c.get("prompt_token_ids") for c in streamed] == [ids, None, None]
+    plain = httpx.post(url + "/v1/completions", json={**body, "return_token_ids": False}, timeout=30).json()
+    assert "prompt_token_ids" not in plain["choices"][0]
