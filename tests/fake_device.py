@@ -103,7 +103,13 @@ class FakeDevice:
         if not params.is_greedy:
             key += [params.seed, index]
         token = _hash(*key) % self.vocab_size
-        while index < params.min_tokens and token in params.stop_token_ids:
+        # bad_words: a ban after a token applies where the row's last token (its slot's: a
+        # decode row's input) is that token; a prefill row's are all outright
+        prev = self.last_tokens[row.token_slot]
+        assert decode or all(after < 0 for _, after in row.bans), "a prefill row's ban awaits a token"
+        assert not decode or prev == ids[-1], "a decode row's slot holds another token than its input"
+        banned = {t for t, after in row.bans if after < 0 or after == prev}
+        while token in banned or (index < params.min_tokens and token in params.stop_token_ids):
             token = (token + 1) % self.vocab_size
         self.last_tokens[row.token_slot] = token
         if full_sampler and self.history[row.token_slot] is not None:

@@ -470,3 +470,40 @@ def test_stop_reason_and_include_stop_str_in_output(models):
     engine._eos = (ids[4],)  # the same token as the model's EOS: it stops with no stop_reason
     eos = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
     assert (eos.token_ids, eos.finish_reason, eos.stop_reason) == (ids[:j + 1], "stop", None)
+
+
+class _Words:  # a tokenizer of words "t<id>", so that bad words can name any token sequence
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(f" t{t}" for t in ids)
+
+    def encode(self, text, add_special_tokens=True):
+        return types.SimpleNamespace(ids=[int(word[1:]) for word in text.split()])
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_bad_words_never_complete_on_the_fake_device(models, async_scheduling):
+    """bad_words of 1-3 tokens taken from each request's plain output: the output never holds
+    them and is the plain output up to where that first completed one (the fake device bans as
+    the real one: a ban after a token checks the slot's last token; it asserts that a prefill
+    row's bans are all outright and a decode row's slot holds its input). The host's part
+    counted a token not yet sampled as pending (this plan's own), so with nothing in flight a
+    3-token word was checked one token off and let through."""
+    config = EngineConfig(page_size=4, max_num_rows=4, max_context_len=48, max_prefill_tokens=8,
+                          prefill_token_buckets=(8,), max_prefill_rows=2, max_loops=8,
+                          async_scheduling=async_scheduling)
+    engine = engine_on_fake_device(models["ouro"], config, _Words())
+    prompts = {f"r{i}": [3 + i, 40 + i, 7, 9 + i] for i in range(6)}
+    kw = [dict(temperature=0.0), dict(temperature=0.8, seed=5)]
+    params = {rid: SamplingParams(max_tokens=16, ignore_eos=True, **kw[i % 2]) for i, rid in enumerate(prompts)}
+    items = [(0, rid, p, params[rid], {}) for rid, p in prompts.items()]
+    plain = {rid: out.token_ids for rid, out in _run(engine, items).items()}
+    for length in (1, 2, 3):
+        banned = {rid: out[8 - length:8] for rid, out in plain.items()}  # ends at token 7
+        words = {rid: dataclasses.replace(params[rid], bad_words=(_Words().decode(seq),))
+                 for rid, seq in banned.items()}
+        got = _run(engine, [(0, rid, p, words[rid], {}) for rid, p in prompts.items()])
+        for rid, out in got.items():
+            seq, ids = banned[rid], out.token_ids
+            end = next(i for i in range(length - 1, len(ids)) if plain[rid][i - length + 1:i + 1] == seq)
+            assert ids[:end] == plain[rid][:end] and ids[end] != plain[rid][end], (length, rid)
+            assert all(ids[i:i + length] != seq for i in range(len(ids))), (length, rid)
