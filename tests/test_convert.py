@@ -633,10 +633,23 @@ def test_paths_as_pathlib_and_with_tilde(tmp_path, monkeypatch):
     assert loopjax.load("~/out").path == out
 
 
+@pytest.fixture
+def terminal_signals():
+    """SIGINT and SIGTERM as a command started from a terminal has them (a run started in the
+    background by a non-interactive shell inherits SIGINT ignored), put back after."""
+    import signal
+
+    previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, signal.default_int_handler),
+                                                    (signal.SIGTERM, signal.SIG_DFL))}
+    yield
+    for s, h in previous.items():
+        signal.signal(s, h)
+
+
 @pytest.mark.parametrize("signame, code, word",
                          [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
 def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys,
-                                                                signame, code, word):
+                                                                terminal_signals, signame, code, word):
     """Orbax writes in background threads that an exception in the main thread does not stop: the
     temporary folder was removed while they wrote on, so they left it behind (re-created) and
     printed tracebacks at exit. Ctrl-C (and the CLI's SIGTERM) now waits for the save to end;
@@ -671,7 +684,7 @@ def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkey
     assert signal.getsignal(signal.SIGTERM) is previous
 
 
-def test_sigterm_before_the_save_leaves_nothing(tmp_path, monkeypatch, capsys):
+def test_sigterm_before_the_save_leaves_nothing(tmp_path, monkeypatch, capsys, terminal_signals):
     import signal
 
     def terminated(*args):

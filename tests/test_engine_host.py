@@ -494,7 +494,8 @@ def test_bad_words_never_complete_on_the_fake_device(models, async_scheduling):
     engine = engine_on_fake_device(models["ouro"], config, _Words())
     prompts = {f"r{i}": [3 + i, 40 + i, 7, 9 + i] for i in range(6)}
     kw = [dict(temperature=0.0), dict(temperature=0.8, seed=5)]
-    params = {rid: SamplingParams(max_tokens=16, ignore_eos=True, **kw[i % 2]) for i, rid in enumerate(prompts)}
+    params = {rid: SamplingParams(max_tokens=16, ignore_eos=True, **kw[i % 2])
+              for i, rid in enumerate(prompts)}
     items = [(0, rid, p, params[rid], {}) for rid, p in prompts.items()]
     plain = {rid: out.token_ids for rid, out in _run(engine, items).items()}
     for length in (1, 2, 3):
