@@ -57,6 +57,8 @@ def step_bans(sequences: Sequence[tuple[int, ...]], outputs: Sequence[int],
     """(token, after) pairs (module note) for the token a row samples next. outputs: the output
     tokens the host has; pending: one more was sampled by a step in flight, so the output's
     last token is on the device only."""
+    if not sequences:
+        return ()  # NOTE: every emitting row of every step asks
     bans: dict[tuple[int, int], None] = {}
     for *prefix, last in sequences:
         after = prefix.pop() if pending and prefix else -1  # checked on the device

@@ -301,7 +301,7 @@ class Engine:
         pages, planes = bm.locate(request.page_ids) if bm.decode_page_planes else (request.page_ids, None)
         assert decode or planes is None or max(planes) < 0, "a prefill row holds a decode page"  # kv_cache.py
         ids = request.token_ids(start, end - 1 if on_device else end) + [0] * on_device
-        # NOTE: on_device, not num_pending_tokens (which counts this plan's token already)
+        # NOTE: on_device: num_pending_tokens already counts this plan's own token
         bans = bad_words.step_bans(extra.bad_words, request.output_token_ids, on_device) if emits else ()
         return RowInput(ids, start, pages, emits, loops, params, token_index=index, bans=bans,
                         token_slot=extra.token_slot, input_on_device=on_device,
