@@ -8,11 +8,11 @@ Contract:
   without what the message asks about. It returns copies whose content is text.
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
-  `raise_exception`, `strftime_now`; `tools` and `documents` None unless given).
-  Without jinja2 only ChatML templates render (a built-in renderer).
+  `raise_exception`, `strftime_now`; `tools` and `documents` None unless given). jinja2 is a
+  dependency: a built-in ChatML renderer, used without it, rendered templates that merely
+  contain ChatML's markers (a default system prompt, `<think>`, trimming) differently.
 - Refusals are one-line ValueErrors that start with `messages` (the server's 400 names that
-  field); a template that cannot render on this installation (not ChatML, no jinja2) is a
-  RuntimeError (the server's 500).
+  field).
 - The rendered text is encoded without the tokenizer's special tokens (the template writes
   its own), as vLLM's chat does.
 """
@@ -24,7 +24,6 @@ import functools
 import json
 import os
 
-CHATML_START, CHATML_END = "<|im_start|>", "<|im_end|>"
 ROLES = ("system", "user", "assistant", "tool", "developer")
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 
@@ -76,7 +75,7 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
     """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with
     add_generation_prompt, the opening of the assistant's turn follows. template_kwargs
     (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}) are more template
-    variables (the built-in ChatML renderer has none to read). continue_final_message
+    variables. continue_final_message
     (transformers' and vLLM's) ends the text with the final message's content, its turn left
     open for the model to go on (without add_generation_prompt)."""
     if continue_final_message and add_generation_prompt:
@@ -96,14 +95,8 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
 
 def _render(template: str, messages: list[dict], bos_token: str, eos_token: str, add_generation_prompt: bool,
             extra: dict) -> str:
-    try:
-        from jinja2.exceptions import TemplateError
-    except ImportError:
-        if CHATML_START in template and CHATML_END in template:
-            text = "".join(f"{CHATML_START}{m['role']}\n{m['content']}{CHATML_END}\n" for m in messages)
-            return text + (f"{CHATML_START}assistant\n" if add_generation_prompt else "")
-        raise RuntimeError("the chat template is not ChatML and jinja2 is not installed "
-                           "(pip install jinja2)") from None
+    from jinja2.exceptions import TemplateError
+
     try:
         # NOTE: transformers' variables: tools and documents are None unless given
         variables = dict(dict(tools=None, documents=None), **extra, messages=messages, bos_token=bos_token,

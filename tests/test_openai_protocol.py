@@ -1,11 +1,10 @@
 """OpenAI request parsing (loopjax/openai_protocol.py) as a client sees it: every refused
 request is HTTP 400 with OpenAI's error JSON, a one-line message and `param` naming the
-field; chat needs a template and text needs a tokenizer; ChatML renders without jinja2."""
+field; chat needs a template and text needs a tokenizer."""
 
 from __future__ import annotations
 
 import json
-import sys
 import types
 
 import httpx
@@ -318,16 +317,6 @@ def test_chat_without_template_is_400():
         assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5], "token_strs": None}
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5], "return_token_strs": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
-
-
-def test_chatml_fallback_without_jinja2(monkeypatch):
-    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]
-    with_jinja = render_chat(CHATML, messages)
-    for name in ("jinja2", "jinja2.exceptions", "jinja2.sandbox"):
-        monkeypatch.setitem(sys.modules, name, None)  # `import jinja2` now raises ImportError
-    assert render_chat(CHATML, messages) == with_jinja
-    with pytest.raises(RuntimeError, match="jinja2 is not installed"):
-        render_chat("{{ messages[0]['content'] }}", messages)
 
 
 def test_a_chat_template_that_raises_is_400():
