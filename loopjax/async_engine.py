@@ -42,6 +42,7 @@ import uuid
 
 from loopjax.metrics import ServingMetrics
 from loopjax.request import StepFailedError
+from loopjax.request_stream import CLOSED, RequestStream
 
 log = logging.getLogger("loopjax.async_engine")
 
@@ -60,56 +61,6 @@ class EngineDeadError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
-
-
-_CLOSED = object()  # queue item: the stream was closed while a reader waited
-
-
-class RequestStream:
-    """Async iterator over one request's RequestOutputs; ends after the finished one.
-
-    `close()` before the end aborts the request. Timing (perf_counter seconds): `ttft`
-    from submit to the first output carrying tokens, `tpot` mean time per token after it.
-    `started` is set at that first output (the prompt is prefilled: its full pages are in
-    the prefix cache, when on) or when the stream ends without one (aborted, failed).
-    """
-
-    def __init__(self, owner: AsyncEngine, request_id: str, prompt_len: int):
-        self.owner, self.request_id, self.prompt_len = owner, request_id, prompt_len
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.submitted_at = time.perf_counter()
-        self.first_token_at: float | None = None
-        self.ttft: float | None = None
-        self.tpot: float | None = None
-        self.started = asyncio.Event()
-        self.finished = False  # the engine reported the request finished
-        self.closed = False  # no more items will be read
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if self.closed:
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if item is _CLOSED:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.closed = True
-            raise item
-        if item.finished:
-            self.closed = True
-        return item
-
-    def close(self, *, stopped: bool = False):
-        """Stop reading (a reader waiting now gets StopAsyncIteration); aborts the request if
-        the engine has not finished it. stopped=True: the reader ended it normally (a stop
-        string matched): counted as finished, not as a client abort."""
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(_CLOSED)
-            if not self.finished:
-                self.owner.abort(self.request_id, stopped=stopped)
 
 
 class AsyncEngine:
@@ -191,7 +142,7 @@ class AsyncEngine:
         if stream.first_token_at is None:
             self._set_waiting(-1)
         stream.closed = True
-        stream.queue.put_nowait(_CLOSED)
+        stream.queue.put_nowait(CLOSED)
         stream.started.set()
         (self.metrics.finished if stopped else self.metrics.aborted).inc()
         self._post(("abort", request_id))
@@ -367,34 +318,3 @@ class AsyncEngine:
             self.engine.abort(request_id)
         except Exception as e:  # NOTE: an abort must never kill the loop (unknown ids are fine)
             log.debug("abort %s: %s", request_id, e)
-
-
-async def merge_streams(streams: list[RequestStream]):
-    """Yields (index, RequestOutput) of all streams as outputs arrive; re-raises a stream's
-    error; closes every stream (aborting unfinished requests) when the consumer stops."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, stream):
-        try:
-            async for out in stream:
-                queue.put_nowait((i, out))
-        except Exception as e:
-            queue.put_nowait((i, e))
-        queue.put_nowait((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            i, item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        for stream in streams:
-            stream.close()

@@ -67,7 +67,6 @@ from loopjax.async_engine import (
     EngineDeadError,
     QueueFullError,
     RequestFailedError,
-    merge_streams,
 )
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
@@ -79,6 +78,7 @@ from loopjax.openai_protocol import (
     internal_error,
     param_of,
 )
+from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 
 log = logging.getLogger("loopjax.server")
