@@ -20,6 +20,8 @@ Contract:
   window changed nothing and 5 or 10 ms made burst-32 slower (bench/RESULTS.md runs 26, 30),
   so it stays off. A busy engine takes new requests at its next step.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
+- Metrics: requests_total counts the requests submit returned; each ends counted once, in
+  requests_finished_total or requests_aborted_total. A submit that raises counts in neither.
 - A step that fails on the device (the Engine's StepFailedError) fails the requests it lost
   with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
   device state. After MAX_STEP_FAILURES failed steps with no token between them, one it could
@@ -123,28 +125,26 @@ class AsyncEngine:
             await accepted
         except BaseException:  # refused (ValueError), engine gone, or the caller was cancelled
             self._pending.discard(accepted)
-            # NOTE: its first output may have come (and been counted) before this task resumed
-            if self._streams.pop(request_id, None) is not None and stream.first_token_at is None:
-                self._set_waiting(-1)
+            self._end(request_id, aborted=True)  # not accepted: counts nothing
             self._post(("abort", request_id))  # no-op when the engine refused it
             raise
         self._pending.discard(accepted)
+        stream.accepted = True
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(len(prompt_ids))
+        if stream.ended_aborted is not None:  # it ended before this task resumed
+            self._count_end(stream)
         return stream
 
     def abort(self, request_id: str, *, stopped: bool = False):
         """Drop a request; its pages go back before the engine's next step. stopped=True: it
         ended normally (a stop string), so it counts as finished, not aborted."""
-        stream = self._streams.pop(request_id, None)
+        stream = self._end(request_id, aborted=not stopped)
         if stream is None:
             return
-        if stream.first_token_at is None:
-            self._set_waiting(-1)
         stream.closed = True
         stream.queue.put_nowait(CLOSED)
         stream.started.set()
-        (self.metrics.finished if stopped else self.metrics.aborted).inc()
         self._post(("abort", request_id))
 
     def stats(self) -> dict:
@@ -165,10 +165,27 @@ class AsyncEngine:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                log.warning("engine thread did not stop within %.0f s", timeout_s)
+                log.warning("engine thread did not stop within %g s", timeout_s)
             elif self.error is None:  # the thread is gone: a last, fresh snapshot is safe here
                 self._on_stats(dict(self.engine.stats()))
         self._fail_all(EngineDeadError("server shutting down"))
+
+    def _end(self, request_id: str, *, aborted: bool) -> RequestStream | None:
+        """The one place a request's stream leaves the open streams (None if it already did):
+        it waits for a first token no more, and its end counts once, as finished or aborted,
+        when submit has returned it (at that return, if it ended before). A submit that fails
+        or is cancelled returns nothing: that request counts neither as accepted nor ended."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            if stream.first_token_at is None:
+                self._set_waiting(-1)
+            stream.ended_aborted = aborted
+            self._count_end(stream)
+        return stream
+
+    def _count_end(self, stream: RequestStream):
+        if stream.accepted:
+            (self.metrics.aborted if stream.ended_aborted else self.metrics.finished).inc()
 
     def _set_waiting(self, delta: int):
         self.num_waiting += delta
@@ -194,8 +211,7 @@ class AsyncEngine:
             self.metrics.generation_tokens.inc(len(out.new_token_ids))
             if out.finished:
                 stream.finished = True
-                del self._streams[out.request_id]
-                self.metrics.finished.inc()
+                self._end(out.request_id, aborted=False)
                 num_tokens = len(out.token_ids)
                 if num_tokens > 1:
                     stream.tpot = (now - stream.first_token_at) / (num_tokens - 1)
@@ -212,25 +228,22 @@ class AsyncEngine:
 
     def _fail_all(self, error: BaseException):
         """Every open stream and every unanswered admission gets `error`; the streams count as aborted."""
-        self.metrics.aborted.inc(self._fail_streams(list(self._streams), error))
+        self._fail_streams(list(self._streams), error)
         for future in self._pending:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
 
-    def _fail_streams(self, request_ids: list[str], error: BaseException) -> int:
-        """The streams of `request_ids` still open end with `error`; -> how many."""
-        streams = [s for rid in request_ids if (s := self._streams.pop(rid, None)) is not None]
-        for stream in streams:
-            if stream.first_token_at is None:
-                self._set_waiting(-1)
-            stream.queue.put_nowait(error)
-            stream.started.set()
-        return len(streams)
+    def _fail_streams(self, request_ids: list[str], error: BaseException):
+        """The streams of `request_ids` still open end with `error` (counted aborted)."""
+        for request_id in request_ids:
+            if (stream := self._end(request_id, aborted=True)) is not None:
+                stream.queue.put_nowait(error)
+                stream.started.set()
 
     def _on_step_failure(self, request_ids: list[str], error: RequestFailedError):
         self.metrics.step_failures.inc()
-        self.metrics.aborted.inc(self._fail_streams(request_ids, error))
+        self._fail_streams(request_ids, error)
 
     def _on_stats(self, stats):
         self._stats = stats

@@ -29,6 +29,8 @@ class RequestStream:
         self.started = asyncio.Event()
         self.finished = False  # the engine reported the request finished
         self.closed = False  # no more items will be read
+        self.accepted = False  # submit returned it: counted in requests_total, its end counted once
+        self.ended_aborted: bool | None = None  # set when it leaves the open streams
 
     def __aiter__(self):
         return self

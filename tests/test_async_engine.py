@@ -266,3 +266,57 @@ def test_a_step_lost_on_the_device_fails_its_requests_and_the_engine_serves_on()
         assert not aeng.running
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
+    """requests_total counts the requests submit returned; each of those ends counted once, as
+    finished or aborted, also when it ended before its submitter resumed. A submit that fails
+    (shutdown while its admission waits) or is cancelled counts nothing (both counted an abort,
+    or a finish, of a request never counted as accepted)."""
+    import types
+
+    params = SamplingParams(max_tokens=50, temperature=0)
+
+    def counts(aeng):
+        m = aeng.metrics
+        return m.requests.value, m.finished.value, m.aborted.value
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True  # no step: the outputs below are the test's
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        accept, task = aeng._accept, None
+
+        def accept_then_finish(future, error, cancel):
+            accept(future, error)  # the submitter's wake-up is queued; its last output comes first
+            rid = next(iter(aeng._streams))
+            aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[2], token_ids=[2],
+                                                 finished=True)])
+            if cancel:
+                task.cancel()
+
+        aeng._accept = lambda future, error: accept_then_finish(future, error, cancel=False)
+        stream = await aeng.submit([1], params)
+        assert [o.token_ids async for o in stream] == [[2]] and counts(aeng) == (1, 1, 0)
+        aeng._accept = lambda future, error: accept_then_finish(future, error, cancel=True)
+        task = asyncio.ensure_future(aeng.submit([1], params))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert counts(aeng) == (1, 1, 0)
+        aeng._accept = accept
+        fake.paused = False
+        fake.gate = threading.Event()  # the next step waits: the admission after it stays unanswered
+        running = await aeng.submit([1], params)
+        while not fake.steps:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(aeng.submit([2], params))
+        await asyncio.sleep(0)  # it posts its admission
+        aeng.shutdown(timeout_s=0.01)
+        fake.gate.set()
+        for pending in (waiting, running.__anext__()):
+            with pytest.raises(EngineDeadError, match="shutting down"):
+                await pending
+        assert counts(aeng) == (2, 1, 1) and aeng.num_waiting == 0
+
+    asyncio.run(asyncio.wait_for(main(), 60))
