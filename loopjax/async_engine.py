@@ -286,7 +286,9 @@ class AsyncEngine:
                     break
                 else:
                     self._wake.wait(self.idle_timeout_s)
-        except Exception as e:  # a broken step: every open request gets this error
+        # NOTE: BaseException too (a SystemExit, a KeyboardInterrupt raised inside a library): a
+        # thread that ended without this left every open stream waiting for good
+        except BaseException as e:  # a broken step: every open request gets this error
             log.error("engine loop died:\n%s", traceback.format_exc())
             self.error = e
             self._stop.set()

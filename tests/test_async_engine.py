@@ -320,3 +320,30 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
         assert counts(aeng) == (2, 1, 1) and aeng.num_waiting == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+class _ExitingEngine(FakeEngine):
+    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits."""
+
+    def step(self):
+        raise SystemExit("the step called sys.exit")
+
+
+def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
+    """The thread's death is reported however the step raised: the open stream and later submits
+    get an EngineDeadError naming it (a SystemExit ended the thread silently: the stream waited
+    for good) and the engine counts as not running (/health 503)."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        aeng = AsyncEngine(_ExitingEngine(), idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        with pytest.raises(EngineDeadError, match="^engine step failed: SystemExit: the step called"):
+            await stream.__anext__()
+        assert not aeng.running and isinstance(aeng.error, SystemExit) and aeng.num_waiting == 0
+        with pytest.raises(EngineDeadError, match="sys.exit"):
+            await aeng.submit([1], params)
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
