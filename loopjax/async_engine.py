@@ -181,6 +181,10 @@ class AsyncEngine:
                 self._set_waiting(-1)
             stream.ended_aborted = aborted
             self._count_end(stream)
+            # NOTE: a stop string (abort with stopped=True) ends it normally too: its TPOT counts
+            if not aborted and stream.num_tokens > 1:
+                stream.tpot = (stream.last_output_at - stream.first_token_at) / (stream.num_tokens - 1)
+                self.metrics.tpot.observe(stream.tpot)
         return stream
 
     def _count_end(self, stream: RequestStream):
@@ -209,13 +213,10 @@ class AsyncEngine:
                 self._set_waiting(-1)
                 stream.started.set()
             self.metrics.generation_tokens.inc(len(out.new_token_ids))
+            stream.num_tokens, stream.last_output_at = len(out.token_ids), now
             if out.finished:
                 stream.finished = True
                 self._end(out.request_id, aborted=False)
-                num_tokens = len(out.token_ids)
-                if num_tokens > 1:
-                    stream.tpot = (now - stream.first_token_at) / (num_tokens - 1)
-                    self.metrics.tpot.observe(stream.tpot)
             stream.queue.put_nowait(out)
 
     def _accept(self, future, error):

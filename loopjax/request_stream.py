@@ -26,6 +26,7 @@ class RequestStream:
         self.first_token_at: float | None = None
         self.ttft: float | None = None
         self.tpot: float | None = None
+        self.num_tokens, self.last_output_at = 0, 0.0  # of the last output delivered
         self.started = asyncio.Event()
         self.finished = False  # the engine reported the request finished
         self.closed = False  # no more items will be read

@@ -347,3 +347,26 @@ def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_request_ended_by_its_stop_string_counts_its_tpot():
+    """A stop string ends a request normally (the server closes its stream as stopped): it counts
+    as finished and, as a request the engine finished, in the TPOT histogram (it was left out:
+    over HTTP every stop-string answer was); a client abort counts in neither."""
+    params = SamplingParams(max_tokens=10_000, temperature=0)
+
+    async def main():
+        aeng = AsyncEngine(FakeEngine(), idle_timeout_s=0.01)
+        await aeng.start()
+        stopped, aborted = await aeng.submit([1], params), await aeng.submit([100], params)
+        for stream, first in ((stopped, 1), (aborted, 100)):
+            outs = [await stream.__anext__() for _ in range(3)]
+            assert outs[-1].token_ids == [first + 1, first + 2, first + 3]
+        stopped.close(stopped=True)
+        aborted.close()
+        m = aeng.metrics
+        assert (m.finished.value, m.aborted.value, m.tpot.count) == (1, 1, 1)
+        assert stopped.tpot > 0 and aborted.tpot is None and m.tpot.sum == stopped.tpot
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
