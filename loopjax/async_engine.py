@@ -105,7 +105,10 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="loopjax-engine", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt_ids: list[int], params, request_id: str | None = None) -> RequestStream:
+    async def submit(self, prompt_ids: list[int], params, request_id: str | None = None, *,
+                     arrival_time: float | None = None) -> RequestStream:
+        """`arrival_time`: when the request reached the server (perf_counter; default now), where
+        its TTFT starts (an n-sample request's samples 1.. are submitted later)."""
         if not self.running:
             raise EngineDeadError(f"engine is not running ({self.error or 'stopped'})")
         if self.num_waiting >= self.max_waiting:
@@ -115,7 +118,7 @@ class AsyncEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = RequestStream(self, request_id, len(prompt_ids))
+        stream = RequestStream(self, request_id, len(prompt_ids), arrival_time)
         accepted = self._loop.create_future()
         self._pending.add(accepted)
         self._streams[request_id] = stream

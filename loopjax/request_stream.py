@@ -14,15 +14,16 @@ class RequestStream:
     """Async iterator over one request's RequestOutputs; ends after the finished one.
 
     `close()` before the end aborts the request. Timing (perf_counter seconds): `ttft`
-    from submit to the first output carrying tokens, `tpot` mean time per token after it.
+    from `submitted_at` (submit's arrival_time, else its call) to the first output carrying
+    tokens, `tpot` mean time per token after it.
     `started` is set at that first output (the prompt is prefilled: its full pages are in
     the prefix cache, when on) or when the stream ends without one (aborted, failed).
     """
 
-    def __init__(self, owner, request_id: str, prompt_len: int):
+    def __init__(self, owner, request_id: str, prompt_len: int, submitted_at: float | None = None):
         self.owner, self.request_id, self.prompt_len = owner, request_id, prompt_len
         self.queue: asyncio.Queue = asyncio.Queue()
-        self.submitted_at = time.perf_counter()
+        self.submitted_at = time.perf_counter() if submitted_at is None else submitted_at
         self.first_token_at: float | None = None
         self.ttft: float | None = None
         self.tpot: float | None = None
