@@ -128,8 +128,11 @@ class AsyncEngine:
             await accepted
         except BaseException:  # refused (ValueError), engine gone, or the caller was cancelled
             self._pending.discard(accepted)
-            self._end(request_id, aborted=True)  # not accepted: counts nothing
-            self._post(("abort", request_id))  # no-op when the engine refused it
+            # NOTE: a stream that ended meanwhile left the engine already, and its id may be
+            # in use again: only a stream still open is rolled back (not accepted: counts nothing)
+            if self._streams.get(request_id) is stream:
+                self._end(request_id, aborted=True)
+                self._post(("abort", request_id))  # no-op when the engine refused it
             raise
         self._pending.discard(accepted)
         stream.accepted = True

@@ -272,7 +272,8 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
     """requests_total counts the requests submit returned; each of those ends counted once, as
     finished or aborted, also when it ended before its submitter resumed. A submit that fails
     (shutdown while its admission waits) or is cancelled counts nothing (both counted an abort,
-    or a finish, of a request never counted as accepted)."""
+    or a finish, of a request never counted as accepted), and a cancelled one whose request
+    ended meanwhile leaves alone a new request under its id (the rollback closed it)."""
     import types
 
     params = SamplingParams(max_tokens=50, temperature=0)
@@ -304,7 +305,23 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
         with pytest.raises(asyncio.CancelledError):
             await task
         assert counts(aeng) == (1, 1, 0)
-        aeng._accept = accept
+        # Its id, used again before the cancelled submitter resumes, stays with the new request
+        # (the rollback closed the new stream and aborted the new request).
+        loop = asyncio.get_running_loop()
+
+        def finish_then_reuse_the_id(future, error):
+            accept_then_finish(future, error, cancel=True)
+            aeng._accept = accept
+            reuse.append(asyncio.eager_task_factory(loop, aeng.submit([7], params, request_id="x")))
+
+        reuse, aeng._accept = [], finish_then_reuse_the_id
+        task = asyncio.ensure_future(aeng.submit([1], params, request_id="x"))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert set(aeng._streams) == {"x"} and aeng.num_waiting == 1
+        fake.paused = False  # the new request runs to its end (an abort would leave it waiting)
+        assert [o.token_ids async for o in await reuse[0]][-1][:2] == [8, 9]
+        fake.paused = True
         fake.paused = False
         fake.gate = threading.Event()  # the next step waits: the admission after it stays unanswered
         running = await aeng.submit([1], params)
@@ -317,7 +334,7 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
         for pending in (waiting, running.__anext__()):
             with pytest.raises(EngineDeadError, match="shutting down"):
                 await pending
-        assert counts(aeng) == (2, 1, 1) and aeng.num_waiting == 0
+        assert counts(aeng) == (3, 2, 1) and aeng.num_waiting == 0
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
