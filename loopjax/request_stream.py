@@ -52,12 +52,13 @@ class RequestStream:
 
     def close(self, *, stopped: bool = False):
         """Stop reading (a reader waiting now gets StopAsyncIteration); aborts the request if
-        the engine has not finished it. stopped=True: the reader ended it normally (a stop
+        it has not ended (finished, failed). stopped=True: the reader ended it normally (a stop
         string matched): counted as finished, not as a client abort."""
         if not self.closed:
             self.closed = True
             self.queue.put_nowait(CLOSED)
-            if not self.finished:
+            # NOTE: an ended request's id may name a new request already: that one stays
+            if self.ended_aborted is None:
                 self.owner.abort(self.request_id, stopped=stopped)
 
 

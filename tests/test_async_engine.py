@@ -387,3 +387,28 @@ def test_a_request_ended_by_its_stop_string_counts_its_tpot():
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_closing_a_failed_stream_leaves_a_new_request_under_its_id_alone():
+    """A stream whose request failed (its error not read) and is closed afterwards aborts
+    nothing: its id may name a new request by then (closing it aborted that one)."""
+    from loopjax.async_engine import RequestFailedError
+
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        failed = await aeng.submit([1], params, request_id="y")
+        aeng._on_step_failure(["y"], RequestFailedError("lost"))  # as the loop reports a failed step
+        again = await aeng.submit([10], params, request_id="y")
+        failed.close()
+        fake.paused = False
+        assert [o.token_ids async for o in again][-1] == [11, 12, 13]
+        m = aeng.metrics
+        assert (m.requests.value, m.finished.value, m.aborted.value) == (2, 1, 1)
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
