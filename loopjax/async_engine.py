@@ -186,16 +186,25 @@ class AsyncEngine:
             if stream.first_token_at is None:
                 self._set_waiting(-1)
             stream.ended_aborted = aborted
+            # NOTE: a stop string (abort with stopped=True) ends it normally too: its times count
+            if not aborted:
+                stream.e2e = time.perf_counter() - stream.submitted_at
+                if stream.num_tokens > 1:
+                    stream.tpot = (stream.last_output_at - stream.first_token_at) / (stream.num_tokens - 1)
             self._count_end(stream)
-            # NOTE: a stop string (abort with stopped=True) ends it normally too: its TPOT counts
-            if not aborted and stream.num_tokens > 1:
-                stream.tpot = (stream.last_output_at - stream.first_token_at) / (stream.num_tokens - 1)
-                self.metrics.tpot.observe(stream.tpot)
         return stream
 
     def _count_end(self, stream: RequestStream):
-        if stream.accepted:
-            (self.metrics.aborted if stream.ended_aborted else self.metrics.finished).inc()
+        """A finished request's latencies count with it: e2e's count is requests_finished_total."""
+        if not stream.accepted:
+            return
+        if stream.ended_aborted:
+            self.metrics.aborted.inc()
+            return
+        self.metrics.finished.inc()
+        self.metrics.e2e.observe(stream.e2e)
+        if stream.tpot is not None:
+            self.metrics.tpot.observe(stream.tpot)
 
     def _set_waiting(self, delta: int):
         self.num_waiting += delta

@@ -14,8 +14,10 @@ import bisect
 import math
 import re
 
-# Seconds. TTFT spans queueing + prefill (ms to minutes); TPOT one decode step (sub-ms to s).
+# Seconds. TTFT spans queueing + prefill (ms to minutes); TPOT one decode step (sub-ms to s);
+# E2E a whole request (ms to many minutes).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -208,6 +210,8 @@ class ServingMetrics:
         self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)
         self.tpot = r.histogram("loopjax_tpot_seconds", "Time per output token after the first",
                                 TPOT_BUCKETS)
+        self.e2e = r.histogram("loopjax_e2e_request_latency_seconds",
+                               "Time from arrival to the last token, per finished request", E2E_BUCKETS)
 
     def set_engine_stats(self, stats: dict):
         for key, value in stats.items():

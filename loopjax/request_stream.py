@@ -27,6 +27,7 @@ class RequestStream:
         self.first_token_at: float | None = None
         self.ttft: float | None = None
         self.tpot: float | None = None
+        self.e2e: float | None = None  # from submitted_at to its end, once finished (not aborted)
         self.num_tokens, self.last_output_at = 0, 0.0  # of the last output delivered
         self.started = asyncio.Event()
         self.finished = False  # the engine reported the request finished

@@ -335,6 +335,7 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
             with pytest.raises(EngineDeadError, match="shutting down"):
                 await pending
         assert counts(aeng) == (3, 2, 1) and aeng.num_waiting == 0
+        assert aeng.metrics.e2e.count == 2  # the finished requests', not the rolled-back one's
 
     asyncio.run(asyncio.wait_for(main(), 60))
 
@@ -382,7 +383,7 @@ def test_a_request_ended_by_its_stop_string_counts_its_tpot():
         stopped.close(stopped=True)
         aborted.close()
         m = aeng.metrics
-        assert (m.finished.value, m.aborted.value, m.tpot.count) == (1, 1, 1)
+        assert (m.finished.value, m.aborted.value, m.tpot.count, m.e2e.count) == (1, 1, 1, 1)
         assert stopped.tpot > 0 and aborted.tpot is None and m.tpot.sum == stopped.tpot
         aeng.shutdown()
 

@@ -32,6 +32,9 @@ def test_models_and_metrics(server, client, served_model):
                  "loopjax_tpot_seconds_count", 'loopjax_ttft_seconds_bucket{le="+Inf"}', *PREFIX_METRICS):
         assert name in samples, name
     assert samples["loopjax_ttft_seconds_count"] >= 1
+    wait_idle(server.aengine)
+    idle = scrape_metrics(server)  # every finished request's latency counts with it
+    assert idle["loopjax_e2e_request_latency_seconds_count"] == idle["loopjax_requests_finished_total"]
     assert samples['loopjax_ttft_seconds_bucket{le="+Inf"}'] == samples["loopjax_ttft_seconds_count"]
     assert samples["loopjax_pages_free"] > 0 and samples["loopjax_generation_tokens_total"] >= 3
 
