@@ -20,6 +20,8 @@ Contract:
   window changed nothing and 5 or 10 ms made burst-32 slower (bench/RESULTS.md runs 26, 30),
   so it stays off. A busy engine takes new requests at its next step.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
+- Metrics: requests_total counts the requests submit returned; each ends counted once, in
+  requests_finished_total or requests_aborted_total. A submit that raises counts in neither.
 - A step that fails on the device (the Engine's StepFailedError) fails the requests it lost
   with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
   device state. After MAX_STEP_FAILURES failed steps with no token between them, one it could
@@ -42,6 +44,7 @@ import uuid
 
 from loopjax.metrics import ServingMetrics
 from loopjax.request import StepFailedError
+from loopjax.request_stream import CLOSED, RequestStream
 
 log = logging.getLogger("loopjax.async_engine")
 
@@ -60,56 +63,6 @@ class EngineDeadError(RuntimeError):
 
 class RequestFailedError(RuntimeError):
     """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
-
-
-_CLOSED = object()  # queue item: the stream was closed while a reader waited
-
-
-class RequestStream:
-    """Async iterator over one request's RequestOutputs; ends after the finished one.
-
-    `close()` before the end aborts the request. Timing (perf_counter seconds): `ttft`
-    from submit to the first output carrying tokens, `tpot` mean time per token after it.
-    `started` is set at that first output (the prompt is prefilled: its full pages are in
-    the prefix cache, when on) or when the stream ends without one (aborted, failed).
-    """
-
-    def __init__(self, owner: AsyncEngine, request_id: str, prompt_len: int):
-        self.owner, self.request_id, self.prompt_len = owner, request_id, prompt_len
-        self.queue: asyncio.Queue = asyncio.Queue()
-        self.submitted_at = time.perf_counter()
-        self.first_token_at: float | None = None
-        self.ttft: float | None = None
-        self.tpot: float | None = None
-        self.started = asyncio.Event()
-        self.finished = False  # the engine reported the request finished
-        self.closed = False  # no more items will be read
-
-    def __aiter__(self):
-        return self
-
-    async def __anext__(self):
-        if self.closed:
-            raise StopAsyncIteration
-        item = await self.queue.get()
-        if item is _CLOSED:
-            raise StopAsyncIteration
-        if isinstance(item, BaseException):
-            self.closed = True
-            raise item
-        if item.finished:
-            self.closed = True
-        return item
-
-    def close(self, *, stopped: bool = False):
-        """Stop reading (a reader waiting now gets StopAsyncIteration); aborts the request if
-        the engine has not finished it. stopped=True: the reader ended it normally (a stop
-        string matched): counted as finished, not as a client abort."""
-        if not self.closed:
-            self.closed = True
-            self.queue.put_nowait(_CLOSED)
-            if not self.finished:
-                self.owner.abort(self.request_id, stopped=stopped)
 
 
 class AsyncEngine:
@@ -152,7 +105,10 @@ class AsyncEngine:
         self._thread = threading.Thread(target=self._run, name="loopjax-engine", daemon=True)
         self._thread.start()
 
-    async def submit(self, prompt_ids: list[int], params, request_id: str | None = None) -> RequestStream:
+    async def submit(self, prompt_ids: list[int], params, request_id: str | None = None, *,
+                     arrival_time: float | None = None) -> RequestStream:
+        """`arrival_time`: when the request reached the server (perf_counter; default now), where
+        its TTFT starts (an n-sample request's samples 1.. are submitted later)."""
         if not self.running:
             raise EngineDeadError(f"engine is not running ({self.error or 'stopped'})")
         if self.num_waiting >= self.max_waiting:
@@ -162,7 +118,7 @@ class AsyncEngine:
         request_id = request_id or uuid.uuid4().hex
         if request_id in self._streams:
             raise ValueError(f"request_id {request_id!r} is already in use")
-        stream = RequestStream(self, request_id, len(prompt_ids))
+        stream = RequestStream(self, request_id, len(prompt_ids), arrival_time)
         accepted = self._loop.create_future()
         self._pending.add(accepted)
         self._streams[request_id] = stream
@@ -172,28 +128,29 @@ class AsyncEngine:
             await accepted
         except BaseException:  # refused (ValueError), engine gone, or the caller was cancelled
             self._pending.discard(accepted)
-            # NOTE: its first output may have come (and been counted) before this task resumed
-            if self._streams.pop(request_id, None) is not None and stream.first_token_at is None:
-                self._set_waiting(-1)
-            self._post(("abort", request_id))  # no-op when the engine refused it
+            # NOTE: a stream that ended meanwhile left the engine already, and its id may be
+            # in use again: only a stream still open is rolled back (not accepted: counts nothing)
+            if self._streams.get(request_id) is stream:
+                self._end(request_id, aborted=True)
+                self._post(("abort", request_id))  # no-op when the engine refused it
             raise
         self._pending.discard(accepted)
+        stream.accepted = True
         self.metrics.requests.inc()
         self.metrics.prompt_tokens.inc(len(prompt_ids))
+        if stream.ended_aborted is not None:  # it ended before this task resumed
+            self._count_end(stream)
         return stream
 
     def abort(self, request_id: str, *, stopped: bool = False):
         """Drop a request; its pages go back before the engine's next step. stopped=True: it
         ended normally (a stop string), so it counts as finished, not aborted."""
-        stream = self._streams.pop(request_id, None)
+        stream = self._end(request_id, aborted=not stopped)
         if stream is None:
             return
-        if stream.first_token_at is None:
-            self._set_waiting(-1)
         stream.closed = True
-        stream.queue.put_nowait(_CLOSED)
+        stream.queue.put_nowait(CLOSED)
         stream.started.set()
-        (self.metrics.finished if stopped else self.metrics.aborted).inc()
         self._post(("abort", request_id))
 
     def stats(self) -> dict:
@@ -214,10 +171,40 @@ class AsyncEngine:
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout_s)
             if self._thread.is_alive():
-                log.warning("engine thread did not stop within %.0f s", timeout_s)
+                log.warning("engine thread did not stop within %g s", timeout_s)
             elif self.error is None:  # the thread is gone: a last, fresh snapshot is safe here
                 self._on_stats(dict(self.engine.stats()))
         self._fail_all(EngineDeadError("server shutting down"))
+
+    def _end(self, request_id: str, *, aborted: bool) -> RequestStream | None:
+        """The one place a request's stream leaves the open streams (None if it already did):
+        it waits for a first token no more, and its end counts once, as finished or aborted,
+        when submit has returned it (at that return, if it ended before). A submit that fails
+        or is cancelled returns nothing: that request counts neither as accepted nor ended."""
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            if stream.first_token_at is None:
+                self._set_waiting(-1)
+            stream.ended_aborted = aborted
+            # NOTE: a stop string (abort with stopped=True) ends it normally too: its times count
+            if not aborted:
+                stream.e2e = time.perf_counter() - stream.submitted_at
+                if stream.num_tokens > 1:
+                    stream.tpot = (stream.last_output_at - stream.first_token_at) / (stream.num_tokens - 1)
+            self._count_end(stream)
+        return stream
+
+    def _count_end(self, stream: RequestStream):
+        """A finished request's latencies count with it: e2e's count is requests_finished_total."""
+        if not stream.accepted:
+            return
+        if stream.ended_aborted:
+            self.metrics.aborted.inc()
+            return
+        self.metrics.finished.inc()
+        self.metrics.e2e.observe(stream.e2e)
+        if stream.tpot is not None:
+            self.metrics.tpot.observe(stream.tpot)
 
     def _set_waiting(self, delta: int):
         self.num_waiting += delta
@@ -241,14 +228,10 @@ class AsyncEngine:
                 self._set_waiting(-1)
                 stream.started.set()
             self.metrics.generation_tokens.inc(len(out.new_token_ids))
+            stream.num_tokens, stream.last_output_at = len(out.token_ids), now
             if out.finished:
                 stream.finished = True
-                del self._streams[out.request_id]
-                self.metrics.finished.inc()
-                num_tokens = len(out.token_ids)
-                if num_tokens > 1:
-                    stream.tpot = (now - stream.first_token_at) / (num_tokens - 1)
-                    self.metrics.tpot.observe(stream.tpot)
+                self._end(out.request_id, aborted=False)
             stream.queue.put_nowait(out)
 
     def _accept(self, future, error):
@@ -261,25 +244,22 @@ class AsyncEngine:
 
     def _fail_all(self, error: BaseException):
         """Every open stream and every unanswered admission gets `error`; the streams count as aborted."""
-        self.metrics.aborted.inc(self._fail_streams(list(self._streams), error))
+        self._fail_streams(list(self._streams), error)
         for future in self._pending:
             if not future.done():
                 future.set_exception(error)
         self._pending.clear()
 
-    def _fail_streams(self, request_ids: list[str], error: BaseException) -> int:
-        """The streams of `request_ids` still open end with `error`; -> how many."""
-        streams = [s for rid in request_ids if (s := self._streams.pop(rid, None)) is not None]
-        for stream in streams:
-            if stream.first_token_at is None:
-                self._set_waiting(-1)
-            stream.queue.put_nowait(error)
-            stream.started.set()
-        return len(streams)
+    def _fail_streams(self, request_ids: list[str], error: BaseException):
+        """The streams of `request_ids` still open end with `error` (counted aborted)."""
+        for request_id in request_ids:
+            if (stream := self._end(request_id, aborted=True)) is not None:
+                stream.queue.put_nowait(error)
+                stream.started.set()
 
     def _on_step_failure(self, request_ids: list[str], error: RequestFailedError):
         self.metrics.step_failures.inc()
-        self.metrics.aborted.inc(self._fail_streams(request_ids, error))
+        self._fail_streams(request_ids, error)
 
     def _on_stats(self, stats):
         self._stats = stats
@@ -322,7 +302,9 @@ class AsyncEngine:
                     break
                 else:
                     self._wake.wait(self.idle_timeout_s)
-        except Exception as e:  # a broken step: every open request gets this error
+        # NOTE: BaseException too (a SystemExit, a KeyboardInterrupt raised inside a library): a
+        # thread that ended without this left every open stream waiting for good
+        except BaseException as e:  # a broken step: every open request gets this error
             log.error("engine loop died:\n%s", traceback.format_exc())
             self.error = e
             self._stop.set()
@@ -367,34 +349,3 @@ class AsyncEngine:
             self.engine.abort(request_id)
         except Exception as e:  # NOTE: an abort must never kill the loop (unknown ids are fine)
             log.debug("abort %s: %s", request_id, e)
-
-
-async def merge_streams(streams: list[RequestStream]):
-    """Yields (index, RequestOutput) of all streams as outputs arrive; re-raises a stream's
-    error; closes every stream (aborting unfinished requests) when the consumer stops."""
-    queue: asyncio.Queue = asyncio.Queue()
-
-    async def pump(i, stream):
-        try:
-            async for out in stream:
-                queue.put_nowait((i, out))
-        except Exception as e:
-            queue.put_nowait((i, e))
-        queue.put_nowait((i, None))
-
-    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        left = len(streams)
-        while left:
-            i, item = await queue.get()
-            if item is None:
-                left -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield i, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        for stream in streams:
-            stream.close()

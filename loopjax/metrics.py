@@ -14,8 +14,10 @@ import bisect
 import math
 import re
 
-# Seconds. TTFT spans queueing + prefill (ms to minutes); TPOT one decode step (sub-ms to s).
+# Seconds. TTFT spans queueing + prefill (ms to minutes); TPOT one decode step (sub-ms to s);
+# E2E a whole request (ms to many minutes).
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1200.0)
 TPOT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -146,7 +148,20 @@ class ServingMetrics:
         "running_rows": ("loopjax_running_rows", "gauge", "Requests in the running batch"),
         "pages_used": ("loopjax_pages_used", "gauge", "KV pages in use"),
         "pages_free": ("loopjax_pages_free", "gauge", "KV pages free (cached pages no request holds count)"),
-        "compilations": ("loopjax_compilations", "gauge", "XLA compilations since start"),
+        # Counts since start: counters (rate() reads a restart as a reset; they were gauges).
+        "compilations": ("loopjax_compilations_total", "counter", "XLA compilations since start"),
+        "compile_s": ("loopjax_compile_seconds_total", "counter",
+                      "Seconds spent building executables (summed over compile threads)"),
+        "compile_cache_hits": ("loopjax_compile_cache_hits_total", "counter",
+                               "Executables the persistent compilation cache supplied"),
+        "submissions": ("loopjax_submissions_total", "counter", "Device submissions"),
+        "steps": ("loopjax_steps_total", "counter", "Engine steps"),
+        "prefill_steps": ("loopjax_prefill_steps_total", "counter", "Engine steps that prefill"),
+        "decode_steps": ("loopjax_decode_steps_total", "counter", "Engine steps that decode"),
+        "preemptions": ("loopjax_preemptions_total", "counter",
+                        "Running requests preempted to free KV pages (recomputed later)"),
+        "generated_tokens": ("loopjax_engine_generated_tokens_total", "counter",
+                             "Tokens the engine generated (aborted requests' included)"),
         "mean_loops_per_token": ("loopjax_mean_loops_per_token", "gauge",
                                  "Mean loops run per generated token"),
         # Prefix cache (engine.stats()'s prefix_cache_* keys; all zero with the cache off). Hit
@@ -195,6 +210,8 @@ class ServingMetrics:
         self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)
         self.tpot = r.histogram("loopjax_tpot_seconds", "Time per output token after the first",
                                 TPOT_BUCKETS)
+        self.e2e = r.histogram("loopjax_e2e_request_latency_seconds",
+                               "Time from arrival to the last token, per finished request", E2E_BUCKETS)
 
     def set_engine_stats(self, stats: dict):
         for key, value in stats.items():

@@ -67,7 +67,6 @@ from loopjax.async_engine import (
     EngineDeadError,
     QueueFullError,
     RequestFailedError,
-    merge_streams,
 )
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
@@ -79,6 +78,7 @@ from loopjax.openai_protocol import (
     internal_error,
     param_of,
 )
+from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 
 log = logging.getLogger("loopjax.server")
@@ -149,11 +149,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""
         return APIError(503 if isinstance(e, EngineDeadError) else 500, str(e), None, "server_error")
 
-    async def submit_all(body, jobs: list[tuple[list[int], object]]) -> list:
+    async def submit_all(body, jobs: list[tuple[list[int], object]], arrived: float) -> list:
         """All (prompt ids, params) admitted at once (one engine turn), or none: the first
-        error maps to HTTP."""
-        results = await asyncio.gather(*(aengine.submit(ids, params) for ids, params in jobs),
-                                       return_exceptions=True)
+        error maps to HTTP. `arrived`: the request's perf_counter arrival (TTFT counts from it)."""
+        results = await asyncio.gather(*(aengine.submit(ids, params, arrival_time=arrived)
+                                         for ids, params in jobs), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
         if not errors:
             return results
@@ -172,7 +172,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             raise APIError(500, str(e), None, "server_error")
         raise e
 
-    async def submit_choices(body, prompts: list[list[int]], params) -> list:
+    async def submit_choices(body, prompts: list[list[int]], params, arrived: float) -> list:
         """One stream per choice; choice p * n + i is prompt p's sample i (vLLM's order).
 
         NOTE: requests admitted together each prefill their prompt (pages enter the prefix
@@ -193,11 +193,11 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                               f"than this server queues (max_waiting={aengine.max_waiting}); send fewer "
                               f"prompts or a smaller n", "n" if n > 1 else "prompt")
         if n == 1 or not shareable:
-            return await submit_all(body, jobs)
-        firsts = await submit_all(body, jobs[::n])
+            return await submit_all(body, jobs, arrived)
+        firsts = await submit_all(body, jobs[::n], arrived)
         try:
             await asyncio.gather(*(stream.started.wait() for stream in firsts))
-            rest = await submit_all(body, [job for k, job in enumerate(jobs) if k % n])
+            rest = await submit_all(body, [job for k, job in enumerate(jobs) if k % n], arrived)
         except BaseException:  # refused, engine gone, or the handler was cancelled
             for stream in firsts:
                 stream.close()
@@ -205,6 +205,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         return [firsts[k // n] if k % n == 0 else rest[k - k // n - 1] for k in range(len(jobs))]
 
     async def handle(request: Request, chat: bool):
+        arrived = time.perf_counter()  # every choice's TTFT counts from here (vLLM's arrival)
         body = parser.body(await request.body())
         prompts = parser.prompts(body, chat)
         params = parser.sampling(body, chat, prompts)
@@ -212,7 +213,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         # strings on that text (closing its stream as stopped), so the engine makes no text.
         scores_only = parser.scores_only(body, chat)  # echo, max_tokens 0: no engine request
         streams = [] if scores_only else await submit_choices(
-            body, prompts, dataclasses.replace(params, stop=(), detokenize=False))
+            body, prompts, dataclasses.replace(params, stop=(), detokenize=False), arrived)
         choices = [Choice(i, tokenizer, params, ids_as_names=bool(body.get("return_tokens_as_token_ids")))
                    for i in range(len(prompts) * params.n)]
         for c in choices if scores_only else ():

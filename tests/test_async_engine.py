@@ -266,3 +266,150 @@ def test_a_step_lost_on_the_device_fails_its_requests_and_the_engine_serves_on()
         assert not aeng.running
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
+    """requests_total counts the requests submit returned; each of those ends counted once, as
+    finished or aborted, also when it ended before its submitter resumed. A submit that fails
+    (shutdown while its admission waits) or is cancelled counts nothing (both counted an abort,
+    or a finish, of a request never counted as accepted), and a cancelled one whose request
+    ended meanwhile leaves alone a new request under its id (the rollback closed it)."""
+    import types
+
+    params = SamplingParams(max_tokens=50, temperature=0)
+
+    def counts(aeng):
+        m = aeng.metrics
+        return m.requests.value, m.finished.value, m.aborted.value
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True  # no step: the outputs below are the test's
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        accept, task = aeng._accept, None
+
+        def accept_then_finish(future, error, cancel):
+            accept(future, error)  # the submitter's wake-up is queued; its last output comes first
+            rid = next(iter(aeng._streams))
+            aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[2], token_ids=[2],
+                                                 finished=True)])
+            if cancel:
+                task.cancel()
+
+        aeng._accept = lambda future, error: accept_then_finish(future, error, cancel=False)
+        stream = await aeng.submit([1], params)
+        assert [o.token_ids async for o in stream] == [[2]] and counts(aeng) == (1, 1, 0)
+        aeng._accept = lambda future, error: accept_then_finish(future, error, cancel=True)
+        task = asyncio.ensure_future(aeng.submit([1], params))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert counts(aeng) == (1, 1, 0)
+        # Its id, used again before the cancelled submitter resumes, stays with the new request
+        # (the rollback closed the new stream and aborted the new request).
+        loop = asyncio.get_running_loop()
+
+        def finish_then_reuse_the_id(future, error):
+            accept_then_finish(future, error, cancel=True)
+            aeng._accept = accept
+            reuse.append(asyncio.eager_task_factory(loop, aeng.submit([7], params, request_id="x")))
+
+        reuse, aeng._accept = [], finish_then_reuse_the_id
+        task = asyncio.ensure_future(aeng.submit([1], params, request_id="x"))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert set(aeng._streams) == {"x"} and aeng.num_waiting == 1
+        fake.paused = False  # the new request runs to its end (an abort would leave it waiting)
+        assert [o.token_ids async for o in await reuse[0]][-1][:2] == [8, 9]
+        fake.paused = True
+        fake.paused = False
+        fake.gate = threading.Event()  # the next step waits: the admission after it stays unanswered
+        running = await aeng.submit([1], params)
+        while not fake.steps:
+            await asyncio.sleep(0.01)
+        waiting = asyncio.ensure_future(aeng.submit([2], params))
+        await asyncio.sleep(0)  # it posts its admission
+        aeng.shutdown(timeout_s=0.01)
+        fake.gate.set()
+        for pending in (waiting, running.__anext__()):
+            with pytest.raises(EngineDeadError, match="shutting down"):
+                await pending
+        assert counts(aeng) == (3, 2, 1) and aeng.num_waiting == 0
+        assert aeng.metrics.e2e.count == 2  # the finished requests', not the rolled-back one's
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+class _ExitingEngine(FakeEngine):
+    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits."""
+
+    def step(self):
+        raise SystemExit("the step called sys.exit")
+
+
+def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
+    """The thread's death is reported however the step raised: the open stream and later submits
+    get an EngineDeadError naming it (a SystemExit ended the thread silently: the stream waited
+    for good) and the engine counts as not running (/health 503)."""
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        aeng = AsyncEngine(_ExitingEngine(), idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        with pytest.raises(EngineDeadError, match="^engine step failed: SystemExit: the step called"):
+            await stream.__anext__()
+        assert not aeng.running and isinstance(aeng.error, SystemExit) and aeng.num_waiting == 0
+        with pytest.raises(EngineDeadError, match="sys.exit"):
+            await aeng.submit([1], params)
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_request_ended_by_its_stop_string_counts_its_tpot():
+    """A stop string ends a request normally (the server closes its stream as stopped): it counts
+    as finished and, as a request the engine finished, in the TPOT histogram (it was left out:
+    over HTTP every stop-string answer was); a client abort counts in neither."""
+    params = SamplingParams(max_tokens=10_000, temperature=0)
+
+    async def main():
+        aeng = AsyncEngine(FakeEngine(), idle_timeout_s=0.01)
+        await aeng.start()
+        stopped, aborted = await aeng.submit([1], params), await aeng.submit([100], params)
+        for stream, first in ((stopped, 1), (aborted, 100)):
+            outs = [await stream.__anext__() for _ in range(3)]
+            assert outs[-1].token_ids == [first + 1, first + 2, first + 3]
+        stopped.close(stopped=True)
+        aborted.close()
+        m = aeng.metrics
+        assert (m.finished.value, m.aborted.value, m.tpot.count, m.e2e.count) == (1, 1, 1, 1)
+        assert stopped.tpot > 0 and aborted.tpot is None and m.tpot.sum == stopped.tpot
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_closing_a_failed_stream_leaves_a_new_request_under_its_id_alone():
+    """A stream whose request failed (its error not read) and is closed afterwards aborts
+    nothing: its id may name a new request by then (closing it aborted that one)."""
+    from loopjax.async_engine import RequestFailedError
+
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        failed = await aeng.submit([1], params, request_id="y")
+        aeng._on_step_failure(["y"], RequestFailedError("lost"))  # as the loop reports a failed step
+        again = await aeng.submit([10], params, request_id="y")
+        failed.close()
+        fake.paused = False
+        assert [o.token_ids async for o in again][-1] == [11, 12, 13]
+        m = aeng.metrics
+        assert (m.requests.value, m.finished.value, m.aborted.value) == (2, 1, 1)
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 10))

@@ -381,3 +381,28 @@ def test_a_scoring_left_running_has_its_error_retrieved(monkeypatch, caplog):
         assert httpx.get(live.url + "/health", timeout=10).status_code == 503  # the loop took the failure
         gc.collect()
     assert not [rec for rec in caplog.records if "never retrieved" in rec.getMessage()]
+
+
+def test_every_sample_of_an_n_request_counts_its_ttft_from_the_request_arrival():
+    """With the prefix cache on, samples 1.. are submitted once sample 0 has prefilled; their
+    TTFT still counts from the request's arrival, as the client waits (it counted from their own
+    submit: one step, however long sample 0 waited). Sample 0 waits >= 0.3 s here."""
+    fake = FakeEngine()
+    fake.scheduler = types.SimpleNamespace(config=types.SimpleNamespace(enable_prefix_caching=True,
+                                                                        page_size=1))
+    fake.paused = True  # sample 0 admitted, not stepped until the test lets it
+    app = create_app(fake, MODEL_NAME)
+    aengine = app.state.async_engine
+    with LiveServer(app) as live, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        full = pool.submit(httpx.post, live.url + "/v1/completions", timeout=30,
+                           json={"prompt": [1, 2, 3], "max_tokens": 2, "n": 2})
+        deadline = time.time() + 20
+        while aengine.num_waiting < 1:
+            assert time.time() < deadline, "sample 0 was not admitted"
+            time.sleep(0.01)
+        time.sleep(0.3)
+        fake.paused = False
+        assert [c["token_ids"] for c in full.result().json()["choices"]] == [[4, 5], [4, 5]]
+    ttft = aengine.metrics.ttft
+    below = sum(n for bound, n in zip(ttft.buckets, ttft.counts) if bound <= 0.25)
+    assert (ttft.count, below) == (2, 0)

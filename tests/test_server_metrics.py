@@ -4,7 +4,10 @@ against the live server, and the metrics text format itself."""
 from __future__ import annotations
 
 import json
+import math
+import re
 
+import httpx
 import pytest
 from server_helpers import MODEL_NAME, PREFIX_METRICS, scrape_metrics, wait_idle
 
@@ -18,12 +21,20 @@ def test_models_and_metrics(server, client, served_model):
     assert cards[0].vocab_size == served_model.cfg.vocab_size
     assert cards[0].created > 1.7e9 and cards[0].root == MODEL_NAME  # a preset: its name (created was 0)
     client.completions.create(model=MODEL_NAME, prompt=[8, 9], max_tokens=3, temperature=0)
-    samples = scrape_metrics(server)
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    samples = check_exposition(text)
+    # The engine's counts since start are counters (they were gauges without _total).
+    for name in ("compilations", "steps", "decode_steps", "prefill_steps", "preemptions", "submissions"):
+        assert f"# TYPE loopjax_{name}_total counter" in text, name
     for name in ("loopjax_queue_len", "loopjax_running_rows", "loopjax_pages_used", "loopjax_pages_free",
-                 "loopjax_compilations", "loopjax_mean_loops_per_token", "loopjax_ttft_seconds_count",
+                 "loopjax_compilations_total", "loopjax_steps_total", "loopjax_preemptions_total",
+                 "loopjax_mean_loops_per_token", "loopjax_ttft_seconds_count",
                  "loopjax_tpot_seconds_count", 'loopjax_ttft_seconds_bucket{le="+Inf"}', *PREFIX_METRICS):
         assert name in samples, name
     assert samples["loopjax_ttft_seconds_count"] >= 1
+    wait_idle(server.aengine)
+    idle = scrape_metrics(server)  # every finished request's latency counts with it
+    assert idle["loopjax_e2e_request_latency_seconds_count"] == idle["loopjax_requests_finished_total"]
     assert samples['loopjax_ttft_seconds_bucket{le="+Inf"}'] == samples["loopjax_ttft_seconds_count"]
     assert samples["loopjax_pages_free"] > 0 and samples["loopjax_generation_tokens_total"] >= 3
 
@@ -77,6 +88,33 @@ def test_bench_over_http_sessions(server, tmp_path):
     assert main(["bench", "nope", *TINY, "--url", server.url, "--out", out]) == 1
 
 
+def check_exposition(text: str) -> dict[str, float]:
+    """Prometheus text format 0.0.4 as a scraper reads it: each family's HELP and TYPE once, before
+    its samples; counters named *_total; a histogram's buckets cumulative up to le="+Inf", which
+    equals its _count; no NaN. -> the parsed samples."""
+    samples, types, seen = parse(text), {}, set()
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            name = line.split()[2]
+            assert name not in seen, f"HELP of {name} twice"
+            seen.add(name)
+        elif line.startswith("# TYPE "):
+            _, _, name, kind = line.split()
+            assert name in seen and name not in types, f"TYPE of {name} without HELP or twice"
+            types[name] = kind
+        else:
+            family = re.sub(r"(_bucket|_sum|_count)$", "", line.split("{")[0].split()[0])
+            assert family in types or line.split()[0] in types, f"sample before its TYPE: {line}"
+    for name, kind in types.items():
+        assert kind != "counter" or name.endswith("_total"), f"counter {name} lacks _total"
+        if kind == "histogram":
+            buckets = [v for k, v in samples.items() if k.startswith(name + "_bucket{")]
+            assert buckets == sorted(buckets) and buckets[-1] == samples[f"{name}_count"]
+            assert f'{name}_bucket{{le="+Inf"}}' in samples
+    assert not any(math.isnan(v) for v in samples.values())
+    return samples
+
+
 def test_metrics_text_round_trips():
     m = ServingMetrics()
     stats = {"queue_len": 2, "pages_used": 7, "custom": 1.5, "name": "x", "prefix_cache_hit_rate": 0.25,
@@ -85,7 +123,7 @@ def test_metrics_text_round_trips():
     for v in (0.001, 0.2, 1000.0):
         m.ttft.observe(v)
     text = m.render()
-    samples = parse(text)
+    samples = check_exposition(text)
     assert samples["loopjax_queue_len"] == 2 and samples["loopjax_engine_custom"] == 1.5
     assert samples["loopjax_prefix_cache_hit_rate"] == 0.25 and samples["loopjax_prefix_cache_pages"] == 9
     assert samples["loopjax_prefix_cache_evictions_total"] == 3

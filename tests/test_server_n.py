@@ -103,9 +103,9 @@ def test_n_adaptive_samples_start_together(server, client, monkeypatch):
     aengine, seen = server.aengine, []
     submit = aengine.submit
 
-    async def recording(ids, params, request_id=None):
+    async def recording(ids, params, request_id=None, **kwargs):
         seen.append(aengine.metrics.ttft.count)  # first outputs so far
-        return await submit(ids, params, request_id)
+        return await submit(ids, params, request_id, **kwargs)
 
     monkeypatch.setattr(aengine, "submit", recording)
     kw = dict(model=MODEL_NAME, prompt=[17 + (i * 5) % 200 for i in range(40)], n=3, max_tokens=3,
