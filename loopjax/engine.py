@@ -180,9 +180,12 @@ class Engine:
         if adaptive and not self.config.fused_decode:
             raise ValueError("adaptive exits and warm start run on device in fused steps; this "
                              "engine has fused_decode=False")
-        salt = None if adaptive else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
-        request = Request(request_id, prompt, params, max_loops=params.loops,
-                          whole_prefill=extra.exit_spec is not None, cache_salt=salt)
+        # NOTE: a ring that wraps within the depth reads an earlier step's tokens otherwise than
+        # one prefill: the prompt is one step, its pages neither cached nor taken from the cache
+        whole = extra.exit_spec is not None or self.layout.ring_wraps(depth)
+        salt = None if adaptive or whole else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
+        request = Request(request_id, prompt, params, max_loops=params.loops, whole_prefill=whole,
+                          cache_salt=salt)
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id

@@ -109,6 +109,12 @@ class KVLayout:
             return depth % self.num_planes[layer_id]
         return depth
 
+    def ring_wraps(self, loops: int) -> bool:
+        """A ring layer (Huginn 'shared') reuses a plane within `loops` loops. Then a token at
+        loop i reads an earlier token's loop-i entry only if both run in the same step (the
+        reference's one prefill); a later step reads that token's last write of the plane."""
+        return any(ring and loops > planes for ring, planes in zip(self.ring, self.num_planes))
+
     def describe(self) -> str:
         gib = self.total_bytes / 2**30
         text = (f"loopjax KV pool: {self.family} layout={self.kind}, {self.num_pages} pages x "
