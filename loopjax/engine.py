@@ -61,6 +61,7 @@ from loopjax.step_plan import default_decode_row_buckets
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None):
         config = EngineConfig() if config is None else config
+        config.check_family(model.cfg.family)
         self.model, self.config, cfg = model, config, model.cfg
         self.max_loops = config.max_loops or cfg.default_loops
         max_context = config.context_len(cfg.max_context_len)
