@@ -191,6 +191,14 @@ class Engine:
         self._extra[request_id] = extra
         return request_id
 
+    def shares_prefix(self, params: SamplingParams) -> bool:
+        """Whether a request of `params` (no explicit s0, no warm start) takes and publishes
+        prefix-cache pages, the cache on: not with an adaptive exit, nor where a Huginn ring
+        wraps within its depth (add_request prefills its prompt in one step)."""
+        depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
+        return (self.config.enable_prefix_caching and not params.stops_adaptively
+                and not self.layout.ring_wraps(depth))
+
     def abort(self, request_id: str) -> bool:
         request = self.scheduler.abort(request_id)
         if request is None:

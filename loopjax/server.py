@@ -182,8 +182,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         samples = params.fan_out()
         jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
         page_size = getattr(sched, "page_size", None)
-        # NOTE: adaptive rows share no cached pages: their samples would wait for nothing
-        shareable = (aengine.prefix_caching and page_size and not params.stops_adaptively
+        # NOTE: adaptive rows (and a wrapping Huginn ring) share no cached pages: their samples
+        # would wait for nothing
+        shares = getattr(aengine.engine, "shares_prefix", None)
+        shareable = (page_size and shares is not None and shares(params)
                      and any(len(p) > page_size for p in prompts))
         # NOTE: requests admitted together all wait for a first token: more than max_waiting are
         # refused on an idle server too, so a 400 here, not a 429 that every retry gets again.

@@ -112,3 +112,5 @@ def test_huginn_ring_prompt_is_computed_in_one_step():
     assert engine.stats()["prefix_cache_hit_tokens"] == 0
     engine.add_request(prompt, dataclasses.replace(params, loops=2), "unwrapped")  # a plane per loop
     assert engine.scheduler.get("unwrapped").cache_salt is not None
+    # the server's n samples wait for sample 0's pages only where they are shared
+    assert not engine.shares_prefix(params) and engine.shares_prefix(dataclasses.replace(params, loops=2))
