@@ -23,7 +23,8 @@ Contract:
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
   With the prefix cache on, samples 1.. start when sample 0 has prefilled: they share its
-  prompt pages (not for adaptive exits, which share none: all start at once).
+  prompt pages (not where they share none, `Engine.shares_prefix`: adaptive exits, a Huginn
+  ring wrapping within the depth; all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
   vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
