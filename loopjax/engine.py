@@ -61,6 +61,7 @@ from loopjax.step_plan import default_decode_row_buckets
 class Engine:
     def __init__(self, model, config: EngineConfig | None = None):
         config = EngineConfig() if config is None else config
+        config.check_family(model.cfg.family)
         self.model, self.config, cfg = model, config, model.cfg
         self.max_loops = config.max_loops or cfg.default_loops
         max_context = config.context_len(cfg.max_context_len)
@@ -180,12 +181,23 @@ class Engine:
         if adaptive and not self.config.fused_decode:
             raise ValueError("adaptive exits and warm start run on device in fused steps; this "
                              "engine has fused_decode=False")
-        salt = None if adaptive else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
-        request = Request(request_id, prompt, params, max_loops=params.loops,
-                          whole_prefill=extra.exit_spec is not None, cache_salt=salt)
+        # NOTE: a ring that wraps within the depth reads an earlier step's tokens otherwise than
+        # one prefill: the prompt is one step, its pages neither cached nor taken from the cache
+        whole = extra.exit_spec is not None or self.layout.ring_wraps(depth)
+        salt = None if adaptive or whole else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
+        request = Request(request_id, prompt, params, max_loops=params.loops, whole_prefill=whole,
+                          cache_salt=salt)
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing
         self._extra[request_id] = extra
         return request_id
+
+    def shares_prefix(self, params: SamplingParams) -> bool:
+        """Whether a request of `params` (no explicit s0, no warm start) takes and publishes
+        prefix-cache pages, the cache on: not with an adaptive exit, nor where a Huginn ring
+        wraps within its depth (add_request prefills its prompt in one step)."""
+        depth = params.loops if params.loops is not None else self.scheduler.config.num_loops
+        return (self.config.enable_prefix_caching and not params.stops_adaptively
+                and not self.layout.ring_wraps(depth))
 
     def abort(self, request_id: str) -> bool:
         request = self.scheduler.abort(request_id)

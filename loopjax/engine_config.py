@@ -64,6 +64,19 @@ class EngineConfig:
     verbose: bool = True                  # print the pool at start-up
     async_scheduling: bool = True         # plan and dispatch step n+1 before reading step n
 
+    def check_family(self, family: str) -> None:
+        """A one-line ValueError for an option set (off its default) where the model's family
+        or the layout ignores it: it ran without effect (enable_weighted_exit on Huginn only
+        compiled more steps)."""
+        unused = {"enable_weighted_exit": family != "ouro", "huginn_init": family != "huginn",
+                  "huginn_seed": family != "huginn",
+                  "shared_kv_slots": family != "huginn" or self.kv_layout != "shared"}
+        for name, ignored in unused.items():
+            value = getattr(self, name)
+            if ignored and value != _FIELDS[name].default:
+                raise ValueError(f"EngineConfig.{name}={value!r} applies to {_APPLIES_TO[name]}; this "
+                                 f"is a {family} model with kv_layout={self.kv_layout!r}")
+
     def context_len(self, model_context_len: int) -> int:
         """The context the engine serves for a model of `model_context_len`."""
         return self.max_context_len or min(model_context_len, 4096)
@@ -86,6 +99,11 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} entries must be >= 1, got {getattr(self, name)!r}")
         if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it
             raise ValueError(f"EngineConfig.huginn_init must be 'seeded' or 'zero', got {self.huginn_init!r}")
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+_APPLIES_TO = {"enable_weighted_exit": "Ouro models (exit_weighted)", "huginn_init": "Huginn models",
+               "huginn_seed": "Huginn models", "shared_kv_slots": "Huginn's kv_layout='shared' ring"}
 
 
 def _has_type(value, kind: str) -> bool:

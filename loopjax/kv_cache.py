@@ -109,6 +109,12 @@ class KVLayout:
             return depth % self.num_planes[layer_id]
         return depth
 
+    def ring_wraps(self, loops: int) -> bool:
+        """A ring layer (Huginn 'shared') reuses a plane within `loops` loops. Then a token at
+        loop i reads an earlier token's loop-i entry only if both run in the same step (the
+        reference's one prefill); a later step reads that token's last write of the plane."""
+        return any(ring and loops > planes for ring, planes in zip(self.ring, self.num_planes))
+
     def describe(self) -> str:
         gib = self.total_bytes / 2**30
         text = (f"loopjax KV pool: {self.family} layout={self.kind}, {self.num_pages} pages x "
@@ -231,19 +237,23 @@ def fill_last_exited(pool: KVPool, layout: KVLayout, layer_ids, slots, exit_dept
     """The "last exited" rule: a token whose final loop was `exit_depth[n]` (< max) gets its
     KV of that loop copied into its deeper planes t in (exit_depth, max_depth) of every
     looped layer in `layer_ids`, so later reads of any deeper plane see its deepest entry.
-    Only meaningful for non-ring layers; tokens with slot = drop_slot are skipped."""
+    A ring layer (P planes, loop t writes plane t mod P) fills its planes t in (exit_depth, P):
+    a token that stopped before the ring wrapped left them unwritten (latest-m4-compress-sK
+    reads them at its deepest plane below). Tokens with slot = drop_slot are skipped."""
     for layer_id in layer_ids:
-        if layout.ring[layer_id] or layout.num_planes[layer_id] == 1:
+        planes = layout.num_planes[layer_id]
+        if planes == 1:
             continue
         k_layer, v_layer = pool.k[layer_id], pool.v[layer_id]
-        src_k = read_plane(k_layer, jnp.clip(exit_depth, 0), jnp.minimum(slots, layout.drop_slot - 1))
-        src_v = read_plane(v_layer, jnp.clip(exit_depth, 0), jnp.minimum(slots, layout.drop_slot - 1))
+        source = jnp.clip(exit_depth, 0, planes - 1)  # a deeper exit writes nothing below
+        src_k = read_plane(k_layer, source, jnp.minimum(slots, layout.drop_slot - 1))
+        src_v = read_plane(v_layer, source, jnp.minimum(slots, layout.drop_slot - 1))
 
         def body(t, kv, src_k=src_k, src_v=src_v):
             dst = jnp.where(t > exit_depth, slots, layout.drop_slot)
             return write_plane(kv[0], t, dst, src_k), write_plane(kv[1], t, dst, src_v)
 
-        k_layer, v_layer = jax.lax.fori_loop(0, max_depth, body, (k_layer, v_layer))
+        k_layer, v_layer = jax.lax.fori_loop(0, min(max_depth, planes), body, (k_layer, v_layer))
         pool = pool.replace_layer(layer_id, k_layer, v_layer)
     return pool
 

@@ -25,6 +25,9 @@ What a page's KV depends on, hence what the root holds:
   reproduced from the tokens: their requests have `cache_salt = None` and neither look up nor
   publish. That is why prefix caching is opt-in for Huginn (and the engine decides per request).
   Ouro's KV depends on tokens and the loop count only: its salt is ().
+- Huginn's ring ('shared') when it wraps within the depth: a prefill that starts after a
+  cached page reads the page's tokens at their last write of a slot, where one prefill reads
+  their entry of the same loop. The engine gives such requests `cache_salt = None`.
 - Adaptive exits: a token that exits early writes fewer planes (then the "last exited" fill),
   so its KV depends on exit decisions, not only on tokens. Adaptive requests never publish;
   NOTE: they do not look up either (their prompt runs at full depth today, but tying cache

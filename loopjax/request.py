@@ -29,6 +29,8 @@ Conventions:
   position (the reference's adaptive prefill), so a prefill chunk must hold all of it: one
   that fits `max_prefill_tokens` waits for a step with the budget rather than being split by
   a batch-mate (a longer one, e.g. prompt + outputs recomputed after preemption, is chunked).
+  So is a prompt in a Huginn ring that wraps within its depth (`KVLayout.ring_wraps`): a
+  later step would read the earlier tokens' last write of a slot, not their entry of its loop.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ class Request:
     max_loops: int | None = None  # loops per token (cap when adaptive); None = the model's depth
     arrival_time: float | None = None  # clock time of `add` (set by the scheduler if None)
     cache_salt: tuple | None = None  # KV inputs besides tokens/loops; None = never share pages
-    whole_prefill: bool = False  # its prompt exits as one (Huginn criterion): never split if it fits
+    whole_prefill: bool = False  # one prefill step (Huginn criterion, wrapping ring): never split if it fits
     # ---- scheduler-owned state
     output_token_ids: list[int] = field(default_factory=list)
     exit_loops: list[int] = field(default_factory=list)  # loops run, per output token

@@ -40,7 +40,10 @@ Conventions:
   criterion's threshold (None = config / criterion default); `exit_trace` gives, per
   generated token, the number of loops to run (>= 1), to replay a recorded run (an output's
   `exit_loops` as given; an Ouro token sampled at prefill takes loop k's logits, every loop
-  running for the prompt's KV, as the exit rule's prefill does);
+  running for the prompt's KV, as the exit rule's prefill does); a trace always stops each
+  token there (skip, whatever exit_mode; past its end its last entry repeats), so it replays
+  skip-mode runs: a select-mode run's later tokens read the deeper loops' KV a replay does
+  not compute (docs/semantics.md);
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
   sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside: it bounds an
   exit_trace's tokens too, but exit_step and exit_weighted never take the threshold exit).

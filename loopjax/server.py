@@ -23,7 +23,8 @@ Contract:
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
   With the prefix cache on, samples 1.. start when sample 0 has prefilled: they share its
-  prompt pages (not for adaptive exits, which share none: all start at once).
+  prompt pages (not where they share none, `Engine.shares_prefix`: adaptive exits, a Huginn
+  ring wrapping within the depth; all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
   a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
   vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
@@ -182,8 +183,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         samples = params.fan_out()
         jobs, n = [(ids, sample) for ids in prompts for sample in samples], len(samples)
         page_size = getattr(sched, "page_size", None)
-        # NOTE: adaptive rows share no cached pages: their samples would wait for nothing
-        shareable = (aengine.prefix_caching and page_size and not params.stops_adaptively
+        # NOTE: adaptive rows (and a wrapping Huginn ring) share no cached pages: their samples
+        # would wait for nothing
+        shares = getattr(aengine.engine, "shares_prefix", None)
+        shareable = (page_size and shares is not None and shares(params)
                      and any(len(p) > page_size for p in prompts))
         # NOTE: requests admitted together all wait for a first token: more than max_waiting are
         # refused on an idle server too, so a 400 here, not a 429 that every retry gets again.

@@ -1,7 +1,7 @@
 """A fake Engine for the AsyncEngine and server tests: behaviour exact, no JAX, no compile.
 
 One token per step per request (token = previous + 1), one page each; it has the Engine's
-add_request / abort / step / has_unfinished / stats methods (async_engine.py's contract)
+add_request / abort / shares_prefix / step / has_unfinished / stats methods (async_engine.py's contract)
 and records which threads called it. Knobs: `fail_at_step` (that step raises, as a broken
 device would), `lose_token` (a step that would give a request a token it accepts raises the
 Engine's StepFailedError: every running request lost and reported aborted by the next step, a
@@ -36,6 +36,11 @@ class FakeEngine:
 
     def abort(self, request_id):
         self.requests.pop(request_id)
+
+    def shares_prefix(self, params):
+        """Engine.shares_prefix: the prefix cache on (a test gives `scheduler.config`), not adaptive."""
+        config = getattr(getattr(self, "scheduler", None), "config", None)
+        return bool(getattr(config, "enable_prefix_caching", False)) and not params.stops_adaptively
 
     def has_unfinished(self):
         return bool(self.requests or self.lost) and not self.paused

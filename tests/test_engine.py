@@ -183,6 +183,21 @@ def test_engine_options_are_checked_when_made(options, message):
     pool message); a list of ints is taken as its tuple."""
     with pytest.raises(ValueError, match=f"^{message}"):
         EngineConfig(**options)
+
+
+def test_engine_options_the_family_ignores_are_refused(ouro_model, huginn):
+    """An option off its default that the model's family (or layout) would ignore is one line
+    naming it, before the engine builds anything: it ran without effect (Huginn compiled the
+    weighted-exit steps for nothing; an Ouro engine took a Huginn seed it never uses)."""
+    for model, options in [(huginn[0], dict(enable_weighted_exit=True)), (ouro_model, dict(huginn_seed=3)),
+                           (ouro_model, dict(huginn_init="zero")),
+                           (ouro_model, dict(kv_layout="shared", shared_kv_slots=16)),
+                           (huginn[0], dict(shared_kv_slots=16))]:  # per_loop: no ring
+        name = next(iter(options.keys() - {"kv_layout"}))
+        with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+$"):
+            Engine(model, EngineConfig(**options, warmup=False))
+    Engine(huginn[0], EngineConfig(kv_layout="shared", shared_kv_slots=16, huginn_seed=3, warmup=False,
+                                   num_pages=4, verbose=False))
     assert EngineConfig(decode_row_buckets=[4, 8]).decode_row_buckets == (4, 8)
 
 

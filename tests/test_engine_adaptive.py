@@ -250,3 +250,30 @@ def test_adaptive_exits_with_the_pallas_decode_kernel():
     expected = ouro_generate(model.params, model.cfg, prompt, 4, threshold=0.5, mode="skip")
     assert len(set(out.exit_loops)) > 1, out.exit_loops  # its tokens exit at different depths
     assert out.token_ids == expected.tokens.tolist() and out.exit_loops == expected.loops.tolist()
+
+
+def test_huginn_ring_token_exiting_before_the_ring_wraps(huginn_engines):
+    """In the compress-s8 ring (2 planes per core layer) a token that stops after one loop
+    wrote plane 0 only; later tokens read it at plane 1 too, where "last exited" finds its
+    plane-0 entry (the reference's latest-m4-compress-s8). The fill skipped ring layers, so
+    they read whatever the page held before (here another request's KV)."""
+    import jax
+
+    from loopjax import exits
+    from loopjax.adaptive_reference import huginn_generate
+    gold = load_file(f"{HUGINN}/adaptive.safetensors")
+    model, init = loopjax.load(HUGINN), gold[f"{key('kl', 5e-4, 'latest_m4_compress_s8')}_init_states"][0]
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    engine, trace = huginn_engines["shared"], (1, 2, 1, 3, 1, 2, 2, 1)
+    engine.add_request(prompt[::-1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
+                                                    loops=16, exit_mode="skip"), "before")  # its KV stays
+    finish(engine)
+    engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
+                                              exit_trace=trace, logprobs=0), "ring", initial_state=init)
+    out = finish(engine)["ring"]
+    ref = huginn_generate(model.params, model.cfg, prompt, 8, max_loops=16, init_states=init,
+                          exit_spec=[exits.ExitSpec("steps", t) for t in trace],
+                          cache_rule="latest-m4-compress-s8")
+    logprobs = [float(jax.nn.log_softmax(row)[t]) for row, t in zip(ref.logits, ref.tokens)]
+    assert out.token_ids == ref.tokens.tolist() and out.exit_loops == list(trace)
+    np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-5)

@@ -10,6 +10,8 @@ mixed up pages)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -80,3 +82,35 @@ def test_sessions_same_tokens_with_and_without_the_cache(family):
     if states is not None:  # explicit states: no hit, and they matter for the tokens
         assert all(on[0, t][1] == 0 for t in range(NUM_TURNS))
         assert on[0, 0][0].token_ids != on[1, 0][0].token_ids
+
+
+def test_huginn_ring_prompt_is_computed_in_one_step():
+    """Huginn's 'shared' ring (compress-sK) at more loops than its planes: within one prefill a
+    token at loop i reads the earlier prompt tokens' loop-i entries, while a later step reads
+    their last write of the plane. So a cached prefix or a split prompt gave other logprobs
+    than one prefill: such a request neither shares pages nor is split by a batch-mate."""
+    model = loopjax.load(MODELS["huginn"])
+    engine = Engine(model, EngineConfig(**{**SMALL, "page_size": 8}, kv_layout="shared",
+                                        shared_kv_slots=8, enable_prefix_caching=True))  # 2 planes
+    rng = np.random.default_rng(0)
+    prompt, mate = rng.integers(0, 256, 25).tolist(), rng.integers(0, 256, 20).tolist()
+    params = SamplingParams(max_tokens=3, temperature=0.0, ignore_eos=True, logprobs=0)
+
+    def run(*requests):
+        for rid, ids in requests:
+            engine.add_request(ids, params, rid)
+        finals = {}
+        while engine.has_unfinished():
+            finals.update((o.request_id, o) for o in engine.step() if o.finished)
+        return finals[requests[-1][0]]
+
+    alone = run(("alone", prompt))
+    again = run(("again", prompt))  # its first 3 pages were published by "alone"
+    mixed = run(("mate", mate), ("mixed", prompt))  # 32 - 20 tokens of the prefill budget left
+    for out in (again, mixed):
+        assert (out.token_ids, out.logprobs) == (alone.token_ids, alone.logprobs)
+    assert engine.stats()["prefix_cache_hit_tokens"] == 0
+    engine.add_request(prompt, dataclasses.replace(params, loops=2), "unwrapped")  # a plane per loop
+    assert engine.scheduler.get("unwrapped").cache_salt is not None
+    # the server's n samples wait for sample 0's pages only where they are shared
+    assert not engine.shares_prefix(params) and engine.shares_prefix(dataclasses.replace(params, loops=2))
