@@ -37,7 +37,6 @@ from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.engine_config import EngineConfig
-from loopjax.exits import ExitSpec
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import (
@@ -49,7 +48,7 @@ from loopjax.request import (
     check_exit_depth,
     check_prompt_ids,
 )
-from loopjax.request_extra import RequestExtra, cache_salt, initial_state_extra, update_text
+from loopjax.request_extra import RequestExtra, cache_salt, request_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -159,15 +158,8 @@ class Engine:
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
         # NOTE: explicit states cover the positions fed: max_tokens counts up to the context only
         outputs = min(params.max_tokens, max(1, self.scheduler.config.max_seq_len - len(prompt)))
-        extra = initial_state_extra(self.model.cfg, initial_state, self.config.huginn_init,
-                                    len(prompt) + (0 if warm_start else outputs - 1))
-        extra.warm = bool(warm_start)
-        extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
-        extra.bad_words = bad_words.request_sequences(self.model, params.bad_words)
-        if params.exit_criterion is not None:
-            extra.exit_spec = ExitSpec(params.exit_criterion, "auto" if params.exit_threshold is None
-                                       else params.exit_threshold, params.exit_min_loops,
-                                       params.exit_check_every)
+        extra = request_extra(self.model, params, initial_state, self.config.huginn_init,
+                              len(prompt) + (0 if warm_start else outputs - 1), warm_start)
         if params.seed_drawn:  # NOTE: one unseeded params for many requests: independent draws (vLLM's)
             params = dataclasses.replace(params, seed=None)
         if not params.ignore_eos and self._eos:
@@ -328,8 +320,7 @@ class Engine:
         outputs, self._aborted = self._aborted, []
         if plan is None:
             return outputs
-        tokens = [None] * plan.num_real_rows
-        loops = [None] * plan.num_real_rows
+        tokens, loops = [None] * plan.num_real_rows, [None] * plan.num_real_rows
         if result is not None:
             read_tokens, read_loops = result.tokens.tolist(), result.exit_loops.tolist()
             for i, emits in enumerate(plan.emits):

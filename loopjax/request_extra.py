@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from loopjax import bad_words
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.exits import ExitSpec
@@ -32,6 +33,21 @@ class RequestExtra:
     detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
+
+
+def request_extra(model, params, initial_state, default_init: str, num_positions: int,
+                  warm_start: bool) -> RequestExtra:
+    """A new request's RequestExtra: its s0 rule (`initial_state_extra`), warm start, exit
+    settings and its bad_words' token sequences; one-line ValueErrors."""
+    extra = initial_state_extra(model.cfg, initial_state, default_init, num_positions)
+    extra.warm = bool(warm_start)
+    extra.skip = params.exit_mode == "skip" or params.exit_trace is not None
+    extra.bad_words = bad_words.request_sequences(model, params.bad_words)
+    if params.exit_criterion is not None:
+        threshold = "auto" if params.exit_threshold is None else params.exit_threshold
+        extra.exit_spec = ExitSpec(params.exit_criterion, threshold, params.exit_min_loops,
+                                   params.exit_check_every)
+    return extra
 
 
 def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestExtra:
