@@ -22,6 +22,8 @@ Contract:
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
 - Metrics: requests_total counts the requests submit returned; each ends counted once, in
   requests_finished_total or requests_aborted_total. A submit that raises counts in neither.
+  Latencies run from the request's arrival (submit's arrival_time): TTFT counts at a first
+  token, TPOT and e2e with a finished request (a stop string's too).
 - A step that fails on the device (the Engine's StepFailedError) fails the requests it lost
   with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
   device state. After MAX_STEP_FAILURES failed steps with no token between them, one it could

@@ -9,8 +9,9 @@ it. Only output tokens count (a prompt ending with a word's beginning bans nothi
 Each step the host lists a row's bans (`step_bans`): pairs (token, after) where `after` < 0
 bans `token` outright, and `after` >= 0 bans it only if the row's last output token is
 `after`. The device checks that last token (sampling.py): with async scheduling it was sampled
-by a step still in flight and only the device has it. Everything before it the host has
-(at most one token is pending: Request.num_pending_tokens at planning time).
+by a step still in flight and only the device has it. Everything before it the host has:
+at most one token is pending, the plan's `input_on_device` (not Request.num_pending_tokens,
+which by then counts the token the plan itself samples).
 """
 
 from __future__ import annotations

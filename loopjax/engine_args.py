@@ -26,7 +26,7 @@ def add_engine_arguments(parser):
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
     try:
         from loopjax.engine import EngineConfig
-        from loopjax.engine_config import DEFAULT_WORDS
+        from loopjax.engine_config import APPLIES_TO, DEFAULT_WORDS
     except ImportError:  # the engine is optional for --help; build_engine will say what is missing
         return
     group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
@@ -39,6 +39,8 @@ def add_engine_arguments(parser):
         if kind is None or flag in taken or "--no-" + flag[2:] in taken:
             continue
         dest, text = "engine_" + field.name, f"default: {DEFAULT_WORDS.get(field.name, field.default)}"
+        if field.name in APPLIES_TO:  # set off its default elsewhere: refused (check_family)
+            text += f"; {APPLIES_TO[field.name]} only"
         if kind is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                help=text)

@@ -74,7 +74,7 @@ class EngineConfig:
         for name, ignored in unused.items():
             value = getattr(self, name)
             if ignored and value != _FIELDS[name].default:
-                raise ValueError(f"EngineConfig.{name}={value!r} applies to {_APPLIES_TO[name]}; this "
+                raise ValueError(f"EngineConfig.{name}={value!r} applies to {APPLIES_TO[name]}; this "
                                  f"is a {family} model with kv_layout={self.kv_layout!r}")
 
     def context_len(self, model_context_len: int) -> int:
@@ -102,8 +102,8 @@ class EngineConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
-_APPLIES_TO = {"enable_weighted_exit": "Ouro models (exit_weighted)", "huginn_init": "Huginn models",
-               "huginn_seed": "Huginn models", "shared_kv_slots": "Huginn's kv_layout='shared' ring"}
+APPLIES_TO = {"enable_weighted_exit": "Ouro models (exit_weighted)", "huginn_init": "Huginn models",
+              "huginn_seed": "Huginn models", "shared_kv_slots": "Huginn's kv_layout='shared' ring"}
 
 
 def _has_type(value, kind: str) -> bool:

@@ -1,7 +1,8 @@
 """Prometheus text exposition (format 0.0.4) in pure Python, plus a small parser.
 
-The server keeps one `Registry`; the engine thread's stats snapshot sets the gauges and
-the event loop observes TTFT / TPOT per finished request. Nothing here is thread-safe on
+The server keeps one `Registry`; the engine thread's stats snapshot sets the gauges and the
+counters of the engine's counts since start (`*_total`), and the event loop observes TTFT at a
+request's first token, TPOT and end-to-end latency when it finishes. Nothing here is thread-safe on
 its own: the owner (AsyncEngine) only touches metrics from the event-loop thread.
 
 `parse(text)` reads an exposition back into `{"name{labels}": value}`; the tests and the
@@ -139,7 +140,8 @@ class Registry:
 
 
 class ServingMetrics:
-    """The server's metrics: engine gauges from `stats()`, request counters, TTFT/TPOT."""
+    """The server's metrics: engine gauges and counters from `stats()`, request counters,
+    TTFT / TPOT / e2e latency histograms."""
 
     # engine.stats() key -> (metric name, kind, help). Gauges take the snapshot's value, counters
     # mirror the engine's cumulative counts. Other numeric keys become gauges loopjax_engine_<key>.

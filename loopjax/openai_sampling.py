@@ -1,10 +1,12 @@
 """OpenAI completions / chat request bodies -> SamplingParams keyword arguments (pure Python).
 
 Request fields that are not sampling parameters (model, prompt, messages, stream...) are
-ignored; `null` values count as absent; an unknown field, an unsupported value (best_of other
-than n) or a bad value raises a one-line ValueError naming it (SamplingParams checks the
-values). logit_bias keys are token ids written as strings (JSON object keys); chat's
-logprobs=true + top_logprobs=n and completions' logprobs=n both become `logprobs`.
+ignored; `null` values count as absent; an unknown field, a field for what loopjax does not
+do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default), an
+unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
+it (SamplingParams checks the values). logit_bias keys are token ids written as strings (JSON
+object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n both become
+`logprobs`.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
-exit settings, device slots, text and logprobs so far), made from what `Engine.add_request` was
-given, what a request's KV depends on besides its tokens and loops (`cache_salt`), and its text
-after each of its tokens (`update_text`: stop strings).
+exit settings, bad_words' token sequences, device slots, text and logprobs so far), made from
+what `Engine.add_request` was given, what a request's KV depends on besides its tokens and
+loops (`cache_salt`), and its text after each of its tokens (`update_text`: stop strings).
 """
 
 from __future__ import annotations

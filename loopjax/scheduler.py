@@ -9,6 +9,8 @@ Vocabulary:
 - A PREFILL step packs prompt chunks of up to `max_prefill_rows` requests, concatenated
   without padding (`max_prefill_tokens` real tokens at most, padded to a token bucket). A
   request whose prompt exceeds the budget is prefilled in several chunks (PREFILLING phase).
+  The queue's head is admitted (FCFS) only when the free pages hold its whole context, not
+  just a chunk: else older rows' growth preempts it before it completes, again and again.
 - A DECODE step feeds one token per row. Fused (the default): every row is fixed-depth, so
   the submission runs all its loops and every row emits a token: one submission per output
   token. Per-loop: if any row is adaptive (or `fused_decode=False`), the rows of one token

@@ -2,7 +2,7 @@
 
 Endpoints: POST /v1/completions, POST /v1/chat/completions (both stream with server-sent
 events `data: {json}\\n\\n` ending in `data: [DONE]\\n\\n`), GET /v1/models, /health, /metrics, /version,
-POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens}) and POST
+POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens, token_strs}) and POST
 /detokenize (`tokens` -> {prompt}), as vLLM's.
 
 Contract:

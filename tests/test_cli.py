@@ -103,6 +103,7 @@ def test_no_help_text_prints_default_none(capsys):
         texts[command] = " ".join(capsys.readouterr().out.split())
         assert "default: None" not in texts[command] and "default: ()" not in texts[command], command
     assert "--max-context-len INT default: the model's context length, at most 4096" in texts["serve"]
+    assert "--huginn-seed INT default: 0; Huginn models only" in texts["serve"]  # check_family refuses it
     blank = {f.name for f in dataclasses.fields(EngineConfig) if f.default in (None, ())}
     assert blank == set(DEFAULT_WORDS)  # a new field defaulting to no value needs its words
 
