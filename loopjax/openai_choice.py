@@ -1,10 +1,10 @@
 """One choice of an OpenAI completions / chat response, as the server builds it (no FastAPI).
 
 `Choice` follows one engine request's outputs: its text detokenized and trimmed at a stop
-string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's;
-completions' `top_logprobs` hold the token itself too; `text_offset`: where each token's text
-begins in the choice's text), and (echo)
-the scored prompt put before them, as the request gave it.
+string, OpenAI's `logprobs` of its tokens (each named by its text, decoded alone, as vLLM's, or
+`token_id:ID` with vLLM's return_tokens_as_token_ids; completions' `top_logprobs` hold the
+token itself too; `text_offset`: where each token's text begins in the choice's text), and
+(echo) the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
 {"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
