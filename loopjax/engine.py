@@ -21,7 +21,7 @@ prefix cache forgotten and the state made anew; step() raises one line, waiting 
 requests run on.
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are planned
 as fixed-depth rows: the device decides their exits inside the same submission. Engine-side
-per-request data (Huginn s0 rule, exit settings, slots) lives in `RequestExtra` (request_extra.py).
+per-request data (Huginn s0 rule, exit settings, bad_words, slots): request_extra.RequestExtra.
 """
 
 from __future__ import annotations
