@@ -183,8 +183,15 @@ def write_plane(cache, plane, slots, new):
     its slot; padding and masked tokens all go to the out-of-bounds drop slot)."""
     planes, hkv, p, s, d = cache.shape
     flat = cache.reshape(planes, hkv, p * s, d)  # merging P, S is a bitcast
+    new = new.astype(cache.dtype)
+    if slots.shape[-1] == 1:
+        # NOTE: XLA rewrites a one-token scatter as a dynamic-update-slice, and XLA:CPU then
+        # copies the whole layer's pool around it (a 1-row decode step ran ~30x slower than
+        # an 8-row one on CPU): one more token, to the drop slot, keeps it a scatter
+        slots = jnp.concatenate([slots, jnp.full_like(slots, p * s)], axis=-1)
+        new = jnp.concatenate([new, new], axis=0)
     # NOTE: unique_indices (true by the contract) lets XLA:GPU store without atomics.
-    flat = flat.at[plane, :, slots].set(new.astype(cache.dtype), mode="drop", unique_indices=True)
+    flat = flat.at[plane, :, slots].set(new, mode="drop", unique_indices=True)
     return flat.reshape(cache.shape)
 
 
