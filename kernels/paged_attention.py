@@ -184,10 +184,11 @@ def write_plane(cache, plane, slots, new):
     planes, hkv, p, s, d = cache.shape
     flat = cache.reshape(planes, hkv, p * s, d)  # merging P, S is a bitcast
     new = new.astype(cache.dtype)
-    if slots.shape[-1] == 1:
+    if slots.shape[-1] == 1 and jax.default_backend() == "cpu":
         # NOTE: XLA rewrites a one-token scatter as a dynamic-update-slice, and XLA:CPU then
-        # copies the whole layer's pool around it (a 1-row decode step ran ~30x slower than
-        # an 8-row one on CPU): one more token, to the drop slot, keeps it a scatter
+        # copies the whole layer's pool around it (a 1-row decode step ran ~50x slower than
+        # an 8-row one on CPU): one more token, to the drop slot, keeps it a scatter. XLA:GPU
+        # updates in place (bench/RESULTS.md run 34 call 4): left as it was.
         slots = jnp.concatenate([slots, jnp.full_like(slots, p * s)], axis=-1)
         new = jnp.concatenate([new, new], axis=0)
     # NOTE: unique_indices (true by the contract) lets XLA:GPU store without atomics.
