@@ -51,14 +51,18 @@ def add_arguments(parser):
                                       "or the served name (--url)")
     parser.add_argument("--workload", choices=("burst", "sessions"), default="burst")
     parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
-                        help="burst prompt tokens / sessions' opening tokens")
-    parser.add_argument("--output-len", "-O", type=int, default=d.output_len, help="tokens per request/turn")
+                        help="burst prompt tokens / sessions' opening tokens (default: %(default)s)")
+    parser.add_argument("--output-len", "-O", type=int, default=d.output_len,
+                        help="tokens per request/turn (default: %(default)s)")
     parser.add_argument("--concurrency", "-C", type=int, nargs="+", default=[d.concurrency],
-                        help="burst requests sent at once; several values run a sweep")
-    parser.add_argument("--sessions", "-N", type=int, default=d.num_sessions, help="sessions")
-    parser.add_argument("--turns", "-T", type=int, default=d.num_turns, help="turns per session")
-    parser.add_argument("--user-len", "-U", type=int, default=d.user_len, help="tokens per later user turn")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts")
+                        help="burst requests sent at once; several values run a sweep (default: %(default)s)")
+    parser.add_argument("--sessions", "-N", type=int, default=d.num_sessions,
+                        help="sessions (default: %(default)s)")
+    parser.add_argument("--turns", "-T", type=int, default=d.num_turns,
+                        help="turns per session (default: %(default)s)")
+    parser.add_argument("--user-len", "-U", type=int, default=d.user_len,
+                        help="tokens per later user turn (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: 0)")
     add_sampling_arguments(parser)
     parser.add_argument("--sampling-seed", type=int, default=None,
                         help="drawing requests: a request's seed is SAMPLING_SEED + crc32(its prompt "

@@ -2,6 +2,7 @@
 optional extra is one clear line with exit code 2, not a traceback."""
 
 import importlib
+import re
 
 import pytest
 
@@ -104,6 +105,10 @@ def test_no_help_text_prints_default_none(capsys):
         assert "default: None" not in texts[command] and "default: ()" not in texts[command], command
     assert "--max-context-len INT default: the model's context length, at most 4096" in texts["serve"]
     assert "--huginn-seed INT default: 0; Huginn models only" in texts["serve"]  # check_family refuses it
+    sizes = (("-P PROMPT_LEN", 512), ("-O OUTPUT_LEN", 128), ("-N SESSIONS", 64), ("-T TURNS", 6),
+             ("-U USER_LEN", 64))  # the workload's (bench/workloads.WorkloadSpec)
+    for flag, default in sizes:
+        assert re.search(f"{flag} [^-]*\\(default: {default}\\)", texts["bench"]), flag
     blank = {f.name for f in dataclasses.fields(EngineConfig) if f.default in (None, ())}
     assert blank == set(DEFAULT_WORDS)  # a new field defaulting to no value needs its words
 
