@@ -48,7 +48,7 @@ from loopjax.request import (
     check_exit_depth,
     check_prompt_ids,
 )
-from loopjax.request_extra import RequestExtra, cache_salt, request_extra, update_text
+from loopjax.request_extra import RequestExtra, cache_salt, check_state_truncation, request_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -143,7 +143,9 @@ class Engine:
             raise ValueError(f"params must be a SamplingParams, got {type(params).__name__}")
         if params.n != 1:  # NOTE: one engine request is one sample; fan-out is the caller's
             raise ValueError(f"n={params.n}: a request is one sample; submit params.fan_out() instead")
-        prompt = params.truncate(check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size))
+        given = check_prompt_ids(prompt_token_ids, self.model.cfg.vocab_size)
+        prompt = params.truncate(given)
+        check_state_truncation(initial_state, len(given), len(prompt))
         if params.logprobs is not None and params.logprobs > self.config.max_logprobs:
             raise ValueError(f"logprobs={params.logprobs} exceeds this engine's max_logprobs="
                              f"{self.config.max_logprobs}")

@@ -35,7 +35,7 @@ import tqdm
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
-from loopjax.request_extra import initial_state_extra
+from loopjax.request_extra import check_state_truncation, initial_state_extra
 from loopjax.sampling_params import SamplingParams, check_for_model
 from loopjax.scoring import score, score_options
 
@@ -79,7 +79,10 @@ class LLM:
         states = _state_list(initial_state, len(prompt_list), one_prompt)
         ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(prompt_list)]
         params = _params_list(sampling_params, kwargs, len(ids))
-        ids = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
+        kept = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
+        for given, prompt, state in zip(ids, kept, states):
+            check_state_truncation(state, len(given), len(prompt))
+        ids = kept
         scoring = [self._score_options(p, s) for p, s in zip(params, states)]  # before any is queued
         jobs = [(k, i, sample) for k, p in enumerate(params) for i, sample in enumerate(p.fan_out())]
         order = []
@@ -339,8 +342,10 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
-    ids = [params.truncate(_prompt_ids(model, p, k)) for k, p in enumerate(prompt_list)]
-    for prompt, state in zip(ids, states):  # NOTE: the engine's s0 check, at least the prompt's positions
+    given = [_prompt_ids(model, p, k) for k, p in enumerate(prompt_list)]
+    ids = [params.truncate(prompt) for prompt in given]
+    for full, prompt, state in zip(given, ids, states):  # NOTE: the engine's s0 checks, before it is built
+        check_state_truncation(state, len(full), len(prompt))
         initial_state_extra(model.cfg, state, "seeded", len(prompt))
     lengths = [len(p) for p in ids]
     if max(lengths) >= model.cfg.max_context_len:

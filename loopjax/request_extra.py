@@ -50,6 +50,15 @@ def request_extra(model, params, initial_state, default_init: str, num_positions
     return extra
 
 
+def check_state_truncation(initial_state, num_given: int, num_kept: int) -> None:
+    """Explicit Huginn states give one s0 per position of the prompt as given: a prompt that
+    truncate_prompt_tokens cut to its tail would pair them with other positions (they applied
+    from its first kept token on); a one-line ValueError."""
+    if num_kept < num_given and initial_state is not None and not isinstance(initial_state, str):
+        raise ValueError(f"truncate_prompt_tokens cut the prompt from {num_given} to {num_kept} tokens, "
+                         f"and initial_state gives states by position: give the kept prompt and its states")
+
+
 def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestExtra:
     """A request's RequestExtra with its Huginn s0 rule: `spec` None (the engine's `default`,
     EngineConfig.huginn_init), 'seeded', 'zero' or explicit states [>= num_positions, H];

@@ -30,6 +30,7 @@ Conventions:
   one word.
 - `truncate_prompt_tokens` (vLLM's): a prompt longer than that keeps its last that many tokens
   (`truncate`; the engine, the offline API and the server apply it before checking its length).
+  A prompt it cuts cannot take explicit Huginn states (given per position as sent): refused.
 - Text (vLLM's fields, docs/semantics.md): `skip_special_tokens` leaves special tokens out,
   `spaces_between_special_tokens` False joins consecutive added tokens without spaces; the
   engine's and the server's detokenizers read them, the device never does.

@@ -508,3 +508,25 @@ def test_bad_words_never_complete_on_the_fake_device(models, async_scheduling):
             end = next(i for i in range(length - 1, len(ids)) if plain[rid][i - length + 1:i + 1] == seq)
             assert ids[:end] == plain[rid][:end] and ids[end] != plain[rid][end], (length, rid)
             assert all(ids[i:i + length] != seq for i in range(len(ids))), (length, rid)
+
+
+def test_explicit_states_with_a_truncated_prompt_are_refused(models):
+    """truncate_prompt_tokens keeps a prompt's tail, and explicit Huginn states are given per
+    position of the prompt as sent: they were applied from the first kept token on (another
+    position's state, silently). Refused in one line by the engine, LLM.generate and
+    loopjax.generate (before an engine is built); a state mode still truncates."""
+    model = models["huginn"]
+    llm, hidden = _llm(model), model.cfg.hidden_size
+    states = np.zeros((8, hidden), np.float32)
+    params = SamplingParams(max_tokens=2, ignore_eos=True, truncate_prompt_tokens=3)
+    message = r"^truncate_prompt_tokens cut the prompt from 6 to 3 tokens, and initial_state gives states"
+    with pytest.raises(ValueError, match=message):
+        llm.engine.add_request([1, 2, 3, 4, 5, 6], params, "r", initial_state=states)
+    with pytest.raises(ValueError, match=message):
+        llm.generate([1, 2, 3, 4, 5, 6], params, initial_state=states)
+    with pytest.raises(ValueError, match=message):
+        loopjax.generate(model, [1, 2, 3, 4, 5, 6], max_new_tokens=2, truncate_prompt_tokens=3,
+                         initial_state=states)
+    assert not llm.engine.has_unfinished()
+    assert llm.generate([1, 2, 3, 4, 5, 6], params, initial_state="zero")[0].token_ids
+    assert llm.generate([1, 2, 3], params, initial_state=states)[0].token_ids  # nothing cut
