@@ -48,19 +48,23 @@ def _compiled(fn, *args) -> str:
     return fn.lower(*args).compile().as_text()
 
 
-@pytest.mark.parametrize("name", ["ouro-tiny", "huginn-tiny"])
-def test_engine_decode_step_copies_no_weight(name):
-    """The runner's fused decode step (paged KV, exit gate or recurrence, sampling) as the
-    engine jits it."""
+def _decode_step_hlo(name: str, num_rows: int, num_pages: int):
+    """(model, runner, optimized HLO) of the runner's fused decode step at num_rows rows, as
+    the engine jits it (paged KV, exit gate or recurrence, sampling)."""
     m = loopjax.load(name, dtype="float32")
     loops = m.cfg.default_loops
-    layout = kv_cache.make_layout(m.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=8,
+    layout = kv_cache.make_layout(m.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=num_pages,
                                   max_loops=loops)
-    # NOTE: 3 rows, so that no activation ([3, ...]) has a weight's shape (qk_bias is [2, Hq, D]).
-    r = runner.Runner(m, layout, decode_rows=(3,), prefill_buckets=((1, 8),), max_pages=4,
+    r = runner.Runner(m, layout, decode_rows=(num_rows,), prefill_buckets=((1, 8),), max_pages=4,
                       max_loops=loops)
-    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=loops, num_rows=3)
-    hlo = _compiled(r._step, r.params, r.state, batch, steps.fused(loops))
+    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=loops, num_rows=num_rows)
+    return m, r, _compiled(r._step, r.params, r.state, batch, steps.fused(loops))
+
+
+@pytest.mark.parametrize("name", ["ouro-tiny", "huginn-tiny"])
+def test_engine_decode_step_copies_no_weight(name):
+    # NOTE: 3 rows, so that no activation ([3, ...]) has a weight's shape (qk_bias is [2, Hq, D]).
+    m, _, hlo = _decode_step_hlo(name, num_rows=3, num_pages=8)
     assert weight_copies_in_loops(hlo, weight_shapes(m.params)) == []
 
 
@@ -69,14 +73,7 @@ def test_one_row_decode_step_copies_no_kv_pool(name):
     """A one-token K/V scatter became a dynamic-update-slice, and XLA:CPU copied the layer's
     whole pool around it in every loop: the 1-row decode step ran ~50x slower than the 8-row
     one on CPU (kernels/paged_attention.write_plane keeps it a scatter)."""
-    m = loopjax.load(name, dtype="float32")
-    loops = m.cfg.default_loops
-    layout = kv_cache.make_layout(m.cfg, "per_loop", page_size=8, dtype=jnp.float32, num_pages=64,
-                                  max_loops=loops)
-    r = runner.Runner(m, layout, decode_rows=(1,), prefill_buckets=((1, 8),), max_pages=4,
-                      max_loops=loops)
-    batch = r.make_batch([], decode=True, loop_begin=0, loop_end=loops, num_rows=1)
-    hlo = _compiled(r._step, r.params, r.state, batch, steps.fused(loops))
+    _, r, hlo = _decode_step_hlo(name, num_rows=1, num_pages=64)
     pools = {a.shape for a in jax.tree.leaves(r.state.kv)}
     pools |= {(pl, h, p * s, d) for pl, h, p, s, d in pools}  # the flat view the writes use
     assert weight_copies_in_loops(hlo, pools) == []
