@@ -171,3 +171,11 @@ def special_tokens(model) -> dict:
             config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
     tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
     return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
+
+
+def tokenizer_eos_id(model) -> int | None:
+    """The id of the tokenizer's eos_token (`special_tokens`), vLLM's primary EOS; None without a
+    tokenizer or one that names no EOS in its vocabulary."""
+    name = special_tokens(model)["eos_token"]
+    token_to_id = getattr(getattr(model, "tokenizer", None), "token_to_id", None)
+    return token_to_id(name) if name and token_to_id is not None else None

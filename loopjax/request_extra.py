@@ -1,7 +1,8 @@
 """The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
 exit settings, bad_words' token sequences, device slots, text and logprobs so far), made from
 what `Engine.add_request` was given, what a request's KV depends on besides its tokens and
-loops (`cache_salt`), and its text after each of its tokens (`update_text`: stop strings).
+loops (`cache_salt`), its text after each of its tokens (`update_text`: stop strings) and
+its `RequestOutput` (`request_output`, with vLLM's `stop_reason`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from loopjax import bad_words
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.exits import ExitSpec
-from loopjax.request import FINISH_STOP
+from loopjax.request import FINISH_STOP, RequestOutput, Snapshot
 
 
 @dataclass
@@ -128,3 +129,35 @@ def update_text(extra: RequestExtra, request, model) -> bool:
         ids = request.output_token_ids
         extra.text = model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
     return stops_now
+
+
+def stop_reason(request, extra: RequestExtra, primary_eos: tuple[int, ...]) -> int | str | None:
+    """vLLM's stop_reason of a request finished with 'stop': its stop string, else its last token
+    unless that is the primary EOS (the tokenizer's; vLLM checks it before the stop ids and
+    gives None) with ignore_eos off: generation_config.json's other EOS ids join the stop ids
+    there, so they are given as stop_reason like any stop id. None for other finishes."""
+    if request.finish_reason != FINISH_STOP:
+        return None
+    if extra.detokenizer is not None and extra.detokenizer.stop_string is not None:
+        return extra.detokenizer.stop_string
+    last = request.output_token_ids[-1]
+    return None if last in primary_eos and not request.sampling_params.ignore_eos else last
+
+
+def request_output(request, extra: RequestExtra, new_tokens, model,
+                   primary_eos: tuple[int, ...]) -> RequestOutput:
+    """The RequestOutput of a request that got `new_tokens` or finished (an aborted one gets the
+    text of the tokens it got); `stop_reason`'s primary_eos."""
+    if request.is_finished and extra.text is None and model.tokenizer is not None:
+        update_text(extra, request, model)
+    want_lp = request.sampling_params.logprobs is not None
+    subs = request.num_prefill_submissions + request.num_decode_submissions
+    metrics = {"ttft": request.ttft, "tpot": request.tpot,
+               "submissions": subs / max(1, request.num_output_tokens),
+               "decode_submissions_per_token": request.decode_submissions_per_token,
+               "num_preemptions": request.num_preemptions}
+    return RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
+                         request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
+                         extra.text, Snapshot(extra.logprobs) if want_lp else None,
+                         Snapshot(extra.top_logprobs) if want_lp else None, metrics,
+                         stop_reason(request, extra, primary_eos))

@@ -467,9 +467,36 @@ def test_stop_reason_and_include_stop_str_in_output(models):
     out = _run(engine, [(0, "id", [1, 2, 3], by_id, {}), (0, "id+", [1, 2, 3], by_id_kept, {})])
     assert (out["id"].text, out["id"].finish_reason, out["id"].stop_reason) == (text[:j], "stop", ids[4])
     assert (out["id+"].text, out["id+"].stop_reason) == (text[:j + 1], ids[4])
-    engine._eos = (ids[4],)  # the same token as the model's EOS: it stops with no stop_reason
+    engine._eos = engine._primary_eos = (ids[4],)  # the same token as the model's EOS: no stop_reason
     eos = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
     assert (eos.token_ids, eos.finish_reason, eos.stop_reason) == (ids[:j + 1], "stop", None)
+
+
+class _LettersWithEos(_Letters):  # its tokenizer_config.json names "<eos>" (tokenizers' token_to_id)
+    def __init__(self, eos: int):
+        self.eos = eos
+
+    def token_to_id(self, token):
+        return self.eos if token == "<eos>" else None
+
+
+def test_stop_reason_of_generation_config_eos_ids(models, tmp_path):
+    """vLLM's rule: the tokenizer's EOS stops with stop_reason None; generation_config.json's
+    other EOS ids (Ouro's <|im_end|>) join the stop ids, so a stop at one gives its id."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, async_scheduling=False)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = list(_run(_engine(models["ouro"], config), [(0, "full", [1, 2, 3], params, {})])["full"].token_ids)
+    extra, primary = ids[2], next(t for t in ids[3:] if t not in ids[:3])  # first seen at 2 and later
+    assert extra not in ids[:2]
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<eos>"}')
+    model = dataclasses.replace(models["ouro"], path=str(tmp_path),
+                                generation_config={"eos_token_id": [primary, extra]})
+    stopping = dataclasses.replace(params, ignore_eos=False)
+    for eos, reason in ((primary, extra), (extra, None)):  # the first stop is `extra`: at token 2
+        engine = engine_on_fake_device(model, config, _LettersWithEos(eos))
+        out = _run(engine, [(0, "r", [1, 2, 3], stopping, {})])["r"]
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:3], "stop", reason)
 
 
 class _Words:  # a tokenizer of words "t<id>", so that bad words can name any token sequence
