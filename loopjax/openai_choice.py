@@ -76,7 +76,7 @@ class Choice:
         self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
             tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
             params.include_stop_str_in_output, params.min_tokens)
-        self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: the tokenizer's EOS)
+        self.stop_reason = None  # vLLM's: the stop string or stop id that ended it (None: tokenizer's EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.finish_reason = None
         self.logprobs = self.top_logprobs = None if params.logprobs is None else []  # when asked
