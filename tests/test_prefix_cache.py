@@ -179,6 +179,29 @@ def test_parked_pages_are_evicted_only_for_room_deep_end_first():
     assert_pool_whole(sched)
 
 
+def test_a_copy_computed_at_once_is_published_too_and_hits_after_the_first_is_evicted():
+    sched, runner = setup(cfg(num_pages=6, max_prefill_rows=2))
+    bm = sched.block_manager
+    # A and B computed the same first page in one step; A's copy is evicted, B's still hits.
+    a, b = req("A", range(10, 15), max_tokens=1), req("B", range(10, 15), max_tokens=20)
+    sched.add(a)
+    sched.add(b)
+    plan = step(sched, runner)  # A finishes at once (1 token): its copy of page 0 is parked
+    assert plan.requests == (a, b) and a.num_cached_tokens == b.num_cached_tokens == 0 and a.is_finished
+    copy = b.page_ids[0]
+    assert bm.is_published(copy) and bm.prefix_cache.num_cached_pages == 2
+    assert bm.prefix_cache.num_parked_pages == 1
+    c = req("C", range(30, 43), max_tokens=1)  # 4 pages: the 3 free ones and A's copy
+    sched.add(c)
+    while not c.is_finished:
+        step(sched, runner)
+    assert bm.prefix_cache.num_evictions == 1 and not b.is_finished
+    d = req("D", list(range(10, 14)) + [99], max_tokens=1)
+    drive(sched, runner, {0: [d]})
+    assert d.num_cached_tokens == 4 and d.output_token_ids == [100 % V]  # the fake checks what it read
+    assert_pool_whole(sched)
+
+
 def test_preempting_a_request_that_holds_shared_pages():
     config = cfg(page_size=2, num_pages=7, max_context_len=16)
     sched, runner = setup(config)
