@@ -91,7 +91,7 @@ class Engine:
         if config.verbose:
             print(layout.describe(), flush=True)
         self.layout = layout
-        self.scheduler = Scheduler(SchedulerConfig(
+        sc = SchedulerConfig(
             page_size=config.page_size, num_pages=layout.num_pages, max_num_rows=config.max_num_rows,
             decode_row_buckets=config.decode_row_buckets or default_decode_row_buckets(max_context),
             max_prefill_tokens=config.max_prefill_tokens,
@@ -101,8 +101,7 @@ class Engine:
             prefill_share_per_loop=config.prefill_share_per_loop,
             num_loops=min(cfg.default_loops, self.max_loops), max_loops=self.max_loops,
             fused_decode=config.fused_decode, enable_prefix_caching=config.enable_prefix_caching,
-            decode_page_planes=layout.decode_page_planes))
-        sc = self.scheduler.config
+            decode_page_planes=layout.decode_page_planes)
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
                              max_pages=sc.max_pages_per_request, max_loops=self.max_loops,
@@ -114,6 +113,7 @@ class Engine:
                              ops=with_pointwise(matmul_ops(config.matmul), config.pointwise),
                              unroll=config.loop_unroll,
                              compilation_cache_dir=config.compilation_cache_dir)
+        self.scheduler = Scheduler(sc, loop_count=self.runner.fused_loop_count)  # warmup may add counts
         # Runner.warmup / warmup_steps options: the executables this config compiles at start-up
         self.warmup_options = dict(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                    series=not config.fused_decode, adaptive=config.adaptive_exit,

@@ -143,7 +143,7 @@ class _Checker:
         self.oldest_running = sched.running[0] if sched.running else None
         # NOTE: private state, read to check the prefill share (scheduler.py's module note)
         self.share_used = (any(sched._decodes_next(r) for r in sched.running)
-                           and sched._prefills_since_decode >= sched._prefill_allowance)
+                           and sched._share.used_up)
 
     def plan(self, plan):
         cfg = self.sched.config
