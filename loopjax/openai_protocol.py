@@ -220,16 +220,14 @@ class RequestParser:
 
     def _check_scorable(self, field: str, body: dict, params: SamplingParams) -> None:
         """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities, scored on the
-        identity path (loopjax.score): a fixed depth or Ouro's threshold exit in select mode, as
-        the reference computes every prompt position."""
+        identity path (loopjax.score): a fixed depth or Ouro's threshold exit, as the reference
+        computes every prompt position (in either exit_mode: `scoring.score_options`)."""
         if self.echo_state == "unsupported":
             raise bad_request(f"{field} is not supported by this server (its prompts cannot be scored)",
                               field)
-        rule = params.exit_rule
-        if rule or params.exit_mode != "select":
-            raise bad_request(f"{field} scores prompts at a fixed depth or with Ouro's threshold exit in "
-                              f"select mode; {rule or 'exit_mode=' + params.exit_mode} is not supported "
-                              f"with it", field)
+        if rule := params.exit_rule:
+            raise bad_request(f"{field} scores prompts at a fixed depth or with Ouro's threshold exit; "
+                              f"{rule} is not supported with it", field)
 
     def tokenize(self, body: dict) -> list[int]:
         """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered

@@ -36,16 +36,14 @@ from loopjax.server import create_app
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
-    ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
-     "exit_mode=skip"),
+    ({"prompt": [5], "echo": True, "exit_trace": [1]}, 400, "echo", "exit_trace is not supported with it"),
     ({"prompt": [5], "prompt_logprobs": 21}, 400, "prompt_logprobs", "must be in [0, 20], got 21"),
     ({"prompt": [5], "prompt_logprobs": -1}, 400, "prompt_logprobs", "must be in [0, 20], got -1"),
     ({"prompt": [5], "prompt_logprobs": True}, 400, "prompt_logprobs",
      "prompt_logprobs must be an integer [0, 20], got True"),
     ({"prompt": [5], "prompt_logprobs": 0, "exit_weighted": True}, 400, "prompt_logprobs",
-     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
+     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit; "
      "exit_weighted is not supported with it"),
-    ({"prompt": [5], "prompt_logprobs": 1, "exit_mode": "skip"}, 400, "prompt_logprobs", "exit_mode=skip"),
     ({"prompt": [5], "exit_min_loops": 2}, 400, "exit_min_loops",  # Ouro's exit would ignore it
      "exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn)"),
     ({"prompt": [5], "exit_trace": [1, 5]}, 400, "exit_trace", "exit_trace entry 5 exceeds the depth 4"),
