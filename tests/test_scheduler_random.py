@@ -102,7 +102,8 @@ class _Checker:
       decoding, prefill rows holding full pages only, its pages covering its positions;
       admissions a prefix of the queue (FCFS); no prefill step once the prefill share is used
       up while rows wait to decode; a cached page held or parked, never on the free list;
-      preempted requests queued with no page, never the oldest running request;
+      preempted requests queued with no page, newer than every request running on (vLLM's
+      order: the newest first), never the oldest running request;
     - progress: the oldest running request advances within a bounded number of updates, and
       the whole scenario ends within a bounded number of steps;
     - at the end: every request finished exactly once (by an update, an abort or the engine),
@@ -163,9 +164,11 @@ class _Checker:
             assert 0 <= start < end <= cfg.max_seq_len and len(r.page_ids) * cfg.page_size >= end
         admitted = [r for r in self.queue if r.phase not in (RequestPhase.WAITING, RequestPhase.PREEMPTED)]
         assert admitted == self.queue[:len(admitted)], "a request overtook the head of the queue"
+        newest_running = max((r.arrival_order for r in self.sched.running), default=-1)
         for r in plan.preempted:
             assert r.phase is RequestPhase.PREEMPTED and not r.page_ids and r in self.sched.waiting
             assert r is not self.oldest_running, "the oldest running request was preempted"
+            assert r.arrival_order > newest_running, "a request was preempted while a newer one runs on"
 
     def after_update(self, changed):
         for r in changed:
