@@ -202,6 +202,21 @@ def test_a_copy_computed_at_once_is_published_too_and_hits_after_the_first_is_ev
     assert_pool_whole(sched)
 
 
+def test_a_hit_takes_a_held_copy_before_a_parked_one():
+    cache = PrefixCache(page_size=4)
+    r = req("r", range(9), max_loops=4)
+    key = cache.keys(r, 1)[0]
+    cache.publish(5, key)
+    cache.publish(7, key)
+    cache.park(5)  # copy 5 parked: taking it would cost a free page, copy 7 is held
+    assert cache.match(r) == [7] and cache.num_cached_pages == 2
+    cache.park(7)
+    assert cache.match(r) == [5]  # both parked: the first published
+    assert (cache.evict(), cache.match(r)) == (5, [7])
+    assert (cache.evict(), cache.match(r), cache.num_cached_pages) == (7, [], 0)
+    cache.check()
+
+
 def test_preempting_a_request_that_holds_shared_pages():
     config = cfg(page_size=2, num_pages=7, max_context_len=16)
     sched, runner = setup(config)
