@@ -1,7 +1,8 @@
 """Seeded randomized scenarios for the scheduler, block manager and prefix cache, against the
 fake runner (tests/fake_runner.py: next token = last + 1, adaptive rows exit at 1 + last % depth;
 it checks every slot a step writes and reads). Each scenario draws a config (tight pools that
-force preemption, the prefix cache, decode pages, fused or per-loop decode, planning ahead) and
+force preemption, the prefix cache, decode pages, fused or per-loop decode, planning ahead,
+fused submissions compiled deeper than their rows) and
 a workload (n-sample groups, shared prefixes, prompts at the context and pool limits, adaptive
 and whole-prefill requests, stop tokens, engine stop strings, aborts in every phase, dispatches
 that fail, aborts while plans are in flight, prompts past the context or the pool, refused in
@@ -195,7 +196,8 @@ def _scenario(seed: int) -> dict:
     config = _config(rng)
     arrivals, expected, stop_at = _workload(rng, config)
     requests = {r.request_id: r for rs in arrivals.values() for r in rs}
-    sched = Scheduler(config)
+    # every third scenario: fused submissions compiled for the deepest loop count (the share counts it)
+    sched = Scheduler(config, loop_count=(lambda n: config.loop_cap) if seed % 3 == 0 else None)
     planes = config.decode_page_planes
     runner = FakeRunner(config.page_size, config.num_pages * (1 + planes), V, sched.block_manager)
     check = _Checker(sched)
