@@ -235,8 +235,8 @@ class RequestOutput:
     logprobs: Sequence[float] | None = None  # per generated token (when asked)
     top_logprobs: Sequence[list[tuple[int, float]]] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
-    # Finished with 'stop': the stop string that matched, or the stop token id (None for EOS), as
-    # vLLM's; None otherwise.
+    # Finished with 'stop': the stop string that matched, or the stop token id (None for the
+    # tokenizer's EOS), as vLLM's; None otherwise.
     stop_reason: int | str | None = None
 
 
