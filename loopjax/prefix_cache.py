@@ -37,7 +37,8 @@ A page is free (the BlockManager's free list), held (ref count >= 1) or parked: 
 but holding a published key, in the LRU. Parked pages count as free; the allocator reuses one
 (evicting its key, oldest first) only when the free list is empty. A hit on a parked page takes
 it out of the LRU. Two requests that computed one prefix at once publish a copy each, so the
-prefix stays cached until both copies are evicted. A request releases its pages tail first, so
+prefix stays cached while either holds its copy; the first copy released while the other
+lives is unpublished and freed, never parked. A request releases its pages tail first, so
 the deep end of a prefix is evicted before the pages it hangs from.
 """
 
@@ -67,7 +68,7 @@ class PrefixCache:
     def __init__(self, page_size: int):
         self.page_size = page_size
         # published key -> its pages (two requests that computed one prefix at once both publish:
-        # each copy stays findable until it is evicted), in publish order; page -> its key
+        # each copy stays findable while held, `park`), in publish order; page -> its key
         self._pages_of: dict[bytes, dict[int, None]] = {}
         self._key_of: dict[int, bytes] = {}
         self._parked: OrderedDict[int, None] = OrderedDict()  # ref-0 keyed pages, oldest first
@@ -116,14 +117,21 @@ class PrefixCache:
     # ---- page life cycle (called by the BlockManager)
     def publish(self, page: int, key: bytes) -> None:
         """Register a held page whose KV is complete (also a second copy of a key's page: two
-        requests computed the same prefix at once, and either copy may be evicted first)."""
+        requests computed the same prefix at once, and either may be released first)."""
         assert page not in self._key_of, f"page {page} is published twice"
         self._pages_of.setdefault(key, {})[page] = None
         self._key_of[page] = key
 
     def park(self, page: int) -> bool:
-        """A page's ref count reached 0: keep it (True) if it holds a key, else False."""
-        if page not in self._key_of:
+        """A page's ref count reached 0: keep it (True) if it holds a key, else False; a copy
+        whose key has another page loses its key (False): that page keeps the prefix cached,
+        and redundant copies would push other prefixes out of the LRU."""
+        key = self._key_of.get(page)
+        if key is None:
+            return False
+        copies = self._pages_of[key]
+        if len(copies) > 1:
+            del copies[page], self._key_of[page]
             return False
         self._parked[page] = None
         return True
