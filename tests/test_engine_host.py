@@ -441,7 +441,8 @@ def test_spaces_between_special_tokens_off_joins_added_tokens(models):
     joined = dataclasses.replace(params, spaces_between_special_tokens=False, skip_special_tokens=False)
     out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
     letters = _Letters().decode(out["spaced"].token_ids)
-    assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)
+    # NOTE: the first token follows the prompt's, spaced as the decoder spaces them (vLLM's)
+    assert (out["spaced"].text, out["joined"].text) == (" " + " ".join(letters), " " + letters)
 
 
 def test_stop_reason_and_include_stop_str_in_output(models):
