@@ -69,7 +69,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _run(args) -> int:
     from loopjax.chat import encode_chat
-    from loopjax.engine_config import EngineConfig
     from loopjax.llm import compact_engine_options, generate
     from loopjax.model import load
 
@@ -88,7 +87,6 @@ def _run(args) -> int:
     options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
     if args.shared_kv_slots is not None:
         options["shared_kv_slots"] = args.shared_kv_slots
-    EngineConfig(**options).check_family(model.family)  # the engine's one-line refusals, before it builds
     exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
                      "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
                      "exit_check_every": args.exit_check_every,
