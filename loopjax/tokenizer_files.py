@@ -7,8 +7,9 @@ transformers reads it (pure Python; imports neither JAX nor tokenizers at import
   each as text (an AddedToken object gives its content). Chat templates get them as variables.
 - `apply_add_special_tokens(tokenizer, folder)`: tokenizer_config.json's add_bos_token /
   add_eos_token over tokenizer.json's post-processor, as transformers' fast tokenizers apply
-  them (one of the two given: the post-processor becomes [bos] $A [eos] by the two flags, a
-  flag not given being off; tokenizer.json alone may still add a BOS the config turns off).
+  them (v5's for every class, v4's for the Llama-style ones): one of the two given, the
+  post-processor becomes [bos] $A [eos] by the two flags, a flag not given being off (a BOS
+  tokenizer.json adds, a config turning it off has none).
 """
 
 from __future__ import annotations
