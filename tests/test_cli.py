@@ -127,9 +127,11 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
     Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles)."""
     import loopjax.llm
     import loopjax.model
+    from loopjax.config import preset
 
-    tiny = loopjax.model.load("huginn-tiny")
-    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: tiny)  # loaded once
+    # NOTE: the refusals come before any weight is read: a model without weights serves
+    weightless = loopjax.model.Model(cfg=preset("huginn-tiny"), params={})
+    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: weightless)
     for argv, error in (
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
              "EngineConfig.shared_kv_slots must be >= 1, got 0"),
