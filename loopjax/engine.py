@@ -32,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-from loopjax import attention_backend, bad_words, kv_cache
+from loopjax import attention_backend, bad_words, kv_cache, tokenizer_files
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
@@ -118,7 +118,8 @@ class Engine:
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
-        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None))
+        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None),
+                                  tokenizer_files.eos_token_id(model.tokenizer, getattr(model, "path", None)))
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
         # NOTE: an Ouro config without a threshold selects its early_exit_step, as models/ouro.forward
         # (and so scoring) does; a shallower request keeps its last loop (_row)

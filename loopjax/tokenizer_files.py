@@ -5,6 +5,7 @@ transformers reads it (pure Python; imports neither JAX nor tokenizers at import
   (bos_token, eos_token, unk_token, sep_token, pad_token, cls_token, mask_token) and
   additional_special_tokens, from tokenizer_config.json overridden by special_tokens_map.json;
   each as text (an AddedToken object gives its content). Chat templates get them as variables.
+- `eos_token_id(tokenizer, folder)`: the tokenizer's EOS id, which vLLM stops at.
 - `apply_add_special_tokens(tokenizer, folder)`: tokenizer_config.json's add_bos_token /
   add_eos_token over tokenizer.json's post-processor, as transformers' fast tokenizers apply
   them (v5's for every class, v4's for the Llama-style ones): one of the two given, the
@@ -33,6 +34,13 @@ def special_tokens_map(folder: str | None) -> dict:
         if isinstance(extra, list):
             found[ADDITIONAL] = [t for t in map(_token_text, extra) if t is not None]
     return found
+
+
+def eos_token_id(tokenizer, folder: str | None) -> int | None:
+    """The id of the folder's eos_token in `tokenizer` (vLLM's primary EOS: the tokenizer's, not
+    config.json's); None without a tokenizer, an eos_token, or that token in its vocabulary."""
+    text = special_tokens_map(folder).get("eos_token")
+    return None if tokenizer is None or text is None else tokenizer.token_to_id(text)
 
 
 def apply_add_special_tokens(tokenizer, folder: str | None) -> None:
