@@ -95,6 +95,8 @@ class IncrementalDetokenizer:
         p, r = self._window
         head = self.context if p == 0 else []
         before, now = self._decode([*head, *token_ids[p:r]]), self._decode([*head, *token_ids[p:n]])
+        if r == 0:
+            before = _whole(before)
         if len(now) > len(before) and (not now.endswith("\ufffd") or final):
             added, piece = self._added, now[len(before):]
             if added and n >= 2 and token_ids[n - 1] in added and token_ids[n - 2] in added:
@@ -103,6 +105,13 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+
+
+def _whole(context_text: str) -> str:
+    """The context's text without a character its last tokens leave unfinished: the output's
+    first tokens bring its other bytes, and it is their text (vLLM's detokenizer, primed with
+    the prompt, holds it back and emits it with them)."""
+    return context_text.rstrip("\ufffd")
 
 
 def prompt_context(tokenizer, prompt_ids: Sequence[int]) -> list[int]:
@@ -125,7 +134,7 @@ def decode_output(tokenizer, token_ids: Sequence[int], context: Sequence[int] = 
         ids = [*context, *ids]
         return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) if ids else ""
 
-    start, end = len(text_of([])), len(token_ids)
+    start, end = len(_whole(text_of([]))), len(token_ids)
     text = text_of(token_ids)
     while not complete and end and text.endswith("\ufffd"):  # a partial character: its tokens wait
         end -= 1

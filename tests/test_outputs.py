@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.request import Snapshot
+from loopjax.request_extra import RequestExtra, update_text
 
 
 def test_snapshot_keeps_its_length_after_appends():
@@ -167,8 +168,6 @@ def test_first_output_token_is_decoded_after_the_prompts_tail(stop):
     from types import SimpleNamespace
 
     from loopjax.openai_choice import Choice
-    from loopjax.request_extra import RequestExtra, update_text
-
     tok = metaspace_tokenizer()
     model = text_model(tok)
     for prompt in ([1], [1, 3, 4, 3, 1]):  # a short prompt is its own context; a long one's tail
@@ -187,8 +186,6 @@ def test_an_aborted_outputs_text_ends_at_its_last_whole_character(stop):
     text is what it streamed); it ended in U+FFFD without stop strings and left it out with
     them. A request finished otherwise still shows it (its last token is final)."""
 
-    from loopjax.request_extra import RequestExtra, update_text
-
     tok = byte_tokenizer()
     model = text_model(tok)
     prompt, output = tok.encode("a ").ids, tok.encode("bé").ids[:-1]  # é's last byte missing
@@ -196,3 +193,18 @@ def test_an_aborted_outputs_text_ends_at_its_last_whole_character(stop):
         extra = RequestExtra()
         update_text(extra, finished_request(prompt, output, reason, stop=stop), model)
         assert extra.text == text, reason
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])
+def test_a_character_the_prompt_leaves_unfinished_is_the_outputs(stop):
+    """A prompt ending in a character's first bytes: the output's first token completes it,
+    and the character is the output's text (vLLM's detokenizer holds it back while primed with
+    the prompt); it was lost (its bytes were counted as the prompt's text)."""
+    tok = byte_tokenizer()
+    model = text_model(tok)
+    e_acute = tok.encode("é").ids
+    prompt, output = tok.encode("ab").ids + e_acute[:1], e_acute[1:] + tok.encode("x").ids
+    for reason in ("length", "abort"):
+        extra = RequestExtra()
+        update_text(extra, finished_request(prompt, output, reason, stop=stop), model)
+        assert extra.text == "éx", reason
