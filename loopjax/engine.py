@@ -32,9 +32,8 @@ from collections import deque
 
 import numpy as np
 
-from loopjax import attention_backend, bad_words, kv_cache
+from loopjax import attention_backend, bad_words, kv_cache, tokenizer_files
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
-from loopjax.chat import tokenizer_eos_id
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.engine_config import EngineConfig
@@ -125,9 +124,9 @@ class Engine:
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
-        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None))
         # vLLM's primary EOS (stop_reason None): the tokenizer's, else config.json's (no tokenizer)
-        eos = tokenizer_eos_id(model)
+        eos = tokenizer_files.eos_token_id(model.tokenizer, getattr(model, "path", None))
+        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None), eos)
         self._primary_eos = eos_token_ids(cfg) if eos is None else (eos,)
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
         # NOTE: an Ouro config without a threshold selects its early_exit_step, as models/ouro.forward

@@ -83,7 +83,7 @@ class RequestParser:
     model_name: str  # the name clients send as `model`
     tokenizer: Any = None  # a `tokenizers.Tokenizer`; None: token-id prompts only, no chat
     chat_template: str | None = None
-    special_tokens: dict = dataclasses.field(default_factory=dict)  # bos_token / eos_token text
+    special_tokens: dict = dataclasses.field(default_factory=dict)  # chat.special_tokens: template variables
     vocab_size: int | None = None  # token ids must lie in [0, vocab_size)
     max_context: int | None = None  # prompt + generation tokens the engine serves
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
@@ -370,7 +370,8 @@ class RequestParser:
             raise bad_request(str(e), "chat_template_kwargs") from None
         try:
             text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
-                               template_kwargs=kwargs, continue_final_message=going_on, **self.special_tokens)
+                               template_kwargs=kwargs, continue_final_message=going_on,
+                               special=self.special_tokens)
         except ValueError as e:  # the template refused the messages, or failed on them
             raise bad_request(str(e), "messages") from None
         except RuntimeError as e:  # it cannot render on this installation

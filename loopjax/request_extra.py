@@ -13,9 +13,9 @@ import numpy as np
 
 from loopjax import bad_words
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
-from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.detokenizer import IncrementalDetokenizer, decode_output, prompt_context
 from loopjax.exits import ExitSpec
-from loopjax.request import FINISH_STOP, RequestOutput, Snapshot
+from loopjax.request import FINISH_ABORT, FINISH_STOP, RequestOutput, Snapshot
 
 
 @dataclass
@@ -100,7 +100,9 @@ def update_text(extra: RequestExtra, request, model) -> bool:
     """After a request's new token: apply its stop strings (new tokens decoded incrementally,
     as is the text without spaces_between_special_tokens) and set the text of a finished one
     (else decoded once). True when a stop string ends the running request now (the engine
-    finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
+    finishes it). Nothing for detokenize=False (the server decodes as it streams).
+    Either way the output is decoded after its prompt's tail and an aborted request's text
+    ends at its last whole character (detokenizer.py)."""
     params = request.sampling_params
     if not params.detokenize:
         return False
@@ -108,18 +110,15 @@ def update_text(extra: RequestExtra, request, model) -> bool:
     # include_stop_str_in_output)
     stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
                   and not params.include_stop_str_in_output)
+    complete = request.is_finished and request.finish_reason != FINISH_ABORT
     stops_now = False
     if params.stop or not params.spaces_between_special_tokens:
         if extra.detokenizer is None:
-            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop,
-                                                       params.skip_special_tokens,
-                                                       params.spaces_between_special_tokens,
-                                                       params.include_stop_str_in_output,
-                                                       params.min_tokens)
+            extra.detokenizer = IncrementalDetokenizer.for_output(model.tokenizer, params,
+                                                                  request.prompt_token_ids)
         # NOTE: the last token (max_tokens) is searched too: a stop string there trims the text
         # and makes the reason "stop" (as vLLM's and the server's Choice).
-        if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                    stop_token=stop_token):
+        if extra.detokenizer.update(request.output_token_ids, final=complete, stop_token=stop_token):
             if request.is_finished:
                 request.finish_reason = FINISH_STOP
             else:
@@ -127,7 +126,9 @@ def update_text(extra: RequestExtra, request, model) -> bool:
         extra.text = extra.detokenizer.text
     if request.is_finished and extra.detokenizer is None:
         ids = request.output_token_ids
-        extra.text = model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
+        extra.text = decode_output(model.tokenizer, ids[:len(ids) - stop_token],
+                                   prompt_context(model.tokenizer, request.prompt_token_ids),
+                                   params.skip_special_tokens, complete)
     return stops_now
 
 

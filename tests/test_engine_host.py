@@ -441,7 +441,8 @@ def test_spaces_between_special_tokens_off_joins_added_tokens(models):
     joined = dataclasses.replace(params, spaces_between_special_tokens=False, skip_special_tokens=False)
     out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
     letters = _Letters().decode(out["spaced"].token_ids)
-    assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)
+    # NOTE: the first token follows the prompt's, spaced as the decoder spaces them (vLLM's)
+    assert (out["spaced"].text, out["joined"].text) == (" " + " ".join(letters), " " + letters)
 
 
 def test_stop_reason_and_include_stop_str_in_output(models):
@@ -557,3 +558,25 @@ def test_explicit_states_with_a_truncated_prompt_are_refused(models):
     assert not llm.engine.has_unfinished()
     assert llm.generate([1, 2, 3, 4, 5, 6], params, initial_state="zero")[0].token_ids
     assert llm.generate([1, 2, 3], params, initial_state=states)[0].token_ids  # nothing cut
+
+
+def test_the_tokenizers_eos_token_stops_a_request(models, tmp_path):
+    """The tokenizer's eos_token (tokenizer_config.json / special_tokens_map.json) ends a
+    request as config.json's EOS does: vLLM's primary EOS is the tokenizer's; a checkpoint
+    whose tokenizer names another EOS than its config ran past it."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers import models as token_models
+
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    model = models["ouro"]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = _run(_engine(model, config), [(0, "free", [1, 2, 3], params, {})])["free"].token_ids
+    k = next(i for i, t in enumerate(ids) if t != model.cfg.eos_token_id and t not in ids[:i])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{ids[k]}"}))
+    tok = Tokenizer(token_models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    engine = engine_on_fake_device(dataclasses.replace(model, path=str(tmp_path)), config, tok)
+    out = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:k + 1], "stop", None)

@@ -357,18 +357,30 @@ def test_chat_template_renders_as_transformers_does():
 
 
 def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
-    """transformers reads bos_token / eos_token from special_tokens_map.json too (over
-    tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it."""
+    """transformers reads the special tokens from special_tokens_map.json too (over
+    tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it.
+    Templates get every named special token and additional_special_tokens, as transformers'
+    special_tokens_map (they got bos_token and eos_token only: {{ pad_token }} rendered '')."""
     from types import SimpleNamespace
 
     from loopjax.chat import special_tokens
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "</s>", "pad_token": {"content": "<pad>"}, "additional_special_tokens": ["<a>"]}))
     (tmp_path / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "</s>", "unk_token": "<unk>"}))
-    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "<s>", "eos_token": "</s>"}
+    found = special_tokens(SimpleNamespace(path=str(tmp_path)))
+    assert found == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                     "additional_special_tokens": ["<a>"]}
+    messages = [{"role": "user", "content": "hi"}]
+    template = ("{{ bos_token }}|{{ pad_token }}|{{ unk_token }}|{{ additional_special_tokens[0] }}|"
+                "{{ eos_token }}")
+    assert render_chat(template, messages, special=found) == "<s>|<pad>|<unk>|<a>|</s>"
+    kwargs = {"pad_token": "P"}  # a chat_template_kwargs variable wins, as transformers' kwargs
+    assert render_chat(template, messages, special=found, template_kwargs=kwargs) == "<s>|P|<unk>|<a>|</s>"
     (tmp_path / "special_tokens_map.json").unlink()
-    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "", "eos_token": "</s>"}
+    assert special_tokens(SimpleNamespace(path=str(tmp_path)))["eos_token"] == "</s>"
+    assert render_chat("[{{ bos_token + eos_token }}]", messages, special={}) == "[]"  # '' where unset
 
 
 def bos_tokenizer():
