@@ -25,6 +25,19 @@ _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+-?\d+)?$")
 
 
+def _escape(text: str, *, quote: bool) -> str:
+    """Text as the exposition format carries it: a backslash and a newline escaped (HELP
+    lines), and a double quote too in a label value (`quote`)."""
+    text = str(text).replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+
+
+def _sample(name: str, value: float, labels: dict[str, str] | None = None) -> str:
+    """One sample line; the one place label values are written (escaped)."""
+    pairs = ",".join(f'{key}="{_escape(text, quote=True)}"' for key, text in (labels or {}).items())
+    return f"{name}{{{pairs}}} {_fmt(value)}" if pairs else f"{name} {_fmt(value)}"
+
+
 def _fmt(value: float) -> str:
     if math.isnan(value):
         return "NaN"
@@ -44,7 +57,7 @@ class _Metric:
         self.name, self.help = name, help_text
 
     def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        return [f"# HELP {self.name} {_escape(self.help, quote=False)}", f"# TYPE {self.name} {self.kind}"]
 
 
 class Counter(_Metric):
@@ -66,7 +79,7 @@ class Counter(_Metric):
         self.value = float(value)
 
     def render(self) -> list[str]:
-        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+        return self.header() + [_sample(self.name, self.value)]
 
 
 class Gauge(_Metric):
@@ -80,7 +93,7 @@ class Gauge(_Metric):
         self.value = float(value)
 
     def render(self) -> list[str]:
-        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+        return self.header() + [_sample(self.name, self.value)]
 
 
 class Histogram(_Metric):
@@ -106,8 +119,8 @@ class Histogram(_Metric):
         lines, total = self.header(), 0
         for bound, n in zip(self.buckets + (math.inf,), self.counts):
             total += n
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {total}')
-        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {total}"]
+            lines.append(_sample(f"{self.name}_bucket", total, {"le": _fmt(bound)}))
+        lines += [_sample(f"{self.name}_sum", self.sum), _sample(f"{self.name}_count", total)]
         return lines
 
 
