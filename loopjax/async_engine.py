@@ -39,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import threading
 import time
 import traceback
@@ -67,13 +68,23 @@ class RequestFailedError(RuntimeError):
     """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
 
 
+def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
+    """A finite number of seconds, > 0 (>= 0 when `zero_ok`), or a one-line ValueError naming it."""
+    number = not isinstance(value, bool) and isinstance(value, int | float)
+    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0 (seconds), "
+                         f"got {value!r}")
+
+
 class AsyncEngine:
     def __init__(self, engine, *, max_waiting: int = 256, idle_timeout_s: float = 0.5,
                  admission_window_s: float = 0.0, metrics: ServingMetrics | None = None):
-        if max_waiting < 1:  # NOTE: 0 would refuse every request with a 429 no retry passes
-            raise ValueError(f"max_waiting must be >= 1, got {max_waiting}")
-        if not admission_window_s >= 0:
-            raise ValueError(f"admission_window_s must be >= 0, got {admission_window_s}")
+        # NOTE: max_waiting 0 would refuse every request with a 429 no retry passes; an idle
+        # timeout <= 0 spins the idle thread; an infinite wait raises in the engine thread
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
+            raise ValueError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
+        _check_seconds("idle_timeout_s", idle_timeout_s, zero_ok=False)
+        _check_seconds("admission_window_s", admission_window_s, zero_ok=True)
         self.engine = engine
         self.admission_window_s = admission_window_s
         self.max_waiting = max_waiting  # accepted requests without a first token (queue bound)
@@ -168,6 +179,7 @@ class AsyncEngine:
 
     def shutdown(self, timeout_s: float = 30.0):
         """Stop the engine thread (after its current step) and fail the open streams."""
+        _check_seconds("timeout_s", timeout_s, zero_ok=True)
         self._stop.set()
         self._wake.set()
         if self._thread is not None and self._thread is not threading.current_thread():
