@@ -212,15 +212,24 @@ class ServingMetrics:
                                             "1 when the engine shares KV pages of common prefixes")
         self.waiting = r.gauge("loopjax_waiting_requests",
                                "Accepted requests that have not yet received a first token")
-        self.requests = r.counter("loopjax_requests_total", "Requests accepted")
-        self.finished = r.counter("loopjax_requests_finished_total", "Requests finished")
+        # NOTE: the request counters count engine requests, one per sample (an OpenAI request of 2
+        # prompts and n=4 counts 8), as vLLM's request_success_total and prompt_tokens_total count
+        # each child request of an n > 1 request; a rejection refuses the user request whole: once.
+        self.requests = r.counter("loopjax_requests_total",
+                                  "Engine requests accepted (one per sample: prompts x n of a request)")
+        self.finished = r.counter("loopjax_requests_finished_total",
+                                  "Engine requests finished (one per sample)")
         self.aborted = r.counter("loopjax_requests_aborted_total",
-                                 "Requests aborted: client gone, server shutting down, admission rolled "
-                                 "back, a step failed")
-        self.rejected = r.counter("loopjax_requests_rejected_total", "Requests rejected: queue full")
+                                 "Engine requests aborted (one per sample): client gone, server shutting "
+                                 "down, a step failed")
+        self.rejected = r.counter("loopjax_requests_rejected_total",
+                                  "User requests refused because the queue was full (HTTP 429), once each "
+                                  "whatever their prompts x n")
         self.step_failures = r.counter("loopjax_step_failures_total",
                                        "Engine steps that failed on the device (their requests failed)")
-        self.prompt_tokens = r.counter("loopjax_prompt_tokens_total", "Prompt tokens accepted")
+        self.prompt_tokens = r.counter("loopjax_prompt_tokens_total",
+                                       "Prompt tokens of the accepted engine requests (a prompt once per "
+                                       "sample)")
         self.generation_tokens = r.counter("loopjax_generation_tokens_total", "Tokens generated")
         self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)
         self.tpot = r.histogram("loopjax_tpot_seconds", "Time per output token after the first",
@@ -240,6 +249,13 @@ class ServingMetrics:
                 metric.set_total(value)
             else:
                 metric.set(value)
+
+    def engine_died(self):
+        """The engine thread died: its gauges read 0 (no request runs or waits, no page is
+        offered) rather than its last live snapshot; the counters keep their totals."""
+        for metric in self.gauges.values():
+            if isinstance(metric, Gauge):
+                metric.set(0)
 
     def render(self) -> str:
         return self.registry.render()
