@@ -94,6 +94,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
     AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
     starts the AsyncEngine and shuts it down."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
+        raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
