@@ -77,6 +77,12 @@ class RequestFailedError(RuntimeError):
     """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
 
 
+def one_line(error: BaseException) -> str:
+    """`Type: the message's first line`: an error as one line (XLA's run over many)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
     """A finite number of seconds, > 0 (>= 0 when `zero_ok`), or a one-line ValueError naming it."""
     number = not isinstance(value, bool) and isinstance(value, int | float)
@@ -117,6 +123,11 @@ class AsyncEngine:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
 
+    @property
+    def stop_reason(self) -> str:
+        """Why the engine does not run, in one line: what killed its thread, else "stopped"."""
+        return "stopped" if self.error is None else one_line(self.error)
+
     async def start(self):
         """Start the engine thread; outputs are delivered to the running event loop."""
         if self._thread is not None:
@@ -143,7 +154,7 @@ class AsyncEngine:
         the lot (one QueueFullError, counted once); on any other error the admitted ones are
         aborted, none counts, and the first error is raised."""
         if not self.running:
-            raise EngineDeadError(f"engine is not running ({self.error or 'stopped'})")
+            raise EngineDeadError(f"engine is not running ({self.stop_reason})")
         if self.num_waiting + len(jobs) > self.max_waiting:
             self.metrics.rejected.inc()
             needs = f"; this request needs {len(jobs)}" if len(jobs) > 1 else ""
@@ -401,7 +412,7 @@ class AsyncEngine:
             log.error("engine loop died:\n%s", traceback.format_exc())
             self.error = e
             self._stop.set()
-            self._call(self._on_death, EngineDeadError(f"engine step failed: {type(e).__name__}: {e}"))
+            self._call(self._on_death, EngineDeadError(f"engine step failed: {one_line(e)}"))
 
     def _admit_burst(self):
         """Work reached an idle engine: take requests while they keep arriving less than a
@@ -431,7 +442,7 @@ class AsyncEngine:
                     log.error("add_request %s failed:\n%s", engine_id, traceback.format_exc())
                     self._abort_quietly(engine_id)  # nothing of it stays queued
                     self._call(self._accept, accepted,
-                               RuntimeError(f"request not admitted: {type(e).__name__}: {e}"))
+                               RuntimeError(f"request not admitted: {one_line(e)}"))
                 else:
                     self._call(self._accept, accepted, None)
             else:  # ("abort", engine_id): unknown or finished ids are fine

@@ -350,10 +350,15 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
 
 
 class _ExitingEngine(FakeEngine):
-    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits."""
+    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits; or,
+    given an `error`, raises that."""
+
+    def __init__(self, error: BaseException | None = None):
+        super().__init__()
+        self.error = error or SystemExit("the step called sys.exit")
 
     def step(self):
-        raise SystemExit("the step called sys.exit")
+        raise self.error
 
 
 def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
@@ -371,6 +376,20 @@ def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
         assert not aeng.running and isinstance(aeng.error, SystemExit) and aeng.num_waiting == 0
         with pytest.raises(EngineDeadError, match="sys.exit"):
             await aeng.submit([1], params)
+        aeng.shutdown()
+
+        # An XLA error's many lines: each report of it is its first line (the stream's, a later
+        # submit's, /health's stop_reason), not the whole dump.
+        aeng = AsyncEngine(_ExitingEngine(RuntimeError("INTERNAL: device lost\n  at frame 1\n")),
+                           idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        reason = "RuntimeError: INTERNAL: device lost"
+        with pytest.raises(EngineDeadError, match=f"^engine step failed: {reason}$"):
+            await stream.__anext__()
+        with pytest.raises(EngineDeadError, match=rf"^engine is not running \({reason}\)$"):
+            await aeng.submit([1], params)
+        assert aeng.stop_reason == reason
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 10))

@@ -167,9 +167,10 @@ def test_dead_engine_answers_503():
         assert r.status_code == 503 and r.json()["error"]["message"] == error["message"]
         r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
         assert r.status_code == 503
-        assert r.json()["error"]["message"] == "engine is not running (device fell over)"
+        assert r.json()["error"]["message"] == "engine is not running (RuntimeError: device fell over)"
         health = httpx.get(live.url + "/health", timeout=10)
-        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "device fell over"}
+        assert health.status_code == 503
+        assert health.json() == {"status": "dead", "error": "RuntimeError: device fell over"}
 
 
 def test_a_request_lost_on_the_device_is_500_and_the_server_serves_on():
