@@ -1,9 +1,9 @@
 """Background engine loop: one thread owns the Engine, asyncio callers submit and stream.
 
 Contract:
-- Every Engine call (add_request, abort, step, stats) runs in the engine thread, so the
-  Engine needs no locks and all JAX work stays on one thread. The thread steps while the
-  engine has work and sleeps on an event when idle.
+- Every Engine call (add_request, abort, step, stats) runs in the engine thread
+  (engine_thread.py), so the Engine needs no locks and all JAX work stays on one thread, but
+  shutdown's, once that thread ended.
 - Callers on the event loop `await submit(prompt_ids, params)`: it returns a
   `RequestStream` once the engine accepted the request, raises ValueError (one line) for
   bad input or a request_id still open, and `QueueFullError` while `max_waiting` accepted
@@ -18,13 +18,8 @@ Contract:
   fed to per-request asyncio queues. Closing a stream early (client gone), cancelling its
   reader while it waits, or dropping it unclosed aborts its request: the engine thread frees
   its pages before its next step.
-- Admission window (`admission_window_s`, off by default): when work arrives at an idle
-  engine, the thread keeps taking requests while they arrive less than a window apart (at
-  most ADMISSION_WINDOWS windows) before its first step, so that a burst's prompts can share
-  the first prefill steps; a lone request pays one window. Over HTTP the first prompt of a
-  burst prefills alone (the server handles requests one at a time); on the H200 host a 2 ms
-  window changed nothing and 5 or 10 ms made burst-32 slower (bench/RESULTS.md runs 26, 30),
-  so it stays off. A busy engine takes new requests at its next step.
+- The engine thread takes submissions and aborts from an inbox and answers on the event
+  loop; an idle one may wait an admission window (`admission_window_s`) for a burst.
 - `stats()` is a snapshot the engine thread refreshes after every turn of its loop.
 - Metrics: requests_total counts the requests submit returned; each ends counted once, in
   requests_finished_total or requests_aborted_total. A submit that raises counts in neither;
@@ -33,8 +28,7 @@ Contract:
   token, TPOT and e2e with a finished request (a stop string's too).
 - A step that fails on the device (the Engine's StepFailedError) fails the requests it lost
   with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
-  device state. After MAX_STEP_FAILURES failed steps with no token between them, one it could
-  not recover from, or any other error of a step, the loop stops: every open request gets an
+  device state. When the engine thread dies (engine_thread.py), every open request gets an
   `EngineDeadError` (503), as do every later submit and /health; the engine's gauges read 0.
 - `shutdown()` sets the stop event, joins the thread and fails the streams still open; the
   thread gone, it aborts their requests in the engine before its last stats snapshot.
@@ -45,42 +39,26 @@ Engine's add_request / abort / step / has_unfinished / stats methods.
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import math
-import threading
 import time
-import traceback
 import uuid
 
+from loopjax.engine_thread import (  # noqa: F401 (MAX_STEP_FAILURES: callers import it from here)
+    MAX_STEP_FAILURES,
+    EngineDeadError,
+    EngineThread,
+    RequestFailedError,
+    one_line,
+)
 from loopjax.metrics import ServingMetrics
-from loopjax.request import StepFailedError
-from loopjax.request_stream import RequestStream, StreamState
+from loopjax.request_stream import RequestStream, StreamState, engine_id_of, request_id_of
 
 log = logging.getLogger("loopjax.async_engine")
 
 
-ADMISSION_WINDOWS = 10  # the longest an idle engine waits for a burst's requests, in windows
-MAX_STEP_FAILURES = 3  # failed steps with no token between them, after which the device counts as dead
-_SUBMISSION = "#"  # engine id = request_id + _SUBMISSION + the submission's number
-
-
 class QueueFullError(RuntimeError):
     """Too many requests wait for their first token; retry later (HTTP 429)."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine loop is not running (stopped, or a step raised)."""
-
-
-class RequestFailedError(RuntimeError):
-    """A step failed on the device and lost this request; the engine serves on (HTTP 500)."""
-
-
-def one_line(error: BaseException) -> str:
-    """`Type: the message's first line`: an error as one line (XLA's run over many)."""
-    lines = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
 
 
 def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
@@ -101,27 +79,27 @@ class AsyncEngine:
         _check_seconds("idle_timeout_s", idle_timeout_s, zero_ok=False)
         _check_seconds("admission_window_s", admission_window_s, zero_ok=True)
         self.engine = engine
-        self.admission_window_s = admission_window_s
         self.max_waiting = max_waiting  # accepted requests without a first token (queue bound)
-        self.idle_timeout_s = idle_timeout_s
         self.metrics = metrics or ServingMetrics()
         self.num_waiting = 0  # event-loop side count of requests without a first token
         self._streams: dict[str, StreamState] = {}  # event-loop side; open requests by request_id
         self._num_submitted = 0  # submissions so far: each one's engine id is unique
         self._pending: set[asyncio.Future] = set()  # event-loop side; admissions not answered yet
-        self._inbox: collections.deque = collections.deque()  # thread-safe appends/pops
-        self._wake = threading.Event()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._worker = EngineThread(self, engine, idle_timeout_s=idle_timeout_s,
+                                    admission_window_s=admission_window_s)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stats: dict = {}
         self._final_stats = False  # shutdown took the last snapshot: the thread's older ones are dropped
-        self.error: BaseException | None = None  # what killed the engine thread, if anything
 
     # ------------------------------------------------------------ event-loop side
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self._worker.running
+
+    @property
+    def error(self) -> BaseException | None:
+        """What killed the engine thread, if anything."""
+        return self._worker.error
 
     @property
     def stop_reason(self) -> str:
@@ -130,14 +108,13 @@ class AsyncEngine:
 
     async def start(self):
         """Start the engine thread; outputs are delivered to the running event loop."""
-        if self._thread is not None:
+        if self._loop is not None:
             raise RuntimeError("AsyncEngine already started")
         self._loop = asyncio.get_running_loop()
         self._set_stats(dict(self.engine.stats()))
         if self.prefix_caching is not None:
             self.metrics.prefix_cache_enabled.set(int(self.prefix_caching))
-        self._thread = threading.Thread(target=self._run, name="loopjax-engine", daemon=True)
-        self._thread.start()
+        self._worker.thread.start()
 
     async def submit(self, prompt_ids: list[int], params, request_id: str | None = None, *,
                      arrival_time: float | None = None) -> RequestStream:
@@ -166,7 +143,7 @@ class AsyncEngine:
             states.append(state := self._open(rid, len(prompt_ids), arrival_time))
             admissions.append(accepted := self._loop.create_future())
             self._pending.add(accepted)
-            self._post(("add", state.engine_id, list(prompt_ids), params, accepted))
+            self._worker.post(("add", state.engine_id, list(prompt_ids), params, accepted))
         try:
             answers = await asyncio.gather(*admissions, return_exceptions=True)
         except BaseException:  # the caller was cancelled (gather cancelled the admissions)
@@ -204,7 +181,7 @@ class AsyncEngine:
         """A closed stream's request leaves the open ones (counted once) and the engine."""
         if self._end(state, aborted=not stopped):
             state.started.set()
-            self._post(("abort", state.engine_id))
+            self._worker.post(("abort", state.engine_id))
 
     def abandon(self, state: StreamState):
         """Any thread (a RequestStream garbage-collected unclosed): its request is aborted on the
@@ -231,27 +208,20 @@ class AsyncEngine:
         gone, their requests and the aborts it did not take leave the engine (their pages back)
         before a last snapshot of its stats, which so counts them."""
         _check_seconds("timeout_s", timeout_s, zero_ok=True)
-        self._stop.set()
-        self._wake.set()
-        stopped = False
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout_s)
-            stopped = not self._thread.is_alive()
-            if not stopped:
-                log.warning("engine thread did not stop within %g s", timeout_s)
+        stopped = self._worker.halt(timeout_s)
+        if not stopped and self._worker.thread.is_alive():
+            log.warning("engine thread did not stop within %g s", timeout_s)
         open_ids = [state.engine_id for state in self._streams.values()]
         self._fail_all(EngineDeadError("server shutting down"))
         if stopped and self.error is None:  # NOTE: the engine is this thread's now
-            aborts = [command[1] for command in self._inbox if command[0] == "abort"]
-            self._inbox.clear()  # its admissions were failed above: their requests never entered
-            for engine_id in aborts + open_ids:
-                self._abort_quietly(engine_id)
+            for engine_id in self._worker.take_aborts() + open_ids:
+                self._worker.abort_quietly(engine_id)
             self._final_stats = True
             self._set_stats(dict(self.engine.stats()))
 
     def _open(self, request_id: str, prompt_len: int, arrival_time: float | None) -> StreamState:
         """A new submission's state, open (waiting for a first token) under `request_id`."""
-        engine_id = f"{request_id}{_SUBMISSION}{self._num_submitted}"
+        engine_id = engine_id_of(request_id, self._num_submitted)
         self._num_submitted += 1
         state = self._streams[request_id] = StreamState(self, request_id, engine_id, prompt_len, arrival_time)
         self._set_waiting(+1)
@@ -263,12 +233,12 @@ class AsyncEngine:
         self._pending.difference_update(admissions)
         for state in states:
             if self._end(state, aborted=True):
-                self._post(("abort", state.engine_id))  # a no-op where the engine refused it
+                self._worker.post(("abort", state.engine_id))  # a no-op where the engine refused it
 
     def _route(self, engine_id: str) -> StreamState | None:
         """The open submission an engine id names; None once it ended (an output of an aborted
         request, or of an ended one whose request_id names a new request by now)."""
-        state = self._streams.get(engine_id.rpartition(_SUBMISSION)[0])
+        state = self._streams.get(request_id_of(engine_id))
         return state if state is not None and state.engine_id == engine_id else None
 
     def _end(self, state: StreamState, *, aborted: bool) -> bool:
@@ -307,10 +277,6 @@ class AsyncEngine:
     def _set_waiting(self, delta: int):
         self.num_waiting += delta
         self.metrics.waiting.set(self.num_waiting)
-
-    def _post(self, command):
-        self._inbox.append(command)
-        self._wake.set()
 
     def _deliver(self, outputs):
         """Event loop: route one step's outputs to their streams."""
@@ -368,89 +334,3 @@ class AsyncEngine:
     def _set_stats(self, stats):
         self._stats = stats
         self.metrics.set_engine_stats(stats)
-
-    # ------------------------------------------------------------ engine thread
-    def _call(self, fn, *args):
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the event loop closed under us (shutdown)
-            self._stop.set()
-
-    def _run(self):
-        failures = 0  # failed steps since the last token
-        try:
-            while not self._stop.is_set():
-                self._wake.clear()  # before draining: a post after this wakes the wait below
-                idle = not self.engine.has_unfinished()
-                changed = self._drain_inbox()
-                if idle and changed:
-                    self._admit_burst()
-                if self.engine.has_unfinished():
-                    try:
-                        outputs = self.engine.step()
-                        if any(out.new_token_ids for out in outputs):  # a token: the device works
-                            failures = 0
-                    except StepFailedError as e:
-                        failures += 1
-                        if not e.recovered or failures >= MAX_STEP_FAILURES:
-                            raise
-                        log.error("%s; the engine serves on", e)
-                        self._call(self._on_step_failure, e.request_ids, RequestFailedError(str(e)))
-                        outputs = None
-                    if outputs:
-                        self._call(self._deliver, outputs)
-                    changed = True
-                if changed:
-                    self._call(self._on_stats, dict(self.engine.stats()))
-                elif self._stop.is_set():
-                    break
-                else:
-                    self._wake.wait(self.idle_timeout_s)
-        # NOTE: BaseException too (a SystemExit, a KeyboardInterrupt raised inside a library): a
-        # thread that ended without this left every open stream waiting for good
-        except BaseException as e:  # a broken step: every open request gets this error
-            log.error("engine loop died:\n%s", traceback.format_exc())
-            self.error = e
-            self._stop.set()
-            self._call(self._on_death, EngineDeadError(f"engine step failed: {one_line(e)}"))
-
-    def _admit_burst(self):
-        """Work reached an idle engine: take requests while they keep arriving less than a
-        window apart, for at most ADMISSION_WINDOWS windows (module note)."""
-        window = self.admission_window_s
-        deadline = time.perf_counter() + ADMISSION_WINDOWS * window
-        while window > 0 and not self._stop.is_set():
-            left = deadline - time.perf_counter()
-            if left <= 0 or not self._wake.wait(min(window, left)):
-                return
-            self._wake.clear()
-            self._drain_inbox()
-
-    def _drain_inbox(self) -> bool:
-        changed = False
-        while self._inbox:
-            command = self._inbox.popleft()
-            changed = True
-            if command[0] == "add":
-                _, engine_id, prompt_ids, params, accepted = command
-                try:
-                    self.engine.add_request(prompt_ids, params, request_id=engine_id)
-                except ValueError as e:  # NOTE: the engine's line names the caller's id
-                    request_id = engine_id.rpartition(_SUBMISSION)[0]
-                    self._call(self._accept, accepted, ValueError(str(e).replace(engine_id, request_id)))
-                except Exception as e:  # NOTE: a bug in one request's checks must not kill the loop
-                    log.error("add_request %s failed:\n%s", engine_id, traceback.format_exc())
-                    self._abort_quietly(engine_id)  # nothing of it stays queued
-                    self._call(self._accept, accepted,
-                               RuntimeError(f"request not admitted: {one_line(e)}"))
-                else:
-                    self._call(self._accept, accepted, None)
-            else:  # ("abort", engine_id): unknown or finished ids are fine
-                self._abort_quietly(command[1])
-        return changed
-
-    def _abort_quietly(self, engine_id: str) -> None:
-        try:
-            self.engine.abort(engine_id)
-        except Exception as e:  # NOTE: an abort must never kill the loop (unknown ids are fine)
-            log.debug("abort %s: %s", engine_id, e)

@@ -12,6 +12,15 @@ import time
 import weakref
 
 CLOSED = object()  # queue item: the stream was closed while a reader waited
+_SUBMISSION = "#"  # an engine id is request_id#k, k the number of the submission
+
+
+def engine_id_of(request_id: str, number: int) -> str:
+    return f"{request_id}{_SUBMISSION}{number}"
+
+
+def request_id_of(engine_id: str) -> str:
+    return engine_id.rpartition(_SUBMISSION)[0]
 
 
 class StreamState:
