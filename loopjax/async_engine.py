@@ -128,10 +128,13 @@ class AsyncEngine:
                          request_ids: list[str | None] | None = None) -> list[RequestStream]:
         """One user request of several engine requests (an OpenAI request's prompts x n), each job
         (prompt_ids, params): all admitted, or none. A queue without room for all of them refuses
-        the lot (one QueueFullError, counted once); on any other error the admitted ones are
-        aborted, none counts, and the first error is raised."""
+        the lot (one QueueFullError, counted once; a ValueError for more than max_waiting); on any
+        other error the admitted ones are aborted, none counts, and the first error is raised."""
         if not self.running:
             raise EngineDeadError(f"engine is not running ({self.stop_reason})")
+        if len(jobs) > self.max_waiting:  # NOTE: a 429 here would refuse every retry as well
+            raise ValueError(f"{len(jobs)} requests at once can never wait together for a first token "
+                             f"(max_waiting={self.max_waiting})")
         if self.num_waiting + len(jobs) > self.max_waiting:
             self.metrics.rejected.inc()
             needs = f"; this request needs {len(jobs)}" if len(jobs) > 1 else ""

@@ -562,6 +562,8 @@ def test_a_group_is_admitted_whole_or_refused_once():
         first = await aeng.submit([1], params)  # held: a dropped stream aborts its request
         with pytest.raises(QueueFullError, match=r"max_waiting=3; this request needs 3\); retry later$"):
             await aeng.submit_all([([2], params)] * 3)
+        with pytest.raises(ValueError, match=r"^4 requests at once can never wait .* \(max_waiting=3\)$"):
+            await aeng.submit_all([([2], params)] * 4)  # no retry passes: not a QueueFullError
         m = aeng.metrics
         assert (m.rejected.value, m.requests.value, m.aborted.value, aeng.num_waiting) == (1, 1, 0, 1)
         group = await aeng.submit_all([([2], params), ([3], params)])
