@@ -30,8 +30,9 @@ Contract:
   with a `RequestFailedError` (HTTP 500) and the loop serves on, when the engine made a fresh
   device state. When the engine thread dies (engine_thread.py), every open request gets an
   `EngineDeadError` (503), as do every later submit and /health; the engine's gauges read 0.
-- `shutdown()` sets the stop event, joins the thread and fails the streams still open; the
-  thread gone, it aborts their requests in the engine before its last stats snapshot.
+- `shutdown()` sets the stop event, joins the thread, delivers the outputs it made and fails
+  the streams still open; the thread gone, it aborts their requests in the engine before its
+  last stats snapshot.
 This module imports neither JAX nor FastAPI; it works with any object that has the
 Engine's add_request / abort / step / has_unfinished / stats methods.
 """
@@ -214,6 +215,8 @@ class AsyncEngine:
         stopped = self._worker.halt(timeout_s)
         if not stopped and self._worker.thread.is_alive():
             log.warning("engine thread did not stop within %g s", timeout_s)
+        while self._worker.outbox:  # NOTE: outputs the thread made before it stopped reach their streams
+            self._deliver_next()
         open_ids = [state.engine_id for state in self._streams.values()]
         self._fail_all(EngineDeadError("server shutting down"))
         if stopped and self.error is None:  # NOTE: the engine is this thread's now
@@ -280,6 +283,11 @@ class AsyncEngine:
     def _set_waiting(self, delta: int):
         self.num_waiting += delta
         self.metrics.waiting.set(self.num_waiting)
+
+    def _deliver_next(self):
+        """Event loop: the oldest step's outputs the thread made, if shutdown did not take them."""
+        if self._worker.outbox:
+            self._deliver(self._worker.outbox.popleft())
 
     def _deliver(self, outputs):
         """Event loop: route one step's outputs to their streams."""

@@ -7,9 +7,9 @@ Contract:
 - It answers on the owner's event loop, in order, one `call_soon_threadsafe` each: an
   admission (`owner._accept(future, error)`: add_request's ValueError, with the caller's id
   for the engine id, or a RuntimeError line for any other error, a bug), a step's outputs
-  (`owner._deliver`), a step lost on the device (`owner._on_step_failure(engine_ids,
-  RequestFailedError)`), a stats snapshot after every turn that changed something
-  (`owner._on_stats`) and its death (`owner._on_death(EngineDeadError)`).
+  (put in `outbox`, taken by `owner._deliver_next`), a step lost on the device
+  (`owner._on_step_failure(engine_ids, RequestFailedError)`), a stats snapshot after every
+  turn that changed something (`owner._on_stats`) and its death (`owner._on_death`).
 - Admission window (`admission_window_s`, off by default): when work arrives at an idle
   engine, the thread keeps taking requests while they arrive less than a window apart (at
   most ADMISSION_WINDOWS windows) before its first step, so that a burst's prompts can share
@@ -60,6 +60,7 @@ class EngineThread:
         self.owner, self.engine = owner, engine
         self.idle_timeout_s, self.admission_window_s = idle_timeout_s, admission_window_s
         self.inbox: collections.deque = collections.deque()  # thread-safe appends/pops
+        self.outbox: collections.deque = collections.deque()  # steps' outputs, one owner._deliver_next each
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.error: BaseException | None = None  # what killed the thread, if anything
@@ -116,8 +117,9 @@ class EngineThread:
                         log.error("%s; the engine serves on", e)
                         self._call(self.owner._on_step_failure, e.request_ids, RequestFailedError(str(e)))
                         outputs = None
-                    if outputs:
-                        self._call(self.owner._deliver, outputs)
+                    if outputs:  # NOTE: through the outbox, so that shutdown delivers what is left
+                        self.outbox.append(outputs)
+                        self._call(self.owner._deliver_next)
                     changed = True
                 if changed:
                     self._call(self.owner._on_stats, dict(self.engine.stats()))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from fake_engine import FakeEngine
@@ -574,5 +575,26 @@ def test_a_group_is_admitted_whole_or_refused_once():
             await aeng.submit_all([([4], params), ([], params)])
         assert (m.requests.value, m.aborted.value, m.finished.value, aeng.num_waiting) == (3, 0, 3, 0)
         aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_shutdown_delivers_the_outputs_the_thread_made_before_it_stopped():
+    """Outputs of the thread's last steps still on their way to the event loop when shutdown
+    runs reach their streams (the streams failed with 'shutting down': a finished answer lost)."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        deadline = time.monotonic() + 10
+        while fake.requests:  # NOTE: blocks the event loop: the thread's outputs wait on it
+            assert time.monotonic() < deadline, "the request did not finish"
+            time.sleep(0.005)
+        aeng.shutdown()
+        assert [o.token_ids async for o in stream] == [[2], [2, 3]]
+        assert aeng.metrics.finished.value == 1 and aeng.metrics.aborted.value == 0
 
     asyncio.run(asyncio.wait_for(main(), 30))
