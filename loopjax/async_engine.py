@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
+import threading
 import time
 import uuid
 
@@ -63,11 +63,12 @@ class QueueFullError(RuntimeError):
 
 
 def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
-    """A finite number of seconds, > 0 (>= 0 when `zero_ok`), or a one-line ValueError naming it."""
+    """Seconds the engine thread may wait: > 0 (>= 0 when `zero_ok`) and at most
+    threading.TIMEOUT_MAX (a longer wait raises in the thread), or a one-line ValueError naming it."""
     number = not isinstance(value, bool) and isinstance(value, int | float)
-    if not number or not math.isfinite(value) or value < 0 or (value == 0 and not zero_ok):
-        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0 (seconds), "
-                         f"got {value!r}")
+    if not number or not 0 <= value <= threading.TIMEOUT_MAX or (value == 0 and not zero_ok):
+        raise ValueError(f"{name} must be a finite number {'>=' if zero_ok else '>'} 0 (seconds, at most "
+                         f"{threading.TIMEOUT_MAX:g}), got {value!r}")
 
 
 class AsyncEngine:

@@ -140,12 +140,12 @@ def test_idle_engine_admits_a_burst_before_its_first_step():
 @pytest.mark.parametrize("option, value", [
     ("admission_window_s", -1), ("admission_window_s", float("nan")), ("admission_window_s", float("inf")),
     ("idle_timeout_s", 0), ("idle_timeout_s", -0.5), ("idle_timeout_s", float("nan")),
-    ("idle_timeout_s", float("inf")), ("idle_timeout_s", "1"), ("max_waiting", 0), ("max_waiting", 2.5),
-    ("max_waiting", float("nan")), ("max_waiting", True)])
+    ("idle_timeout_s", float("inf")), ("idle_timeout_s", 1e10), ("idle_timeout_s", "1"), ("max_waiting", 0),
+    ("max_waiting", 2.5), ("max_waiting", float("nan")), ("max_waiting", True)])
 def test_numeric_options_are_checked(option, value):
     """Each option is refused in one line naming it (an idle timeout <= 0 spun the idle thread, a
-    NaN one or an infinite admission window killed the engine thread at its first wait, a NaN
-    max_waiting passed its check)."""
+    NaN or too long one or an infinite admission window killed the engine thread at its first
+    wait, a NaN max_waiting passed its check)."""
     with pytest.raises(ValueError, match=rf"^{option} must be an? (finite number|integer) >=? ?[01]") as e:
         AsyncEngine(FakeEngine(), **{option: value})
     assert "\n" not in str(e.value) and repr(value) in str(e.value)
