@@ -25,6 +25,19 @@ _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)(\s+-?\d+)?$")
 
 
+def _escape(text: str, *, quote: bool) -> str:
+    """Text as the exposition format carries it: a backslash and a newline escaped (HELP
+    lines), and a double quote too in a label value (`quote`)."""
+    text = str(text).replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if quote else text
+
+
+def _sample(name: str, value: float, labels: dict[str, str] | None = None) -> str:
+    """One sample line; the one place label values are written (escaped)."""
+    pairs = ",".join(f'{key}="{_escape(text, quote=True)}"' for key, text in (labels or {}).items())
+    return f"{name}{{{pairs}}} {_fmt(value)}" if pairs else f"{name} {_fmt(value)}"
+
+
 def _fmt(value: float) -> str:
     if math.isnan(value):
         return "NaN"
@@ -44,7 +57,7 @@ class _Metric:
         self.name, self.help = name, help_text
 
     def header(self) -> list[str]:
-        return [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
+        return [f"# HELP {self.name} {_escape(self.help, quote=False)}", f"# TYPE {self.name} {self.kind}"]
 
 
 class Counter(_Metric):
@@ -66,7 +79,7 @@ class Counter(_Metric):
         self.value = float(value)
 
     def render(self) -> list[str]:
-        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+        return self.header() + [_sample(self.name, self.value)]
 
 
 class Gauge(_Metric):
@@ -80,7 +93,7 @@ class Gauge(_Metric):
         self.value = float(value)
 
     def render(self) -> list[str]:
-        return self.header() + [f"{self.name} {_fmt(self.value)}"]
+        return self.header() + [_sample(self.name, self.value)]
 
 
 class Histogram(_Metric):
@@ -106,8 +119,8 @@ class Histogram(_Metric):
         lines, total = self.header(), 0
         for bound, n in zip(self.buckets + (math.inf,), self.counts):
             total += n
-            lines.append(f'{self.name}_bucket{{le="{_fmt(bound)}"}} {total}')
-        lines += [f"{self.name}_sum {_fmt(self.sum)}", f"{self.name}_count {total}"]
+            lines.append(_sample(f"{self.name}_bucket", total, {"le": _fmt(bound)}))
+        lines += [_sample(f"{self.name}_sum", self.sum), _sample(f"{self.name}_count", total)]
         return lines
 
 
@@ -199,15 +212,24 @@ class ServingMetrics:
                                             "1 when the engine shares KV pages of common prefixes")
         self.waiting = r.gauge("loopjax_waiting_requests",
                                "Accepted requests that have not yet received a first token")
-        self.requests = r.counter("loopjax_requests_total", "Requests accepted")
-        self.finished = r.counter("loopjax_requests_finished_total", "Requests finished")
+        # NOTE: the request counters count engine requests, one per sample (an OpenAI request of 2
+        # prompts and n=4 counts 8), as vLLM's request_success_total and prompt_tokens_total count
+        # each child request of an n > 1 request; a rejection refuses the user request whole: once.
+        self.requests = r.counter("loopjax_requests_total",
+                                  "Engine requests accepted (one per sample: prompts x n of a request)")
+        self.finished = r.counter("loopjax_requests_finished_total",
+                                  "Engine requests finished (one per sample)")
         self.aborted = r.counter("loopjax_requests_aborted_total",
-                                 "Requests aborted: client gone, server shutting down, admission rolled "
-                                 "back, a step failed")
-        self.rejected = r.counter("loopjax_requests_rejected_total", "Requests rejected: queue full")
+                                 "Engine requests aborted (one per sample): client gone, server shutting "
+                                 "down, a step failed")
+        self.rejected = r.counter("loopjax_requests_rejected_total",
+                                  "User requests refused because the queue was full (HTTP 429), once each "
+                                  "whatever their prompts x n")
         self.step_failures = r.counter("loopjax_step_failures_total",
                                        "Engine steps that failed on the device (their requests failed)")
-        self.prompt_tokens = r.counter("loopjax_prompt_tokens_total", "Prompt tokens accepted")
+        self.prompt_tokens = r.counter("loopjax_prompt_tokens_total",
+                                       "Prompt tokens of the accepted engine requests (a prompt once per "
+                                       "sample)")
         self.generation_tokens = r.counter("loopjax_generation_tokens_total", "Tokens generated")
         self.ttft = r.histogram("loopjax_ttft_seconds", "Time to first token", TTFT_BUCKETS)
         self.tpot = r.histogram("loopjax_tpot_seconds", "Time per output token after the first",
@@ -227,6 +249,13 @@ class ServingMetrics:
                 metric.set_total(value)
             else:
                 metric.set(value)
+
+    def engine_died(self):
+        """The engine thread died: its gauges read 0 (no request runs or waits, no page is
+        offered) rather than its last live snapshot; the counters keep their totals."""
+        for metric in self.gauges.values():
+            if isinstance(metric, Gauge):
+                metric.set(0)
 
     def render(self) -> str:
         return self.registry.render()

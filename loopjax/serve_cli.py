@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import math
 import os
 import socket
 import sys
@@ -32,13 +33,23 @@ def _int_at_least(low: int, high: int | None = None):
 
 
 def _non_negative_float(text: str) -> float:
+    """An argparse type: a finite number >= 0 (inf passed, and the AsyncEngine refused it with a
+    traceback once the engine was built)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
     return value
+
+
+def _api_key(text: str) -> str:
+    """An argparse type: a key a client can send (an empty one refused every /v1 request)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty (leave it out, and $LOOPJAX_API_KEY unset, "
+                                         "for no key)")
+    return text
 
 
 def add_arguments(parser):
@@ -59,7 +70,7 @@ def add_arguments(parser):
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
-    parser.add_argument("--api-key", default=os.environ.get("LOOPJAX_API_KEY") or None,
+    parser.add_argument("--api-key", type=_api_key, default=os.environ.get("LOOPJAX_API_KEY") or None,
                         help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
                              "$LOOPJAX_API_KEY; unset: no key)")
     add_engine_arguments(parser)

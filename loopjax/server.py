@@ -94,6 +94,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
     AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
     starts the AsyncEngine and shuts it down."""
+    if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
+        # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
+        raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -153,25 +156,17 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     async def submit_all(body, jobs: list[tuple[list[int], object]], arrived: float) -> list:
         """All (prompt ids, params) admitted at once (one engine turn), or none: the first
         error maps to HTTP. `arrived`: the request's perf_counter arrival (TTFT counts from it)."""
-        results = await asyncio.gather(*(aengine.submit(ids, params, arrival_time=arrived)
-                                         for ids, params in jobs), return_exceptions=True)
-        errors = [r for r in results if isinstance(r, BaseException)]
-        if not errors:
-            return results
-        for r in results:
-            if not isinstance(r, BaseException):
-                r.close()
-        e = errors[0]
-        if isinstance(e, QueueFullError):
-            raise APIError(429, str(e), None, "rate_limit_error")
-        if isinstance(e, EngineDeadError):
-            raise engine_error(e)
-        if isinstance(e, ValueError):  # the engine's one line, less its internal request id
+        try:
+            return await aengine.submit_all(jobs, arrival_time=arrived)
+        except QueueFullError as e:  # counted once in requests_rejected_total, whatever len(jobs)
+            raise APIError(429, str(e), None, "rate_limit_error") from None
+        except EngineDeadError as e:
+            raise engine_error(e) from None
+        except ValueError as e:  # the engine's one line, less its internal request id
             message = re.sub(r"^request '[0-9a-f]+': ", "", str(e))
-            raise bad_request(message, param_of(message, body) or "prompt")
-        if isinstance(e, RuntimeError):  # add_request's bug, that request alone (async_engine.py)
-            raise APIError(500, str(e), None, "server_error")
-        raise e
+            raise bad_request(message, param_of(message, body) or "prompt") from None
+        except RuntimeError as e:  # add_request's bug, that request alone (async_engine.py)
+            raise APIError(500, str(e), None, "server_error") from None
 
     async def submit_choices(body, prompts: list[list[int]], params, arrived: float) -> list:
         """One stream per choice; choice p * n + i is prompt p's sample i (vLLM's order).

@@ -51,7 +51,7 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
     @app.get("/health")
     async def health():
         if not aengine.running:
-            return JSONResponse({"status": "dead", "error": str(aengine.error or "stopped")}, status_code=503)
+            return JSONResponse({"status": "dead", "error": aengine.stop_reason}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/metrics")

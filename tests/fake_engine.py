@@ -60,8 +60,8 @@ class FakeEngine:
             lost, self.requests = list(self.requests), {}
             self.lost += lost
             raise StepFailedError(f"a step failed on the device; {len(lost)} lost", lost, self.recovered)
-        outs = [types.SimpleNamespace(request_id=rid, new_token_ids=[], finished=True, finish_reason="abort")
-                for rid in self.lost]
+        outs = [types.SimpleNamespace(request_id=rid, new_token_ids=[], token_ids=[], finished=True,
+                                      finish_reason="abort") for rid in self.lost]
         self.lost = []
         time.sleep(0.002)
         for rid, r in list(self.requests.items()):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from fake_engine import FakeEngine
@@ -136,9 +137,18 @@ def test_idle_engine_admits_a_burst_before_its_first_step():
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
-def test_admission_window_is_checked():
-    with pytest.raises(ValueError, match="admission_window_s must be >= 0"):
-        AsyncEngine(FakeEngine(), admission_window_s=-1)
+@pytest.mark.parametrize("option, value", [
+    ("admission_window_s", -1), ("admission_window_s", float("nan")), ("admission_window_s", float("inf")),
+    ("idle_timeout_s", 0), ("idle_timeout_s", -0.5), ("idle_timeout_s", float("nan")),
+    ("idle_timeout_s", float("inf")), ("idle_timeout_s", 1e10), ("idle_timeout_s", "1"), ("max_waiting", 0),
+    ("max_waiting", 2.5), ("max_waiting", float("nan")), ("max_waiting", True)])
+def test_numeric_options_are_checked(option, value):
+    """Each option is refused in one line naming it (an idle timeout <= 0 spun the idle thread, a
+    NaN or too long one or an infinite admission window killed the engine thread at its first
+    wait, a NaN max_waiting passed its check)."""
+    with pytest.raises(ValueError, match=rf"^{option} must be an? (finite number|integer) >=? ?[01]") as e:
+        AsyncEngine(FakeEngine(), **{option: value})
+    assert "\n" not in str(e.value) and repr(value) in str(e.value)
 
 
 class _BuggyAddEngine(FakeEngine):
@@ -189,7 +199,7 @@ def test_a_submit_cancelled_after_its_first_token_counts_it_once():
 
         def accept_then_output_then_cancel(future, error):
             accept(future, error)  # the submitter's wake-up is queued ...
-            rid = next(iter(aeng._streams))
+            rid = next(iter(aeng._streams.values())).engine_id
             aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[2], token_ids=[2],
                                                  finished=False)])  # ... its first token comes first
             task.cancel()
@@ -291,7 +301,7 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
 
         def accept_then_finish(future, error, cancel):
             accept(future, error)  # the submitter's wake-up is queued; its last output comes first
-            rid = next(iter(aeng._streams))
+            rid = next(iter(aeng._streams.values())).engine_id
             aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[2], token_ids=[2],
                                                  finished=True)])
             if cancel:
@@ -341,10 +351,15 @@ def test_each_accepted_request_counts_one_end_and_a_rolled_back_one_none():
 
 
 class _ExitingEngine(FakeEngine):
-    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits."""
+    """FakeEngine whose first step raises SystemExit (no Exception): a library that exits; or,
+    given an `error`, raises that."""
+
+    def __init__(self, error: BaseException | None = None):
+        super().__init__()
+        self.error = error or SystemExit("the step called sys.exit")
 
     def step(self):
-        raise SystemExit("the step called sys.exit")
+        raise self.error
 
 
 def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
@@ -362,6 +377,20 @@ def test_an_engine_thread_ended_by_a_base_exception_fails_the_open_streams():
         assert not aeng.running and isinstance(aeng.error, SystemExit) and aeng.num_waiting == 0
         with pytest.raises(EngineDeadError, match="sys.exit"):
             await aeng.submit([1], params)
+        aeng.shutdown()
+
+        # An XLA error's many lines: each report of it is its first line (the stream's, a later
+        # submit's, /health's stop_reason), not the whole dump.
+        aeng = AsyncEngine(_ExitingEngine(RuntimeError("INTERNAL: device lost\n  at frame 1\n")),
+                           idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        reason = "RuntimeError: INTERNAL: device lost"
+        with pytest.raises(EngineDeadError, match=f"^engine step failed: {reason}$"):
+            await stream.__anext__()
+        with pytest.raises(EngineDeadError, match=rf"^engine is not running \({reason}\)$"):
+            await aeng.submit([1], params)
+        assert aeng.stop_reason == reason
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 10))
@@ -403,7 +432,7 @@ def test_closing_a_failed_stream_leaves_a_new_request_under_its_id_alone():
         aeng = AsyncEngine(fake, idle_timeout_s=0.01)
         await aeng.start()
         failed = await aeng.submit([1], params, request_id="y")
-        aeng._on_step_failure(["y"], RequestFailedError("lost"))  # as the loop reports a failed step
+        aeng._on_step_failure([failed.engine_id], RequestFailedError("lost"))  # as the loop reports it
         again = await aeng.submit([10], params, request_id="y")
         failed.close()
         fake.paused = False
@@ -413,3 +442,159 @@ def test_closing_a_failed_stream_leaves_a_new_request_under_its_id_alone():
         aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 10))
+
+
+def test_a_stream_its_reader_leaves_aborts_its_request():
+    """A reader cancelled while it awaits an output, a stream closed with aclose() and one dropped
+    unclosed each abort their request, as vLLM's AsyncLLM does (each ran on to its max_tokens,
+    holding its page)."""
+    long = SamplingParams(max_tokens=10_000, temperature=0)
+
+    async def read_all(stream):
+        async for _ in stream:
+            pass
+
+    async def main():
+        fake = FakeEngine()
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        cancelled, closed = await aeng.submit([1], long), await aeng.submit([2], long)
+        await aeng.submit([3], long)  # dropped at once
+        reader = asyncio.ensure_future(read_all(cancelled))
+        await asyncio.sleep(0)  # the reader runs until it awaits an output
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        await closed.aclose()
+        for _ in range(1000):
+            if not fake.requests:
+                break
+            await asyncio.sleep(0.01)
+        assert not fake.requests and aeng.metrics.aborted.value == 3 and not aeng._streams
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_reused_request_id_gets_only_its_own_outputs():
+    """Outputs are routed per submission: an id used again right after its request failed on
+    the device gets none of the old request's outputs (the engine reports the lost request's
+    abort with its next step: it ended the new request at once). An id still open is refused, as
+    is one that is not a str (the engine refused it; its per-submission id is a str)."""
+    from loopjax.async_engine import RequestFailedError
+
+    params = SamplingParams(max_tokens=3, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        failed = await aeng.submit([1], params, request_id="y")
+        with pytest.raises(ValueError, match="^request_id 'y' is already in use$"):
+            await aeng.submit([5], params, request_id="y")
+        with pytest.raises(ValueError, match="^request_id must be a str .* got int$"):
+            await aeng.submit([5], params, request_id=7)
+        fake.lost.append(fake.requests.popitem()[0])  # as a failed step: its abort comes next step
+        aeng._on_step_failure([failed.engine_id], RequestFailedError("lost"))
+        again = await aeng.submit([10], params, request_id="y")
+        fake.paused = False
+        outs = [o async for o in again]
+        assert [o.token_ids for o in outs] == [[11], [11, 12], [11, 12, 13]] and outs[-1].request_id == "y"
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_engine_gauges_after_death_and_shutdown_read_what_is_true():
+    """A dead engine's gauges read 0 (they kept its last live snapshot: a running request, a used
+    page); shutdown fails the open streams and aborts their requests (and an abort the thread did
+    not take) before its last snapshot, so nothing reads as running or holding pages (it took the
+    snapshot first), and no older snapshot of the thread overwrites it."""
+    from loopjax.metrics import parse
+
+    long = SamplingParams(max_tokens=10_000, temperature=0)
+
+    def gauges(aeng):
+        samples = parse(aeng.metrics.render())
+        return {k: samples[f"loopjax_{k}"] for k in ("running_rows", "pages_used", "waiting_requests")}
+
+    async def main():
+        aeng = AsyncEngine(FakeEngine(fail_at_step=3), idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], long)
+        with pytest.raises(EngineDeadError):
+            await read_all(stream)
+        assert gauges(aeng) == {"running_rows": 0, "pages_used": 0, "waiting_requests": 0}
+        assert parse(aeng.metrics.render())["loopjax_pages_free"] == 0
+        aeng.shutdown()
+
+        fake = FakeEngine()
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        streams = [await aeng.submit([i], long) for i in (1, 2, 3)]
+        for stream in streams:
+            await stream.__anext__()
+        streams[2].close()  # its abort may still be in the inbox when the thread stops
+        aeng.shutdown()
+        await asyncio.sleep(0.05)  # the thread's last posted snapshot (if any) runs now
+        assert gauges(aeng) == {"running_rows": 0, "pages_used": 0, "waiting_requests": 0}
+        assert aeng.stats()["pages_free"] == 100 and not fake.requests
+        assert aeng.metrics.aborted.value == 3
+
+    async def read_all(stream):
+        async for _ in stream:
+            pass
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_a_group_is_admitted_whole_or_refused_once():
+    """submit_all (an OpenAI request's prompts x n): a queue without room for all of them
+    refuses the group once (requests_rejected_total counted each refused member and admitted
+    the others, to abort them), leaving nothing queued; a group that fits is admitted."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True
+        aeng = AsyncEngine(fake, max_waiting=3, idle_timeout_s=0.01)
+        await aeng.start()
+        first = await aeng.submit([1], params)  # held: a dropped stream aborts its request
+        with pytest.raises(QueueFullError, match=r"max_waiting=3; this request needs 3\); retry later$"):
+            await aeng.submit_all([([2], params)] * 3)
+        with pytest.raises(ValueError, match=r"^4 requests at once can never wait .* \(max_waiting=3\)$"):
+            await aeng.submit_all([([2], params)] * 4)  # no retry passes: not a QueueFullError
+        m = aeng.metrics
+        assert (m.rejected.value, m.requests.value, m.aborted.value, aeng.num_waiting) == (1, 1, 0, 1)
+        group = await aeng.submit_all([([2], params), ([3], params)])
+        assert len(fake.requests) == 3 and m.requests.value == 3
+        fake.paused = False
+        assert [[o.token_ids async for o in s][-1] for s in [first, *group]] == [[2, 3], [3, 4], [4, 5]]
+        with pytest.raises(ValueError, match="empty"):  # one member refused: none stays, none counts
+            await aeng.submit_all([([4], params), ([], params)])
+        assert (m.requests.value, m.aborted.value, m.finished.value, aeng.num_waiting) == (3, 0, 3, 0)
+        aeng.shutdown()
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_shutdown_delivers_the_outputs_the_thread_made_before_it_stopped():
+    """Outputs of the thread's last steps still on their way to the event loop when shutdown
+    runs reach their streams (the streams failed with 'shutting down': a finished answer lost)."""
+    params = SamplingParams(max_tokens=2, temperature=0)
+
+    async def main():
+        fake = FakeEngine()
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], params)
+        deadline = time.monotonic() + 10
+        while fake.requests:  # NOTE: blocks the event loop: the thread's outputs wait on it
+            assert time.monotonic() < deadline, "the request did not finish"
+            time.sleep(0.005)
+        aeng.shutdown()
+        assert [o.token_ids async for o in stream] == [[2], [2, 3]]
+        assert aeng.metrics.finished.value == 1 and aeng.metrics.aborted.value == 0
+
+    asyncio.run(asyncio.wait_for(main(), 30))

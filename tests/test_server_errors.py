@@ -53,13 +53,14 @@ def test_client_gone_before_a_full_answer_aborts(server):
 
 
 def test_full_queue_gets_429(server, client):
-    server.aengine.max_waiting = 0
+    aengine = server.aengine
+    waiting, aengine.num_waiting = aengine.num_waiting, aengine.max_waiting  # as if the queue were full
     try:
         with pytest.raises(openai.RateLimitError, match="retry later"):
             client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2)
     finally:
-        server.aengine.max_waiting = 256
-    assert server.aengine.metrics.rejected.value >= 1
+        aengine.num_waiting = waiting
+    assert aengine.metrics.rejected.value >= 1
 
 
 def test_a_fan_out_the_queue_can_never_hold_is_400(server, client):
@@ -91,23 +92,26 @@ def test_a_fan_out_the_queue_can_never_hold_is_400(server, client):
 
 
 def test_full_queue_in_the_middle_of_n_frees_every_sample():
-    """n=2 while another request already waits (max_waiting=2): sample 0 is admitted, sample 1
-    refused. The client gets one 429; sample 0 is aborted and nobody is left waiting."""
+    """n=4 while a request of n=2 waits (max_waiting=4): the queue holds 2 more, so the request
+    is refused whole. The client gets one 429, counted once in requests_rejected_total (it counted
+    each refused sample, and the admitted samples as accepted and aborted), and nobody is left
+    waiting."""
     fake = FakeEngine()
     fake.paused = True  # admitted, never stepped: the first request keeps waiting
-    app = create_app(fake, MODEL_NAME, max_waiting=2)
+    app = create_app(fake, MODEL_NAME, max_waiting=4)
     aengine = app.state.async_engine
     with LiveServer(app) as live, concurrent.futures.ThreadPoolExecutor(1) as pool:
         url = live.url + "/v1/completions"
-        first = pool.submit(httpx.post, url, json={"prompt": [1], "max_tokens": 3}, timeout=30)
+        first = pool.submit(httpx.post, url, json={"prompt": [1], "max_tokens": 3, "n": 2}, timeout=30)
         deadline = time.time() + 20
-        while aengine.num_waiting < 1:
+        while aengine.num_waiting < 2:
             assert time.time() < deadline, "the first request was not admitted"
             time.sleep(0.01)
-        r = httpx.post(url, json={"prompt": [5], "max_tokens": 3, "n": 2}, timeout=30)
+        r = httpx.post(url, json={"prompt": [5], "max_tokens": 3, "n": 4}, timeout=30)
         assert r.status_code == 429 and "retry later" in r.json()["error"]["message"]
-        assert aengine.num_waiting == 1 and aengine.metrics.waiting.value == 1
-        assert (aengine.metrics.aborted.value, aengine.metrics.rejected.value) == (1, 1)
+        assert aengine.num_waiting == 2 and aengine.metrics.waiting.value == 2
+        m = aengine.metrics
+        assert (m.requests.value, m.aborted.value, m.rejected.value) == (2, 0, 1)
         fake.paused = False
         assert first.result().json()["choices"][0]["token_ids"] == [2, 3, 4]
         assert fake.requests == {}
@@ -164,9 +168,10 @@ def test_dead_engine_answers_503():
         assert r.status_code == 503 and r.json()["error"]["message"] == error["message"]
         r = httpx.post(url, json={"prompt": [5], "max_tokens": 2}, timeout=30)
         assert r.status_code == 503
-        assert r.json()["error"]["message"] == "engine is not running (device fell over)"
+        assert r.json()["error"]["message"] == "engine is not running (RuntimeError: device fell over)"
         health = httpx.get(live.url + "/health", timeout=10)
-        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "device fell over"}
+        assert health.status_code == 503
+        assert health.json() == {"status": "dead", "error": "RuntimeError: device fell over"}
 
 
 def test_a_request_lost_on_the_device_is_500_and_the_server_serves_on():

@@ -142,3 +142,18 @@ def test_metrics_text_round_trips():
     with pytest.raises(ValueError, match="line 1"):
         parse("not a sample line at all")
     assert json.dumps(samples)  # plain floats
+
+
+def test_help_texts_and_label_values_are_escaped():
+    """The exposition format escapes a backslash and a newline in HELP lines, and a double quote
+    too in label values: a raw newline in a HELP broke the exposition into a bad line."""
+    from loopjax.metrics import _sample
+
+    m = ServingMetrics()
+    m.registry.gauge("loopjax_odd_help", 'a \\ b\nc "q"')
+    m.set_engine_stats({"odd\nkey": 1})  # a new stats key: its HELP quotes the key
+    lines = m.render().splitlines()
+    assert r'# HELP loopjax_odd_help a \\ b\nc "q"' in lines
+    assert r"# HELP loopjax_engine_odd_key engine stats()['odd\\nkey']" in lines
+    assert check_exposition("\n".join(lines))["loopjax_engine_odd_key"] == 1
+    assert _sample("m", 2, {"le": 'a"b\\c\nd'}) == r'm{le="a\"b\\c\nd"} 2'

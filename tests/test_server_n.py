@@ -101,13 +101,13 @@ def test_n_adaptive_samples_start_together(server, client, monkeypatch):
     a skip-mode request are admitted together (they waited for sample 0's first token, to share
     nothing, then queued behind the requests that came meanwhile); plain ones still wait."""
     aengine, seen = server.aengine, []
-    submit = aengine.submit
+    submit_all = aengine.submit_all
 
-    async def recording(ids, params, request_id=None, **kwargs):
-        seen.append(aengine.metrics.ttft.count)  # first outputs so far
-        return await submit(ids, params, request_id, **kwargs)
+    async def recording(jobs, **kwargs):
+        seen.extend([aengine.metrics.ttft.count] * len(jobs))  # first outputs so far
+        return await submit_all(jobs, **kwargs)
 
-    monkeypatch.setattr(aengine, "submit", recording)
+    monkeypatch.setattr(aengine, "submit_all", recording)
     kw = dict(model=MODEL_NAME, prompt=[17 + (i * 5) % 200 for i in range(40)], n=3, max_tokens=3,
               temperature=1.0, seed=2)
     assert len(client.completions.create(**kw, extra_body={"ignore_eos": True}).choices) == 3

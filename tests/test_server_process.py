@@ -50,11 +50,20 @@ def test_serve_refuses_a_negative_admission_window(capsys):
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
-    for bad in ("-1", "nan", "x"):
+    for bad in ("-1", "nan", "x", "inf"):  # inf passed: the AsyncEngine's ValueError was a traceback
         with pytest.raises(SystemExit):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
-        assert "--admission-window-ms: must be a number >= 0" in capsys.readouterr().err
+        assert "--admission-window-ms: must be a finite number >= 0" in capsys.readouterr().err
     assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
+    # An empty key refused every /v1 request (no client sends one): refused at parsing, and by create_app.
+    with pytest.raises(SystemExit):
+        parser.parse_args(["ouro-tiny", "--api-key", " "])
+    assert "--api-key: must not be empty" in capsys.readouterr().err
+    from fake_engine import FakeEngine
+
+    from loopjax.server import create_app
+    with pytest.raises(ValueError, match=r"^api_key must be a non-empty str \(None: no key\), got ''$"):
+        create_app(FakeEngine(), "m", api_key="")
 
 
 def test_serve_refuses_a_max_waiting_below_one(capsys):
@@ -72,7 +81,7 @@ def test_serve_refuses_a_max_waiting_below_one(capsys):
     from fake_engine import FakeEngine
 
     from loopjax.async_engine import AsyncEngine
-    with pytest.raises(ValueError, match=r"^max_waiting must be >= 1, got 0$"):
+    with pytest.raises(ValueError, match=r"^max_waiting must be an integer >= 1, got 0$"):
         AsyncEngine(FakeEngine(), max_waiting=0)
 
 
