@@ -54,9 +54,10 @@ def internal_error(e: Exception) -> APIError:
 
 
 def _check_logprobs_type(body: dict, chat: bool) -> None:
-    """`logprobs` is chat's switch (true / false; 0 and 1 too, as vLLM's pydantic reads them) and
-    completions' count (an integer): either endpoint refuses the other's (chat's `logprobs: 3`
-    was taken as top-3). Chat's 0 / 1 are rewritten as the bools they stand for."""
+    """`logprobs` is chat's switch (true / false) and completions' count (an integer); each
+    endpoint reads the other's 0 / 1 / true / false as vLLM's pydantic does (completions' true is
+    1, false 0: the sampled token's log p) and rewrites them as its own. Chat refuses any other
+    integer (its `logprobs: 3` was taken as top-3)."""
     value = body.get("logprobs")
     if value is None:
         return
@@ -67,8 +68,7 @@ def _check_logprobs_type(body: dict, chat: bool) -> None:
             raise bad_request(f"logprobs must be true or false on /v1/chat/completions (top_logprobs is the "
                               f"count), got {value!r}", "logprobs")
     elif isinstance(value, bool):
-        raise bad_request(f"logprobs must be an integer (the top log-probabilities per token) on "
-                          f"/v1/completions, got {value!r}", "logprobs")
+        body["logprobs"] = int(value)
 
 
 def param_of(message: str, body: dict) -> str | None:

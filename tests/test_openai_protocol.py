@@ -72,8 +72,6 @@ from loopjax.server import create_app
     ({"prompt": [5], "n": 2, "best_of": 3}, 400, "best_of", "best_of must equal n (2)"),
     ({"prompt": [5], "prompt_logprobs": 3}, 400, "prompt_logprobs",  # was not capped by max_logprobs
      "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
-    ({"prompt": [5], "logprobs": True}, 400, "logprobs",  # chat's switch: was top-0
-     "logprobs must be an integer (the top log-probabilities per token) on /v1/completions, got True"),
     ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
      "use_beam_search is not supported by this server (beam search)"),
     ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
@@ -259,7 +257,7 @@ def test_vllms_fields_at_their_defaults_are_served():
 def test_chat_logprobs_is_a_switch():
     """Chat's logprobs is true / false (0 / 1 too, as vLLM's pydantic reads them) and
     top_logprobs the count; top_logprobs 0 needs no logprobs (vLLM's); completions' logprobs is
-    the count."""
+    the count (true / false: 1 / 0, as vLLM's pydantic reads them)."""
     parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5)
     for body, want in (({"logprobs": 1}, 0), ({"logprobs": 0}, None),
                        ({"logprobs": True, "top_logprobs": 2}, 2),
@@ -267,6 +265,8 @@ def test_chat_logprobs_is_a_switch():
                        ({"logprobs": False, "top_logprobs": 0}, None)):
         assert parser.sampling(body, True, [[5]]).logprobs == want, body
     assert parser.sampling({"logprobs": 3}, False, [[5]]).logprobs == 3
+    # completions' true / false are vLLM's pydantic 1 / 0 (true was a 400)
+    assert [parser.sampling({"logprobs": v}, False, [[5]]).logprobs for v in (True, False)] == [1, 0]
     for bad in ({"logprobs": 2}, {"logprobs": 1.0}, {"logprobs": False, "top_logprobs": 1}):
         with pytest.raises(APIError, match="logprobs") as err:
             parser.sampling(bad, True, [[5]])
