@@ -119,7 +119,7 @@ class RequestParser:
             if value is not None and not isinstance(value, bool):
                 raise bad_request(f"stream_options.{key} must be true or false, got {value!r}",
                                   "stream_options")
-        if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
+        if options and not body.get("stream"):  # vLLM's 400 (an empty object passes, as there)
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
         request_id = body.get("request_id")  # vLLM's: the response's id after its prefix
         if request_id is not None and not (isinstance(request_id, str) and request_id):

@@ -15,8 +15,8 @@ Contract:
   500, while the server serves on (async_engine.py). A stream that began gets the error as its
   last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
   logged. Request parsing and validation live in `openai_protocol.py`.
-- `stream_options.include_usage`: every chunk has `"usage": null` (OpenAI's) but the last (no
-  choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
+- `stream_options.include_usage` (true unless set false within stream_options, vLLM's default):
+  every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
@@ -306,8 +306,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["usage"] = usage()
             return JSONResponse(head)
 
-        options = body.get("stream_options") or {}
-        include_usage = bool(options.get("include_usage"))
+        options = body.get("stream_options")
+        # NOTE: vLLM's include_usage defaults to true within stream_options ({} asks the usage)
+        include_usage = options is not None and options.get("include_usage", True) is True
+        options = options or {}
         if include_usage:  # OpenAI's: every chunk carries usage, null until the last one's
             head["usage"] = None
         continuous = include_usage and bool(options.get("continuous_usage_stats"))
