@@ -31,7 +31,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         if key in _DIRECT_FIELDS:
             kw[key] = value
         elif key in _UNSUPPORTED:
-            if value not in _HARMLESS.get(key, ()):  # e.g. tools [], response_format {"type": "text"}
+            if not any(_same(value, v) for v in _HARMLESS.get(key, ())):  # e.g. tools [], priority 0
                 _fail(f"{key} is not supported by this server ({_UNSUPPORTED[key]})")
         elif key not in _SPECIAL_FIELDS:
             _fail(f"unknown request field {key!r}")
@@ -96,6 +96,13 @@ _IGNORED_FIELDS = frozenset({
     "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
     "return_tokens_as_token_ids",
 })
+
+
+def _same(value, harmless) -> bool:
+    """`value` is the harmless value, of its JSON type (`==` let priority false pass as 0 and
+    use_beam_search 0 as false); an integer stands for a float (length_penalty 1)."""
+    kind = type(harmless)
+    return value == harmless and (type(value) is kind or (kind is float and type(value) is int))
 
 
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
