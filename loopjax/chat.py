@@ -2,10 +2,12 @@
 `LLM.chat`; imports neither FastAPI nor JAX.
 
 Contract:
-- `check_messages` takes OpenAI's message list: each a {role, content} object whose content
-  is text or a list of text parts (joined with newlines, as vLLM's); any other part type
-  (image_url, input_audio, file...) is refused, not dropped, as the model would answer
-  without what the message asks about. It returns copies whose content is text.
+- `check_messages` takes OpenAI's message list: each a {role, content} object whose role is
+  any string (vLLM's custom roles, OpenAI's deprecated "function" too: the template decides)
+  and whose content is text, a list of text parts (joined with newlines, as vLLM's) or null /
+  absent (an assistant's tool-call turn: "", as vLLM's); any other part type (image_url,
+  input_audio, file...) is refused, not dropped, as the model would answer without what the
+  message asks about. It returns copies whose content is text.
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
   `raise_exception`, `strftime_now`; `tools` and `documents` None unless given). jinja2 is a
@@ -24,7 +26,6 @@ import functools
 import json
 import os
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 
 
@@ -34,12 +35,13 @@ def check_messages(messages) -> list[dict]:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
     clean = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else 0  # 0: no message, refused below
+        content = "" if content is None else content  # null / absent (a tool-call turn): vLLM's ""
         if isinstance(content, list):  # content parts: text ones only (text must be text),
             texts = [_part_text(p, i) for p in content]  # one per line, as vLLM joins them
             content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
-            raise ValueError(f"messages[{i}] must have a role in {ROLES} and text content")
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
+            raise ValueError(f"messages[{i}] must have a role (a string) and text content (or null)")
         clean.append({**m, "content": content})
     return clean
 

@@ -120,7 +120,7 @@ def test_tokenize_and_detokenize(server, client, served_model):
         ("/tokenize", {"prompt": "hi", "messages": messages}, "prompt", "either prompt or messages"),
         ("/tokenize", {"prompt": ["hello", "world"]}, "prompt", "one text or one list"),
         ("/tokenize", {"prompt": [5, 999]}, "prompt", "token ids outside"),
-        ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role"),
+        ("/tokenize", {"messages": [{"role": 5, "content": "x"}]}, "messages", "role"),
         ("/detokenize", {"tokens": "hello"}, "tokens", "list of integer token ids"),
         ("/detokenize", {"tokens": [5, 999]}, "tokens", "token ids outside"),
         ("/detokenize", {"tokens": [5, 1.5]}, "tokens", "integer token ids"),
@@ -138,7 +138,7 @@ def test_malformed_json_and_chat_errors(server, client):
                    headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="messages"):
-        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "wizard", "content": "x"}])
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"content": "x"}])
     with pytest.raises(openai.NotFoundError, match="gpt-4"):  # vLLM's 404
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
     # ... and the server keeps serving.
@@ -464,3 +464,18 @@ def test_chat_template_kwargs_and_add_generation_prompt():
     with pytest.raises(APIError, match="continue_final_message needs the final message's text"):
         parser.__class__(MODEL_NAME, tokenizer=tok, chat_template="{{ messages[0].content }}").prompts(
             {"messages": talk, "continue_final_message": True}, chat=True)
+
+
+def test_any_role_and_null_content_render_as_vllms():
+    """vLLM's messages: any role (its custom roles; OpenAI's deprecated "function" was refused)
+    goes to the template; null or absent content (an assistant's tool-call turn) is ""."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML)
+    said = parser.tokenize({"messages": [{"role": "function", "name": "f", "content": "hello"},
+                                         {"role": "assistant", "content": None}, {"role": "model"}]})
+    assert parser.tokenizer.decode(said, skip_special_tokens=False).split() == [
+        "<|im_start|>", "<unk>", "hello", "<|im_end|>",  # "function" is no word of the tokenizer
+        "<|im_start|>", "assistant", "<|im_end|>",
+        "<|im_start|>", "model", "<|im_end|>", "<|im_start|>", "assistant"]
+    for bad in ({"role": 5, "content": "x"}, {"content": "x"}, {"role": "user", "content": 5}):
+        with pytest.raises(APIError, match=r"^messages\[0\] must have a role \(a string\)"):
+            parser.tokenize({"messages": [bad]})
