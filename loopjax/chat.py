@@ -145,6 +145,20 @@ def _compiled(template: str):
     return env.from_string(template)
 
 
+def check_template(template) -> None:
+    """A chat template sent with a request (vLLM's chat_template): text that jinja2 compiles as
+    transformers' environment does, or a one-line ValueError."""
+    from jinja2.exceptions import TemplateError
+
+    if not isinstance(template, str):
+        raise ValueError(f"chat_template must be a string (a jinja2 chat template), got {template!r}")
+    try:
+        _compiled(template)
+    except TemplateError as e:
+        first = next(iter(str(e).splitlines()), "")
+        raise ValueError(f"chat_template is not a jinja2 template: {type(e).__name__}: {first}") from None
+
+
 _RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # render's own variables
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from fastapi.responses import JSONResponse
 
-from loopjax.chat import check_messages, check_template_kwargs, render_chat
+from loopjax.chat import check_messages, check_template, check_template_kwargs, render_chat
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
@@ -89,6 +89,7 @@ class RequestParser:
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
     max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
     echo_state: str | None = "unsupported"  # `score`'s initial_state; "unsupported": no echo, prompt_logprobs
+    trust_request_chat_template: bool = False  # a chat request may send its own chat_template (vLLM's flag)
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -135,7 +136,8 @@ class RequestParser:
         last `truncate_prompt_tokens` (vLLM's field) before its length is checked; -1 (vLLM's)
         keeps what the context holds (`_truncation`)."""
         keep = self._truncation(body)
-        for field in ("add_generation_prompt", "chat_template_kwargs", "continue_final_message"):
+        for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs",
+                      "continue_final_message"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
@@ -361,20 +363,40 @@ class RequestParser:
             messages = check_messages(body.get("messages"))
         except ValueError as e:
             raise bad_request(str(e), "messages") from None
-        if self.tokenizer is None or not self.chat_template:
+        template, kwargs = self._template(body)
+        if self.tokenizer is None or not template:
             raise bad_request(f"model {self.model_name!r} has no chat template" +
                               ("" if self.tokenizer is not None else " or tokenizer") +
                               "; use /v1/completions with a prompt", "messages")
         generation, going_on = self._turn(body)
         try:
-            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
-        except ValueError as e:
-            raise bad_request(str(e), "chat_template_kwargs") from None
-        try:
-            text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
+            text = render_chat(template, messages, add_generation_prompt=generation,
                                template_kwargs=kwargs, continue_final_message=going_on, **self.special_tokens)
         except ValueError as e:  # the template refused the messages, or failed on them
-            raise bad_request(str(e), "messages") from None
+            own = template != self.chat_template  # the request's
+            raise bad_request(str(e), "chat_template" if own else "messages") from None
         except RuntimeError as e:  # it cannot render on this installation
             raise APIError(500, str(e), "messages", "server_error") from None
         return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)
+
+    def _template(self, body: dict) -> tuple[str | None, dict]:
+        """(the chat template, chat_template_kwargs' variables), checked: the request's own
+        `chat_template` (vLLM's field, or its chat_template_kwargs' `chat_template`, which wins
+        there) where the server trusts request templates (vLLM's --trust-request-chat-template:
+        a 400 otherwise), else the model's; an empty one is the model's (vLLM's)."""
+        try:
+            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
+        except ValueError as e:
+            raise bad_request(str(e), "chat_template_kwargs") from None
+        sent = kwargs.pop("chat_template", None)
+        sent = body.get("chat_template") if sent is None else sent
+        if sent is None:
+            return self.chat_template, kwargs
+        if not self.trust_request_chat_template:
+            raise bad_request("a request's chat_template needs a server started with "
+                              "--trust-request-chat-template (as vLLM's)", "chat_template")
+        try:
+            check_template(sent)
+        except ValueError as e:
+            raise bad_request(str(e), "chat_template") from None
+        return sent or self.chat_template, kwargs

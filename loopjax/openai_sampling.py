@@ -78,7 +78,7 @@ _UNSUPPORTED = {
     "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
     "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
-    "structural_tag": "guided decoding", "chat_template": "a request's own chat template",
+    "structural_tag": "guided decoding",
     "documents": "chat documents (RAG)", "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
     "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
@@ -93,7 +93,7 @@ _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choic
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
-    "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
+    "chat_template", "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
     "return_tokens_as_token_ids",
 })
 

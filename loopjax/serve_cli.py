@@ -62,6 +62,9 @@ def add_arguments(parser):
     parser.add_argument("--api-key", default=os.environ.get("LOOPJAX_API_KEY") or None,
                         help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
                              "$LOOPJAX_API_KEY; unset: no key)")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="chat requests may send their own chat_template (vLLM's; rendered in "
+                             "jinja2's sandbox; default: refused with a 400)")
     add_engine_arguments(parser)
 
 
@@ -119,7 +122,8 @@ def run(args) -> int:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
     app = server.create_app(engine, args.served_model_name or args.model, model=model,
                             max_waiting=args.max_waiting, max_n=args.max_n,
-                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key)
+                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
+                            trust_request_chat_template=args.trust_request_chat_template)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

@@ -16,7 +16,8 @@ Contract:
   last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
   logged. Request parsing and validation live in `openai_protocol.py`.
 - `stream_options.include_usage` (true unless set false within stream_options, vLLM's default):
-  every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
+  every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's
+  `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
@@ -87,13 +88,15 @@ log = logging.getLogger("loopjax.server")
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, trust_request_chat_template: bool = False) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
-    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
-    starts the AsyncEngine and shuts it down."""
+    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints;
+    trust_request_chat_template lets a chat request send its own chat_template (vLLM's flag: a
+    sandboxed jinja2 template, but any client's). The app's lifespan starts the AsyncEngine and
+    shuts it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -106,7 +109,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     max_logprobs = getattr(config, "max_logprobs", None)
     echo_state = _echo_state(model, config)
     parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
-                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state)
+                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state,
+                           trust_request_chat_template)
 
     scoring = threading.Lock()
 

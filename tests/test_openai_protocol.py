@@ -4,6 +4,7 @@ field; chat needs a template and text needs a tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
@@ -479,3 +480,34 @@ def test_any_role_and_null_content_render_as_vllms():
     for bad in ({"role": 5, "content": "x"}, {"content": "x"}, {"role": "user", "content": 5}):
         with pytest.raises(APIError, match=r"^messages\[0\] must have a role \(a string\)"):
             parser.tokenize({"messages": [bad]})
+
+
+def test_a_requests_chat_template_needs_the_servers_trust():
+    """vLLM's chat_template field (it was refused as unsupported): the request's jinja2 template
+    (or chat_template_kwargs' chat_template, which wins) renders its messages where the server
+    trusts request templates (--trust-request-chat-template), a 400 naming the flag otherwise;
+    an empty one is the model's; checked as the model's is, a bad one a 400 naming the field."""
+    talk = {"messages": [{"role": "user", "content": "hello"}]}
+    own = "{{ messages[0]['content'] }} loop"
+    untrusted = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML)
+    for sent in ({"chat_template": own}, {"chat_template_kwargs": {"chat_template": own}}):
+        with pytest.raises(APIError, match=r"^a request's chat_template needs a server started with "
+                                           r"--trust-request-chat-template \(as vLLM's\)$") as err:
+            untrusted.prompts({**talk, **sent}, True)
+        assert err.value.param == "chat_template"
+    trusted = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), trust_request_chat_template=True)
+    tok = trusted.tokenizer
+    assert trusted.prompts({**talk, "chat_template": own}, True) == [tok.encode("hello loop").ids]
+    wins = {"chat_template": "{{ x }}", "chat_template_kwargs": {"chat_template": own, "x": "model"}}
+    assert trusted.tokenize({**talk, **wins}) == tok.encode("hello loop").ids
+    modelled = dataclasses.replace(trusted, chat_template=own + " model")
+    assert modelled.tokenize({**talk, "chat_template": ""}) == tok.encode("hello loop model").ids
+    for template, message in (
+            ("{% if %}", r"^chat_template is not a jinja2 template: TemplateSyntaxError: "),
+            (5, r"^chat_template must be a string \(a jinja2 chat template\), got 5$"),
+            ("{{ raise_exception('no users') }}", r"^messages: the chat template refused them: no users$")):
+        with pytest.raises(APIError, match=message) as err:
+            trusted.prompts({**talk, "chat_template": template}, True)
+        assert err.value.param == "chat_template" and err.value.status == 400
+    with pytest.raises(APIError, match=r"^chat_template applies to /v1/chat/completions only$"):
+        trusted.prompts({"prompt": "hello", "chat_template": own}, False)

@@ -29,19 +29,21 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
 
     monkeypatch.setattr(uvicorn.Server, "run", serve)
     monkeypatch.setattr(server, "create_app",
-                        lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"])))
+                        lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
+                                                         kw["trust_request_chat_template"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     gc.unfreeze()
     try:
-        args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5"])
+        args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5",
+                                  "--trust-request-chat-template"])
         assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env")]
+    assert windows == [(0.005, "from-env", True)]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
