@@ -213,6 +213,7 @@ class RequestParser:
                                   f"max_logprobs), got {value}", field)
         if body.get("echo") and not chat:  # NOTE: chat's echo is text the request sent (chat_reply)
             self._check_scorable("echo", body, params)
+        params = self._echo_prompt_logprobs(body, chat, params)
         if params.prompt_logprobs is not None:
             self._check_scorable("prompt_logprobs", body, params)
             if self.vocab_size is not None and params.prompt_logprobs > self.vocab_size:
@@ -220,18 +221,35 @@ class RequestParser:
                                   f"{self.vocab_size}", "prompt_logprobs")
         return params
 
+    def _echo_prompt_logprobs(self, body: dict, chat: bool, params: SamplingParams) -> SamplingParams:
+        """vLLM's echo asks prompt_logprobs when the request sets none: completions' `logprobs`
+        of them (none without it), chat's `top_logprobs` (0 without it); only in a full answer
+        (vLLM's stream sends none). A chat whose prompt this server cannot score echoes text
+        alone, as before (loopjax's chat echo never needed the scoring)."""
+        if not body.get("echo") or params.prompt_logprobs is not None or body.get("stream"):
+            return params
+        top = (params.logprobs or 0) if chat else params.logprobs
+        if top is None or (chat and self._unscorable(params)):
+            return params
+        return dataclasses.replace(params, prompt_logprobs=top)
+
     def _check_scorable(self, field: str, body: dict, params: SamplingParams) -> None:
-        """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities, scored on the
-        identity path (loopjax.score): a fixed depth or Ouro's threshold exit in select mode, as
-        the reference computes every prompt position."""
+        """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities: a 400 naming it
+        where `_unscorable`."""
+        if (why := self._unscorable(params)) is not None:
+            raise bad_request(why.replace("{field}", field), field)
+
+    def _unscorable(self, params: SamplingParams) -> str | None:
+        """Why this server cannot score `params`' prompts (a message of `{field}`), or None: they
+        are scored on the identity path (loopjax.score) at a fixed depth or with Ouro's threshold
+        exit in select mode, as the reference computes every prompt position."""
         if self.echo_state == "unsupported":
-            raise bad_request(f"{field} is not supported by this server (its prompts cannot be scored)",
-                              field)
+            return "{field} is not supported by this server (its prompts cannot be scored)"
         rule = params.exit_rule
         if rule or params.exit_mode != "select":
-            raise bad_request(f"{field} scores prompts at a fixed depth or with Ouro's threshold exit in "
-                              f"select mode; {rule or 'exit_mode=' + params.exit_mode} is not supported "
-                              f"with it", field)
+            return ("{field} scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
+                    f"{rule or 'exit_mode=' + params.exit_mode} is not supported with it")
+        return None
 
     def tokenize(self, body: dict) -> list[int]:
         """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered

@@ -511,3 +511,18 @@ def test_a_requests_chat_template_needs_the_servers_trust():
         assert err.value.param == "chat_template" and err.value.status == 400
     with pytest.raises(APIError, match=r"^chat_template applies to /v1/chat/completions only$"):
         trusted.prompts({"prompt": "hello", "chat_template": own}, False)
+
+
+def test_echo_asks_prompt_logprobs_as_vllms():
+    """vLLM's echo sets prompt_logprobs when the request does not: completions' logprobs (none
+    without them), chat's top_logprobs (0 without them; chat's echo asked none); not streamed
+    (vLLM's stream sends none); a chat this server cannot score echoes its text alone."""
+    parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5, echo_state=None)
+    for body, chat, want in (({}, True, 0), ({"logprobs": True, "top_logprobs": 2}, True, 2),
+                             ({"prompt_logprobs": 1, "logprobs": True, "top_logprobs": 2}, True, 1),
+                             ({"stream": True}, True, None), ({"exit_step": 1}, True, None),
+                             ({"logprobs": 2}, False, 2), ({}, False, None), ({"logprobs": 0}, False, 0)):
+        assert parser.sampling({**body, "echo": True}, chat, [[5]]).prompt_logprobs == want, body
+        assert parser.sampling(body, chat, [[5]]).prompt_logprobs == body.get("prompt_logprobs"), body
+    unscored = dataclasses.replace(parser, echo_state="unsupported")
+    assert unscored.sampling({"echo": True, "logprobs": True}, True, [[5]]).prompt_logprobs is None
