@@ -83,16 +83,21 @@ _UNSUPPORTED = {
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
     "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
     "kv_transfer_params": "disaggregated serving",
+    # OpenAI's newer chat fields (vLLM ignores them; they were "unknown request field")
+    "modalities": "audio output", "audio": "audio output", "prediction": "predicted outputs",
+    "web_search_options": "web search", "verbosity": "verbosity control",
 }
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
              "priority": (0,), "include_reasoning": (True,),
-             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],)}
+             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],), "modalities": (["text"],),
+             "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
-    "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
+    "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # OpenAI's bookkeeping
+    "add_special_tokens", "add_generation_prompt",
     "chat_template", "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
     "return_tokens_as_token_ids",
 })

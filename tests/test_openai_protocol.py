@@ -251,12 +251,15 @@ def test_vllms_fields_at_their_defaults_are_served():
     parser = RequestParser(MODEL_NAME, max_context=64)
     defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
                 "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
-                "vllm_xargs": {}, "documents": [], "request_id": "mine"}
+                "vllm_xargs": {}, "documents": [], "request_id": "mine",
+                # OpenAI's newer fields (vLLM ignores them; they were "unknown request field")
+                "modalities": ["text"], "verbosity": "medium", "prompt_cache_key": "k",
+                "safety_identifier": "s"}
     assert parser.sampling(parser.body(json.dumps(defaults).encode()), True, [[5]]).max_tokens == 63
     assert parser.sampling({"length_penalty": 1}, False, [[5]]).max_tokens == 16  # JSON's 1 is 1.0
     # ... of their type: these compared equal to the defaults and were taken as them
     for field, value in (("priority", False), ("use_beam_search", 0), ("parallel_tool_calls", 1),
-                         ("priority", 0.0)):
+                         ("priority", 0.0), ("modalities", ["text", "audio"]), ("prediction", {"a": 1})):
         with pytest.raises(APIError, match=rf"^{field} is not supported by this server") as err:
             parser.sampling({field: value}, False, [[5]])
         assert err.value.param == field
