@@ -167,8 +167,8 @@ class RequestParser:
             raise bad_request(f"truncate_prompt_tokens must be an integer >= 1, or -1 (what the context "
                               f"holds), got {keep!r}", "truncate_prompt_tokens") from None
         if keep is not None and self.max_context is not None and keep > self.max_context:  # vLLM's 400
-            raise bad_request(f"truncate_prompt_tokens={keep} exceeds this server's context of "
-                              f"{self.max_context}", "truncate_prompt_tokens")
+            raise bad_request(f"truncate_prompt_tokens={keep} exceeds {self._context()}",
+                              "truncate_prompt_tokens")
         return keep
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
@@ -187,7 +187,7 @@ class RequestParser:
             least = body.get("min_tokens")
             if isinstance(least, int) and not isinstance(least, bool) and least > room:  # name no max_tokens
                 raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "
-                                  f"this server's context of {self.max_context}", "min_tokens")
+                                  f"{self._context()}", "min_tokens")
         _check_logprobs_type(body, chat)
         try:
             params = SamplingParams.from_openai(body)
@@ -196,8 +196,7 @@ class RequestParser:
         if room is not None and params.max_tokens > room:
             if given:
                 raise bad_request(f"{given}={params.max_tokens} does not fit: the prompt has "
-                                  f"{self.max_context - room} tokens of this server's context of "
-                                  f"{self.max_context}", given)
+                                  f"{self.max_context - room} tokens of {self._context()}", given)
             params = dataclasses.replace(params, max_tokens=room)
         if params.n > self.max_n:
             raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
@@ -277,6 +276,11 @@ class RequestParser:
             dataclasses.replace(self, max_context=None)._check_ids(tokens, "tokens")
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
+    def _context(self) -> str:
+        """The served context, as errors name it: OpenAI's and vLLM's words ("maximum context
+        length"), which clients (LiteLLM, LangChain) look for to tell a context overflow."""
+        return f"this server's maximum context length of {self.max_context} tokens"
+
     def _check_ids(self, ids, param: str, keep_last: int | None = None) -> list[int]:
         if not ids:
             raise bad_request(f"{param} is empty", param)
@@ -289,8 +293,7 @@ class RequestParser:
             raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param)
         ids = ids[-keep_last:] if keep_last else ids
         if self.max_context is not None and len(ids) >= self.max_context:
-            raise bad_request(f"{param} is too long: {len(ids)} tokens for a context of "
-                              f"{self.max_context}", param)
+            raise bad_request(f"{param} is too long: {len(ids)} tokens for {self._context()}", param)
         return ids
 
     def _encode(self, text: str, param: str, body: dict) -> list[int]:

@@ -26,7 +26,8 @@ from loopjax.server import create_app
     ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
     ({"prompt": [5] * 600}, 400, "prompt", "too long"),
     ({"prompt": [5] * 500, "max_tokens": 100}, 400, "max_tokens",
-     "max_tokens=100 does not fit: the prompt has 500 tokens of this server's context of 512"),
+     "max_tokens=100 does not fit: the prompt has 500 tokens of this server's maximum context length of "
+     "512 tokens"),  # OpenAI's and vLLM's words, which clients look for
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
@@ -163,7 +164,7 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
 
 @pytest.mark.parametrize("extra, param, message", [
     ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages",
-     "messages is too long: 605 tokens for a context of 512"),
+     "messages is too long: 605 tokens for this server's maximum context length of 512 tokens"),
     ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
@@ -205,7 +206,8 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
             parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
         assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
     assert parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 16}, False) == [[1, 2]]
-    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's context of 16$"):
+    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's maximum context "
+                                       r"length of 16 tokens$"):
         parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 17}, False)  # vLLM's 400: it was served
 
 
@@ -296,7 +298,7 @@ def test_default_max_tokens_is_cut_to_the_context():
     # chat's default max_tokens is the room left: a min_tokens past it names the room, not a
     # max_tokens the client never sent
     with pytest.raises(APIError, match=r"^min_tokens=8 does not fit: the prompt leaves 7 tokens of this "
-                                       r"server's context of 512$"):
+                                       r"server's maximum context length of 512 tokens$"):
         parser.sampling({"min_tokens": 8}, True, long_prompt[:1])
     assert parser.sampling({"min_tokens": 7}, True, long_prompt[:1]).max_tokens == 7
 
