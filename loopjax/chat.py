@@ -4,7 +4,7 @@
 Contract:
 - `check_messages` takes OpenAI's message list: each a {role, content} object whose role is
   any string (vLLM's custom roles, OpenAI's deprecated "function" too: the template decides)
-  and whose content is text, a list of text parts (joined with newlines, as vLLM's) or null /
+  and whose content is text, a list of text parts or strings (joined with newlines, as vLLM's) or null /
   absent (an assistant's tool-call turn: "", as vLLM's); any other part type (image_url,
   input_audio, file...) is refused, not dropped, as the model would answer without what the
   message asks about. It returns copies whose content is text.
@@ -47,8 +47,10 @@ def check_messages(messages) -> list[dict]:
 
 
 def _part_text(part, i: int) -> str | None:
-    """The text of a chat content part of a text type; None when malformed; a ValueError for
-    a part of another type."""
+    """The text of a chat content part of a text type (a plain string too, as vLLM's); None when
+    malformed; a ValueError for a part of another type."""
+    if isinstance(part, str):
+        return part
     kind = part.get("type", "text") if isinstance(part, dict) else None
     key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
     if isinstance(kind, str) and key is None:

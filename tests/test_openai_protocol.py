@@ -179,7 +179,7 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
                                                 {"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages", "messages[0] has a content part of type 'image_url'; this model takes text only"),
     # ... it was dropped: the model answered without the image it was asked about
-    ({"messages": [{"role": "user", "content": ["hello"]}]}, "messages", "messages[0] must have a role"),
+    ({"messages": [{"role": "user", "content": ["hello", 5]}]}, "messages", "messages[0] must have a role"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
@@ -428,6 +428,8 @@ def test_chat_content_parts_are_joined_by_newlines():
     as_parts = parser.tokenize({"messages": [{"role": "user", "content": parts}]})
     assert as_parts == parser.tokenize({"messages": [{"role": "user", "content": "hello\nworld"}]})
     assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
+    # ... plain strings among them too (vLLM's; they were refused)
+    assert parser.tokenize({"messages": [{"role": "user", "content": ["hello", parts[1]]}]}) == as_parts
 
 
 def test_chat_template_kwargs_and_add_generation_prompt():
