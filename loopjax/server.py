@@ -234,7 +234,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             # NOTE: a response that ends first (499, 503, an engine error) never awaits it: its
             # exception is retrieved here, not logged as "never retrieved"
             scores.add_done_callback(lambda done: done.cancelled() or done.exception())
-        rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex)  # vLLM's
+        # vLLM's: the X-Request-Id header, else the request_id field, names the response
+        named = request.headers.get("x-request-id") or body.get("request_id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (named or uuid.uuid4().hex)
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 

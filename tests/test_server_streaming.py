@@ -287,11 +287,13 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
 
 def test_request_id_names_the_response(fake_chat_server):
     """vLLM's request_id field is the response's id after its prefix (it was refused as an
-    unknown field), streamed chunks' too."""
+    unknown field), streamed chunks' too; its X-Request-Id header wins (it was ignored)."""
     url = fake_chat_server.url + "/v1/completions"
     body = {"prompt": [4], "max_tokens": 2, "request_id": "job-7"}
     assert httpx.post(url, json=body, timeout=30).json()["id"] == "cmpl-job-7"
     assert {c["id"] for c in sse_chunks(url, body)} == {"cmpl-job-7"}
+    headed = httpx.post(url, json=body, headers={"X-Request-Id": "trace-1"}, timeout=30)
+    assert headed.json()["id"] == "cmpl-trace-1"  # vLLM's header wins over the field
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "request_id": "job-8"}
     assert httpx.post(fake_chat_server.url + "/v1/chat/completions", json=chat, timeout=30).json()["id"] == (
         "chatcmpl-job-8")
