@@ -28,7 +28,7 @@ from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
-MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
 
 
 class APIError(Exception):
@@ -146,8 +146,8 @@ class RequestParser:
     def scores_only(body: dict, chat: bool) -> bool:
         """Completions' echo with max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the
         prompts are scored and nothing is generated."""
-        zero = [k for k in MAX_TOKENS_FIELDS if type(body.get(k)) is int and body[k] == 0]
-        return bool(zero) and not chat and body.get("echo") is True
+        asked = next((body[k] for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
+        return type(asked) is int and asked == 0 and not chat and body.get("echo") is True
 
     def _truncation(self, body: dict) -> int | None:
         """truncate_prompt_tokens, checked; -1 becomes the prompt tokens the context holds with

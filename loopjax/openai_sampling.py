@@ -123,9 +123,8 @@ def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
 
 
 def _map_max_tokens(body, kw):
+    """max_completion_tokens, else max_tokens (vLLM's: the first wins where both are given)."""
     a, b = body.get("max_tokens"), body.get("max_completion_tokens")
-    if a is not None and b is not None and a != b:
-        _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
     if b is not None:
         check_int("max_completion_tokens", b, 1)
         kw["max_tokens"] = b

@@ -245,6 +245,11 @@ def test_null_max_tokens_fills_the_context():
     assert parser.sampling({}, False, prompts).max_tokens == 16
     assert parser.sampling({}, True, prompts).max_tokens == 54
     assert parser.sampling({"max_tokens": None, "max_completion_tokens": 5}, False, prompts).max_tokens == 5
+    # both given: max_completion_tokens wins, as vLLM's (a 400 when they differed)
+    assert parser.sampling({"max_tokens": 3, "max_completion_tokens": 5}, True, prompts).max_tokens == 5
+    with pytest.raises(APIError, match="^max_completion_tokens=60 does not fit") as err:
+        parser.sampling({"max_tokens": 3, "max_completion_tokens": 60}, True, prompts)
+    assert err.value.param == "max_completion_tokens"
 
 
 def test_vllms_fields_at_their_defaults_are_served():
