@@ -136,7 +136,7 @@ class RequestParser:
         last `truncate_prompt_tokens` (vLLM's field) before its length is checked; -1 (vLLM's)
         keeps what the context holds (`_truncation`)."""
         keep = self._truncation(body)
-        for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs",
+        for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
                       "continue_final_message"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
@@ -401,7 +401,8 @@ class RequestParser:
         return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)
 
     def _template(self, body: dict) -> tuple[str | None, dict]:
-        """(the chat template, chat_template_kwargs' variables), checked: the request's own
+        """(the chat template, its variables: chat_template_kwargs' and vLLM's `documents`, a list
+        of objects of strings, for RAG templates), checked: the request's own
         `chat_template` (vLLM's field, or its chat_template_kwargs' `chat_template`, which wins
         there) where the server trusts request templates (vLLM's --trust-request-chat-template:
         a 400 otherwise), else the model's; an empty one is the model's (vLLM's)."""
@@ -409,6 +410,13 @@ class RequestParser:
             kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
         except ValueError as e:
             raise bad_request(str(e), "chat_template_kwargs") from None
+        documents = body.get("documents")
+        if documents is not None:
+            if not (isinstance(documents, list) and all(
+                    isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in documents)):
+                raise bad_request(f"documents must be a list of objects of strings (title, text...), got "
+                                  f"{documents!r:.80}", "documents")
+            kwargs["documents"] = documents
         sent = kwargs.pop("chat_template", None)
         sent = body.get("chat_template") if sent is None else sent
         if sent is None:

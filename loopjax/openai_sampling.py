@@ -79,7 +79,7 @@ _UNSUPPORTED = {
     "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
     "structural_tag": "guided decoding",
-    "documents": "chat documents (RAG)", "mm_processor_kwargs": "multimodal input",
+    "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
     "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
     "kv_transfer_params": "disaggregated serving",
@@ -90,16 +90,15 @@ _UNSUPPORTED = {
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
-             "priority": (0,), "include_reasoning": (True,),
-             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],), "modalities": (["text"],),
+             "priority": (0,), "include_reasoning": (True, False),  # no reasoning parser: no effect
+             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "modalities": (["text"],),
              "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # OpenAI's bookkeeping
-    "add_special_tokens", "add_generation_prompt",
-    "chat_template", "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
-    "return_tokens_as_token_ids",
+    "add_special_tokens", "add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
+    "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
 })
 
 

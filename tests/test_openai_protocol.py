@@ -538,3 +538,21 @@ def test_echo_asks_prompt_logprobs_as_vllms():
         assert parser.sampling(body, chat, [[5]]).prompt_logprobs == body.get("prompt_logprobs"), body
     unscored = dataclasses.replace(parser, echo_state="unsupported")
     assert unscored.sampling({"echo": True, "logprobs": True}, True, [[5]]).prompt_logprobs is None
+
+
+def test_documents_reach_the_chat_template():
+    """vLLM's documents (it was refused unless []) are the template's `documents` variable, as
+    RAG templates read them; anything but a list of objects of strings is a 400 naming it;
+    include_reasoning false (no reasoning parser here, as vLLM without one) is served."""
+    rag = "{% for d in documents %}{{ d.title }} {% endfor %}{{ messages[0]['content'] }}"
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=rag)
+    talk = {"messages": [{"role": "user", "content": "hello"}]}
+    docs = [{"title": "loop", "text": "x"}, {"title": "model"}]
+    assert parser.tokenize({**talk, "documents": docs}) == parser.tokenizer.encode("loop model hello").ids
+    assert parser.sampling({**talk, "documents": docs, "include_reasoning": False}, True, [[5]]).n == 1
+    for bad in ([{"title": 5}], {"title": "x"}, ["x"]):
+        with pytest.raises(APIError, match=r"^documents must be a list of objects of strings") as err:
+            parser.tokenize({**talk, "documents": bad})
+        assert err.value.param == "documents"
+    with pytest.raises(APIError, match=r"^documents applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": "hello", "documents": docs}, False)
