@@ -33,7 +33,8 @@ Contract:
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
   chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
   vLLM's) nothing else: no engine request, each choice finished by "length". Chat's `echo`
-  and the answer's role: `RequestParser.chat_reply` (vLLM's).
+  and the answer's role: `RequestParser.chat_reply` (vLLM's). A full answer's echo (either
+  endpoint) asks prompt_logprobs too, as vLLM's (`RequestParser._echo_prompt_logprobs`).
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
