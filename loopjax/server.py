@@ -42,7 +42,7 @@ Contract:
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
-  Bearer <key>` (401 otherwise); /health, /version, /metrics, /tokenize and /detokenize stay open.
+  Bearer <key>` (401 otherwise); /health, /ping, /version, /metrics, /tokenize and /detokenize stay open.
 The endpoints that generate nothing live in `server_info.py`. This module, it,
 `openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound before the
 engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;

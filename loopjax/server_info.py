@@ -1,8 +1,8 @@
 """The server's endpoints that generate nothing (`server.create_app` adds them), as vLLM's:
 POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens, token_strs}), POST
 /detokenize (`tokens` -> {prompt}), GET /v1/models (one card: the served name, its `root` the
-checkpoint, `created` the server's start), /version, /health (503 once the engine is gone) and
-/metrics (Prometheus text)."""
+checkpoint, `created` the server's start), /version, /health (503 once the engine is gone; /ping
+too, vLLM's) and /metrics (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -49,6 +49,8 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
         return {"version": __version__}
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's (SageMaker's) name for it, GET or POST
+    @app.post("/ping")
     async def health():
         if not aengine.running:
             return JSONResponse({"status": "dead", "error": str(aengine.error or "stopped")}, status_code=503)

@@ -221,13 +221,16 @@ def test_a_full_answer_cut_by_shutdown_is_503():
 
 
 def test_health_after_a_stop_says_stopped():
-    """/health of a server whose engine was stopped (not killed) says so: its error read 'None'."""
+    """/health of a server whose engine was stopped (not killed) says so: its error read 'None'.
+    vLLM's /ping (GET or POST; it was a 404) answers as /health."""
     app = create_app(FakeEngine(), MODEL_NAME)
     with LiveServer(app) as live:
         assert httpx.get(live.url + "/health", timeout=10).json() == {"status": "ok"}
+        assert httpx.post(live.url + "/ping", timeout=10).json() == {"status": "ok"}
         app.state.async_engine.shutdown()
-        health = httpx.get(live.url + "/health", timeout=10)
-        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
+        for path in ("/health", "/ping"):
+            health = httpx.get(live.url + path, timeout=10)
+            assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
 
 
 def test_api_key_guards_the_v1_endpoints():
