@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import os
 import socket
@@ -41,6 +42,17 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _origins(text: str) -> list[str]:
+    """--allowed-origins: a JSON list of origins (vLLM's flag and form), refused at parsing."""
+    try:
+        origins = json.loads(text)
+    except ValueError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError(f'must be a JSON list of origins (e.g. \'["*"]\'), got {text!r}')
+    return origins
+
+
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
@@ -65,6 +77,9 @@ def add_arguments(parser):
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="chat requests may send their own chat_template (vLLM's; rendered in "
                              "jinja2's sandbox; default: refused with a 400)")
+    parser.add_argument("--allowed-origins", type=_origins, default=["*"],
+                        help='the origins browsers may call the server from (CORS), a JSON list as '
+                             'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
     add_engine_arguments(parser)
 
 
@@ -123,7 +138,8 @@ def run(args) -> int:
     app = server.create_app(engine, args.served_model_name or args.model, model=model,
                             max_waiting=args.max_waiting, max_n=args.max_n,
                             admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
-                            trust_request_chat_template=args.trust_request_chat_template)
+                            trust_request_chat_template=args.trust_request_chat_template,
+                            allowed_origins=args.allowed_origins)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

@@ -63,6 +63,7 @@ import time
 import uuid
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from loopjax.async_engine import (
@@ -89,15 +90,17 @@ log = logging.getLogger("loopjax.server")
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
-               api_key: str | None = None, trust_request_chat_template: bool = False) -> FastAPI:
+               api_key: str | None = None, trust_request_chat_template: bool = False,
+               allowed_origins: tuple[str, ...] | list[str] = ("*",)) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
     AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints;
     trust_request_chat_template lets a chat request send its own chat_template (vLLM's flag: a
-    sandboxed jinja2 template, but any client's). The app's lifespan starts the AsyncEngine and
-    shuts it down."""
+    sandboxed jinja2 template, but any client's); allowed_origins: the origins browsers may call
+    it from (CORS, vLLM's default: any; the API key still applies). The app's lifespan starts the
+    AsyncEngine and shuts it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -146,6 +149,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
     app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
+    # NOTE: vLLM's CORS defaults (any method and header, no credentials): a browser's preflight
+    # OPTIONS was a 405, so browser clients could not call the server
+    app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
     # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
     # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.

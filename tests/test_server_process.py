@@ -30,7 +30,8 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     monkeypatch.setattr(uvicorn.Server, "run", serve)
     monkeypatch.setattr(server, "create_app",
                         lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
-                                                         kw["trust_request_chat_template"])))
+                                                         kw["trust_request_chat_template"],
+                                                         kw["allowed_origins"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -43,7 +44,7 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env", True)]
+    assert windows == [(0.005, "from-env", True, ["*"])]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
@@ -87,12 +88,14 @@ def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys):
     serve_cli.add_arguments(parser)
     for flags, message in ((["--port", "70000"], "--port: must be an integer in [0, 65535], got '70000'"),
                            (["--port", "-1"], "--port: must be an integer in [0, 65535], got '-1'"),
-                           (["--log-level", "bogus"], "--log-level: invalid choice: 'bogus'")):
+                           (["--log-level", "bogus"], "--log-level: invalid choice: 'bogus'"),
+                           (["--allowed-origins", "*"], "--allowed-origins: must be a JSON list of origins")):
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(["ouro-tiny", *flags])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     args = parser.parse_args(["ouro-tiny", "--port", "0", "--log-level", "WARNING"])
-    assert args.port == 0 and args.log_level == "warning"
+    assert args.port == 0 and args.log_level == "warning" and args.allowed_origins == ["*"]
+    assert parser.parse_args(["ouro-tiny", "--allowed-origins", '["http://a"]']).allowed_origins == ["http://a"]
 
 
 def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
