@@ -4,10 +4,10 @@
 Contract:
 - `check_messages` takes OpenAI's message list: each a {role, content} object whose role is
   any string (vLLM's custom roles, OpenAI's deprecated "function" too: the template decides)
-  and whose content is text, a list of text parts or strings (joined with newlines, as vLLM's) or null /
-  absent (an assistant's tool-call turn: "", as vLLM's); any other part type (image_url,
-  input_audio, file...) is refused, not dropped, as the model would answer without what the
-  message asks about. It returns copies whose content is text.
+  and whose content is text, a list of text parts or strings (joined with newlines, as
+  vLLM's) or null / absent (an assistant's tool-call turn: "", as vLLM's); any other part
+  type (image_url, input_audio, file...) is refused, not dropped, as the model would answer
+  without what the message asks about. It returns copies whose content is text.
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
   `raise_exception`, `strftime_now`; `tools` and `documents` None unless given). jinja2 is a

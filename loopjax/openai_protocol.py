@@ -10,7 +10,10 @@ Contract:
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
 - `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
-  model cannot be scored or the request's exit rule is not one the identity path follows.
+  model cannot be scored or the request's exit rule is not one the identity path follows. A
+  full answer's echo asks prompt_logprobs as vLLM's (`_echo_prompt_logprobs`).
+- A chat request's own `chat_template` needs `trust_request_chat_template` (vLLM's
+  --trust-request-chat-template); its `documents` are the template's variable.
 This module imports FastAPI for the error response only; nothing here touches the engine.
 """
 
