@@ -7,7 +7,9 @@ Contract:
   and whose content is text, a list of text parts or strings (joined with newlines, as
   vLLM's) or null / absent (an assistant's tool-call turn: "", as vLLM's); any other part
   type (image_url, input_audio, file...) is refused, not dropped, as the model would answer
-  without what the message asks about. It returns copies whose content is text.
+  without what the message asks about. It returns copies whose content is text, an
+  assistant's `tool_calls` with each function's JSON `arguments` parsed into an object (vLLM's
+  and transformers' templates' form).
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
   `raise_exception`, `strftime_now`; `tools` and `documents` None unless given). jinja2 is a
@@ -42,8 +44,31 @@ def check_messages(messages) -> list[dict]:
             content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
             raise ValueError(f"messages[{i}] must have a role (a string) and text content (or null)")
-        clean.append({**m, "content": content})
+        clean.append(_parsed_tool_calls({**m, "content": content}, i))
     return clean
+
+
+def _parsed_tool_calls(message: dict, i: int) -> dict:
+    """`message` with an assistant's tool calls' arguments as objects: a JSON string parsed,
+    none or "" as {} (vLLM's; templates render them with tojson, a string twice encoded)."""
+    calls = message.get("tool_calls")
+    if message["role"] != "assistant" or not isinstance(calls, list):
+        return message
+    parsed = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError(f"messages[{i}] has a tool call that is not {{id, type, function: {{name, "
+                             f"arguments}}}}: {call!r:.60}")
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise ValueError(f"messages[{i}] has tool call arguments that are not JSON: "
+                                 f"{arguments!r:.60}") from None
+        parsed.append({**call, "function": {**function, "arguments": arguments}})
+    return {**message, "tool_calls": parsed}
 
 
 def _part_text(part, i: int) -> str | None:

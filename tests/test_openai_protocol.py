@@ -556,3 +556,20 @@ def test_documents_reach_the_chat_template():
         assert err.value.param == "documents"
     with pytest.raises(APIError, match=r"^documents applies to /v1/chat/completions only$"):
         parser.prompts({"prompt": "hello", "documents": docs}, False)
+
+
+def test_tool_call_turns_reach_the_template_with_parsed_arguments():
+    """An assistant's tool-call turn (null content: it was refused) reaches the template with
+    each call's JSON arguments parsed into an object, as vLLM passes them (a template's tojson
+    would encode the string twice); arguments that are not JSON are a 400 naming messages."""
+    template = ("{% for c in messages[0].tool_calls %}{{ c.function.name }} {{ c.function.arguments.city }}"
+                "{% endfor %}")
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=template)
+    call = {"id": "c1", "type": "function", "function": {"name": "hello", "arguments": '{"city": "world"}'}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert parser.tokenize({"messages": [turn]}) == parser.tokenizer.encode("hello world").ids
+    assert call["function"]["arguments"] == '{"city": "world"}'  # the request is not changed
+    bad = {**turn, "tool_calls": [{**call, "function": {"name": "f", "arguments": "{city"}}]}
+    with pytest.raises(APIError, match=r"^messages\[0\] has tool call arguments that are not JSON: "
+                                       r"'\{city'$"):
+        parser.tokenize({"messages": [bad]})
