@@ -1,12 +1,12 @@
 """OpenAI request parsing for the server: a request body in, prompts and SamplingParams out.
 
 Contract:
-- Every refusal is an `APIError` carrying OpenAI's error JSON `{"error": {"message", "type",
-  "param", "code"}}` with a one-line message and `param` naming the field (HTTP 400 unless
-  said otherwise); the server maps it to the response.
+- Every refusal is an `APIError` (openai_errors.py) carrying OpenAI's error JSON `{"error":
+  {"message", "type", "param", "code"}}` with a one-line message and `param` naming the field
+  (HTTP 400 unless said otherwise); the server maps it to the response.
 - Prompts come back as token-id lists checked against the vocabulary and the served context;
   text is encoded with the model's tokenizer, chat messages rendered by its chat template
-  (loopjax/chat.py, shared with `LLM.chat`).
+  (openai_chat.py; loopjax/chat.py renders, shared with `LLM.chat`).
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
 - `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
@@ -14,7 +14,7 @@ Contract:
   full answer's echo asks prompt_logprobs as vLLM's (`_echo_prompt_logprobs`).
 - A chat request's own `chat_template` needs `trust_request_chat_template` (vLLM's
   --trust-request-chat-template); its `documents` are the template's variable.
-This module imports FastAPI for the error response only; nothing here touches the engine.
+Nothing here touches the engine.
 """
 
 from __future__ import annotations
@@ -24,36 +24,13 @@ import json
 import re
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
-from loopjax.chat import check_messages, check_template, check_template_kwargs, render_chat
 from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.openai_chat import ChatRequests
+from loopjax.openai_errors import APIError, bad_request
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
-        return JSONResponse({"error": error}, status_code=self.status)
-
-
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param)
-
-
-def internal_error(e: Exception) -> APIError:
-    """A bug's 500: one line naming the exception."""
-    first_line = next(iter(str(e).splitlines()), "")
-    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
-                    "server_error")
 
 
 def _check_logprobs_type(body: dict, chat: bool) -> None:
@@ -80,8 +57,9 @@ def param_of(message: str, body: dict) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class RequestParser:
-    """What a served model accepts; `body`, `prompts` and `sampling` check one request."""
+class RequestParser(ChatRequests):
+    """What a served model accepts; `body`, `prompts` and `sampling` check one request (chat's
+    messages: `ChatRequests`)."""
 
     model_name: str  # the name clients send as `model`
     tokenizer: Any = None  # a `tokenizers.Tokenizer`; None: token-id prompts only, no chat
@@ -357,78 +335,3 @@ class RequestParser:
     def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
         return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
                                 keep_last) for p in self._prompt_items(body)]
-
-    def chat_reply(self, body: dict) -> tuple[str, str]:
-        """A (checked) chat request's answer role and echo text, as vLLM's: the assistant's role,
-        or without a generation prompt the last message's (its turn goes on); with `echo`, the
-        last message's content when its role is the answer's, put before each choice's text
-        ("" otherwise)."""
-        messages = check_messages(body["messages"])
-        role = "assistant" if self._turn(body)[0] else messages[-1]["role"]
-        echoed = messages[-1]["content"] if body.get("echo") and messages[-1]["role"] == role else ""
-        return role, echoed
-
-    @staticmethod
-    def _turn(body: dict) -> tuple[bool, bool]:
-        """(add_generation_prompt, continue_final_message), checked.
-        NOTE: continue_final_message alone turns add_generation_prompt off (vLLM asks for both)."""
-        going_on = body.get("continue_final_message", False)
-        generation = body.get("add_generation_prompt", not going_on)
-        for field, value in (("add_generation_prompt", generation), ("continue_final_message", going_on)):
-            if not isinstance(value, bool):
-                raise bad_request(f"{field} must be true or false, got {value!r}", field)
-        if generation and going_on:
-            raise bad_request("continue_final_message and add_generation_prompt exclude each other (the "
-                              "final message goes on; no new turn opens)", "continue_final_message")
-        return generation, going_on
-
-    def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
-        try:
-            messages = check_messages(body.get("messages"))
-        except ValueError as e:
-            raise bad_request(str(e), "messages") from None
-        template, kwargs = self._template(body)
-        if self.tokenizer is None or not template:
-            raise bad_request(f"model {self.model_name!r} has no chat template" +
-                              ("" if self.tokenizer is not None else " or tokenizer") +
-                              "; use /v1/completions with a prompt", "messages")
-        generation, going_on = self._turn(body)
-        try:
-            text = render_chat(template, messages, add_generation_prompt=generation,
-                               template_kwargs=kwargs, continue_final_message=going_on, **self.special_tokens)
-        except ValueError as e:  # the template refused the messages, or failed on them
-            own = template != self.chat_template  # the request's
-            raise bad_request(str(e), "chat_template" if own else "messages") from None
-        except RuntimeError as e:  # it cannot render on this installation
-            raise APIError(500, str(e), "messages", "server_error") from None
-        return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)
-
-    def _template(self, body: dict) -> tuple[str | None, dict]:
-        """(the chat template, its variables: chat_template_kwargs' and vLLM's `documents`, a list
-        of objects of strings, for RAG templates), checked: the request's own
-        `chat_template` (vLLM's field, or its chat_template_kwargs' `chat_template`, which wins
-        there) where the server trusts request templates (vLLM's --trust-request-chat-template:
-        a 400 otherwise), else the model's; an empty one is the model's (vLLM's)."""
-        try:
-            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
-        except ValueError as e:
-            raise bad_request(str(e), "chat_template_kwargs") from None
-        documents = body.get("documents")
-        if documents is not None:
-            if not (isinstance(documents, list) and all(
-                    isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in documents)):
-                raise bad_request(f"documents must be a list of objects of strings (title, text...), got "
-                                  f"{documents!r:.80}", "documents")
-            kwargs["documents"] = documents
-        sent = kwargs.pop("chat_template", None)
-        sent = body.get("chat_template") if sent is None else sent
-        if sent is None:
-            return self.chat_template, kwargs
-        if not self.trust_request_chat_template:
-            raise bad_request("a request's chat_template needs a server started with "
-                              "--trust-request-chat-template (as vLLM's)", "chat_template")
-        try:
-            check_template(sent)
-        except ValueError as e:
-            raise bad_request(str(e), "chat_template") from None
-        return sent or self.chat_template, kwargs

@@ -44,7 +44,7 @@ Contract:
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
   Bearer <key>` (401 otherwise); /health, /ping, /version, /metrics, /tokenize and /detokenize stay open.
 The endpoints that generate nothing live in `server_info.py`. This module, it,
-`openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound before the
+`openai_errors.py` and `serve_cli.py` (the command line: flags, the port bound before the
 engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
@@ -74,14 +74,8 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
-from loopjax.openai_protocol import (
-    DEFAULT_MAX_N,
-    APIError,
-    RequestParser,
-    bad_request,
-    internal_error,
-    param_of,
-)
+from loopjax.openai_errors import APIError, bad_request, internal_error
+from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, param_of
 from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 

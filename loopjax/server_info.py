@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from loopjax import __version__
-from loopjax.openai_protocol import bad_request
+from loopjax.openai_errors import bad_request
 
 
 def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:

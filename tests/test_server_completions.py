@@ -13,7 +13,7 @@ import openai
 import pytest
 from server_helpers import CHATML, MODEL_NAME, REF_ENGINE, wait_idle
 
-from loopjax.openai_protocol import render_chat
+from loopjax.chat import render_chat
 from loopjax.scoring import score  # bound at import: count_scores counts the server's calls only
 
 
