@@ -53,6 +53,26 @@ def _origins(text: str) -> list[str]:
     return origins
 
 
+def _chat_template(text: str) -> str:
+    """--chat-template: a template file's text, or the template itself (vLLM's flag, read as
+    vLLM reads it: text without braces or newlines must be a file), checked at parsing."""
+    from loopjax.chat import check_template
+
+    try:
+        with open(text) as f:
+            template = f.read()
+    except OSError as e:
+        if not any(c in text for c in "{}\n"):
+            raise argparse.ArgumentTypeError(f"cannot read the chat template file {text!r}: "
+                                             f"{e.strerror}") from None
+        template = text
+    try:
+        check_template(template)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return template
+
+
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
@@ -77,6 +97,9 @@ def add_arguments(parser):
     parser.add_argument("--trust-request-chat-template", action="store_true",
                         help="chat requests may send their own chat_template (vLLM's; rendered in "
                              "jinja2's sandbox; default: refused with a 400)")
+    parser.add_argument("--chat-template", type=_chat_template, default=None,
+                        help="the chat template to serve instead of the checkpoint's: a jinja2 file or "
+                             "the template itself (vLLM's)")
     parser.add_argument("--allowed-origins", type=_origins, default=["*"],
                         help='the origins browsers may call the server from (CORS), a JSON list as '
                              'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
@@ -139,7 +162,7 @@ def run(args) -> int:
                             max_waiting=args.max_waiting, max_n=args.max_n,
                             admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
                             trust_request_chat_template=args.trust_request_chat_template,
-                            allowed_origins=args.allowed_origins)
+                            allowed_origins=args.allowed_origins, chat_template=args.chat_template)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

@@ -335,6 +335,14 @@ def test_chat_without_template_is_400():
         assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5], "token_strs": None}
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5], "return_token_strs": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
+    # vLLM's --chat-template: the server's own template serves a checkpoint that has none
+    tok = word_tokenizer(256)
+    untemplated = types.SimpleNamespace(**{**vars(bare), "tokenizer": tok})
+    app = create_app(FakeEngine(), MODEL_NAME, model=untemplated, chat_template="{{ messages[0].content }}")
+    with LiveServer(app) as live:
+        talk = {"messages": [{"role": "user", "content": "loop"}]}
+        r = httpx.post(live.url + "/tokenize", timeout=30, json=talk)
+        assert r.json()["tokens"] == tok.encode("loop", add_special_tokens=False).ids, r.text
 
 
 def test_a_chat_template_that_raises_is_400():
