@@ -71,6 +71,7 @@ class RequestParser(ChatRequests):
     max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
     echo_state: str | None = "unsupported"  # `score`'s initial_state; "unsupported": no echo, prompt_logprobs
     trust_request_chat_template: bool = False  # a chat request may send its own chat_template (vLLM's flag)
+    aliases: tuple[str, ...] = ()  # more names clients may send as `model` (vLLM's --served-model-name)
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -86,9 +87,10 @@ class RequestParser(ChatRequests):
             raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-        if body.get("model") is not None and body["model"] != self.model_name:
+        names = (self.model_name, *self.aliases)
+        if body.get("model") is not None and body["model"] not in names:  # vLLM's (and OpenAI's) 404
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
-                           f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
+                           f"{', '.join(map(repr, names))}", "model")
         # NOTE: read as flags: "false" would be true
         for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs"):
             if body.get(key) is not None and not isinstance(body[key], bool):

@@ -79,8 +79,9 @@ def add_arguments(parser):
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the name clients send as `model` (default: MODEL as given)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the name clients send as `model` (default: MODEL as given); more names "
+                             "are aliases, as vLLM's (responses carry the first)")
     parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
                         help="requests that may wait for a first token before new ones get 429 "
                              "(default: 256)")
@@ -158,7 +159,8 @@ def run(args) -> int:
     gc.freeze()
     if getattr(model, "tokenizer", None) is None:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
-    app = server.create_app(engine, args.served_model_name or args.model, model=model,
+    names = args.served_model_name or [args.model]
+    app = server.create_app(engine, names[0], model=model, model_aliases=tuple(names[1:]),
                             max_waiting=args.max_waiting, max_n=args.max_n,
                             admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
                             trust_request_chat_template=args.trust_request_chat_template,

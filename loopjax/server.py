@@ -86,7 +86,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
                api_key: str | None = None, trust_request_chat_template: bool = False,
                allowed_origins: tuple[str, ...] | list[str] = ("*",),
-               chat_template: str | None = None) -> FastAPI:
+               chat_template: str | None = None, model_aliases: tuple[str, ...] = ()) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
@@ -95,7 +95,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     trust_request_chat_template lets a chat request send its own chat_template (vLLM's flag: a
     sandboxed jinja2 template, but any client's); allowed_origins: the origins browsers may call
     it from (CORS, vLLM's default: any; the API key still applies); chat_template replaces the
-    model's (vLLM's --chat-template). The app's lifespan starts the AsyncEngine and shuts it down."""
+    model's (vLLM's --chat-template); model_aliases: more names a request may send as `model`
+    (vLLM's further --served-model-name names). The app's lifespan starts the AsyncEngine and
+    shuts it down."""
     aengine = engine if isinstance(engine, AsyncEngine) else AsyncEngine(
         engine, max_waiting=max_waiting, admission_window_s=admission_window_s)
     model = model if model is not None else getattr(aengine.engine, "model", None)
@@ -109,7 +111,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     echo_state = _echo_state(model, config)
     parser = RequestParser(model_name, tokenizer, chat_template or getattr(model, "chat_template", None),
                            special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state,
-                           trust_request_chat_template)
+                           trust_request_chat_template, tuple(model_aliases))
 
     scoring = threading.Lock()
 

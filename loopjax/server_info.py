@@ -39,10 +39,11 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": parser.model_name, "object": "model", "created": started, "owned_by": "loopjax",
-                "root": root, "parent": None, "max_model_len": parser.max_context,
-                "vocab_size": parser.vocab_size}
-        return {"object": "list", "data": [card]}
+        """A card per name the server answers to (vLLM's: aliases too)."""
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": started, "owned_by": "loopjax", "root": root,
+             "parent": None, "max_model_len": parser.max_context, "vocab_size": parser.vocab_size}
+            for name in (parser.model_name, *parser.aliases)]}
 
     @app.get("/version")
     async def version():

@@ -581,3 +581,17 @@ def test_tool_call_turns_reach_the_template_with_parsed_arguments():
     with pytest.raises(APIError, match=r"^messages\[0\] has tool call arguments that are not JSON: "
                                        r"'\{city'$"):
         parser.tokenize({"messages": [bad]})
+
+
+def test_more_served_model_names_are_aliases():
+    """vLLM's --served-model-name takes several names (one was all): a request may send any,
+    /v1/models lists a card for each, responses carry the first; another name is a 404."""
+    app = create_app(FakeEngine(), MODEL_NAME, model_aliases=("loop",))
+    with LiveServer(app) as live:
+        assert [m["id"] for m in httpx.get(live.url + "/v1/models", timeout=10).json()["data"]] == [
+            MODEL_NAME, "loop"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": "loop", "prompt": [4]})
+        assert r.status_code == 200 and r.json()["model"] == MODEL_NAME, r.text
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": "gpt-4", "prompt": [4]})
+        assert r.status_code == 404 and r.json()["error"]["message"] == (
+            f"model 'gpt-4' does not exist here; this server serves '{MODEL_NAME}', 'loop'")
