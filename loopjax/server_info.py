@@ -1,6 +1,6 @@
 """The server's endpoints that generate nothing (`server.create_app` adds them), as vLLM's:
 POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens, token_strs}), POST
-/detokenize (`tokens` -> {prompt}), GET /v1/models (one card: the served name, its `root` the
+/detokenize (`tokens` -> {prompt}), GET /v1/models (a card per served name, its `root` the
 checkpoint, `created` the server's start), /version, /health (503 once the engine is gone; /ping
 too, vLLM's) and /metrics (Prometheus text)."""
 
