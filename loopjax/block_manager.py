@@ -263,8 +263,8 @@ class BlockManager:
 
     def publish(self, request: Request, num_tokens: int | None = None) -> int:
         """Offer the request's full pages below `num_tokens` (default `num_computed_tokens`)
-        not offered before; returns how many were published (a duplicate of a cached prefix
-        stays private). The tokens of those positions must be known and their KV written
+        not offered before; returns how many were published (a copy of a page already cached
+        too: `PrefixCache.publish`). The tokens of those positions must be known and their KV written
         (or written by a step dispatched before any step that reads the cache)."""
         cache = self.prefix_cache
         if cache is None:
@@ -279,7 +279,8 @@ class BlockManager:
         published = 0
         if keys:  # [] for a request that never shares
             for i in range(request.num_offered_pages, num_pages):
-                published += cache.publish(request.page_ids[i], keys[i])
+                cache.publish(request.page_ids[i], keys[i])
+                published += 1
         request.num_offered_pages = num_pages
         return published
 

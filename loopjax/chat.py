@@ -26,7 +26,8 @@ from __future__ import annotations
 import datetime
 import functools
 import json
-import os
+
+from loopjax import tokenizer_files
 
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 
@@ -94,24 +95,26 @@ def encode_chat(model, messages, *, chat_template: str | None = None, add_genera
                           "chat template (give one, or send the prompt text as it is)"))
     text = render_chat(template, check_messages(messages), add_generation_prompt=add_generation_prompt,
                        template_kwargs=template_kwargs, continue_final_message=continue_final_message,
-                       **special_tokens(model))
+                       special=special_tokens(model))
     return model.tokenize(text, add_special_tokens=False)
 
 
-def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos_token: str = "",
+def render_chat(template: str, messages: list[dict], *, special: dict | None = None,
                 add_generation_prompt: bool = True, template_kwargs: dict | None = None,
                 continue_final_message: bool = False) -> str:
     """The prompt text of `messages` (checked ones) under a Hugging Face chat template; with
     add_generation_prompt, the opening of the assistant's turn follows. template_kwargs
     (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}) are more template
-    variables. continue_final_message
+    variables; `special` the special tokens' (`special_tokens`; bos_token and eos_token ''
+    where it lacks them), which template_kwargs override as transformers' kwargs do, but for
+    the reserved bos_token and eos_token. continue_final_message
     (transformers' and vLLM's) ends the text with the final message's content, its turn left
     open for the model to go on (without add_generation_prompt)."""
     if continue_final_message and add_generation_prompt:
         raise ValueError("messages: continue_final_message and add_generation_prompt exclude each other "
                          "(the final message goes on; no new turn opens)")
-    text = _render(template, messages, bos_token, eos_token, add_generation_prompt,
-                   check_template_kwargs(template_kwargs))
+    variables = {"bos_token": "", "eos_token": ""} | (special or {}) | check_template_kwargs(template_kwargs)
+    text = _render(template, messages, add_generation_prompt, variables)
     if not continue_final_message:
         return text
     final = messages[-1]["content"]  # NOTE: templates that strip messages keep only the stripped
@@ -122,14 +125,13 @@ def render_chat(template: str, messages: list[dict], *, bos_token: str = "", eos
                      "chat, and the chat template left it out")
 
 
-def _render(template: str, messages: list[dict], bos_token: str, eos_token: str, add_generation_prompt: bool,
-            extra: dict) -> str:
+def _render(template: str, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
     from jinja2.exceptions import TemplateError
 
     try:
         # NOTE: transformers' variables: tools and documents are None unless given
-        variables = dict(dict(tools=None, documents=None), **extra, messages=messages, bos_token=bos_token,
-                         eos_token=eos_token, add_generation_prompt=add_generation_prompt)
+        variables = dict(dict(tools=None, documents=None), **extra, messages=messages,
+                         add_generation_prompt=add_generation_prompt)
         return _compiled(template).render(**variables)
     except TemplateError as e:
         raise ValueError(f"messages: the chat template refused them: {e}") from None
@@ -201,16 +203,8 @@ def check_template_kwargs(kwargs) -> dict:
 
 
 def special_tokens(model) -> dict:
-    """bos_token / eos_token (chat templates use them) of the checkpoint's tokenizer_config.json,
-    overridden by its special_tokens_map.json where that names them, as transformers reads them."""
-    config: dict = {}
-    for name in ("tokenizer_config.json", "special_tokens_map.json"):
-        try:
-            with open(os.path.join(model.path, name)) as f:
-                data = json.load(f)
-        except (OSError, TypeError, AttributeError, ValueError):  # no folder, no file, bad JSON
-            continue
-        if isinstance(data, dict):
-            config.update({k: data[k] for k in ("bos_token", "eos_token") if data.get(k) is not None})
-    tokens = {k: config.get(k) for k in ("bos_token", "eos_token")}
-    return {k: (v.get("content", "") if isinstance(v, dict) else v or "") for k, v in tokens.items()}
+    """The template variables of the checkpoint's special tokens, as transformers'
+    apply_chat_template passes its special_tokens_map: bos_token, eos_token, unk_token,
+    pad_token... and additional_special_tokens, those its files set (`tokenizer_files`;
+    render_chat makes bos_token and eos_token '' where unset)."""
+    return tokenizer_files.special_tokens_map(getattr(model, "path", None))

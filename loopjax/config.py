@@ -269,13 +269,16 @@ def _eos(value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def eos_token_ids(cfg, generation_config: dict | None = None) -> tuple[int, ...]:
-    """The EOS ids a request stops at (unless ignore_eos): the config's, then the ones
-    generation_config.json adds (HF generate stops at those, vLLM adds them as stop ids; Ouro's
-    Hub config names 0 where chat ends at <|im_end|> = 2). Empty when neither names one."""
+def eos_token_ids(cfg, generation_config: dict | None = None,
+                  tokenizer_eos: int | None = None) -> tuple[int, ...]:
+    """The EOS ids a request stops at (unless ignore_eos): the config's, the tokenizer's eos_token
+    (`tokenizer_eos`: vLLM's primary EOS), then the ones generation_config.json adds (HF
+    generate stops at those, vLLM adds them as stop ids; Ouro's Hub config names 0 where chat
+    ends at <|im_end|> = 2). Empty when none names one."""
     ids = list(_token_ids(cfg.eos_token_id, "config.json"))
     extra = _token_ids((generation_config or {}).get("eos_token_id"), "generation_config.json")
-    return tuple(ids + [i for i in dict.fromkeys(extra) if i not in ids])
+    more = (() if tokenizer_eos is None else (tokenizer_eos,)) + extra
+    return tuple(ids + [i for i in dict.fromkeys(more) if i not in ids])
 
 
 def _token_ids(value, source: str) -> tuple[int, ...]:

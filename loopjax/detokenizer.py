@@ -5,8 +5,12 @@ O(tokens^2)).
 
 decode(a + b) != decode(a) + decode(b) at word boundaries (a decoder may drop a leading space
 of the first token it sees), so the new tokens are decoded with the previous step's tokens as
-left context and the context's own text is cut off again. A trailing partial UTF-8 character
-(U+FFFD) waits for its next bytes unless the sequence is final.
+left context and the context's own text is cut off again; the first ones get the prompt's
+tail (`prompt_context`, vLLM's rule) as theirs, so a SentencePiece word marker of the first
+token is the space it stands for after a prompt, as in vLLM (a decoder drops it at the start of
+a text). A trailing partial UTF-8 character (U+FFFD) waits for its next bytes unless the
+sequence is final (finished other than by an abort: an aborted request's text ends at its last
+whole character, as vLLM's, whose text is what it streamed).
 """
 
 from __future__ import annotations
@@ -35,8 +39,11 @@ class IncrementalDetokenizer:
 
     def __init__(self, tokenizer, stop: Sequence[str] = (), skip_special_tokens: bool = True,
                  spaces_between_special_tokens: bool = True, include_stop_str: bool = False,
-                 min_tokens: int = 0):
+                 min_tokens: int = 0, context: Sequence[int] = ()):
+        """context: token ids before the sequence (`prompt_context` of its prompt), the left
+        context of its first tokens; none for a text of its own (an echoed prompt)."""
         self.tokenizer, self.stop, self.skip_special_tokens = tokenizer, tuple(stop), skip_special_tokens
+        self.context = list(context)
         self.min_tokens = min_tokens
         # NOTE: spaces_between_special_tokens False: an added token right after another is its
         # content alone, without the space a decoder may put between tokens (vLLM's fast rule,
@@ -49,6 +56,14 @@ class IncrementalDetokenizer:
         self.stop_string: str | None = None  # the stop string that matched
         self.offsets: list[int] = []
         self._window = (0, 0)  # token ids [p, r): p the left context of the next decode, r committed
+
+    @classmethod
+    def for_output(cls, tokenizer, params, prompt_ids: Sequence[int]) -> IncrementalDetokenizer:
+        """The detokenizer of one output of a request: its SamplingParams' text fields, the
+        prompt's tail as the first tokens' context."""
+        return cls(tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
+                   params.include_stop_str_in_output, params.min_tokens,
+                   context=prompt_context(tokenizer, prompt_ids))
 
     def update(self, token_ids: Sequence[int], final: bool = False, stop_token: bool = False) -> bool:
         if self.stopped:
@@ -75,9 +90,13 @@ class IncrementalDetokenizer:
         return self.stopped
 
     def _commit(self, token_ids: Sequence[int], n: int, final: bool) -> None:
-        """Add the text of token_ids[r:n] (decoded after their left context [p, r))."""
+        """Add the text of token_ids[r:n] (decoded after their left context [p, r), which the
+        prompt's context precedes until p moves)."""
         p, r = self._window
-        before, now = self._decode(token_ids[p:r]), self._decode(token_ids[p:n])
+        head = self.context if p == 0 else []
+        before, now = self._decode([*head, *token_ids[p:r]]), self._decode([*head, *token_ids[p:n]])
+        if r == 0:
+            before = _whole(before)
         if len(now) > len(before) and (not now.endswith("\ufffd") or final):
             added, piece = self._added, now[len(before):]
             if added and n >= 2 and token_ids[n - 1] in added and token_ids[n - 2] in added:
@@ -86,3 +105,38 @@ class IncrementalDetokenizer:
 
     def _decode(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens) if ids else ""
+
+
+def _whole(context_text: str) -> str:
+    """The context's text without a character its last tokens leave unfinished: the output's
+    first tokens bring its other bytes, and it is their text (vLLM's detokenizer, primed with
+    the prompt, holds it back and emits it with them)."""
+    return context_text.rstrip("\ufffd")
+
+
+def prompt_context(tokenizer, prompt_ids: Sequence[int]) -> list[int]:
+    """The prompt's tail that precedes the output's first tokens when they are decoded (vLLM's
+    rule): its shortest suffix of 4 to 23 tokens whose text has no U+FFFD (no character cut at
+    its start), else the whole prompt."""
+    prompt_ids = list(prompt_ids)
+    for size in range(4, min(len(prompt_ids), 23) + 1) if len(prompt_ids) > 4 else ():
+        if "\ufffd" not in tokenizer.decode(prompt_ids[-size:]):
+            return prompt_ids[-size:]
+    return prompt_ids
+
+
+def decode_output(tokenizer, token_ids: Sequence[int], context: Sequence[int] = (),
+                  skip_special_tokens: bool = True, complete: bool = True) -> str:
+    """The text of a whole output at once, as `IncrementalDetokenizer` makes it token by token
+    (without stop strings): decoded after `context`; not `complete` (aborted), cut after its
+    last whole character, as the incremental text waits for a character's next bytes."""
+    def text_of(ids: Sequence[int]) -> str:
+        ids = [*context, *ids]
+        return tokenizer.decode(ids, skip_special_tokens=skip_special_tokens) if ids else ""
+
+    start, end = len(_whole(text_of([]))), len(token_ids)
+    text = text_of(token_ids)
+    while not complete and end and text.endswith("\ufffd"):  # a partial character: its tokens wait
+        end -= 1
+        text = text_of(token_ids[:end])
+    return text[start:] if len(text) > start else ""

@@ -32,7 +32,7 @@ from collections import deque
 
 import numpy as np
 
-from loopjax import attention_backend, bad_words, kv_cache
+from loopjax import attention_backend, bad_words, kv_cache, tokenizer_files
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
@@ -43,12 +43,18 @@ from loopjax.request import (
     FINISH_STOP,
     Request,
     RequestOutput,
-    Snapshot,
     StepFailedError,
     check_exit_depth,
     check_prompt_ids,
 )
-from loopjax.request_extra import RequestExtra, cache_salt, check_state_truncation, request_extra, update_text
+from loopjax.request_extra import (
+    RequestExtra,
+    cache_salt,
+    check_state_truncation,
+    request_extra,
+    request_output,
+    update_text,
+)
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
 from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
@@ -84,7 +90,7 @@ class Engine:
         if config.verbose:
             print(layout.describe(), flush=True)
         self.layout = layout
-        self.scheduler = Scheduler(SchedulerConfig(
+        sc = SchedulerConfig(
             page_size=config.page_size, num_pages=layout.num_pages, max_num_rows=config.max_num_rows,
             decode_row_buckets=config.decode_row_buckets or default_decode_row_buckets(max_context),
             max_prefill_tokens=config.max_prefill_tokens,
@@ -94,8 +100,7 @@ class Engine:
             prefill_share_per_loop=config.prefill_share_per_loop,
             num_loops=min(cfg.default_loops, self.max_loops), max_loops=self.max_loops,
             fused_decode=config.fused_decode, enable_prefix_caching=config.enable_prefix_caching,
-            decode_page_planes=layout.decode_page_planes))
-        sc = self.scheduler.config
+            decode_page_planes=layout.decode_page_planes)
         self.runner = Runner(model, layout, decode_rows=sc.row_buckets,
                              prefill_buckets=tuple((sc.max_prefill_rows, t) for t in sc.token_buckets),
                              max_pages=sc.max_pages_per_request, max_loops=self.max_loops,
@@ -107,6 +112,7 @@ class Engine:
                              ops=with_pointwise(matmul_ops(config.matmul), config.pointwise),
                              unroll=config.loop_unroll,
                              compilation_cache_dir=config.compilation_cache_dir)
+        self.scheduler = Scheduler(sc, loop_count=self.runner.fused_loop_count)  # warmup may add counts
         # Runner.warmup / warmup_steps options: the executables this config compiles at start-up
         self.warmup_options = dict(loop_counts=(min(cfg.default_loops, self.max_loops), *config.loop_buckets),
                                    series=not config.fused_decode, adaptive=config.adaptive_exit,
@@ -118,7 +124,10 @@ class Engine:
         self._free_token_slots = list(range(self.runner.max_rows - 1, -1, -1))
         self._in_flight: deque = deque()  # (plan, runner.PendingStep), dispatched, not yet read
         self._aborted: list[RequestOutput] = []
-        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None))
+        # vLLM's primary EOS (stop_reason None): the tokenizer's, else config.json's (no tokenizer)
+        eos = tokenizer_files.eos_token_id(model.tokenizer, getattr(model, "path", None))
+        self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None), eos)
+        self._primary_eos = eos_token_ids(cfg) if eos is None else (eos,)
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
         # NOTE: an Ouro config without a threshold selects its early_exit_step, as models/ouro.forward
         # (and so scoring) does; a shallower request keeps its last loop (_row)
@@ -351,32 +360,9 @@ class Engine:
     # ------------------------------------------------------------------ helpers
     def _output(self, request: Request, new_tokens) -> RequestOutput:
         extra = self._extra.get(request.request_id) or RequestExtra()
-        if request.is_finished and extra.text is None and self.model.tokenizer is not None:
-            update_text(extra, request, self.model)  # aborted: the text of the tokens it got
-        want_lp = request.sampling_params.logprobs is not None
-        subs = request.num_prefill_submissions + request.num_decode_submissions
-        metrics = {"ttft": request.ttft, "tpot": request.tpot,
-                   "submissions": subs / max(1, request.num_output_tokens),
-                   "decode_submissions_per_token": request.decode_submissions_per_token,
-                   "num_preemptions": request.num_preemptions}
-        out = RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
-                            request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
-                            extra.text, Snapshot(extra.logprobs) if want_lp else None,
-                            Snapshot(extra.top_logprobs) if want_lp else None, metrics,
-                            self._stop_reason(request, extra))
         if request.is_finished:
             self._extra.pop(request.request_id, None)
-        return out
-
-    def _stop_reason(self, request: Request, extra: RequestExtra) -> int | str | None:
-        """vLLM's stop_reason of a request finished with 'stop': its stop string, else its last
-        token unless that is an EOS that stopped it; None otherwise."""
-        if request.finish_reason != FINISH_STOP:
-            return None
-        if extra.detokenizer is not None and extra.detokenizer.stop_string is not None:
-            return extra.detokenizer.stop_string
-        last = request.output_token_ids[-1]
-        return None if last in self._eos and not request.sampling_params.ignore_eos else last
+        return request_output(request, extra, new_tokens, self.model, self._primary_eos)
 
     def _release_carry(self, request: Request) -> None:
         extra = self._extra.get(request.request_id)

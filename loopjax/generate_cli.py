@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=None,
                         help="bfloat16 | float32 | auto (default: auto, the checkpoint's)")
     parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"))
+    parser.add_argument("--shared-kv-slots", type=int, default=None,
+                        help="Huginn with --kv-layout shared: the K loops' KV its ring keeps (default: 8)")
     parser.add_argument("--attention-backend", default="auto",
                         choices=("auto", "xla", "pallas", "pallas_mgpu"))
     exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
@@ -83,6 +85,8 @@ def _run(args) -> int:
     options = compact_engine_options([max(1, length)], max(1, args.max_tokens), args.loops,
                                      args.exit_weighted)
     options.update(kv_layout=args.kv_layout, attention_backend=args.attention_backend)
+    if args.shared_kv_slots is not None:
+        options["shared_kv_slots"] = args.shared_kv_slots
     exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
                      "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
                      "exit_check_every": args.exit_check_every,

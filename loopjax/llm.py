@@ -53,7 +53,7 @@ class GenerateOutput:
     # vLLM), then (log p of the prompt token, the k most likely (id, log p) there, most likely first).
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
-    stop_reason: int | str | None = None  # 'stop': the stop string or stop token id (None: EOS), vLLM's
+    stop_reason: int | str | None = None  # 'stop': stop string or stop id (None: the tokenizer's EOS), vLLM's
 
 
 class LLM:

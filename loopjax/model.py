@@ -17,7 +17,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from loopjax import checkpoint, hub_cache
+from loopjax import checkpoint, hub_cache, tokenizer_files
 from loopjax import config as config_lib
 from loopjax.request import holds_bools
 
@@ -128,9 +128,11 @@ def _read_tokenizer(folder: str):
     from tokenizers import Tokenizer
 
     try:
-        return Tokenizer.from_file(file)
+        tokenizer = Tokenizer.from_file(file)
     except Exception as e:  # tokenizers raises a bare Exception for unreadable files
         raise LoadError(f"cannot read {file}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+    tokenizer_files.apply_add_special_tokens(tokenizer, folder)  # tokenizer_config.json's add_bos_token
+    return tokenizer
 
 
 def _read_chat_template(folder: str) -> str | None:

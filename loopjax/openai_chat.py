@@ -51,7 +51,8 @@ class ChatRequests:
         generation, going_on = self._turn(body)
         try:
             text = render_chat(template, messages, add_generation_prompt=generation,
-                               template_kwargs=kwargs, continue_final_message=going_on, **self.special_tokens)
+                               template_kwargs=kwargs, continue_final_message=going_on,
+                               special=self.special_tokens)
         except ValueError as e:  # the template refused the messages, or failed on them
             own = template != self.chat_template  # the request's
             raise bad_request(str(e), "chat_template" if own else "messages") from None

@@ -14,6 +14,8 @@ tokenizer (`tokenizers.Tokenizer`) or, without one, by their ids (decoded_token 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from loopjax.detokenizer import IncrementalDetokenizer
 
 
@@ -66,17 +68,18 @@ def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
 class Choice:
     """One choice as outputs arrive: text detokenized and trimmed at a stop string."""
 
-    def __init__(self, index: int, tokenizer, params, *, ids_as_names: bool = False):
-        """params: the request's SamplingParams (its stop strings and text fields);
+    def __init__(self, index: int, tokenizer, params, *, prompt: Sequence[int] = (),
+                 ids_as_names: bool = False):
+        """params: the request's SamplingParams (its stop strings and text fields); prompt: its
+        token ids (the text is decoded after their tail, as vLLM's);
         ids_as_names: logprobs name tokens "token_id:ID" (vLLM's return_tokens_as_token_ids)."""
         self.index, self.tokenizer, self.stop = index, tokenizer, params.stop
         self.ids_as_names = ids_as_names
         self.include_stop = params.include_stop_str_in_output
         self.text, self.sent, self.submissions = "", 0, 0  # full text; characters streamed; total
-        self.detokenizer = None if tokenizer is None else IncrementalDetokenizer(
-            tokenizer, params.stop, params.skip_special_tokens, params.spaces_between_special_tokens,
-            params.include_stop_str_in_output, params.min_tokens)
-        self.stop_reason = None  # vLLM's: the stop string or stop token id that ended it (None: EOS)
+        self.detokenizer = (None if tokenizer is None
+                            else IncrementalDetokenizer.for_output(tokenizer, params, prompt))
+        self.stop_reason = None  # vLLM's: the stop string or stop id that ended it (None: tokenizer's EOS)
         self.token_ids, self.exit_loops = [], []  # generated tokens; loops run per token
         self.finish_reason = None
         self.logprobs = self.top_logprobs = None if params.logprobs is None else []  # when asked
@@ -98,7 +101,8 @@ class Choice:
         self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
         if self.detokenizer is not None:
             # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
-            if self.detokenizer.update(self.token_ids, final=out.finished,
+            # NOTE: an aborted output's text ends at its last whole character (detokenizer.py)
+            if self.detokenizer.update(self.token_ids, final=out.finished and out.finish_reason != "abort",
                                        stop_token=out.finished and out.finish_reason == "stop"
                                        and not self.include_stop):
                 self.finish_reason, self.stop_reason = "stop", self.detokenizer.stop_string

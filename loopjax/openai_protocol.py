@@ -64,7 +64,7 @@ class RequestParser(ChatRequests):
     model_name: str  # the name clients send as `model`
     tokenizer: Any = None  # a `tokenizers.Tokenizer`; None: token-id prompts only, no chat
     chat_template: str | None = None
-    special_tokens: dict = dataclasses.field(default_factory=dict)  # bos_token / eos_token text
+    special_tokens: dict = dataclasses.field(default_factory=dict)  # chat.special_tokens: template variables
     vocab_size: int | None = None  # token ids must lie in [0, vocab_size)
     max_context: int | None = None  # prompt + generation tokens the engine serves
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
@@ -224,13 +224,13 @@ class RequestParser(ChatRequests):
     def _unscorable(self, params: SamplingParams) -> str | None:
         """Why this server cannot score `params`' prompts (a message of `{field}`), or None: they
         are scored on the identity path (loopjax.score) at a fixed depth or with Ouro's threshold
-        exit in select mode, as the reference computes every prompt position."""
+        exit, as the reference computes every prompt position (in either exit_mode:
+        `scoring.score_options`)."""
         if self.echo_state == "unsupported":
             return "{field} is not supported by this server (its prompts cannot be scored)"
-        rule = params.exit_rule
-        if rule or params.exit_mode != "select":
-            return ("{field} scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
-                    f"{rule or 'exit_mode=' + params.exit_mode} is not supported with it")
+        if rule := params.exit_rule:
+            return ("{field} scores prompts at a fixed depth or with Ouro's threshold exit; "
+                    f"{rule} is not supported with it")
         return None
 
     def tokenize(self, body: dict) -> list[int]:

@@ -36,8 +36,10 @@ What a page's KV depends on, hence what the root holds:
 A page is free (the BlockManager's free list), held (ref count >= 1) or parked: ref count 0
 but holding a published key, in the LRU. Parked pages count as free; the allocator reuses one
 (evicting its key, oldest first) only when the free list is empty. A hit on a parked page takes
-it out of the LRU. A request releases its pages tail first, so the deep end of a prefix is
-evicted before the pages it hangs from.
+it out of the LRU. Two requests that computed one prefix at once publish a copy each, so the
+prefix stays cached while either holds its copy; the first copy released while the other
+lives is unpublished and freed, never parked. A request releases its pages tail first, so
+the deep end of a prefix is evicted before the pages it hangs from.
 """
 
 from __future__ import annotations
@@ -65,8 +67,10 @@ def root_key(request: Request) -> bytes | None:
 class PrefixCache:
     def __init__(self, page_size: int):
         self.page_size = page_size
-        self._page_of: dict[bytes, int] = {}  # published key -> page
-        self._key_of: dict[int, bytes] = {}   # page -> its published key
+        # published key -> its pages (two requests that computed one prefix at once both publish:
+        # each copy stays findable while held, `park`), in publish order; page -> its key
+        self._pages_of: dict[bytes, dict[int, None]] = {}
+        self._key_of: dict[int, bytes] = {}
         self._parked: OrderedDict[int, None] = OrderedDict()  # ref-0 keyed pages, oldest first
         self.num_evictions = 0
         self.num_queried_tokens = self.num_hit_tokens = 0  # over admissions
@@ -92,14 +96,15 @@ class PrefixCache:
     # ---- lookup
     def match(self, request: Request) -> list[int]:
         """The cached pages of the request's longest cached prefix of full pages, leaving at
-        least its last token uncached (the step that computes it yields the logits)."""
+        least its last token uncached (the step that computes it yields the logits). Of two
+        copies of a page, a held one (taking it costs no free page) before a parked one."""
         num_pages = (request.num_tokens - 1) // self.page_size
         pages = []
         for key in self.keys(request, num_pages)[:num_pages]:
-            page = self._page_of.get(key)
-            if page is None:
+            copies = self._pages_of.get(key)
+            if copies is None:
                 break
-            pages.append(page)
+            pages.append(next((p for p in copies if p not in self._parked), next(iter(copies))))
         return pages
 
     def record_admission(self, request: Request, num_hit_pages: int) -> None:
@@ -110,19 +115,23 @@ class PrefixCache:
         self.num_hit_pages += num_hit_pages
 
     # ---- page life cycle (called by the BlockManager)
-    def publish(self, page: int, key: bytes) -> bool:
-        """Register a held page whose KV is complete; False if the key already has a page
-        (two requests computed the same prefix at once: this copy stays private)."""
-        if key in self._page_of:
-            return False
+    def publish(self, page: int, key: bytes) -> None:
+        """Register a held page whose KV is complete (also a second copy of a key's page: two
+        requests computed the same prefix at once, and either may be released first)."""
         assert page not in self._key_of, f"page {page} is published twice"
-        self._page_of[key] = page
+        self._pages_of.setdefault(key, {})[page] = None
         self._key_of[page] = key
-        return True
 
     def park(self, page: int) -> bool:
-        """A page's ref count reached 0: keep it (True) if it holds a key, else False."""
-        if page not in self._key_of:
+        """A page's ref count reached 0: keep it (True) if it holds a key, else False; a copy
+        whose key has another page loses its key (False): that page keeps the prefix cached,
+        and redundant copies would push other prefixes out of the LRU."""
+        key = self._key_of.get(page)
+        if key is None:
+            return False
+        copies = self._pages_of[key]
+        if len(copies) > 1:
+            del copies[page], self._key_of[page]
             return False
         self._parked[page] = None
         return True
@@ -134,7 +143,11 @@ class PrefixCache:
     def evict(self) -> int:
         """Forget the least recently parked page's key and hand the page out."""
         page, _ = self._parked.popitem(last=False)
-        del self._page_of[self._key_of.pop(page)]
+        key = self._key_of.pop(page)
+        copies = self._pages_of[key]
+        del copies[page]
+        if not copies:
+            del self._pages_of[key]
         self.num_evictions += 1
         return page
 
@@ -169,6 +182,8 @@ class PrefixCache:
 
     def check(self) -> None:
         """Assert the maps are inverse and every parked page holds a key (tests, debugging)."""
-        assert len(self._page_of) == len(self._key_of), "key and page maps differ in size"
-        assert all(self._key_of.get(p) == k for k, p in self._page_of.items()), "maps not inverse"
+        assert sum(map(len, self._pages_of.values())) == len(self._key_of), "key and page maps differ in size"
+        assert all(self._key_of.get(p) == k for k, copies in self._pages_of.items() for p in copies), \
+            "maps not inverse"
+        assert all(self._pages_of.values()), "a key without a page"
         assert all(p in self._key_of for p in self._parked), "a parked page holds no key"

@@ -88,7 +88,7 @@ class Request:
     page_ids: list[int] = field(default_factory=list)  # the request's pages, in position order
     page_keys: list[bytes] = field(default_factory=list)  # prefix-cache key of each full page so far
     num_offered_pages: int = 0    # leading page_ids already offered to the prefix cache (hit or
-    #                               published, or a duplicate of a cached page); 0 after free
+    #                               published); 0 after free
     num_cached_tokens: int = 0    # tokens the last admission took from the prefix cache
     finish_reason: str | None = None
     first_token_time: float | None = None
@@ -235,8 +235,8 @@ class RequestOutput:
     logprobs: Sequence[float] | None = None  # per generated token (when asked)
     top_logprobs: Sequence[list[tuple[int, float]]] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
-    # Finished with 'stop': the stop string that matched, or the stop token id (None for EOS), as
-    # vLLM's; None otherwise.
+    # Finished with 'stop': the stop string that matched, or the stop token id (None for the
+    # tokenizer's EOS), as vLLM's; None otherwise.
     stop_reason: int | str | None = None
 
 

@@ -1,7 +1,8 @@
 """The engine's per-request data the scheduler does not keep (`RequestExtra`: Huginn's s0 rule,
 exit settings, bad_words' token sequences, device slots, text and logprobs so far), made from
 what `Engine.add_request` was given, what a request's KV depends on besides its tokens and
-loops (`cache_salt`), and its text after each of its tokens (`update_text`: stop strings).
+loops (`cache_salt`), its text after each of its tokens (`update_text`: stop strings) and
+its `RequestOutput` (`request_output`, with vLLM's `stop_reason`).
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import numpy as np
 
 from loopjax import bad_words
 from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
-from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.detokenizer import IncrementalDetokenizer, decode_output, prompt_context
 from loopjax.exits import ExitSpec
-from loopjax.request import FINISH_STOP
+from loopjax.request import FINISH_ABORT, FINISH_STOP, RequestOutput, Snapshot
 
 
 @dataclass
@@ -99,7 +100,9 @@ def update_text(extra: RequestExtra, request, model) -> bool:
     """After a request's new token: apply its stop strings (new tokens decoded incrementally,
     as is the text without spaces_between_special_tokens) and set the text of a finished one
     (else decoded once). True when a stop string ends the running request now (the engine
-    finishes it). Nothing for detokenize=False (the server decodes as it streams)."""
+    finishes it). Nothing for detokenize=False (the server decodes as it streams).
+    Either way the output is decoded after its prompt's tail and an aborted request's text
+    ends at its last whole character (detokenizer.py)."""
     params = request.sampling_params
     if not params.detokenize:
         return False
@@ -107,18 +110,15 @@ def update_text(extra: RequestExtra, request, model) -> bool:
     # include_stop_str_in_output)
     stop_token = (request.is_finished and request.finish_reason == FINISH_STOP
                   and not params.include_stop_str_in_output)
+    complete = request.is_finished and request.finish_reason != FINISH_ABORT
     stops_now = False
     if params.stop or not params.spaces_between_special_tokens:
         if extra.detokenizer is None:
-            extra.detokenizer = IncrementalDetokenizer(model.tokenizer, params.stop,
-                                                       params.skip_special_tokens,
-                                                       params.spaces_between_special_tokens,
-                                                       params.include_stop_str_in_output,
-                                                       params.min_tokens)
+            extra.detokenizer = IncrementalDetokenizer.for_output(model.tokenizer, params,
+                                                                  request.prompt_token_ids)
         # NOTE: the last token (max_tokens) is searched too: a stop string there trims the text
         # and makes the reason "stop" (as vLLM's and the server's Choice).
-        if extra.detokenizer.update(request.output_token_ids, final=request.is_finished,
-                                    stop_token=stop_token):
+        if extra.detokenizer.update(request.output_token_ids, final=complete, stop_token=stop_token):
             if request.is_finished:
                 request.finish_reason = FINISH_STOP
             else:
@@ -126,5 +126,39 @@ def update_text(extra: RequestExtra, request, model) -> bool:
         extra.text = extra.detokenizer.text
     if request.is_finished and extra.detokenizer is None:
         ids = request.output_token_ids
-        extra.text = model.detokenize(ids[:len(ids) - stop_token], params.skip_special_tokens)
+        extra.text = decode_output(model.tokenizer, ids[:len(ids) - stop_token],
+                                   prompt_context(model.tokenizer, request.prompt_token_ids),
+                                   params.skip_special_tokens, complete)
     return stops_now
+
+
+def stop_reason(request, extra: RequestExtra, primary_eos: tuple[int, ...]) -> int | str | None:
+    """vLLM's stop_reason of a request finished with 'stop': its stop string, else its last token
+    unless that is the primary EOS (the tokenizer's; vLLM checks it before the stop ids and
+    gives None) with ignore_eos off: generation_config.json's other EOS ids join the stop ids
+    there, so they are given as stop_reason like any stop id. None for other finishes."""
+    if request.finish_reason != FINISH_STOP:
+        return None
+    if extra.detokenizer is not None and extra.detokenizer.stop_string is not None:
+        return extra.detokenizer.stop_string
+    last = request.output_token_ids[-1]
+    return None if last in primary_eos and not request.sampling_params.ignore_eos else last
+
+
+def request_output(request, extra: RequestExtra, new_tokens, model,
+                   primary_eos: tuple[int, ...]) -> RequestOutput:
+    """The RequestOutput of a request that got `new_tokens` or finished (an aborted one gets the
+    text of the tokens it got); `stop_reason`'s primary_eos."""
+    if request.is_finished and extra.text is None and model.tokenizer is not None:
+        update_text(extra, request, model)
+    want_lp = request.sampling_params.logprobs is not None
+    subs = request.num_prefill_submissions + request.num_decode_submissions
+    metrics = {"ttft": request.ttft, "tpot": request.tpot,
+               "submissions": subs / max(1, request.num_output_tokens),
+               "decode_submissions_per_token": request.decode_submissions_per_token,
+               "num_preemptions": request.num_preemptions}
+    return RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),
+                         request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
+                         extra.text, Snapshot(extra.logprobs) if want_lp else None,
+                         Snapshot(extra.top_logprobs) if want_lp else None, metrics,
+                         stop_reason(request, extra, primary_eos))

@@ -125,8 +125,7 @@ class Runner:
         running loops [loop_begin, loop_begin + num_loops); returns without waiting.
         series: a one-loop submission of a per-loop decode series (state kept on device)."""
         num_loops = max(r.loops for r in rows) - loop_begin if num_loops is None else num_loops
-        # A fused step runs the smallest compiled loop count that covers it (rows stop at theirs).
-        count = next(c for c in self.loop_counts if c >= num_loops) if not series else 1
+        count = self.fused_loop_count(num_loops) if not series else 1
         adaptive = not series and any(r.exit_skip or r.exit_spec is not None for r in rows)
         weighted = not series and any(r.exit_weighted for r in rows)
         kind = (per_loop(loop_begin == 0, any(r.emits for r in rows)) if series
@@ -137,6 +136,11 @@ class Runner:
                                 num_tokens=num_tokens, adaptive=adaptive)
         return PendingStep(self.submit(batch, kind), len(rows),
                            any(r.params.logprobs is not None for r in rows))
+
+    def fused_loop_count(self, num_loops: int) -> int:
+        """The loops a fused step of num_loops loops runs: the smallest compiled loop count that
+        covers it (rows stop at theirs; the scheduler's prefill share counts it)."""
+        return next(c for c in self.loop_counts if c >= num_loops)
 
     def read(self, pending: PendingStep) -> StepResult | None:
         """The host copy of a dispatched step's outputs (waits for the device); None for a

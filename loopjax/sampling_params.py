@@ -169,11 +169,13 @@ class SamplingParams:
             object.__setattr__(self, "seed_drawn", True)
         check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
         check_int("n", self.n, 1)
-        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
-        stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one string, as vLLM takes it
-        object.__setattr__(self, "stop", _str_tuple("stop", stop))
-        bad_words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words
-        object.__setattr__(self, "bad_words", _str_tuple("bad_words", bad_words))
+        # NOTE: None is none (vLLM's default for the three); one string is one stop string, as vLLM takes it
+        stop_ids = () if self.stop_token_ids is None else self.stop_token_ids
+        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", stop_ids, 0))
+        for name in ("stop", "bad_words"):
+            value = getattr(self, name)
+            value = () if value is None else (value,) if isinstance(value, str) else value
+            object.__setattr__(self, name, _str_tuple(name, value))
         if not isinstance(self.ignore_eos, bool):
             _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         check_int("min_tokens", self.min_tokens, 0)

@@ -17,10 +17,11 @@ Vocabulary:
   run as a series of one-loop submissions (loop_begin = 0, 1, ...) with the same rows
   minus those that emitted; prefill steps may run between them. A per-loop submission
   changes its rows' state only at its update (the device decides which rows emit).
-- The prefill share: a decode submission of L loops allows L x max_prefill_batches_before_decode
-  prefill steps before the next decode (just max_prefill_batches_before_decode with
-  `prefill_share_per_loop=False`), so prompt work keeps the share it had without fusion.
-  While no row waits to decode, the share starts over (the configured depth's, as at start).
+- The prefill share (step_plan.PrefillShare): a decode submission that runs L loops allows
+  L x max_prefill_batches_before_decode prefill steps before the next decode (just
+  max_prefill_batches_before_decode with `prefill_share_per_loop=False`), so prompt work keeps
+  the share it had without fusion; a fixed-depth fused submission runs its compiled loop count
+  (`loop_count`). While no row waits to decode, the share starts over (the configured depth's).
 - Prefix cache (`enable_prefix_caching`, loopjax/prefix_cache.py): an admitted request first
   takes the cached pages of its prefix and starts with `num_computed_tokens` = their length,
   so its first chunk (and the runner's positions and slots) starts after them; every update
@@ -45,7 +46,7 @@ from collections.abc import Callable
 from loopjax.block_manager import BlockManager
 from loopjax.prefix_cache import PrefixCache
 from loopjax.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestPhase
-from loopjax.step_plan import SchedulerConfig, StepKind, StepOutput, StepPlan
+from loopjax.step_plan import PrefillShare, SchedulerConfig, StepKind, StepOutput, StepPlan
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepKind", "StepOutput", "StepPlan"]
 
@@ -55,7 +56,10 @@ class _NeedsUpdate(Exception):
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, config: SchedulerConfig, clock: Callable[[], float] = time.monotonic,
+                 loop_count: Callable[[int], int] | None = None):
+        """loop_count(n): the loops a fixed-depth fused submission of n loops runs (the runner's
+        compiled count); None: n."""
         self.config = config
         self.clock = clock
         self.block_manager = BlockManager(config.num_pages, config.page_size,
@@ -66,7 +70,7 @@ class Scheduler:
         self.running: list[Request] = []        # admitted (PREFILLING / DECODING), by arrival
         self._series: list[Request] = []        # per-loop decode: rows of the token in progress
         self._series_loop = 0                   # next loop_begin of the series
-        self._restart_prefill_share()
+        self._share = PrefillShare(config, loop_count)
         self._in_flight: deque[StepPlan] = deque()  # planned, not yet updated (oldest first)
         self._num_arrivals = 0
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
@@ -164,9 +168,9 @@ class Scheduler:
         try:
             for _ in range(2):  # a decode that preempted all its rows falls back to prefill once
                 decode_ready = any(self._decodes_next(r) for r in self.running)
-                if not decode_ready:
-                    self._restart_prefill_share()
-                if not decode_ready or self._prefills_since_decode < self._prefill_allowance:
+                if not decode_ready:  # NOTE: a burst's prompts are admitted before its rows decode
+                    self._share.restart(self.config)
+                if not decode_ready or not self._share.used_up:
                     plan = self._plan_prefill(preempted, ahead)
                 if plan is None and decode_ready:
                     plan = self._plan_decode(preempted, ahead)
@@ -179,17 +183,10 @@ class Scheduler:
                 return None
             # NOTE: unreachable by the rule above; a stall must not spin silently
             raise RuntimeError(f"scheduler stalled with {len(self.requests)} unfinished requests")
-        self._dispatched(plan)
+        plan.apply_dispatch()
         self._in_flight.append(plan)
         self.num_steps += 1
         return plan
-
-    def _restart_prefill_share(self) -> None:
-        """No row waits to decode: the next decode waits for a decode step's share, so a burst's
-        prompts are admitted before its first rows decode (run 19), also after prefill-only steps."""
-        cfg = self.config
-        self._prefills_since_decode = 0
-        self._prefill_allowance = cfg.prefill_share(cfg.num_loops if cfg.fused_decode else 1)
 
     def _decodes_next(self, request: Request) -> bool:
         """A decoding request that may still need a token after the steps in flight."""
@@ -200,17 +197,6 @@ class Scheduler:
         max_tokens = request.max_tokens
         return ((max_tokens is None or request.num_output_tokens + request.num_pending_tokens < max_tokens)
                 and request.num_planned_tokens < self.config.max_seq_len)
-
-    def _dispatched(self, plan: StepPlan) -> None:
-        """The plan's positions count as computed and its sampled tokens as pending (a
-        per-loop submission's rows change at its update: the device decides who emits)."""
-        if plan.is_per_loop:
-            return
-        for request, (_, end), emits in zip(plan.requests, plan.token_ranges, plan.emits):
-            request.num_computed_tokens = end
-            if emits:
-                request.num_pending_tokens += 1
-                request.phase = RequestPhase.DECODING
 
     def _plan_prefill(self, preempted: list[Request], ahead: bool) -> StepPlan | None:
         cfg = self.config
@@ -252,7 +238,7 @@ class Scheduler:
             budget -= end - start
         if not rows:
             return None
-        self._prefills_since_decode += 1
+        self._share.num_prefills += 1
         self.num_prefill_steps += 1
         num_tokens = sum(e - s for s, e in ranges)
         row_loops = tuple(r.max_loops for r in rows)
@@ -273,7 +259,9 @@ class Scheduler:
                     continue  # prefilling, preempted by an older row just now, or finishing
                 if self._reserve(request, request.num_planned_tokens, preempted, rows, ahead):
                     rows.append(request)
-                else:  # even preempting every newer request leaves too few pages
+                else:  # NOTE: only the newest row gets here, and preempts itself (vLLM's order):
+                    # any newer request holds a page or decode slot of its own, room for this one
+                    assert request is self.running[-1], f"{request.request_id}: preempted before newer rows"
                     self._preempt(request, preempted)
             if not rows:
                 return None
@@ -289,8 +277,7 @@ class Scheduler:
         else:
             loop_begin, num_loops = self._series_loop, 1
             emits = tuple(loop_begin + 1 >= n for n in row_loops)
-        self._prefills_since_decode = 0
-        self._prefill_allowance = cfg.prefill_share(num_loops)
+        self._share.grant(cfg, num_loops, fused=fused)
         self.num_decode_steps += 1
         bucket = cfg.row_bucket(len(rows))
         return StepPlan(
@@ -347,16 +334,7 @@ class Scheduler:
         was aborted) since its plan was made is skipped: its token is dropped."""
         if not self._in_flight or plan is not self._in_flight[0]:
             raise ValueError("update() expects the oldest plan returned by schedule() and not updated")
-        n = plan.num_real_rows
-        if len(output.token_ids) != n or len(output.exit_loops) != n:
-            raise ValueError(f"step {plan.step_id}: output has {len(output.token_ids)} tokens and "
-                             f"{len(output.exit_loops)} exit loops for {n} real rows")
-        for i, emits in enumerate(plan.emits):
-            if emits and output.token_ids[i] is None:
-                raise ValueError(f"step {plan.step_id}: row {i} ({plan.requests[i].request_id}) "
-                                 "must emit a token")
-            if output.token_ids[i] is not None and output.exit_loops[i] is None:
-                raise ValueError(f"step {plan.step_id}: row {i} has a token but no exit loop")
+        output.check(plan)
         self._in_flight.popleft()
         now = self.clock()
         changed = []
@@ -369,7 +347,7 @@ class Scheduler:
                 request.num_decode_submissions += 1
             else:
                 request.num_prefill_submissions += 1
-            if per_loop:  # the state changes now (see _dispatched)
+            if per_loop:  # the state changes now (see StepPlan.apply_dispatch)
                 if token is None:
                     request.num_loops_done = plan.loop_end
                     continue

@@ -164,12 +164,13 @@ def score_options(model, params, *, num_loops: int | None = None, engine_config=
     SamplingParams) generates from on an engine of `engine_config` whose default depth is
     `num_loops` (None: the model's): the request's depth, else num_loops; Ouro's threshold as
     the request sets it (None: the config's, as the engine); `score_state`'s s_0. The identity
-    path computes every prompt position at a fixed depth or with Ouro's threshold exit in
-    select mode: any other exit rule is a one-line ValueError."""
-    rule = params.exit_rule or (None if params.exit_mode == "select" else f"exit_mode={params.exit_mode}")
-    if rule:
-        raise ValueError(f"prompts are scored at a fixed depth or with Ouro's threshold exit in select "
-                         f"mode; {rule} is not supported with it")
+    path computes every prompt position at a fixed depth or with Ouro's threshold exit: any
+    other exit rule is a one-line ValueError. exit_mode 'skip' scores as 'select': the engine
+    runs every loop of an Ouro prompt token (a Huginn one without an exit_criterion runs its
+    depth), and a position's exit loop gives the same logits whether later loops run or not."""
+    if rule := params.exit_rule:
+        raise ValueError(f"prompts are scored at a fixed depth or with Ouro's threshold exit; {rule} "
+                         f"is not supported with it")
     state = score_state(model, engine_config, initial_state)
     return {"loops": params.loops if params.loops is not None else num_loops,
             "exit_threshold": params.exit_threshold if model.family == "ouro" else None,

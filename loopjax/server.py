@@ -226,7 +226,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         scores_only = parser.scores_only(body, chat)  # echo, max_tokens 0: no engine request
         streams = [] if scores_only else await submit_choices(
             body, prompts, dataclasses.replace(params, stop=(), detokenize=False), arrived)
-        choices = [Choice(i, tokenizer, params, ids_as_names=bool(body.get("return_tokens_as_token_ids")))
+        choices = [Choice(i, tokenizer, params, prompt=prompts[i // params.n],
+                          ids_as_names=bool(body.get("return_tokens_as_token_ids")))
                    for i in range(len(prompts) * params.n)]
         for c in choices if scores_only else ():
             c.finish_reason = "length"  # the echoed prompt is all of it

@@ -1,16 +1,18 @@
 """The scheduler's vocabulary (pure Python, no JAX): `SchedulerConfig` (the budgets and buckets
-every plan obeys), `StepPlan` (one step, as the runner receives it) and `StepOutput` (what the
-runner hands back). `loopjax.scheduler` re-exports all four names.
+every plan obeys), `PrefillShare` (the prefill steps allowed between decodes), `StepPlan` (one
+step, as the runner receives it) and `StepOutput` (what the runner hands back).
+`loopjax.scheduler` re-exports StepKind and those but PrefillShare.
 """
 
 from __future__ import annotations
 
 import bisect
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
 
-from loopjax.request import Request
+from loopjax.request import Request, RequestPhase
 
 
 class StepKind(enum.Enum):
@@ -154,6 +156,31 @@ class SchedulerConfig:
         return per_loop * self.max_prefill_batches_before_decode
 
 
+class PrefillShare:
+    """The prefill steps allowed before the next decode (scheduler.py's module note). A decode
+    submission grants `SchedulerConfig.prefill_share` of the loops it runs: a fused one its
+    compiled loop count (`loop_count(n)`: the runner's smallest compiled count >= its rows'
+    deepest n, through which every row runs or idles; an exit on the device may end it
+    sooner), a per-loop one 1. While no row waits to decode, the share starts over: that of a
+    decode at the configured depth."""
+
+    def __init__(self, config: SchedulerConfig, loop_count: Callable[[int], int] | None = None):
+        self.loop_count = loop_count or (lambda n: n)
+        self.restart(config)
+
+    @property
+    def used_up(self) -> bool:
+        return self.num_prefills >= self.allowance
+
+    def restart(self, config: SchedulerConfig) -> None:
+        self.grant(config, config.num_loops if config.fused_decode else 1, fused=config.fused_decode)
+
+    def grant(self, config: SchedulerConfig, num_loops: int, *, fused: bool) -> None:
+        """A decode submission of num_loops loops was planned (fused: all its rows' loops)."""
+        self.num_prefills = 0
+        self.allowance = config.prefill_share(self.loop_count(num_loops) if fused else num_loops)
+
+
 @dataclass(frozen=True)
 class StepPlan:
     step_id: int                    # 0, 1, 2...: planned steps so far
@@ -198,6 +225,18 @@ class StepPlan:
         return self.kind is StepKind.DECODE and (self.loop_begin > 0
                                                  or self.num_loops < max(self.row_loops, default=0))
 
+    def apply_dispatch(self) -> None:
+        """Count the plan as dispatched (Scheduler.schedule): its positions as computed, its
+        sampled tokens as pending. A per-loop submission's rows change at its update instead
+        (the device decides who emits)."""
+        if self.is_per_loop:
+            return
+        for request, (_, end), emits in zip(self.requests, self.token_ranges, self.emits):
+            request.num_computed_tokens = end
+            if emits:
+                request.num_pending_tokens += 1
+                request.phase = RequestPhase.DECODING
+
     def input_token_ids(self) -> list[int]:
         """The real tokens of the step, packed in row order (known ones: read before any row
         has an input on the device)."""
@@ -211,3 +250,17 @@ class StepPlan:
 class StepOutput:
     token_ids: list[int | None]    # per real row: the sampled token, None where the row emits none
     exit_loops: list[int | None]   # per real row: loops its token ran (read where a token is given)
+
+    def check(self, plan: StepPlan) -> None:
+        """A one-line ValueError unless this is an output of `plan`: a token and an exit loop per
+        real row, a token for every row that emits."""
+        n = plan.num_real_rows
+        if len(self.token_ids) != n or len(self.exit_loops) != n:
+            raise ValueError(f"step {plan.step_id}: output has {len(self.token_ids)} tokens and "
+                             f"{len(self.exit_loops)} exit loops for {n} real rows")
+        for i, emits in enumerate(plan.emits):
+            if emits and self.token_ids[i] is None:
+                raise ValueError(f"step {plan.step_id}: row {i} ({plan.requests[i].request_id}) "
+                                 "must emit a token")
+            if self.token_ids[i] is not None and self.exit_loops[i] is None:
+                raise ValueError(f"step {plan.step_id}: row {i} has a token but no exit loop")

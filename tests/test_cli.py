@@ -119,3 +119,35 @@ def test_version(capsys):
         cli.main(["--version"])
     assert done.value.code == 0 and capsys.readouterr().out == f"loopjax {loopjax.__version__}\n"
     assert loopjax.__version__ not in ("", "unknown")
+
+
+def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeypatch, capsys):
+    """`loopjax generate --shared-kv-slots K` (EngineConfig.shared_kv_slots: Huginn's shared KV
+    ring; there was no flag) reaches the engine options; where the engine refuses it (not
+    Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles)."""
+    import loopjax.llm
+    import loopjax.model
+    from loopjax.config import preset
+
+    # NOTE: the refusals come before any weight is read: a model without weights serves
+    weightless = loopjax.model.Model(cfg=preset("huginn-tiny"), params={})
+    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: weightless)
+    for argv, error in (
+            (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
+             "EngineConfig.shared_kv_slots must be >= 1, got 0"),
+            (["huginn-tiny", "--shared-kv-slots", "4"],
+             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this is a huginn "
+             "model with kv_layout='per_loop'")):
+        assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
+        assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
+    seen = []
+
+    def fake_generate(model, prompts, **kwargs):
+        seen.append(kwargs["engine_options"])
+        return [loopjax.llm.GenerateOutput(prompts[0], [3], None, [1], "length")]
+
+    monkeypatch.setattr(loopjax.llm, "generate", fake_generate)
+    assert cli.main(["generate", "huginn-tiny", "--prompt-ids", "1,2", "--kv-layout", "shared",
+                     "--shared-kv-slots", "4"]) == 0
+    assert seen[-1]["shared_kv_slots"] == 4 and seen[-1]["kv_layout"] == "shared"
+    assert capsys.readouterr().out == "3\n"

@@ -441,7 +441,8 @@ def test_spaces_between_special_tokens_off_joins_added_tokens(models):
     joined = dataclasses.replace(params, spaces_between_special_tokens=False, skip_special_tokens=False)
     out = _run(engine, [(0, "spaced", [1, 2, 3], params, {}), (0, "joined", [1, 2, 3], joined, {})])
     letters = _Letters().decode(out["spaced"].token_ids)
-    assert (out["spaced"].text, out["joined"].text) == (" ".join(letters), letters)
+    # NOTE: the first token follows the prompt's, spaced as the decoder spaces them (vLLM's)
+    assert (out["spaced"].text, out["joined"].text) == (" " + " ".join(letters), " " + letters)
 
 
 def test_stop_reason_and_include_stop_str_in_output(models):
@@ -467,9 +468,36 @@ def test_stop_reason_and_include_stop_str_in_output(models):
     out = _run(engine, [(0, "id", [1, 2, 3], by_id, {}), (0, "id+", [1, 2, 3], by_id_kept, {})])
     assert (out["id"].text, out["id"].finish_reason, out["id"].stop_reason) == (text[:j], "stop", ids[4])
     assert (out["id+"].text, out["id+"].stop_reason) == (text[:j + 1], ids[4])
-    engine._eos = (ids[4],)  # the same token as the model's EOS: it stops with no stop_reason
+    engine._eos = engine._primary_eos = (ids[4],)  # the same token as the model's EOS: no stop_reason
     eos = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
     assert (eos.token_ids, eos.finish_reason, eos.stop_reason) == (ids[:j + 1], "stop", None)
+
+
+class _LettersWithEos(_Letters):  # its tokenizer_config.json names "<eos>" (tokenizers' token_to_id)
+    def __init__(self, eos: int):
+        self.eos = eos
+
+    def token_to_id(self, token):
+        return self.eos if token == "<eos>" else None
+
+
+def test_stop_reason_of_generation_config_eos_ids(models, tmp_path):
+    """vLLM's rule: the tokenizer's EOS stops with stop_reason None; generation_config.json's
+    other EOS ids (Ouro's <|im_end|>) join the stop ids, so a stop at one gives its id."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, async_scheduling=False)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = list(_run(_engine(models["ouro"], config), [(0, "full", [1, 2, 3], params, {})])["full"].token_ids)
+    extra, primary = ids[2], next(t for t in ids[3:] if t not in ids[:3])  # first seen at 2 and later
+    assert extra not in ids[:2]
+    (tmp_path / "tokenizer_config.json").write_text('{"eos_token": "<eos>"}')
+    model = dataclasses.replace(models["ouro"], path=str(tmp_path),
+                                generation_config={"eos_token_id": [primary, extra]})
+    stopping = dataclasses.replace(params, ignore_eos=False)
+    for eos, reason in ((primary, extra), (extra, None)):  # the first stop is `extra`: at token 2
+        engine = engine_on_fake_device(model, config, _LettersWithEos(eos))
+        out = _run(engine, [(0, "r", [1, 2, 3], stopping, {})])["r"]
+        assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:3], "stop", reason)
 
 
 class _Words:  # a tokenizer of words "t<id>", so that bad words can name any token sequence
@@ -530,3 +558,25 @@ def test_explicit_states_with_a_truncated_prompt_are_refused(models):
     assert not llm.engine.has_unfinished()
     assert llm.generate([1, 2, 3, 4, 5, 6], params, initial_state="zero")[0].token_ids
     assert llm.generate([1, 2, 3], params, initial_state=states)[0].token_ids  # nothing cut
+
+
+def test_the_tokenizers_eos_token_stops_a_request(models, tmp_path):
+    """The tokenizer's eos_token (tokenizer_config.json / special_tokens_map.json) ends a
+    request as config.json's EOS does: vLLM's primary EOS is the tokenizer's; a checkpoint
+    whose tokenizer names another EOS than its config ran past it."""
+    import json
+
+    from tokenizers import Tokenizer
+    from tokenizers import models as token_models
+
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, max_loops=8)
+    model = models["ouro"]
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = _run(_engine(model, config), [(0, "free", [1, 2, 3], params, {})])["free"].token_ids
+    k = next(i for i, t in enumerate(ids) if t != model.cfg.eos_token_id and t not in ids[:i])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": f"w{ids[k]}"}))
+    tok = Tokenizer(token_models.WordLevel({f"w{i}": i for i in range(256)}, unk_token="w0"))
+    engine = engine_on_fake_device(dataclasses.replace(model, path=str(tmp_path)), config, tok)
+    out = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
+    assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:k + 1], "stop", None)

@@ -264,6 +264,29 @@ def test_text_prompts_get_the_tokenizers_special_tokens(tmp_path):
     assert out[0].prompt_token_ids == [1, 3, 4]
 
 
+def test_tokenizer_config_add_bos_token_applies_over_tokenizer_json(tmp_path):
+    """tokenizer_config.json's add_bos_token / add_eos_token rewrite tokenizer.json's
+    post-processor, as transformers' fast tokenizers do (a flag not given is off); they were
+    ignored: a config turning a Llama-style BOS off (or on) encoded differently from HF."""
+    from tokenizers import processors
+
+    from loopjax.model import _read_tokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = tmp_path / "tokenizer_config.json"
+    for settings, want in (({}, [1, 3, 4]), ({"add_bos_token": False}, [3, 4]),
+                           ({"add_eos_token": True}, [3, 4, 2]),
+                           ({"add_bos_token": True, "add_eos_token": True}, [1, 3, 4, 2]),
+                           ({"add_bos_token": True, "bos_token": None}, [3, 4])):  # no BOS named: none
+        config.write_text(json.dumps({"bos_token": "<s>", "eos_token": {"content": "</s>"}} | settings))
+        assert _read_tokenizer(str(tmp_path)).encode("hello world").ids == want, settings
+    assert _read_tokenizer(str(tmp_path)).encode("hello world", add_special_tokens=False).ids == [3, 4]
+
+
 def test_generate_cli_chat_renders_the_template_without_special_tokens(tmp_path, monkeypatch, capsys):
     """`loopjax generate --chat`: the prompt is one user message rendered by the checkpoint's
     template and encoded without the tokenizer's BOS (the template writes its own), as the

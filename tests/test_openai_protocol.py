@@ -38,16 +38,14 @@ from loopjax.server import create_app
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
     ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
-    ({"prompt": [5], "echo": True, "exit_mode": "skip", "exit_threshold": 0.5}, 400, "echo",
-     "exit_mode=skip"),
+    ({"prompt": [5], "echo": True, "exit_trace": [1]}, 400, "echo", "exit_trace is not supported with it"),
     ({"prompt": [5], "prompt_logprobs": 21}, 400, "prompt_logprobs", "must be in [0, 20], got 21"),
     ({"prompt": [5], "prompt_logprobs": -1}, 400, "prompt_logprobs", "must be in [0, 20], got -1"),
     ({"prompt": [5], "prompt_logprobs": True}, 400, "prompt_logprobs",
      "prompt_logprobs must be an integer [0, 20], got True"),
     ({"prompt": [5], "prompt_logprobs": 0, "exit_weighted": True}, 400, "prompt_logprobs",
-     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit in select mode; "
+     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit; "
      "exit_weighted is not supported with it"),
-    ({"prompt": [5], "prompt_logprobs": 1, "exit_mode": "skip"}, 400, "prompt_logprobs", "exit_mode=skip"),
     ({"prompt": [5], "exit_min_loops": 2}, 400, "exit_min_loops",  # Ouro's exit would ignore it
      "exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn)"),
     ({"prompt": [5], "exit_trace": [1, 5]}, 400, "exit_trace", "exit_trace entry 5 exceeds the depth 4"),
@@ -385,18 +383,30 @@ def test_chat_template_renders_as_transformers_does():
 
 
 def test_chat_special_tokens_follow_special_tokens_map_json(tmp_path):
-    """transformers reads bos_token / eos_token from special_tokens_map.json too (over
-    tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it."""
+    """transformers reads the special tokens from special_tokens_map.json too (over
+    tokenizer_config.json's); a template's {{ bos_token }} rendered '' when only the map named it.
+    Templates get every named special token and additional_special_tokens, as transformers'
+    special_tokens_map (they got bos_token and eos_token only: {{ pad_token }} rendered '')."""
     from types import SimpleNamespace
 
     from loopjax.chat import special_tokens
 
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(
+        {"eos_token": "</s>", "pad_token": {"content": "<pad>"}, "additional_special_tokens": ["<a>"]}))
     (tmp_path / "special_tokens_map.json").write_text(json.dumps(
         {"bos_token": {"content": "<s>", "lstrip": False}, "eos_token": "</s>", "unk_token": "<unk>"}))
-    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "<s>", "eos_token": "</s>"}
+    found = special_tokens(SimpleNamespace(path=str(tmp_path)))
+    assert found == {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>",
+                     "additional_special_tokens": ["<a>"]}
+    messages = [{"role": "user", "content": "hi"}]
+    template = ("{{ bos_token }}|{{ pad_token }}|{{ unk_token }}|{{ additional_special_tokens[0] }}|"
+                "{{ eos_token }}")
+    assert render_chat(template, messages, special=found) == "<s>|<pad>|<unk>|<a>|</s>"
+    kwargs = {"pad_token": "P"}  # a chat_template_kwargs variable wins, as transformers' kwargs
+    assert render_chat(template, messages, special=found, template_kwargs=kwargs) == "<s>|P|<unk>|<a>|</s>"
     (tmp_path / "special_tokens_map.json").unlink()
-    assert special_tokens(SimpleNamespace(path=str(tmp_path))) == {"bos_token": "", "eos_token": "</s>"}
+    assert special_tokens(SimpleNamespace(path=str(tmp_path)))["eos_token"] == "</s>"
+    assert render_chat("[{{ bos_token + eos_token }}]", messages, special={}) == "[]"  # '' where unset
 
 
 def bos_tokenizer():

@@ -10,6 +10,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.request import Snapshot
+from loopjax.request_extra import RequestExtra, update_text
 
 
 def test_snapshot_keeps_its_length_after_appends():
@@ -129,3 +130,81 @@ def test_special_tokens_kept_or_skipped_and_spaced_or_not():
     tok.add_tokens(["<tool>"])
     ids = [3, 2, 4]
     assert text(spaces_between_special_tokens=False) == "hello <tool>" == tok.decode(ids)
+
+
+def metaspace_tokenizer():
+    """A SentencePiece-style word tokenizer: "▁" marks a word's leading space, which the
+    decoder drops at the start of a text."""
+    vocab = {"<unk>": 0, "▁hello": 1, "▁world": 2, "▁loop": 3, "▁again": 4}
+    tok = Tokenizer(models.WordLevel(vocab, "<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    return tok
+
+
+def text_model(tok):
+    """What update_text reads of a Model: its tokenizer (and detokenize)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(tokenizer=tok,
+                           detokenize=lambda ids, skip: tok.decode(ids, skip_special_tokens=skip))
+
+
+def finished_request(prompt, output, reason, **params):
+    from types import SimpleNamespace
+
+    from loopjax.sampling_params import SamplingParams
+
+    return SimpleNamespace(sampling_params=SamplingParams(**params), prompt_token_ids=prompt,
+                           output_token_ids=output, is_finished=reason is not None, finish_reason=reason)
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])
+def test_first_output_token_is_decoded_after_the_prompts_tail(stop):
+    """The output is decoded with the prompt's tail as its left context (vLLM primes its
+    detokenizer with it), so a SentencePiece first token keeps its word's space: " world" after
+    "hello", as vLLM's text; it was decoded alone ("world"), with or without stop strings, in
+    the engine and in the server's streamed choice."""
+    from types import SimpleNamespace
+
+    from loopjax.openai_choice import Choice
+    tok = metaspace_tokenizer()
+    model = text_model(tok)
+    for prompt in ([1], [1, 3, 4, 3, 1]):  # a short prompt is its own context; a long one's tail
+        extra = RequestExtra()
+        update_text(extra, finished_request(prompt, [2, 3], "length", stop=stop), model)
+        assert extra.text == " world loop"
+    choice = Choice(0, tok, finished_request([1], [], None, stop=stop).sampling_params, prompt=[1])
+    out = SimpleNamespace(token_ids=[2], new_token_ids=[2], exit_loops=[1], logprobs=None, top_logprobs=None,
+                          metrics={}, finished=False, finish_reason=None)
+    assert choice.update(out) == (" world", 1)
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])
+def test_an_aborted_outputs_text_ends_at_its_last_whole_character(stop):
+    """An aborted request's text leaves out a character whose bytes did not all come (vLLM's
+    text is what it streamed); it ended in U+FFFD without stop strings and left it out with
+    them. A request finished otherwise still shows it (its last token is final)."""
+
+    tok = byte_tokenizer()
+    model = text_model(tok)
+    prompt, output = tok.encode("a ").ids, tok.encode("bé").ids[:-1]  # é's last byte missing
+    for reason, text in (("abort", "b"), ("length", "b\ufffd")):
+        extra = RequestExtra()
+        update_text(extra, finished_request(prompt, output, reason, stop=stop), model)
+        assert extra.text == text, reason
+
+
+@pytest.mark.parametrize("stop", [(), ("zz",)])
+def test_a_character_the_prompt_leaves_unfinished_is_the_outputs(stop):
+    """A prompt ending in a character's first bytes: the output's first token completes it,
+    and the character is the output's text (vLLM's detokenizer holds it back while primed with
+    the prompt); it was lost (its bytes were counted as the prompt's text)."""
+    tok = byte_tokenizer()
+    model = text_model(tok)
+    e_acute = tok.encode("é").ids
+    prompt, output = tok.encode("ab").ids + e_acute[:1], e_acute[1:] + tok.encode("x").ids
+    for reason in ("length", "abort"):
+        extra = RequestExtra()
+        update_text(extra, finished_request(prompt, output, reason, stop=stop), model)
+        assert extra.text == "éx", reason

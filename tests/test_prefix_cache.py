@@ -179,6 +179,44 @@ def test_parked_pages_are_evicted_only_for_room_deep_end_first():
     assert_pool_whole(sched)
 
 
+def test_a_copy_computed_at_once_is_published_too_and_hits_after_the_other_is_gone():
+    sched, runner = setup(cfg(num_pages=6, max_prefill_rows=2))
+    bm = sched.block_manager
+    # A and B computed the same first page in one step; A's copy is gone (C took every page B
+    # does not hold), B's still hits (was: B's copy stayed unpublished, D missed).
+    a, b = req("A", range(10, 15), max_tokens=2), req("B", range(10, 15), max_tokens=20)
+    sched.add(a)
+    sched.add(b)
+    plan = step(sched, runner)
+    assert plan.requests == (a, b) and a.num_cached_tokens == b.num_cached_tokens == 0
+    copy = b.page_ids[0]
+    assert bm.is_published(a.page_ids[0]) and bm.is_published(copy) and bm.prefix_cache.num_cached_pages == 2
+    step(sched, runner)  # A finishes: its copy, released while B's lives, is freed, not parked
+    assert a.is_finished and bm.prefix_cache.num_parked_pages == 0
+    assert bm.prefix_cache.num_cached_pages == 1 and bm.is_published(copy)
+    c = req("C", range(30, 43), max_tokens=1)  # 4 pages: every page B does not hold
+    sched.add(c)
+    while not c.is_finished:
+        step(sched, runner)
+    d = req("D", list(range(10, 14)) + [99], max_tokens=1)
+    drive(sched, runner, {0: [d]})
+    assert d.num_cached_tokens == 4 and d.output_token_ids == [100 % V]  # the fake checks what it read
+    assert_pool_whole(sched)
+
+
+def test_a_hit_takes_a_held_copy_before_a_parked_one():
+    cache = PrefixCache(page_size=4)
+    r = req("r", range(9), max_loops=4)
+    key = cache.keys(r, 1)[0]
+    cache.publish(5, key)
+    assert cache.park(5)  # the only copy: parked
+    cache.publish(7, key)  # computed meanwhile by a request admitted before 5 was published
+    assert cache.match(r) == [7] and cache.num_cached_pages == 2  # taking 5 would cost a free page
+    assert not cache.park(7) and cache.key_of(7) is None  # released while 5 lives: freed
+    assert cache.match(r) == [5] and (cache.evict(), cache.match(r)) == (5, [])
+    cache.check()
+
+
 def test_preempting_a_request_that_holds_shared_pages():
     config = cfg(page_size=2, num_pages=7, max_context_len=16)
     sched, runner = setup(config)

@@ -87,6 +87,18 @@ def test_values_are_the_scores_at_the_requests_depth(ouro):
     assert gated.prompt_logprobs[1:] != as_pairs(default)[1:]
 
 
+def test_skip_mode_scores_the_prompt_as_select_mode(ouro):
+    """exit_mode='skip' computes every prompt position as 'select' does (an Ouro prompt token runs
+    every loop; a position's exit loop has the same logits whether later loops run): its
+    prompt_logprobs are select mode's, as is the token the engine samples at the prompt's end."""
+    llm, prompts = ouro
+    kw = dict(max_tokens=1, exit_threshold=0.5, prompt_logprobs=3)
+    skip, select = (llm.generate(prompts[1], exit_mode=mode, **kw)[0] for mode in ("skip", "select"))
+    assert skip.prompt_logprobs == select.prompt_logprobs == as_pairs(
+        loopjax.score(llm.model, prompts[1], exit_threshold=0.5, top_k=3)[0])
+    assert skip.token_ids == select.token_ids and skip.exit_loops == select.exit_loops
+
+
 def test_samples_share_one_scoring_and_others_get_none(ouro, count_scores):
     llm, prompts = ouro
     # NOTE: greedy samples (identical tokens) keep to the greedy sampler's compiled steps
@@ -140,7 +152,7 @@ def test_unscorable_requests_are_refused_before_queueing(ouro, huginn, monkeypat
     explicit = np.zeros((len(prompt) + 1, hllm.model.cfg.hidden_size), np.float32)
     for target, extra, words in [
         (llm, dict(exit_step=0), "exit_step is not supported"),
-        (llm, dict(exit_mode="skip"), "exit_mode=skip is not supported"),
+        (llm, dict(exit_weighted=True), "exit_weighted is not supported"),
         # the first prompt (engine default s_0) is fine; the second's explicit s_0 is refused
         (hllm, dict(initial_state=[None, explicit]), "explicit initial_state"),
     ]:

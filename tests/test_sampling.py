@@ -340,6 +340,13 @@ def test_defaults_and_normalisation():
     hash(p)
 
 
+def test_none_stop_lists_are_empty_as_vllm_takes_them():
+    """vLLM's stop, stop_token_ids and bad_words default to None (none): code written for it
+    passes None; it was refused ("stop must be a list of strings, got None")."""
+    p = SamplingParams(stop=None, stop_token_ids=None, bad_words=None)
+    assert (p.stop, p.stop_token_ids, p.bad_words) == ((), (), ())
+
+
 @pytest.mark.parametrize("kw, msg", [
     (dict(temperature=-1), "temperature must be in [0, 2.0], got -1"),
     (dict(temperature=2.5), "temperature must be in [0, 2.0], got 2.5"),

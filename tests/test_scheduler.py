@@ -131,6 +131,20 @@ def test_prefill_share_first_token_step(share_per_loop, batches, expected_kinds,
     assert a.output_token_ids == [(2 + i) % V for i in range(30)] and b.output_token_ids == [48, 49]
 
 
+def test_the_share_counts_the_loops_a_fused_submission_runs():
+    """Rows of 4 loops in a submission compiled for 8 (the runner's smallest loop count >= 4):
+    the share is 8 loops' worth, as 2 batches per loop of 4 loops would be (was 4 loops')."""
+    config = cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), max_context_len=256)
+    arrivals = lambda: {0: [req("A", [1], max_tokens=30)], 2: [req("B", range(48), max_tokens=2)]}  # noqa: E731
+    sched = Scheduler(config, loop_count=lambda n: 8)
+    runner = FakeRunner(config.page_size, config.num_pages, V, sched.block_manager)
+    eight = drive(sched, runner, arrivals())
+    assert eight.kinds[:14] == "PD" + "PPPPPPPPD" + "PPP" and set(eight.loops[:14]) == {4}
+    twice = drive(*setup(cfg(max_prefill_tokens=4, prefill_token_buckets=(4,), max_context_len=256,
+                             max_prefill_batches_before_decode=2)), arrivals())
+    assert eight.kinds == twice.kinds and eight.first_token_step == twice.first_token_step
+
+
 def test_a_burst_after_prefill_only_steps_gets_the_first_decodes_share():
     """Prefill steps while no row waits to decode (X finishes at its prompt: 5 chunks, no
     decode) use none of the share: a burst then runs as on a fresh scheduler, its first

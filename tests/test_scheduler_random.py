@@ -1,7 +1,8 @@
 """Seeded randomized scenarios for the scheduler, block manager and prefix cache, against the
 fake runner (tests/fake_runner.py: next token = last + 1, adaptive rows exit at 1 + last % depth;
 it checks every slot a step writes and reads). Each scenario draws a config (tight pools that
-force preemption, the prefix cache, decode pages, fused or per-loop decode, planning ahead) and
+force preemption, the prefix cache, decode pages, fused or per-loop decode, planning ahead,
+fused submissions compiled deeper than their rows) and
 a workload (n-sample groups, shared prefixes, prompts at the context and pool limits, adaptive
 and whole-prefill requests, stop tokens, engine stop strings, aborts in every phase, dispatches
 that fail, aborts while plans are in flight, prompts past the context or the pool, refused in
@@ -102,7 +103,8 @@ class _Checker:
       decoding, prefill rows holding full pages only, its pages covering its positions;
       admissions a prefix of the queue (FCFS); no prefill step once the prefill share is used
       up while rows wait to decode; a cached page held or parked, never on the free list;
-      preempted requests queued with no page, never the oldest running request;
+      preempted requests queued with no page, newer than every request running on (vLLM's
+      order: the newest first), never the oldest running request;
     - progress: the oldest running request advances within a bounded number of updates, and
       the whole scenario ends within a bounded number of steps;
     - at the end: every request finished exactly once (by an update, an abort or the engine),
@@ -143,7 +145,7 @@ class _Checker:
         self.oldest_running = sched.running[0] if sched.running else None
         # NOTE: private state, read to check the prefill share (scheduler.py's module note)
         self.share_used = (any(sched._decodes_next(r) for r in sched.running)
-                           and sched._prefills_since_decode >= sched._prefill_allowance)
+                           and sched._share.used_up)
 
     def plan(self, plan):
         cfg = self.sched.config
@@ -163,9 +165,11 @@ class _Checker:
             assert 0 <= start < end <= cfg.max_seq_len and len(r.page_ids) * cfg.page_size >= end
         admitted = [r for r in self.queue if r.phase not in (RequestPhase.WAITING, RequestPhase.PREEMPTED)]
         assert admitted == self.queue[:len(admitted)], "a request overtook the head of the queue"
+        newest_running = max((r.arrival_order for r in self.sched.running), default=-1)
         for r in plan.preempted:
             assert r.phase is RequestPhase.PREEMPTED and not r.page_ids and r in self.sched.waiting
             assert r is not self.oldest_running, "the oldest running request was preempted"
+            assert r.arrival_order > newest_running, "a request was preempted while a newer one runs on"
 
     def after_update(self, changed):
         for r in changed:
@@ -192,7 +196,8 @@ def _scenario(seed: int) -> dict:
     config = _config(rng)
     arrivals, expected, stop_at = _workload(rng, config)
     requests = {r.request_id: r for rs in arrivals.values() for r in rs}
-    sched = Scheduler(config)
+    # every third scenario: fused submissions compiled for the deepest loop count (the share counts it)
+    sched = Scheduler(config, loop_count=(lambda n: config.loop_cap) if seed % 3 == 0 else None)
     planes = config.decode_page_planes
     runner = FakeRunner(config.page_size, config.num_pages * (1 + planes), V, sched.block_manager)
     check = _Checker(sched)
