@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from loopjax.chat import check_messages, check_template, check_template_kwargs, render_chat
 from loopjax.openai_errors import APIError, bad_request
+from loopjax.openai_sampling import shown_tools
 
 
 class ChatRequests:
@@ -62,7 +63,8 @@ class ChatRequests:
 
     def _template(self, body: dict) -> tuple[str | None, dict]:
         """(the chat template, its variables: chat_template_kwargs' and vLLM's `documents`, a list
-        of objects of strings, for RAG templates), checked: the request's own
+        of objects of strings, for RAG templates, and `tools` under tool_choice "none", shown to
+        the model, no call parsed, as vLLM's), checked: the request's own
         `chat_template` (vLLM's field, or its chat_template_kwargs' `chat_template`, which wins
         there) where the server trusts request templates (vLLM's --trust-request-chat-template:
         a 400 otherwise), else the model's; an empty one is the model's (vLLM's)."""
@@ -77,6 +79,12 @@ class ChatRequests:
                 raise bad_request(f"documents must be a list of objects of strings (title, text...), got "
                                   f"{documents!r:.80}", "documents")
             kwargs["documents"] = documents
+        if (tools := shown_tools(body)) is not None:
+            if not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+                       and isinstance(t["function"].get("name"), str) for t in tools):
+                raise bad_request(f"tools must be a list of {{type, function: {{name, description, "
+                                  f"parameters}}}} objects, got {tools!r:.80}", "tools")
+            kwargs["tools"] = tools
         sent = kwargs.pop("chat_template", None)
         sent = body.get("chat_template") if sent is None else sent
         if sent is None:

@@ -31,7 +31,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         if key in _DIRECT_FIELDS:
             kw[key] = value
         elif key in _UNSUPPORTED:
-            if not any(_same(value, v) for v in _HARMLESS.get(key, ())):  # e.g. tools [], priority 0
+            if not _asks_nothing(key, value, body):  # e.g. tools [], priority 0
                 _fail(f"{key} is not supported by this server ({_UNSUPPORTED[key]})")
         elif key not in _SPECIAL_FIELDS:
             _fail(f"unknown request field {key!r}")
@@ -100,6 +100,20 @@ _IGNORED_FIELDS = frozenset({
     "add_special_tokens", "add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
     "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
 })
+
+
+def shown_tools(body: dict) -> list | None:
+    """The request's tools where its tool_choice is "none": vLLM's chat template shows them
+    (its `tools` variable) and no call is parsed; None otherwise."""
+    tools = body.get("tools")
+    return tools if isinstance(tools, list) and body.get("tool_choice") == "none" else None
+
+
+def _asks_nothing(key: str, value, body: dict) -> bool:
+    """`key`'s value asks for nothing loopjax lacks: a harmless value, or tools only shown."""
+    if key == "tools" and shown_tools(body) is not None:
+        return True
+    return any(_same(value, v) for v in _HARMLESS.get(key, ()))
 
 
 def _same(value, harmless) -> bool:

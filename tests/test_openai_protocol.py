@@ -605,3 +605,20 @@ def test_more_served_model_names_are_aliases():
         r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": "gpt-4", "prompt": [4]})
         assert r.status_code == 404 and r.json()["error"]["message"] == (
             f"model 'gpt-4' does not exist here; this server serves '{MODEL_NAME}', 'loop'")
+
+
+def test_tools_under_tool_choice_none_are_shown_to_the_template():
+    """vLLM's tool_choice "none" with tools (it was refused): the template's `tools` variable
+    shows them and no call is parsed; tools under another (or no) tool_choice stay refused."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), max_context=64,
+                           chat_template="{{ tools[0].function.name }} {{ messages[0].content }}")
+    tools = [{"type": "function", "function": {"name": "loop", "parameters": {}}}]
+    body = {"messages": [{"role": "user", "content": "hello"}], "tools": tools, "tool_choice": "none"}
+    assert parser.tokenize(body) == parser.tokenizer.encode("loop hello").ids
+    assert parser.sampling(body, True, [[5]]).max_tokens == 63
+    for choice in ({}, {"tool_choice": "auto"}):
+        with pytest.raises(APIError, match=r"^tools is not supported by this server \(tool calling\)$"):
+            parser.sampling({**body, **choice, "tool_choice": choice.get("tool_choice")}, True, [[5]])
+    with pytest.raises(APIError, match=r"^tools must be a list of \{type, function") as err:
+        parser.tokenize({**body, "tools": [{"type": "function"}]})
+    assert err.value.param == "tools"
