@@ -2,7 +2,8 @@
 
 Request fields that are not sampling parameters (model, prompt, messages, stream...) are
 ignored; `null` values count as absent; an unknown field, a field for what loopjax does not
-do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default), an
+do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default, of
+its JSON type, and tools only shown under tool_choice "none", `shown_tools`), an
 unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
 it (SamplingParams checks the values). logit_bias keys are token ids written as strings (JSON
 object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n both become
