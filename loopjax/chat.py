@@ -2,10 +2,14 @@
 `LLM.chat`; imports neither FastAPI nor JAX.
 
 Contract:
-- `check_messages` takes OpenAI's message list: each a {role, content} object whose content
-  is text or a list of text parts (joined with newlines, as vLLM's); any other part type
-  (image_url, input_audio, file...) is refused, not dropped, as the model would answer
-  without what the message asks about. It returns copies whose content is text.
+- `check_messages` takes OpenAI's message list: each a {role, content} object whose role is
+  any string (vLLM's custom roles, OpenAI's deprecated "function" too: the template decides)
+  and whose content is text, a list of text parts or strings (joined with newlines, as
+  vLLM's) or null / absent (an assistant's tool-call turn: "", as vLLM's); any other part
+  type (image_url, input_audio, file...) is refused, not dropped, as the model would answer
+  without what the message asks about. It returns copies whose content is text, an
+  assistant's `tool_calls` with each function's JSON `arguments` parsed into an object (vLLM's
+  and transformers' templates' form).
 - `render_chat` renders a Hugging Face chat template as transformers' `apply_chat_template`
   does (jinja2 sandboxed, its loop controls, `{% generation %}` blocks, `tojson`,
   `raise_exception`, `strftime_now`; `tools` and `documents` None unless given). jinja2 is a
@@ -25,7 +29,6 @@ import json
 
 from loopjax import tokenizer_files
 
-ROLES = ("system", "user", "assistant", "tool", "developer")
 TEXT_PARTS = {"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal"}  # type: key
 
 
@@ -35,19 +38,45 @@ def check_messages(messages) -> list[dict]:
         raise ValueError("messages must be a non-empty list of {role, content} objects")
     clean = []
     for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
+        content = m.get("content") if isinstance(m, dict) else 0  # 0: no message, refused below
+        content = "" if content is None else content  # null / absent (a tool-call turn): vLLM's ""
         if isinstance(content, list):  # content parts: text ones only (text must be text),
             texts = [_part_text(p, i) for p in content]  # one per line, as vLLM joins them
             content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(content, str):
-            raise ValueError(f"messages[{i}] must have a role in {ROLES} and text content")
-        clean.append({**m, "content": content})
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
+            raise ValueError(f"messages[{i}] must have a role (a string) and text content (or null)")
+        clean.append(_parsed_tool_calls({**m, "content": content}, i))
     return clean
 
 
+def _parsed_tool_calls(message: dict, i: int) -> dict:
+    """`message` with an assistant's tool calls' arguments as objects: a JSON string parsed,
+    none or "" as {} (vLLM's; templates render them with tojson, a string twice encoded)."""
+    calls = message.get("tool_calls")
+    if message["role"] != "assistant" or not isinstance(calls, list):
+        return message
+    parsed = []
+    for call in calls:
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict):
+            raise ValueError(f"messages[{i}] has a tool call that is not {{id, type, function: {{name, "
+                             f"arguments}}}}: {call!r:.60}")
+        arguments = function.get("arguments") or {}
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments)
+            except ValueError:
+                raise ValueError(f"messages[{i}] has tool call arguments that are not JSON: "
+                                 f"{arguments!r:.60}") from None
+        parsed.append({**call, "function": {**function, "arguments": arguments}})
+    return {**message, "tool_calls": parsed}
+
+
 def _part_text(part, i: int) -> str | None:
-    """The text of a chat content part of a text type; None when malformed; a ValueError for
-    a part of another type."""
+    """The text of a chat content part of a text type (a plain string too, as vLLM's); None when
+    malformed; a ValueError for a part of another type."""
+    if isinstance(part, str):
+        return part
     kind = part.get("type", "text") if isinstance(part, dict) else None
     key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
     if isinstance(kind, str) and key is None:
@@ -143,6 +172,20 @@ def _compiled(template: str):
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     return env.from_string(template)
+
+
+def check_template(template) -> None:
+    """A chat template sent with a request (vLLM's chat_template): text that jinja2 compiles as
+    transformers' environment does, or a one-line ValueError."""
+    from jinja2.exceptions import TemplateError
+
+    if not isinstance(template, str):
+        raise ValueError(f"chat_template must be a string (a jinja2 chat template), got {template!r}")
+    try:
+        _compiled(template)
+    except TemplateError as e:
+        first = next(iter(str(e).splitlines()), "")
+        raise ValueError(f"chat_template is not a jinja2 template: {type(e).__name__}: {first}") from None
 
 
 _RESERVED = ("messages", "add_generation_prompt", "bos_token", "eos_token")  # render's own variables

@@ -1,17 +1,20 @@
 """OpenAI request parsing for the server: a request body in, prompts and SamplingParams out.
 
 Contract:
-- Every refusal is an `APIError` carrying OpenAI's error JSON `{"error": {"message", "type",
-  "param", "code"}}` with a one-line message and `param` naming the field (HTTP 400 unless
-  said otherwise); the server maps it to the response.
+- Every refusal is an `APIError` (openai_errors.py) carrying OpenAI's error JSON `{"error":
+  {"message", "type", "param", "code"}}` with a one-line message and `param` naming the field
+  (HTTP 400 unless said otherwise); the server maps it to the response.
 - Prompts come back as token-id lists checked against the vocabulary and the served context;
   text is encoded with the model's tokenizer, chat messages rendered by its chat template
-  (loopjax/chat.py, shared with `LLM.chat`).
+  (openai_chat.py; loopjax/chat.py renders, shared with `LLM.chat`).
 - `n` (samples per prompt) is an integer in [1, max_n]; `best_of` must equal it. The server
   submits `params.fan_out()` per prompt: choice `prompt_index * n + i` samples with seed + i.
 - `echo` and `prompt_logprobs` score the prompt (streamed too): refused where the server's
-  model cannot be scored or the request's exit rule is not one the identity path follows.
-This module imports FastAPI for the error response only; nothing here touches the engine.
+  model cannot be scored or the request's exit rule is not one the identity path follows. A
+  full answer's echo asks prompt_logprobs as vLLM's (`_echo_prompt_logprobs`).
+- A chat request's own `chat_template` needs `trust_request_chat_template` (vLLM's
+  --trust-request-chat-template); its `documents` are the template's variable.
+Nothing here touches the engine.
 """
 
 from __future__ import annotations
@@ -21,42 +24,20 @@ import json
 import re
 from typing import Any
 
-from fastapi.responses import JSONResponse
-
-from loopjax.chat import check_messages, check_template_kwargs, render_chat
 from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.openai_chat import ChatRequests
+from loopjax.openai_errors import APIError, bad_request
 from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
 
 DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
-MAX_TOKENS_FIELDS = ("max_tokens", "max_completion_tokens")
-
-
-class APIError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None,
-                 kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-    def response(self) -> JSONResponse:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}
-        return JSONResponse({"error": error}, status_code=self.status)
-
-
-def bad_request(message: str, param: str | None = None) -> APIError:
-    return APIError(400, message, param)
-
-
-def internal_error(e: Exception) -> APIError:
-    """A bug's 500: one line naming the exception."""
-    first_line = next(iter(str(e).splitlines()), "")
-    return APIError(500, f"internal server error: {type(e).__name__}: {first_line}".rstrip(": "), None,
-                    "server_error")
+MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
 
 
 def _check_logprobs_type(body: dict, chat: bool) -> None:
-    """`logprobs` is chat's switch (true / false; 0 and 1 too, as vLLM's pydantic reads them) and
-    completions' count (an integer): either endpoint refuses the other's (chat's `logprobs: 3`
-    was taken as top-3). Chat's 0 / 1 are rewritten as the bools they stand for."""
+    """`logprobs` is chat's switch (true / false) and completions' count (an integer); each
+    endpoint reads the other's 0 / 1 / true / false as vLLM's pydantic does (completions' true is
+    1, false 0: the sampled token's log p) and rewrites them as its own. Chat refuses any other
+    integer (its `logprobs: 3` was taken as top-3)."""
     value = body.get("logprobs")
     if value is None:
         return
@@ -67,8 +48,7 @@ def _check_logprobs_type(body: dict, chat: bool) -> None:
             raise bad_request(f"logprobs must be true or false on /v1/chat/completions (top_logprobs is the "
                               f"count), got {value!r}", "logprobs")
     elif isinstance(value, bool):
-        raise bad_request(f"logprobs must be an integer (the top log-probabilities per token) on "
-                          f"/v1/completions, got {value!r}", "logprobs")
+        body["logprobs"] = int(value)
 
 
 def param_of(message: str, body: dict) -> str | None:
@@ -77,8 +57,9 @@ def param_of(message: str, body: dict) -> str | None:
 
 
 @dataclasses.dataclass(frozen=True)
-class RequestParser:
-    """What a served model accepts; `body`, `prompts` and `sampling` check one request."""
+class RequestParser(ChatRequests):
+    """What a served model accepts; `body`, `prompts` and `sampling` check one request (chat's
+    messages: `ChatRequests`)."""
 
     model_name: str  # the name clients send as `model`
     tokenizer: Any = None  # a `tokenizers.Tokenizer`; None: token-id prompts only, no chat
@@ -89,6 +70,8 @@ class RequestParser:
     max_n: int = DEFAULT_MAX_N  # samples per prompt, n in [1, max_n]
     max_logprobs: int | None = None  # top logprobs per token the engine returns; None: unchecked
     echo_state: str | None = "unsupported"  # `score`'s initial_state; "unsupported": no echo, prompt_logprobs
+    trust_request_chat_template: bool = False  # a chat request may send its own chat_template (vLLM's flag)
+    aliases: tuple[str, ...] = ()  # more names clients may send as `model` (vLLM's --served-model-name)
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -104,9 +87,10 @@ class RequestParser:
             raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-        if body.get("model") is not None and body["model"] != self.model_name:
+        names = (self.model_name, *self.aliases)
+        if body.get("model") is not None and body["model"] not in names:  # vLLM's (and OpenAI's) 404
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
-                           f"{self.model_name!r}", "model")  # vLLM's (and OpenAI's) status
+                           f"{', '.join(map(repr, names))}", "model")
         # NOTE: read as flags: "false" would be true
         for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs"):
             if body.get(key) is not None and not isinstance(body[key], bool):
@@ -119,7 +103,7 @@ class RequestParser:
             if value is not None and not isinstance(value, bool):
                 raise bad_request(f"stream_options.{key} must be true or false, got {value!r}",
                                   "stream_options")
-        if body.get("stream_options") is not None and not body.get("stream"):  # OpenAI's and vLLM's 400
+        if options and not body.get("stream"):  # vLLM's 400 (an empty object passes, as there)
             raise bad_request("stream_options is only allowed with stream: true", "stream_options")
         request_id = body.get("request_id")  # vLLM's: the response's id after its prefix
         if request_id is not None and not (isinstance(request_id, str) and request_id):
@@ -135,7 +119,8 @@ class RequestParser:
         last `truncate_prompt_tokens` (vLLM's field) before its length is checked; -1 (vLLM's)
         keeps what the context holds (`_truncation`)."""
         keep = self._truncation(body)
-        for field in ("add_generation_prompt", "chat_template_kwargs", "continue_final_message"):
+        for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
+                      "continue_final_message"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)
@@ -144,8 +129,8 @@ class RequestParser:
     def scores_only(body: dict, chat: bool) -> bool:
         """Completions' echo with max_tokens 0 (OpenAI's legacy scoring request, vLLM's): the
         prompts are scored and nothing is generated."""
-        zero = [k for k in MAX_TOKENS_FIELDS if type(body.get(k)) is int and body[k] == 0]
-        return bool(zero) and not chat and body.get("echo") is True
+        asked = next((body[k] for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
+        return type(asked) is int and asked == 0 and not chat and body.get("echo") is True
 
     def _truncation(self, body: dict) -> int | None:
         """truncate_prompt_tokens, checked; -1 becomes the prompt tokens the context holds with
@@ -165,8 +150,8 @@ class RequestParser:
             raise bad_request(f"truncate_prompt_tokens must be an integer >= 1, or -1 (what the context "
                               f"holds), got {keep!r}", "truncate_prompt_tokens") from None
         if keep is not None and self.max_context is not None and keep > self.max_context:  # vLLM's 400
-            raise bad_request(f"truncate_prompt_tokens={keep} exceeds this server's context of "
-                              f"{self.max_context}", "truncate_prompt_tokens")
+            raise bad_request(f"truncate_prompt_tokens={keep} exceeds {self._context()}",
+                              "truncate_prompt_tokens")
         return keep
 
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
@@ -185,7 +170,7 @@ class RequestParser:
             least = body.get("min_tokens")
             if isinstance(least, int) and not isinstance(least, bool) and least > room:  # name no max_tokens
                 raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "
-                                  f"this server's context of {self.max_context}", "min_tokens")
+                                  f"{self._context()}", "min_tokens")
         _check_logprobs_type(body, chat)
         try:
             params = SamplingParams.from_openai(body)
@@ -194,8 +179,7 @@ class RequestParser:
         if room is not None and params.max_tokens > room:
             if given:
                 raise bad_request(f"{given}={params.max_tokens} does not fit: the prompt has "
-                                  f"{self.max_context - room} tokens of this server's context of "
-                                  f"{self.max_context}", given)
+                                  f"{self.max_context - room} tokens of {self._context()}", given)
             params = dataclasses.replace(params, max_tokens=room)
         if params.n > self.max_n:
             raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
@@ -211,6 +195,7 @@ class RequestParser:
                                   f"max_logprobs), got {value}", field)
         if body.get("echo") and not chat:  # NOTE: chat's echo is text the request sent (chat_reply)
             self._check_scorable("echo", body, params)
+        params = self._echo_prompt_logprobs(body, chat, params)
         if params.prompt_logprobs is not None:
             self._check_scorable("prompt_logprobs", body, params)
             if self.vocab_size is not None and params.prompt_logprobs > self.vocab_size:
@@ -218,16 +203,35 @@ class RequestParser:
                                   f"{self.vocab_size}", "prompt_logprobs")
         return params
 
+    def _echo_prompt_logprobs(self, body: dict, chat: bool, params: SamplingParams) -> SamplingParams:
+        """vLLM's echo asks prompt_logprobs when the request sets none: completions' `logprobs`
+        of them (none without it), chat's `top_logprobs` (0 without it); only in a full answer
+        (vLLM's stream sends none). A chat whose prompt this server cannot score echoes text
+        alone, as before (loopjax's chat echo never needed the scoring)."""
+        if not body.get("echo") or params.prompt_logprobs is not None or body.get("stream"):
+            return params
+        top = (params.logprobs or 0) if chat else params.logprobs
+        if top is None or (chat and self._unscorable(params)):
+            return params
+        return dataclasses.replace(params, prompt_logprobs=top)
+
     def _check_scorable(self, field: str, body: dict, params: SamplingParams) -> None:
-        """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities, scored on the
-        identity path (loopjax.score): a fixed depth or Ouro's threshold exit, as the reference
-        computes every prompt position (in either exit_mode: `scoring.score_options`)."""
+        """`field` (echo, prompt_logprobs) asks the prompt's log-probabilities: a 400 naming it
+        where `_unscorable`."""
+        if (why := self._unscorable(params)) is not None:
+            raise bad_request(why.replace("{field}", field), field)
+
+    def _unscorable(self, params: SamplingParams) -> str | None:
+        """Why this server cannot score `params`' prompts (a message of `{field}`), or None: they
+        are scored on the identity path (loopjax.score) at a fixed depth or with Ouro's threshold
+        exit, as the reference computes every prompt position (in either exit_mode:
+        `scoring.score_options`)."""
         if self.echo_state == "unsupported":
-            raise bad_request(f"{field} is not supported by this server (its prompts cannot be scored)",
-                              field)
+            return "{field} is not supported by this server (its prompts cannot be scored)"
         if rule := params.exit_rule:
-            raise bad_request(f"{field} scores prompts at a fixed depth or with Ouro's threshold exit; "
-                              f"{rule} is not supported with it", field)
+            return ("{field} scores prompts at a fixed depth or with Ouro's threshold exit; "
+                    f"{rule} is not supported with it")
+        return None
 
     def tokenize(self, body: dict) -> list[int]:
         """/tokenize: the token ids of one `prompt` (text or ids) or of chat `messages` rendered
@@ -255,6 +259,11 @@ class RequestParser:
             dataclasses.replace(self, max_context=None)._check_ids(tokens, "tokens")
         return self.tokenizer.decode(tokens, skip_special_tokens=False)
 
+    def _context(self) -> str:
+        """The served context, as errors name it: OpenAI's and vLLM's words ("maximum context
+        length"), which clients (LiteLLM, LangChain) look for to tell a context overflow."""
+        return f"this server's maximum context length of {self.max_context} tokens"
+
     def _check_ids(self, ids, param: str, keep_last: int | None = None) -> list[int]:
         if not ids:
             raise bad_request(f"{param} is empty", param)
@@ -267,8 +276,7 @@ class RequestParser:
             raise bad_request(f"{param} has token ids outside [0, {self.vocab_size})", param)
         ids = ids[-keep_last:] if keep_last else ids
         if self.max_context is not None and len(ids) >= self.max_context:
-            raise bad_request(f"{param} is too long: {len(ids)} tokens for a context of "
-                              f"{self.max_context}", param)
+            raise bad_request(f"{param} is too long: {len(ids)} tokens for {self._context()}", param)
         return ids
 
     def _encode(self, text: str, param: str, body: dict) -> list[int]:
@@ -329,51 +337,3 @@ class RequestParser:
     def _completion_prompts(self, body: dict, keep_last: int | None = None) -> list[list[int]]:
         return [self._check_ids(self._encode(p, "prompt", body) if isinstance(p, str) else p, "prompt",
                                 keep_last) for p in self._prompt_items(body)]
-
-    def chat_reply(self, body: dict) -> tuple[str, str]:
-        """A (checked) chat request's answer role and echo text, as vLLM's: the assistant's role,
-        or without a generation prompt the last message's (its turn goes on); with `echo`, the
-        last message's content when its role is the answer's, put before each choice's text
-        ("" otherwise)."""
-        messages = check_messages(body["messages"])
-        role = "assistant" if self._turn(body)[0] else messages[-1]["role"]
-        echoed = messages[-1]["content"] if body.get("echo") and messages[-1]["role"] == role else ""
-        return role, echoed
-
-    @staticmethod
-    def _turn(body: dict) -> tuple[bool, bool]:
-        """(add_generation_prompt, continue_final_message), checked.
-        NOTE: continue_final_message alone turns add_generation_prompt off (vLLM asks for both)."""
-        going_on = body.get("continue_final_message", False)
-        generation = body.get("add_generation_prompt", not going_on)
-        for field, value in (("add_generation_prompt", generation), ("continue_final_message", going_on)):
-            if not isinstance(value, bool):
-                raise bad_request(f"{field} must be true or false, got {value!r}", field)
-        if generation and going_on:
-            raise bad_request("continue_final_message and add_generation_prompt exclude each other (the "
-                              "final message goes on; no new turn opens)", "continue_final_message")
-        return generation, going_on
-
-    def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
-        try:
-            messages = check_messages(body.get("messages"))
-        except ValueError as e:
-            raise bad_request(str(e), "messages") from None
-        if self.tokenizer is None or not self.chat_template:
-            raise bad_request(f"model {self.model_name!r} has no chat template" +
-                              ("" if self.tokenizer is not None else " or tokenizer") +
-                              "; use /v1/completions with a prompt", "messages")
-        generation, going_on = self._turn(body)
-        try:
-            kwargs = check_template_kwargs(body.get("chat_template_kwargs"))
-        except ValueError as e:
-            raise bad_request(str(e), "chat_template_kwargs") from None
-        try:
-            text = render_chat(self.chat_template, messages, add_generation_prompt=generation,
-                               template_kwargs=kwargs, continue_final_message=going_on,
-                               special=self.special_tokens)
-        except ValueError as e:  # the template refused the messages, or failed on them
-            raise bad_request(str(e), "messages") from None
-        except RuntimeError as e:  # it cannot render on this installation
-            raise APIError(500, str(e), "messages", "server_error") from None
-        return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)

@@ -2,7 +2,8 @@
 
 Request fields that are not sampling parameters (model, prompt, messages, stream...) are
 ignored; `null` values count as absent; an unknown field, a field for what loopjax does not
-do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default), an
+do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default, of
+its JSON type, and tools only shown under tool_choice "none", `shown_tools`), an
 unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
 it (SamplingParams checks the values). logit_bias keys are token ids written as strings (JSON
 object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n both become
@@ -31,7 +32,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
         if key in _DIRECT_FIELDS:
             kw[key] = value
         elif key in _UNSUPPORTED:
-            if value not in _HARMLESS.get(key, ()):  # e.g. tools [], response_format {"type": "text"}
+            if not _asks_nothing(key, value, body):  # e.g. tools [], priority 0
                 _fail(f"{key} is not supported by this server ({_UNSUPPORTED[key]})")
         elif key not in _SPECIAL_FIELDS:
             _fail(f"unknown request field {key!r}")
@@ -78,24 +79,49 @@ _UNSUPPORTED = {
     "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
     "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
-    "structural_tag": "guided decoding", "chat_template": "a request's own chat template",
-    "documents": "chat documents (RAG)", "mm_processor_kwargs": "multimodal input",
+    "structural_tag": "guided decoding",
+    "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
     "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
     "kv_transfer_params": "disaggregated serving",
+    # OpenAI's newer chat fields (vLLM ignores them; they were "unknown request field")
+    "modalities": "audio output", "audio": "audio output", "prediction": "predicted outputs",
+    "web_search_options": "web search", "verbosity": "verbosity control",
 }
 _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choice": ("none",),
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
-             "priority": (0,), "include_reasoning": (True,),
-             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "documents": ([],)}
+             "priority": (0,), "include_reasoning": (True, False),  # no reasoning parser: no effect
+             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "modalities": (["text"],),
+             "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
     "model", "prompt", "messages", "stream", "stream_options", "user", "echo",
-    "metadata", "store", "service_tier", "add_special_tokens", "add_generation_prompt",
-    "chat_template_kwargs", "continue_final_message", "request_id", "return_token_ids",
-    "return_tokens_as_token_ids",
+    "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # OpenAI's bookkeeping
+    "add_special_tokens", "add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
+    "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
 })
+
+
+def shown_tools(body: dict) -> list | None:
+    """The request's tools where its tool_choice is "none": vLLM's chat template shows them
+    (its `tools` variable) and no call is parsed; None otherwise."""
+    tools = body.get("tools")
+    return tools if isinstance(tools, list) and body.get("tool_choice") == "none" else None
+
+
+def _asks_nothing(key: str, value, body: dict) -> bool:
+    """`key`'s value asks for nothing loopjax lacks: a harmless value, or tools only shown."""
+    if key == "tools" and shown_tools(body) is not None:
+        return True
+    return any(_same(value, v) for v in _HARMLESS.get(key, ()))
+
+
+def _same(value, harmless) -> bool:
+    """`value` is the harmless value, of its JSON type (`==` let priority false pass as 0 and
+    use_beam_search 0 as false); an integer stands for a float (length_penalty 1)."""
+    kind = type(harmless)
+    return value == harmless and (type(value) is kind or (kind is float and type(value) is int))
 
 
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
@@ -111,9 +137,8 @@ def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
 
 
 def _map_max_tokens(body, kw):
+    """max_completion_tokens, else max_tokens (vLLM's: the first wins where both are given)."""
     a, b = body.get("max_tokens"), body.get("max_completion_tokens")
-    if a is not None and b is not None and a != b:
-        _fail(f"max_tokens ({a!r}) and max_completion_tokens ({b!r}) disagree; give one")
     if b is not None:
         check_int("max_completion_tokens", b, 1)
         kw["max_tokens"] = b

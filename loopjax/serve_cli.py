@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import logging
 import math
 import os
@@ -52,14 +53,46 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _origins(text: str) -> list[str]:
+    """--allowed-origins: a JSON list of origins (vLLM's flag and form), refused at parsing."""
+    try:
+        origins = json.loads(text)
+    except ValueError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError(f'must be a JSON list of origins (e.g. \'["*"]\'), got {text!r}')
+    return origins
+
+
+def _chat_template(text: str) -> str:
+    """--chat-template: a template file's text, or the template itself (vLLM's flag, read as
+    vLLM reads it: text without braces or newlines must be a file), checked at parsing."""
+    from loopjax.chat import check_template
+
+    try:
+        with open(text) as f:
+            template = f.read()
+    except OSError as e:
+        if not any(c in text for c in "{}\n"):
+            raise argparse.ArgumentTypeError(f"cannot read the chat template file {text!r}: "
+                                             f"{e.strerror}") from None
+        template = text
+    try:
+        check_template(template)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return template
+
+
 def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
-    parser.add_argument("--served-model-name", default=None,
-                        help="the name clients send as `model` (default: MODEL as given)")
+    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+                        help="the name clients send as `model` (default: MODEL as given); more names "
+                             "are aliases, as vLLM's (responses carry the first)")
     parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
                         help="requests that may wait for a first token before new ones get 429 "
                              "(default: 256)")
@@ -73,6 +106,15 @@ def add_arguments(parser):
     parser.add_argument("--api-key", type=_api_key, default=os.environ.get("LOOPJAX_API_KEY") or None,
                         help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
                              "$LOOPJAX_API_KEY; unset: no key)")
+    parser.add_argument("--trust-request-chat-template", action="store_true",
+                        help="chat requests may send their own chat_template (vLLM's; rendered in "
+                             "jinja2's sandbox; default: refused with a 400)")
+    parser.add_argument("--chat-template", type=_chat_template, default=None,
+                        help="the chat template to serve instead of the checkpoint's: a jinja2 file or "
+                             "the template itself (vLLM's)")
+    parser.add_argument("--allowed-origins", type=_origins, default=["*"],
+                        help='the origins browsers may call the server from (CORS), a JSON list as '
+                             'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
     add_engine_arguments(parser)
 
 
@@ -128,9 +170,12 @@ def run(args) -> int:
     gc.freeze()
     if getattr(model, "tokenizer", None) is None:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
-    app = server.create_app(engine, args.served_model_name or args.model, model=model,
+    names = args.served_model_name or [args.model]
+    app = server.create_app(engine, names[0], model=model, model_aliases=tuple(names[1:]),
                             max_waiting=args.max_waiting, max_n=args.max_n,
-                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key)
+                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
+                            trust_request_chat_template=args.trust_request_chat_template,
+                            allowed_origins=args.allowed_origins, chat_template=args.chat_template)
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

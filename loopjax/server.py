@@ -15,8 +15,9 @@ Contract:
   500, while the server serves on (async_engine.py). A stream that began gets the error as its
   last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
   logged. Request parsing and validation live in `openai_protocol.py`.
-- `stream_options.include_usage`: every chunk has `"usage": null` (OpenAI's) but the last (no
-  choices, the usage); vLLM's `continuous_usage_stats`: each chunk's choice's usage so far.
+- `stream_options.include_usage` (true unless set false within stream_options, vLLM's default):
+  every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's
+  `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
   `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
@@ -32,7 +33,8 @@ Contract:
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
   chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
   vLLM's) nothing else: no engine request, each choice finished by "length". Chat's `echo`
-  and the answer's role: `RequestParser.chat_reply` (vLLM's).
+  and the answer's role: `RequestParser.chat_reply` (vLLM's). A full answer's echo (either
+  endpoint) asks prompt_logprobs too, as vLLM's (`RequestParser._echo_prompt_logprobs`).
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
@@ -40,9 +42,9 @@ Contract:
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
-  Bearer <key>` (401 otherwise); /health, /version, /metrics, /tokenize and /detokenize stay open.
+  Bearer <key>` (401 otherwise); /health, /ping, /version, /metrics, /tokenize and /detokenize stay open.
 The endpoints that generate nothing live in `server_info.py`. This module, it,
-`openai_protocol.py` and `serve_cli.py` (the command line: flags, the port bound before the
+`openai_errors.py` and `serve_cli.py` (the command line: flags, the port bound before the
 engine is built, uvicorn) are the only ones that import FastAPI / uvicorn;
 `create_app` serves an Engine or AsyncEngine in-process (tests run it with uvicorn in a thread).
 """
@@ -61,6 +63,7 @@ import time
 import uuid
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from loopjax.async_engine import (
@@ -71,14 +74,8 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
-from loopjax.openai_protocol import (
-    DEFAULT_MAX_N,
-    APIError,
-    RequestParser,
-    bad_request,
-    internal_error,
-    param_of,
-)
+from loopjax.openai_errors import APIError, bad_request, internal_error
+from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, param_of
 from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 
@@ -87,13 +84,20 @@ log = logging.getLogger("loopjax.server")
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
-               api_key: str | None = None) -> FastAPI:
+               api_key: str | None = None, trust_request_chat_template: bool = False,
+               allowed_origins: tuple[str, ...] | list[str] = ("*",),
+               chat_template: str | None = None, model_aliases: tuple[str, ...] = ()) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
     `max_n` caps the samples per prompt; max_waiting and admission_window_s go to the
-    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints. The app's lifespan
-    starts the AsyncEngine and shuts it down."""
+    AsyncEngine built around an Engine; `api_key` guards the /v1 endpoints;
+    trust_request_chat_template lets a chat request send its own chat_template (vLLM's flag: a
+    sandboxed jinja2 template, but any client's); allowed_origins: the origins browsers may call
+    it from (CORS, vLLM's default: any; the API key still applies); chat_template replaces the
+    model's (vLLM's --chat-template); model_aliases: more names a request may send as `model`
+    (vLLM's further --served-model-name names). The app's lifespan starts the AsyncEngine and
+    shuts it down."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
         raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
@@ -108,8 +112,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     config = getattr(aengine.engine, "config", None)
     max_logprobs = getattr(config, "max_logprobs", None)
     echo_state = _echo_state(model, config)
-    parser = RequestParser(model_name, tokenizer, getattr(model, "chat_template", None),
-                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state)
+    parser = RequestParser(model_name, tokenizer, chat_template or getattr(model, "chat_template", None),
+                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state,
+                           trust_request_chat_template, tuple(model_aliases))
 
     scoring = threading.Lock()
 
@@ -144,6 +149,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
     app = FastAPI(title="loopjax", lifespan=lifespan, dependencies=[Depends(authorized)])
     app.state.async_engine = aengine
+    # NOTE: vLLM's CORS defaults (any method and header, no credentials): a browser's preflight
+    # OPTIONS was a 405, so browser clients could not call the server
+    app.add_middleware(CORSMiddleware, allow_origins=list(allowed_origins), allow_methods=["*"],
+                       allow_headers=["*"])
     app.add_exception_handler(APIError, lambda request, exc: exc.response())
     # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
     # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.
@@ -226,7 +235,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             # NOTE: a response that ends first (499, 503, an engine error) never awaits it: its
             # exception is retrieved here, not logged as "never retrieved"
             scores.add_done_callback(lambda done: done.cancelled() or done.exception())
-        rid = ("chatcmpl-" if chat else "cmpl-") + (body.get("request_id") or uuid.uuid4().hex)  # vLLM's
+        # vLLM's: the X-Request-Id header, else the request_id field, names the response
+        named = request.headers.get("x-request-id") or body.get("request_id")
+        rid = ("chatcmpl-" if chat else "cmpl-") + (named or uuid.uuid4().hex)
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
@@ -302,8 +313,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["usage"] = usage()
             return JSONResponse(head)
 
-        options = body.get("stream_options") or {}
-        include_usage = bool(options.get("include_usage"))
+        options = body.get("stream_options")
+        # NOTE: vLLM's include_usage defaults to true within stream_options ({} asks the usage)
+        include_usage = options is not None and options.get("include_usage", True) is True
+        options = options or {}
         if include_usage:  # OpenAI's: every chunk carries usage, null until the last one's
             head["usage"] = None
         continuous = include_usage and bool(options.get("continuous_usage_stats"))

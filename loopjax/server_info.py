@@ -1,8 +1,8 @@
 """The server's endpoints that generate nothing (`server.create_app` adds them), as vLLM's:
 POST /tokenize (`prompt` or chat `messages` -> {count, max_model_len, tokens, token_strs}), POST
-/detokenize (`tokens` -> {prompt}), GET /v1/models (one card: the served name, its `root` the
-checkpoint, `created` the server's start), /version, /health (503 once the engine is gone) and
-/metrics (Prometheus text)."""
+/detokenize (`tokens` -> {prompt}), GET /v1/models (a card per served name, its `root` the
+checkpoint, `created` the server's start), /version, /health (503 once the engine is gone; /ping
+too, vLLM's) and /metrics (Prometheus text)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from loopjax import __version__
-from loopjax.openai_protocol import bad_request
+from loopjax.openai_errors import bad_request
 
 
 def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
@@ -39,16 +39,19 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
 
     @app.get("/v1/models")
     async def models():
-        card = {"id": parser.model_name, "object": "model", "created": started, "owned_by": "loopjax",
-                "root": root, "parent": None, "max_model_len": parser.max_context,
-                "vocab_size": parser.vocab_size}
-        return {"object": "list", "data": [card]}
+        """A card per name the server answers to (vLLM's: aliases too)."""
+        return {"object": "list", "data": [
+            {"id": name, "object": "model", "created": started, "owned_by": "loopjax", "root": root,
+             "parent": None, "max_model_len": parser.max_context, "vocab_size": parser.vocab_size}
+            for name in (parser.model_name, *parser.aliases)]}
 
     @app.get("/version")
     async def version():
         return {"version": __version__}
 
     @app.get("/health")
+    @app.get("/ping")  # vLLM's (SageMaker's) name for it, GET or POST
+    @app.post("/ping")
     async def health():
         if not aengine.running:
             return JSONResponse({"status": "dead", "error": aengine.stop_reason}, status_code=503)

@@ -544,7 +544,7 @@ def test_chat_renders_the_template_and_generates(ouro_llm, monkeypatch):
                           chat_template_kwargs={"more": "w9"})[0]
     assert plain.prompt_token_ids == [28, 72, 9]
     for messages, message in (
-            ([talk, [{"role": "robot", "content": "w3"}]],
+            ([talk, [{"role": None, "content": "w3"}]],
              r"^conversation 1: messages\[0\] must have a role"),
             ([{"role": "user", "content": [{"type": "image_url"}]}],
              r"^messages\[0\] has a content part of type 'image_url'; this model takes text only$"),

@@ -4,6 +4,7 @@ field; chat needs a template and text needs a tokenizer."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import types
 
@@ -25,7 +26,8 @@ from loopjax.server import create_app
     ({"prompt": [5, 6], "temperature": 7.5}, 400, "temperature", "temperature"),
     ({"prompt": [5] * 600}, 400, "prompt", "too long"),
     ({"prompt": [5] * 500, "max_tokens": 100}, 400, "max_tokens",
-     "max_tokens=100 does not fit: the prompt has 500 tokens of this server's context of 512"),
+     "max_tokens=100 does not fit: the prompt has 500 tokens of this server's maximum context length of "
+     "512 tokens"),  # OpenAI's and vLLM's words, which clients look for
     ({"prompt": [5, 999]}, 400, "prompt", "token ids"),
     ({"prompt": []}, 400, "prompt", "prompt"),
     ({"prompt": [1.5, 2]}, 400, "prompt", "integer token ids"),
@@ -70,8 +72,6 @@ from loopjax.server import create_app
     ({"prompt": [5], "n": 2, "best_of": 3}, 400, "best_of", "best_of must equal n (2)"),
     ({"prompt": [5], "prompt_logprobs": 3}, 400, "prompt_logprobs",  # was not capped by max_logprobs
      "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
-    ({"prompt": [5], "logprobs": True}, 400, "logprobs",  # chat's switch: was top-0
-     "logprobs must be an integer (the top log-probabilities per token) on /v1/completions, got True"),
     ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
      "use_beam_search is not supported by this server (beam search)"),
     ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
@@ -120,7 +120,7 @@ def test_tokenize_and_detokenize(server, client, served_model):
         ("/tokenize", {"prompt": "hi", "messages": messages}, "prompt", "either prompt or messages"),
         ("/tokenize", {"prompt": ["hello", "world"]}, "prompt", "one text or one list"),
         ("/tokenize", {"prompt": [5, 999]}, "prompt", "token ids outside"),
-        ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, "messages", "role"),
+        ("/tokenize", {"messages": [{"role": 5, "content": "x"}]}, "messages", "role"),
         ("/detokenize", {"tokens": "hello"}, "tokens", "list of integer token ids"),
         ("/detokenize", {"tokens": [5, 999]}, "tokens", "token ids outside"),
         ("/detokenize", {"tokens": [5, 1.5]}, "tokens", "integer token ids"),
@@ -138,7 +138,7 @@ def test_malformed_json_and_chat_errors(server, client):
                    headers={"content-type": "application/json"}, timeout=30)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
     with pytest.raises(openai.BadRequestError, match="messages"):
-        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "wizard", "content": "x"}])
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"content": "x"}])
     with pytest.raises(openai.NotFoundError, match="gpt-4"):  # vLLM's 404
         client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "x"}])
     # ... and the server keeps serving.
@@ -162,7 +162,7 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
 
 @pytest.mark.parametrize("extra, param, message", [
     ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages",
-     "messages is too long: 605 tokens for a context of 512"),
+     "messages is too long: 605 tokens for this server's maximum context length of 512 tokens"),
     ({"logprobs": True, "top_logprobs": 3}, "top_logprobs",
      "top_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"logprobs": True, "top_logprobs": 1, "temperature": -1}, "temperature", "temperature"),
@@ -177,7 +177,7 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
                                                 {"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages", "messages[0] has a content part of type 'image_url'; this model takes text only"),
     # ... it was dropped: the model answered without the image it was asked about
-    ({"messages": [{"role": "user", "content": ["hello"]}]}, "messages", "messages[0] must have a role"),
+    ({"messages": [{"role": "user", "content": ["hello", 5]}]}, "messages", "messages[0] must have a role"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "prompt_logprobs must be in [0, 20], got 21"),
 ])
 def test_bad_chat_requests_get_400(server, extra, param, message):
@@ -204,7 +204,8 @@ def test_truncate_prompt_tokens_keeps_the_last_tokens_before_the_length_check():
             parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": bad}, False)
         assert err.value.param == "truncate_prompt_tokens" and err.value.status == 400
     assert parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 16}, False) == [[1, 2]]
-    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's context of 16$"):
+    with pytest.raises(APIError, match=r"^truncate_prompt_tokens=17 exceeds this server's maximum context "
+                                       r"length of 16 tokens$"):
         parser.prompts({"prompt": [1, 2], "truncate_prompt_tokens": 17}, False)  # vLLM's 400: it was served
 
 
@@ -242,6 +243,11 @@ def test_null_max_tokens_fills_the_context():
     assert parser.sampling({}, False, prompts).max_tokens == 16
     assert parser.sampling({}, True, prompts).max_tokens == 54
     assert parser.sampling({"max_tokens": None, "max_completion_tokens": 5}, False, prompts).max_tokens == 5
+    # both given: max_completion_tokens wins, as vLLM's (a 400 when they differed)
+    assert parser.sampling({"max_tokens": 3, "max_completion_tokens": 5}, True, prompts).max_tokens == 5
+    with pytest.raises(APIError, match="^max_completion_tokens=60 does not fit") as err:
+        parser.sampling({"max_tokens": 3, "max_completion_tokens": 60}, True, prompts)
+    assert err.value.param == "max_completion_tokens"
 
 
 def test_vllms_fields_at_their_defaults_are_served():
@@ -250,14 +256,24 @@ def test_vllms_fields_at_their_defaults_are_served():
     parser = RequestParser(MODEL_NAME, max_context=64)
     defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
                 "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
-                "vllm_xargs": {}, "documents": [], "request_id": "mine"}
+                "vllm_xargs": {}, "documents": [], "request_id": "mine",
+                # OpenAI's newer fields (vLLM ignores them; they were "unknown request field")
+                "modalities": ["text"], "verbosity": "medium", "prompt_cache_key": "k",
+                "safety_identifier": "s"}
     assert parser.sampling(parser.body(json.dumps(defaults).encode()), True, [[5]]).max_tokens == 63
+    assert parser.sampling({"length_penalty": 1}, False, [[5]]).max_tokens == 16  # JSON's 1 is 1.0
+    # ... of their type: these compared equal to the defaults and were taken as them
+    for field, value in (("priority", False), ("use_beam_search", 0), ("parallel_tool_calls", 1),
+                         ("priority", 0.0), ("modalities", ["text", "audio"]), ("prediction", {"a": 1})):
+        with pytest.raises(APIError, match=rf"^{field} is not supported by this server") as err:
+            parser.sampling({field: value}, False, [[5]])
+        assert err.value.param == field
 
 
 def test_chat_logprobs_is_a_switch():
     """Chat's logprobs is true / false (0 / 1 too, as vLLM's pydantic reads them) and
     top_logprobs the count; top_logprobs 0 needs no logprobs (vLLM's); completions' logprobs is
-    the count."""
+    the count (true / false: 1 / 0, as vLLM's pydantic reads them)."""
     parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5)
     for body, want in (({"logprobs": 1}, 0), ({"logprobs": 0}, None),
                        ({"logprobs": True, "top_logprobs": 2}, 2),
@@ -265,6 +281,8 @@ def test_chat_logprobs_is_a_switch():
                        ({"logprobs": False, "top_logprobs": 0}, None)):
         assert parser.sampling(body, True, [[5]]).logprobs == want, body
     assert parser.sampling({"logprobs": 3}, False, [[5]]).logprobs == 3
+    # completions' true / false are vLLM's pydantic 1 / 0 (true was a 400)
+    assert [parser.sampling({"logprobs": v}, False, [[5]]).logprobs for v in (True, False)] == [1, 0]
     for bad in ({"logprobs": 2}, {"logprobs": 1.0}, {"logprobs": False, "top_logprobs": 1}):
         with pytest.raises(APIError, match="logprobs") as err:
             parser.sampling(bad, True, [[5]])
@@ -283,7 +301,7 @@ def test_default_max_tokens_is_cut_to_the_context():
     # chat's default max_tokens is the room left: a min_tokens past it names the room, not a
     # max_tokens the client never sent
     with pytest.raises(APIError, match=r"^min_tokens=8 does not fit: the prompt leaves 7 tokens of this "
-                                       r"server's context of 512$"):
+                                       r"server's maximum context length of 512 tokens$"):
         parser.sampling({"min_tokens": 8}, True, long_prompt[:1])
     assert parser.sampling({"min_tokens": 7}, True, long_prompt[:1]).max_tokens == 7
 
@@ -315,6 +333,14 @@ def test_chat_without_template_is_400():
         assert r.json() == {"count": 2, "max_model_len": 512, "tokens": [4, 5], "token_strs": None}
         r = httpx.post(live.url + "/tokenize", timeout=30, json={"prompt": [4, 5], "return_token_strs": True})
         assert r.status_code == 400 and r.json()["error"]["param"] == "return_token_strs", r.text
+    # vLLM's --chat-template: the server's own template serves a checkpoint that has none
+    tok = word_tokenizer(256)
+    untemplated = types.SimpleNamespace(**{**vars(bare), "tokenizer": tok})
+    app = create_app(FakeEngine(), MODEL_NAME, model=untemplated, chat_template="{{ messages[0].content }}")
+    with LiveServer(app) as live:
+        talk = {"messages": [{"role": "user", "content": "loop"}]}
+        r = httpx.post(live.url + "/tokenize", timeout=30, json=talk)
+        assert r.json()["tokens"] == tok.encode("loop", add_special_tokens=False).ids, r.text
 
 
 def test_a_chat_template_that_raises_is_400():
@@ -425,6 +451,8 @@ def test_chat_content_parts_are_joined_by_newlines():
     as_parts = parser.tokenize({"messages": [{"role": "user", "content": parts}]})
     assert as_parts == parser.tokenize({"messages": [{"role": "user", "content": "hello\nworld"}]})
     assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
+    # ... plain strings among them too (vLLM's; they were refused)
+    assert parser.tokenize({"messages": [{"role": "user", "content": ["hello", parts[1]]}]}) == as_parts
 
 
 def test_chat_template_kwargs_and_add_generation_prompt():
@@ -467,3 +495,130 @@ def test_chat_template_kwargs_and_add_generation_prompt():
     with pytest.raises(APIError, match="continue_final_message needs the final message's text"):
         parser.__class__(MODEL_NAME, tokenizer=tok, chat_template="{{ messages[0].content }}").prompts(
             {"messages": talk, "continue_final_message": True}, chat=True)
+
+
+def test_any_role_and_null_content_render_as_vllms():
+    """vLLM's messages: any role (its custom roles; OpenAI's deprecated "function" was refused)
+    goes to the template; null or absent content (an assistant's tool-call turn) is ""."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML)
+    said = parser.tokenize({"messages": [{"role": "function", "name": "f", "content": "hello"},
+                                         {"role": "assistant", "content": None}, {"role": "model"}]})
+    assert parser.tokenizer.decode(said, skip_special_tokens=False).split() == [
+        "<|im_start|>", "<unk>", "hello", "<|im_end|>",  # "function" is no word of the tokenizer
+        "<|im_start|>", "assistant", "<|im_end|>",
+        "<|im_start|>", "model", "<|im_end|>", "<|im_start|>", "assistant"]
+    for bad in ({"role": 5, "content": "x"}, {"content": "x"}, {"role": "user", "content": 5}):
+        with pytest.raises(APIError, match=r"^messages\[0\] must have a role \(a string\)"):
+            parser.tokenize({"messages": [bad]})
+
+
+def test_a_requests_chat_template_needs_the_servers_trust():
+    """vLLM's chat_template field (it was refused as unsupported): the request's jinja2 template
+    (or chat_template_kwargs' chat_template, which wins) renders its messages where the server
+    trusts request templates (--trust-request-chat-template), a 400 naming the flag otherwise;
+    an empty one is the model's; checked as the model's is, a bad one a 400 naming the field."""
+    talk = {"messages": [{"role": "user", "content": "hello"}]}
+    own = "{{ messages[0]['content'] }} loop"
+    untrusted = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML)
+    for sent in ({"chat_template": own}, {"chat_template_kwargs": {"chat_template": own}}):
+        with pytest.raises(APIError, match=r"^a request's chat_template needs a server started with "
+                                           r"--trust-request-chat-template \(as vLLM's\)$") as err:
+            untrusted.prompts({**talk, **sent}, True)
+        assert err.value.param == "chat_template"
+    trusted = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), trust_request_chat_template=True)
+    tok = trusted.tokenizer
+    assert trusted.prompts({**talk, "chat_template": own}, True) == [tok.encode("hello loop").ids]
+    wins = {"chat_template": "{{ x }}", "chat_template_kwargs": {"chat_template": own, "x": "model"}}
+    assert trusted.tokenize({**talk, **wins}) == tok.encode("hello loop").ids
+    modelled = dataclasses.replace(trusted, chat_template=own + " model")
+    assert modelled.tokenize({**talk, "chat_template": ""}) == tok.encode("hello loop model").ids
+    for template, message in (
+            ("{% if %}", r"^chat_template is not a jinja2 template: TemplateSyntaxError: "),
+            (5, r"^chat_template must be a string \(a jinja2 chat template\), got 5$"),
+            ("{{ raise_exception('no users') }}", r"^messages: the chat template refused them: no users$")):
+        with pytest.raises(APIError, match=message) as err:
+            trusted.prompts({**talk, "chat_template": template}, True)
+        assert err.value.param == "chat_template" and err.value.status == 400
+    with pytest.raises(APIError, match=r"^chat_template applies to /v1/chat/completions only$"):
+        trusted.prompts({"prompt": "hello", "chat_template": own}, False)
+
+
+def test_echo_asks_prompt_logprobs_as_vllms():
+    """vLLM's echo sets prompt_logprobs when the request does not: completions' logprobs (none
+    without them), chat's top_logprobs (0 without them; chat's echo asked none); not streamed
+    (vLLM's stream sends none); a chat this server cannot score echoes its text alone."""
+    parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5, echo_state=None)
+    for body, chat, want in (({}, True, 0), ({"logprobs": True, "top_logprobs": 2}, True, 2),
+                             ({"prompt_logprobs": 1, "logprobs": True, "top_logprobs": 2}, True, 1),
+                             ({"stream": True}, True, None), ({"exit_step": 1}, True, None),
+                             ({"logprobs": 2}, False, 2), ({}, False, None), ({"logprobs": 0}, False, 0)):
+        assert parser.sampling({**body, "echo": True}, chat, [[5]]).prompt_logprobs == want, body
+        assert parser.sampling(body, chat, [[5]]).prompt_logprobs == body.get("prompt_logprobs"), body
+    unscored = dataclasses.replace(parser, echo_state="unsupported")
+    assert unscored.sampling({"echo": True, "logprobs": True}, True, [[5]]).prompt_logprobs is None
+
+
+def test_documents_reach_the_chat_template():
+    """vLLM's documents (it was refused unless []) are the template's `documents` variable, as
+    RAG templates read them; anything but a list of objects of strings is a 400 naming it;
+    include_reasoning false (no reasoning parser here, as vLLM without one) is served."""
+    rag = "{% for d in documents %}{{ d.title }} {% endfor %}{{ messages[0]['content'] }}"
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=rag)
+    talk = {"messages": [{"role": "user", "content": "hello"}]}
+    docs = [{"title": "loop", "text": "x"}, {"title": "model"}]
+    assert parser.tokenize({**talk, "documents": docs}) == parser.tokenizer.encode("loop model hello").ids
+    assert parser.sampling({**talk, "documents": docs, "include_reasoning": False}, True, [[5]]).n == 1
+    for bad in ([{"title": 5}], {"title": "x"}, ["x"]):
+        with pytest.raises(APIError, match=r"^documents must be a list of objects of strings") as err:
+            parser.tokenize({**talk, "documents": bad})
+        assert err.value.param == "documents"
+    with pytest.raises(APIError, match=r"^documents applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": "hello", "documents": docs}, False)
+
+
+def test_tool_call_turns_reach_the_template_with_parsed_arguments():
+    """An assistant's tool-call turn (null content: it was refused) reaches the template with
+    each call's JSON arguments parsed into an object, as vLLM passes them (a template's tojson
+    would encode the string twice); arguments that are not JSON are a 400 naming messages."""
+    template = ("{% for c in messages[0].tool_calls %}{{ c.function.name }} {{ c.function.arguments.city }}"
+                "{% endfor %}")
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=template)
+    call = {"id": "c1", "type": "function", "function": {"name": "hello", "arguments": '{"city": "world"}'}}
+    turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+    assert parser.tokenize({"messages": [turn]}) == parser.tokenizer.encode("hello world").ids
+    assert call["function"]["arguments"] == '{"city": "world"}'  # the request is not changed
+    bad = {**turn, "tool_calls": [{**call, "function": {"name": "f", "arguments": "{city"}}]}
+    with pytest.raises(APIError, match=r"^messages\[0\] has tool call arguments that are not JSON: "
+                                       r"'\{city'$"):
+        parser.tokenize({"messages": [bad]})
+
+
+def test_more_served_model_names_are_aliases():
+    """vLLM's --served-model-name takes several names (one was all): a request may send any,
+    /v1/models lists a card for each, responses carry the first; another name is a 404."""
+    app = create_app(FakeEngine(), MODEL_NAME, model_aliases=("loop",))
+    with LiveServer(app) as live:
+        assert [m["id"] for m in httpx.get(live.url + "/v1/models", timeout=10).json()["data"]] == [
+            MODEL_NAME, "loop"]
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": "loop", "prompt": [4]})
+        assert r.status_code == 200 and r.json()["model"] == MODEL_NAME, r.text
+        r = httpx.post(live.url + "/v1/completions", timeout=30, json={"model": "gpt-4", "prompt": [4]})
+        assert r.status_code == 404 and r.json()["error"]["message"] == (
+            f"model 'gpt-4' does not exist here; this server serves '{MODEL_NAME}', 'loop'")
+
+
+def test_tools_under_tool_choice_none_are_shown_to_the_template():
+    """vLLM's tool_choice "none" with tools (it was refused): the template's `tools` variable
+    shows them and no call is parsed; tools under another (or no) tool_choice stay refused."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), max_context=64,
+                           chat_template="{{ tools[0].function.name }} {{ messages[0].content }}")
+    tools = [{"type": "function", "function": {"name": "loop", "parameters": {}}}]
+    body = {"messages": [{"role": "user", "content": "hello"}], "tools": tools, "tool_choice": "none"}
+    assert parser.tokenize(body) == parser.tokenizer.encode("loop hello").ids
+    assert parser.sampling(body, True, [[5]]).max_tokens == 63
+    for choice in ({}, {"tool_choice": "auto"}):
+        with pytest.raises(APIError, match=r"^tools is not supported by this server \(tool calling\)$"):
+            parser.sampling({**body, **choice, "tool_choice": choice.get("tool_choice")}, True, [[5]])
+    with pytest.raises(APIError, match=r"^tools must be a list of \{type, function") as err:
+        parser.tokenize({**body, "tools": [{"type": "function"}]})
+    assert err.value.param == "tools"

@@ -491,7 +491,6 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"bad_words": ["no", 3]}, "every bad_words entry must be a non-empty string, got 3"),
     ({"temperature": 3}, "temperature must be in [0, 2.0], got 3"),
     ({"max_tokens": 0}, "max_tokens must be >= 1, got 0"),
-    ({"max_tokens": 3, "max_completion_tokens": 4}, "max_tokens (3) and max_completion_tokens (4) disagree"),
     ({"top_logprobs": 2}, "top_logprobs requires logprobs=true"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs must be in [0, 20], got 30"),
     ({"logprobs": 30}, "logprobs must be in [0, 20], got 30"),

@@ -13,7 +13,7 @@ import openai
 import pytest
 from server_helpers import CHATML, MODEL_NAME, REF_ENGINE, wait_idle
 
-from loopjax.openai_protocol import render_chat
+from loopjax.chat import render_chat
 from loopjax.scoring import score  # bound at import: count_scores counts the server's calls only
 
 
@@ -181,7 +181,9 @@ def test_prompt_logprobs_in_vllms_shape(client, served_model, count_scores):
     assert count_scores == [([ids], 2)]
     check_prompt_logprobs(both.prompt_logprobs, ids, 2, served_model)
     echoed = client.completions.create(**kw).choices[0]
-    assert both.logprobs == echoed.logprobs and not hasattr(echoed, "prompt_logprobs")
+    assert both.logprobs == echoed.logprobs
+    check_prompt_logprobs(echoed.prompt_logprobs, ids, 1, served_model)  # vLLM's echo: top logprobs'
+    assert not hasattr(client.completions.create(**{**kw, "logprobs": None}).choices[0], "prompt_logprobs")
     # prompt_logprobs=0: the prompt token alone
     zero = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=1,
                                      extra_body={"prompt_logprobs": 0}).choices[0].prompt_logprobs

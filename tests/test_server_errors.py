@@ -226,20 +226,31 @@ def test_a_full_answer_cut_by_shutdown_is_503():
 
 
 def test_health_after_a_stop_says_stopped():
-    """/health of a server whose engine was stopped (not killed) says so: its error read 'None'."""
+    """/health of a server whose engine was stopped (not killed) says so: its error read 'None'.
+    vLLM's /ping (GET or POST; it was a 404) answers as /health."""
     app = create_app(FakeEngine(), MODEL_NAME)
     with LiveServer(app) as live:
         assert httpx.get(live.url + "/health", timeout=10).json() == {"status": "ok"}
+        assert httpx.post(live.url + "/ping", timeout=10).json() == {"status": "ok"}
         app.state.async_engine.shutdown()
-        health = httpx.get(live.url + "/health", timeout=10)
-        assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
+        for path in ("/health", "/ping"):
+            health = httpx.get(live.url + path, timeout=10)
+            assert health.status_code == 503 and health.json() == {"status": "dead", "error": "stopped"}
 
 
 def test_api_key_guards_the_v1_endpoints():
     """--api-key (vLLM's): a /v1 request without `Authorization: Bearer KEY`, or with another
     key, is a 401 in OpenAI's error shape (the openai client raises AuthenticationError);
-    with it the request is served; /health and /metrics need none."""
+    with it the request is served; /health and /metrics need none. A browser's CORS preflight
+    needs none either (vLLM's CORS defaults: it was a 405, so browsers could not call the server);
+    its answers let any origin in."""
     with LiveServer(create_app(FakeEngine(), MODEL_NAME, api_key="s3cret")) as live:
+        preflight = httpx.options(live.url + "/v1/chat/completions", timeout=10, headers={
+            "Origin": "http://ui.example", "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "authorization,content-type"})
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == "*"
+        seen = httpx.get(live.url + "/v1/models", headers={"Origin": "http://ui.example"}, timeout=10)
+        assert seen.status_code == 401 and seen.headers["access-control-allow-origin"] == "*"
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             r = httpx.get(live.url + "/v1/models", headers=headers, timeout=10)
             assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", r.text

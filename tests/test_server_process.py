@@ -29,19 +29,24 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
 
     monkeypatch.setattr(uvicorn.Server, "run", serve)
     monkeypatch.setattr(server, "create_app",
-                        lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"])))
+                        lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
+                                                         kw["trust_request_chat_template"],
+                                                         kw["allowed_origins"], kw["chat_template"],
+                                                         a[1], kw["model_aliases"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
     gc.unfreeze()
     try:
-        args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5"])
+        args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5",
+                                  "--trust-request-chat-template", "--chat-template", "{{ messages }}",
+                                  "--served-model-name", "ouro", "alias"])
         assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env")]
+    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",))]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
@@ -85,7 +90,7 @@ def test_serve_refuses_a_max_waiting_below_one(capsys):
         AsyncEngine(FakeEngine(), max_waiting=0)
 
 
-def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys):
+def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys, tmp_path):
     """A port outside 0..65535 (socket.bind's OverflowError) and an unknown log level
     (logging's ValueError) were tracebacks; now argparse's one line, exit code 2."""
     from loopjax import serve_cli
@@ -94,12 +99,23 @@ def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys):
     serve_cli.add_arguments(parser)
     for flags, message in ((["--port", "70000"], "--port: must be an integer in [0, 65535], got '70000'"),
                            (["--port", "-1"], "--port: must be an integer in [0, 65535], got '-1'"),
-                           (["--log-level", "bogus"], "--log-level: invalid choice: 'bogus'")):
+                           (["--log-level", "bogus"], "--log-level: invalid choice: 'bogus'"),
+                           (["--allowed-origins", "*"], "--allowed-origins: must be a JSON list of origins"),
+                           (["--chat-template", "no/such.jinja"],
+                            "--chat-template: cannot read the chat template file 'no/such.jinja'"),
+                           (["--chat-template", "{% if %}"],
+                            "--chat-template: chat_template is not a jinja2 template: TemplateSyntaxError")):
         with pytest.raises(SystemExit) as exit_:
             parser.parse_args(["ouro-tiny", *flags])
         assert exit_.value.code == 2 and message in capsys.readouterr().err
     args = parser.parse_args(["ouro-tiny", "--port", "0", "--log-level", "WARNING"])
-    assert args.port == 0 and args.log_level == "warning"
+    assert args.port == 0 and args.log_level == "warning" and args.allowed_origins == ["*"]
+    assert parser.parse_args(["ouro-tiny", "--allowed-origins", '["http://a"]']).allowed_origins == ["http://a"]
+    # vLLM's --chat-template: a file's text (it was no flag: a checkpoint without a template served no chat)
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages[0]['content'] }}")
+    assert parser.parse_args(["ouro-tiny", "--chat-template", str(template)]).chat_template == (
+        "{{ messages[0]['content'] }}")
 
 
 def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):

@@ -237,6 +237,16 @@ def test_include_usage_puts_null_usage_on_every_other_chunk(fake_chat_server):
         assert len(chunks) == count + 1 and all("usage" in c and c["usage"] is None for c in chunks[:-1])
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == tokens
         assert not any("usage" in c for c in sse_chunks(fake_chat_server.url + path, body))
+    # vLLM's include_usage defaults to true within stream_options (an empty one had no usage);
+    # an empty one without stream is no 400 there (a full answer)
+    chunks = sse_chunks(fake_chat_server.url + "/v1/completions", {"prompt": [4], "stream_options": {}})
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 16
+    off = sse_chunks(fake_chat_server.url + "/v1/completions",
+                     {"prompt": [4], "stream_options": {"include_usage": False}})
+    assert not any("usage" in c for c in off)
+    full = httpx.post(fake_chat_server.url + "/v1/completions", timeout=30,
+                      json={"prompt": [4], "max_tokens": 2, "stream_options": {}})
+    assert full.status_code == 200 and full.json()["usage"]["completion_tokens"] == 2, full.text
     # vLLM's continuous_usage_stats: each chunk carries its choice's usage so far
     continuous = {"include_usage": True, "continuous_usage_stats": True}
     chunks = sse_chunks(fake_chat_server.url + "/v1/completions",
@@ -277,11 +287,13 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
 
 def test_request_id_names_the_response(fake_chat_server):
     """vLLM's request_id field is the response's id after its prefix (it was refused as an
-    unknown field), streamed chunks' too."""
+    unknown field), streamed chunks' too; its X-Request-Id header wins (it was ignored)."""
     url = fake_chat_server.url + "/v1/completions"
     body = {"prompt": [4], "max_tokens": 2, "request_id": "job-7"}
     assert httpx.post(url, json=body, timeout=30).json()["id"] == "cmpl-job-7"
     assert {c["id"] for c in sse_chunks(url, body)} == {"cmpl-job-7"}
+    headed = httpx.post(url, json=body, headers={"X-Request-Id": "trace-1"}, timeout=30)
+    assert headed.json()["id"] == "cmpl-trace-1"  # vLLM's header wins over the field
     chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "request_id": "job-8"}
     assert httpx.post(fake_chat_server.url + "/v1/chat/completions", json=chat, timeout=30).json()["id"] == (
         "chatcmpl-job-8")
