@@ -159,16 +159,16 @@ class Engine:
                          adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
         # NOTE: explicit states cover the positions fed: max_tokens counts up to the context only
-        outputs = min(params.max_tokens, max(1, self.scheduler.config.max_seq_len - len(prompt)))
+        outputs = params.output_budget(max(1, self.scheduler.config.max_seq_len - len(prompt)))
         extra = request_extra(self.model, params, initial_state, self.config.huginn_init,
                               len(prompt) + (0 if warm_start else outputs - 1), warm_start)
         if params.seed_drawn:  # NOTE: one unseeded params for many requests: independent draws (vLLM's)
             params = dataclasses.replace(params, seed=None)
         if not params.ignore_eos and self._eos:
-            # NOTE: an EOS id the request names too counts once (min_tokens masks at most 8 ids)
+            # NOTE: an EOS id the request names too counts once (min_tokens masks a bounded number)
             params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids
                                                                                     + self._eos)))
-        check_suppressible(params)  # before anything is queued
+        check_suppressible(params, len(extra.bad_words))  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
         adaptive = params.stops_adaptively or extra.warm

@@ -36,7 +36,7 @@ from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
-from loopjax.sampling_params import SamplingParams, check_for_model
+from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n
 from loopjax.scoring import score, score_options
 
 
@@ -275,6 +275,7 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     for p in sampling_params:
         if not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+        check_n(p.n, DEFAULT_MAX_N, "LLM's")  # each sample is one engine request, as the server's
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
@@ -340,6 +341,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
         raise ValueError("generate takes max_new_tokens (SamplingParams' max_tokens); give it alone")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
+    check_n(params.n, DEFAULT_MAX_N, "LLM's")  # before n requests are sized for
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
     given = [_prompt_ids(model, p, k) for k, p in enumerate(prompt_list)]
@@ -354,7 +356,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     # a copy: the caller's engine_options stay as given
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
     # NOTE: params' values (Python's ints), not the arguments as given (a numpy int has no bit_length)
-    options = dict(engine_options or compact_engine_options(lengths * params.n, params.max_tokens,
+    budget = params.output_budget(model.cfg.max_context_len - max(lengths))  # max_tokens=None: the context
+    options = dict(engine_options or compact_engine_options(lengths * params.n, budget,
                                                             params.loops, params.exit_weighted))
     # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

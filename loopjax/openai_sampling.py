@@ -1,7 +1,8 @@
 """OpenAI completions / chat request bodies -> SamplingParams keyword arguments (pure Python).
 
 Request fields that are not sampling parameters (model, prompt, messages, stream...) are
-ignored; `null` values count as absent; an unknown field, a field for what loopjax does not
+ignored; `null` values count as absent (a null max_tokens or max_completion_tokens: up to the
+context, vLLM's); an unknown field, a field for what loopjax does not
 do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default), an
 unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
 it (SamplingParams checks the values). logit_bias keys are token ids written as strings (JSON
@@ -119,6 +120,8 @@ def _map_max_tokens(body, kw):
         kw["max_tokens"] = b
     elif a is not None:
         kw["max_tokens"] = a
+    elif "max_tokens" in body or "max_completion_tokens" in body:  # sent as null: up to the context
+        kw["max_tokens"] = None
 
 
 def _map_logprobs(body, kw):

@@ -39,16 +39,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import penalties
-from loopjax.bad_words import MAX_BAD_WORD_SEQUENCES
 from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 
 # Rows whose top_k is in 1..TOP_K_CAP are filtered from the TOP_K_CAP largest values only
 # (top-p over the top-k survivors needs only them).
 TOP_K_CAP = 128
-# Stop token ids (EOS included) a row under its min_tokens may have suppressed, and the bans of
-# its bad_words: the static width of `SamplingBatch.suppressed`.
-MAX_SUPPRESSED_TOKENS = 8
-MAX_BANNED_TOKENS = MAX_SUPPRESSED_TOKENS + MAX_BAD_WORD_SEQUENCES
+# The static width of `SamplingBatch.suppressed`: a row's stop token ids (EOS included) while
+# under its min_tokens, then the bans of its bad_words (at most one per token sequence), share it.
+MAX_BANNED_TOKENS = 64
 # `top_k` takes more than TWO_STAGE_MIN_K values in two stages, from chunks this wide.
 TWO_STAGE_MIN_K, TOP_K_CHUNK = 16, 1024
 INT32_MAX = 2**31 - 1
@@ -105,27 +103,31 @@ class SamplingBatch:
         (temperature, top_p, min_p, repetition, frequency, presence), (top_k, token_index) = floats, ints
         processed = np.zeros(num_rows, bool)
         processed[:n] = [p.processes_logits for p in params_list]
-        # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them)
+        # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them);
+        # its bad_words' bans follow them
         suppressed = np.full((num_rows, MAX_BANNED_TOKENS, 2), -1, np.int32)
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
-            if index < p.min_tokens:
-                check_suppressible(p)
+            pairs = bans[i] if i < len(bans) else ()
+            num_ids = len(p.stop_token_ids) if index < p.min_tokens else 0
+            if num_ids:
+                check_suppressible(p, len(pairs))
                 # an id past the int32 range is no token (nothing to suppress): -1, as padding is
-                ids = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
-                suppressed[i, :len(ids), 0] = ids
-        for i, pairs in enumerate(bans):
-            if pairs:  # after the stop ids' columns (at most MAX_BAD_WORD_SEQUENCES: bad_words.py)
-                suppressed[i, MAX_SUPPRESSED_TOKENS:MAX_SUPPRESSED_TOKENS + len(pairs)] = pairs
+                suppressed[i, :num_ids, 0] = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
+            if pairs:
+                suppressed[i, num_ids:num_ids + len(pairs)] = pairs
         return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed, repetition,
                    frequency, presence, processed)
 
 
-def check_suppressible(params: SamplingParams) -> None:
+def check_suppressible(params: SamplingParams, num_bad_word_sequences: int = 0) -> None:
     """One-line ValueError when params has min_tokens and more stop ids (EOS included, as the
-    engine adds it) than a row can suppress, or allows only tokens it suppresses."""
-    if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
-        raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
-                         f"(EOS included), got {len(params.stop_token_ids)}")
+    engine adds it) than a row can suppress beside its bad_words' bans (one per token sequence
+    at most), or allows only tokens it suppresses."""
+    room = MAX_BANNED_TOKENS - num_bad_word_sequences
+    if params.min_tokens and len(params.stop_token_ids) > room:
+        beside = f" beside {num_bad_word_sequences} bad_words token sequences" * bool(num_bad_word_sequences)
+        raise ValueError(f"min_tokens suppresses at most {room} stop token ids (EOS included){beside}, "
+                         f"got {len(params.stop_token_ids)}")
     if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(
             params.stop_token_ids):
         raise ValueError("allowed_token_ids holds only stop token ids (EOS included), which min_tokens "

@@ -64,6 +64,9 @@ from typing import Any
 GREEDY_EPS = 1e-5
 MAX_TEMPERATURE = 2.0
 MAX_LOGPROBS = 20
+# Samples of one prompt (`n`) a request may ask: LLM.generate's limit and the server's default
+# (`--max-n`); each sample is one engine request, so a huge n would queue that many.
+DEFAULT_MAX_N = 16
 MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)
 MAX_BIAS = 100.0  # a logit_bias value lies in [-MAX_BIAS, MAX_BIAS] (OpenAI's range)
 # repetition_penalty lies in [1 / MAX_REPETITION_PENALTY, MAX_REPETITION_PENALTY]: the device scales
@@ -117,7 +120,7 @@ def _check_float(name, value, lo, hi, *, lo_open=False):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16  # generated tokens, >= 1
+    max_tokens: int | None = 16  # generated tokens, >= 1; None: up to the context (`output_budget`)
     temperature: float = 1.0  # [0, 2]; < GREEDY_EPS is greedy
     top_k: int = 0  # 0 or -1 = off, else keep the k most likely tokens
     top_p: float = 1.0  # (0, 1]; keep the smallest set with mass >= top_p; 1 = off
@@ -157,7 +160,8 @@ class SamplingParams:
     def __post_init__(self):
         for f in dataclasses.fields(self):  # NOTE: numpy scalars stored as Python's (seeds wrap in int64)
             object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
-        check_int("max_tokens", self.max_tokens, 1)
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
         check_int("top_k", self.top_k, -1)
         if self.top_k == -1:
@@ -184,7 +188,7 @@ class SamplingParams:
                 _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             _fail("stop strings need detokenize=True: they are matched on the text")
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
@@ -292,6 +296,11 @@ class SamplingParams:
         token's may be asked): the greedy-only sampler serves it."""
         return self.is_greedy and not self.processes_logits and not self.logprobs
 
+    def output_budget(self, room: int) -> int:
+        """The most tokens this request generates after a prompt that leaves `room` tokens of
+        the context: max_tokens, at most room; max_tokens=None (vLLM's): all of room."""
+        return room if self.max_tokens is None else min(self.max_tokens, room)
+
     def truncate(self, prompt):
         """The prompt (a sequence of token ids) cut to its last truncate_prompt_tokens tokens."""
         keep = self.truncate_prompt_tokens
@@ -338,6 +347,13 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail("bad_words needs a tokenizer; this model has none (use logit_bias)")
     if warm_start and not huginn:
         _fail("warm_start applies to Huginn models only")
+
+
+def check_n(n: int, max_n: int, whose: str) -> None:
+    """A one-line ValueError when `n` samples exceed `max_n`, the limit of `whose` (e.g. "LLM's",
+    "this server's"): n is checked against [1, max_n] where a request is fanned out."""
+    if n > max_n:
+        _fail(f"n must be in [1, {max_n}] ({whose} max_n), got {n}")
 
 
 def check_truncate_prompt_tokens(value) -> int | None:

@@ -296,12 +296,12 @@ def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
     held = finals["held"].token_ids
     assert held[:2] == golden[:2] and len(held) >= 6 and stop not in held[:6]
     assert finals["held"].finish_reason == ("stop" if held[-1] == stop else "length")
-    with pytest.raises(ValueError, match="at most 8 stop token ids") as info:
-        ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(9)), min_tokens=2))
+    with pytest.raises(ValueError, match="at most 64 stop token ids") as info:
+        ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(65)), min_tokens=2))
     assert "\n" not in str(info.value)
-    # the model's EOS (2) named by the request too counts once: 8 ids, not 9
-    eight = SamplingParams(max_tokens=4, temperature=0.0, stop_token_ids=tuple(range(8)), min_tokens=2)
-    assert ouro_engine.abort(ouro_engine.add_request(prompt, eight))
+    # the model's EOS (2) named by the request too counts once: 64 ids, not 65
+    full = SamplingParams(max_tokens=4, temperature=0.0, stop_token_ids=tuple(range(64)), min_tokens=2)
+    assert ouro_engine.abort(ouro_engine.add_request(prompt, full))
     run_all(ouro_engine)
 
 

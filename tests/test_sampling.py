@@ -10,6 +10,7 @@ import pytest
 from loopjax.sampling import (
     TOP_K_CAP,
     SamplingBatch,
+    check_suppressible,
     filter_threshold,
     row_keys,
     sample,
@@ -408,6 +409,17 @@ def test_bad_params_give_one_line_errors(kw, msg):
     assert str(err.value).startswith(msg) and "\n" not in str(err.value)
 
 
+def test_max_tokens_none_means_up_to_the_context():
+    """max_tokens=None (vLLM's default meaning) is kept, its budget the room the context leaves;
+    an OpenAI body's explicit null max_tokens maps to it, an absent one to 16."""
+    p = SamplingParams(max_tokens=None, min_tokens=50)
+    assert p.max_tokens is None and p.output_budget(7) == 7
+    assert SamplingParams(max_tokens=4).output_budget(7) == 4
+    assert SamplingParams.from_openai({"max_tokens": None}).max_tokens is None
+    assert SamplingParams.from_openai({"max_completion_tokens": None}).max_tokens is None
+    assert SamplingParams.from_openai({}).max_tokens == 16
+
+
 def test_numpy_scalars_are_numbers():
     """numpy integers and reals (a loop variable, an array's item) are taken as Python's, stored
     as Python's (they were refused: "max_tokens must be an integer >= 1, got np.int64(5)")."""
@@ -541,5 +553,23 @@ def test_min_tokens_suppresses_stop_ids_until_then():
     assert 3 not in draws and 5 not in draws
     plain, *_ = run(logits, [SamplingParams(temperature=0.0)] * 3)
     assert plain.tolist() == [3, 3, 3]
-    with pytest.raises(ValueError, match="at most 8 stop token ids"):
-        SamplingBatch.from_params([SamplingParams(stop_token_ids=tuple(range(9)), min_tokens=1)], 1, [0])
+    with pytest.raises(ValueError, match="at most 64 stop token ids"):
+        SamplingBatch.from_params([SamplingParams(stop_token_ids=tuple(range(65)), min_tokens=1)], 1, [0])
+
+
+def test_min_tokens_suppresses_as_many_stop_ids_as_the_table_holds_beside_bad_word_bans():
+    """The suppression table holds 64 (id, after) pairs a row: min_tokens' stop ids (EOS
+    included) take the first columns, its bad_words' bans the next (they were capped at 8 stop
+    ids, the table's other 56 columns reserved for bans); beyond it, one line."""
+    many = SamplingParams(temperature=0.0, stop_token_ids=tuple(range(20, 70)) + (3, 5), min_tokens=2)
+    logits = np.zeros((1, 16), np.float32)
+    logits[0, 3], logits[0, 5], logits[0, 7] = 30.0, 20.0, 10.0
+    assert run(logits, [many], steps=[1])[0].tolist() == [7]  # ids 3 and 5 in columns 50 and 51
+    table = SamplingBatch.from_params([many], 1, [0], bans=[((9, -1), (11, 4))]).suppressed[0]
+    assert table[:52, 0].tolist() == list(range(20, 70)) + [3, 5]
+    assert table[52:54].tolist() == [[9, -1], [11, 4]] and (table[54:] == -1).all()
+    assert SamplingBatch.from_params([many], 1, [2], bans=[((9, -1),)]).suppressed[0, 0].tolist() == [9, -1]
+    check_suppressible(many, 12)
+    with pytest.raises(ValueError, match=r"^min_tokens suppresses at most 51 stop token ids \(EOS included\) "
+                                         r"beside 13 bad_words token sequences, got 52$"):
+        check_suppressible(many, 13)
