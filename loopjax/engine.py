@@ -51,7 +51,7 @@ from loopjax.request import (
 from loopjax.request_extra import RequestExtra, cache_salt, check_state_truncation, request_extra, update_text
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
-from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
+from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model, listed_rank
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
@@ -335,8 +335,9 @@ class Engine:
             if request.sampling_params.logprobs is not None:
                 extra.logprobs.append(float(result.logprobs[i]))
                 k = request.sampling_params.logprobs
-                extra.top_logprobs.append([(int(t), float(v)) for t, v in
-                                           zip(result.top_ids[i][:k], result.top_logprobs[i][:k])])
+                top = [(int(t), float(v)) for t, v in zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
+                extra.top_logprobs.append(top)
+                extra.ranks.append(listed_rank(tokens[i], int(result.ranks[i]), top))
             self.num_generated += 1
             self.loops_generated += loops[i]
             if self.model.tokenizer is not None and update_text(extra, request, self.model):
@@ -363,7 +364,7 @@ class Engine:
                             request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
                             extra.text, Snapshot(extra.logprobs) if want_lp else None,
                             Snapshot(extra.top_logprobs) if want_lp else None, metrics,
-                            self._stop_reason(request, extra))
+                            self._stop_reason(request, extra), Snapshot(extra.ranks) if want_lp else None)
         if request.is_finished:
             self._extra.pop(request.request_id, None)
         return out

@@ -54,6 +54,7 @@ class GenerateOutput:
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
     stop_reason: int | str | None = None  # 'stop': the stop string or stop token id (None: EOS), vLLM's
+    ranks: list[int] | None = None  # per generated token (logprobs set): vLLM's Logprob.rank (RequestOutput)
 
 
 class LLM:
@@ -288,7 +289,7 @@ def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> Gene
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
                           None if prompt_logprobs is None else  # a copy per sample
                           [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
-                          out.metrics, out.stop_reason)
+                          out.metrics, out.stop_reason, None if out.ranks is None else list(out.ranks))
 
 
 _CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine

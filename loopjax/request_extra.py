@@ -33,6 +33,7 @@ class RequestExtra:
     detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # of each token asking logprobs (listed_rank)
 
 
 def request_extra(model, params, initial_state, default_init: str, num_positions: int,

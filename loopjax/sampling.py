@@ -6,20 +6,22 @@ the logits in the model's dtype, and `greedy=True` in the executable of decode s
 rows are all greedy (StepKind.greedy); the only values read back are the sampled tokens (and
 logprobs when asked).
 
-Semantics of one row, in order (Hugging Face's warper order):
-  temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
+Semantics of one row, in order (vLLM's: its min-p processor runs before top-k / top-p):
+  temperature -> min-p -> top-k -> top-p (over the min-p and top-k survivors, renormalised) -> draw.
 - Greedy rows (SamplingParams.is_greedy: temperature < GREEDY_EPS; `from_params` stores their
   temperature as 0) take the argmax of the raw logits, first index on ties (like torch); the
   whole batch shares one argmax.
 - A token tied with the top-k / top-p boundary value is kept too (the mask is a value
   threshold), so the kept set never depends on the sort's tie order.
-- min-p keeps tokens whose probability is >= min_p times the row's largest; since top-k and
-  top-p always keep the largest, it is applied as a threshold on the scaled logits.
+- min-p keeps tokens whose probability is >= min_p times the row's largest (a threshold on
+  the scaled logits); top-k and top-p then see only its survivors, so top-p's mass is theirs
+  (Hugging Face's order, min-p last, kept more where min-p cut the tail).
 - The draw is argmax(masked logits + Gumbel noise) with the row's key
   `fold_in(key(seed), token_index)`: it depends only on the request's seed and the index
   of the token being generated (0 = first output token), never on the batch.
 - Logprobs are those of the model's distribution: log_softmax(raw logits) at the chosen
-  token, plus the `num_top_logprobs` largest (ids, values).
+  token, plus the `num_top_logprobs` largest (ids, values), and the chosen token's rank: the
+  number of vocabulary log-probs >= its own (itself included, so ties rank it last), vLLM's rule.
 - min_tokens: until a row has generated that many tokens, its stop ids (the engine adds EOS
   to them) are set to -inf before the choice (as Hugging Face's MinNewTokensLengthLogitsProcessor);
   its logprobs stay the model's. bad_words the same way, a ban that depends on the output's
@@ -156,7 +158,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     prev_tokens: [R] i32, each row's last output token (a decode row's input): the bans that
     depend on it apply where it matches; None: none of them applies.
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
-    top_logprobs [R, k] f32 (descending).
+    top_logprobs [R, k] f32 (descending), ranks [R] i32 (chosen token; module note).
     """
     if not 0 <= num_top_logprobs <= logits.shape[-1]:
         raise ValueError(f"num_top_logprobs must be in [0, {logits.shape[-1]}], got {num_top_logprobs}")
@@ -183,13 +185,15 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
             tokens = jnp.where(rows_greedy, tokens, _draw(logits, batch, rows_greedy))
         lse = jax.nn.logsumexp(raw, axis=-1)
         chosen = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0] - lse
+        # NOTE: compared as log-probs (as vLLM ranks them): the shift may round close logits to one
+        ranks = jnp.sum(raw - lse[:, None] >= chosen[:, None], axis=-1, dtype=jnp.int32)
         if num_top_logprobs > 0:
             top_vals, top_ids = top_k(raw, num_top_logprobs)
             top_logprobs = top_vals - lse[:, None]
         else:
             top_ids = jnp.zeros((raw.shape[0], 0), jnp.int32)
             top_logprobs = jnp.zeros((raw.shape[0], 0), jnp.float32)
-    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs, ranks
 
 
 def top_k(x, k: int):
@@ -259,13 +263,15 @@ def filter_threshold(scaled: jax.Array, sorted_desc: jax.Array, batch: SamplingB
     filtering = ~greedy & ((top_k > 0) | top_p_on)
     capped = (top_k > 0) & (top_k <= TOP_K_CAP)
     cap = min(TOP_K_CAP, vocab)
-    row_max = jnp.max(scaled, axis=-1, keepdims=True)
-    from_top_k = _topk_topp_threshold(sorted_desc[:, :cap], top_k, batch.top_p)
-    from_sort = _topk_topp_threshold(sorted_desc, top_k, batch.top_p)
+    # min-p first (vLLM's order): p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p);
+    # log(0) = -inf keeps all. Top-k / top-p see its survivors only (the rest -inf, no mass).
+    min_p_thr = sorted_desc[:, :1] + jnp.log(batch.min_p)[:, None]
+    survivors = jnp.where(sorted_desc >= min_p_thr, sorted_desc, -jnp.inf)
+    from_top_k = _topk_topp_threshold(survivors[:, :cap], top_k, batch.top_p)
+    from_sort = _topk_topp_threshold(survivors, top_k, batch.top_p)
     thr = jnp.where(~jnp.any(filtering), -jnp.inf,
                     jnp.where(jnp.all(~filtering | capped), from_top_k, from_sort))
-    # min-p: p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p); log(0) = -inf keeps all.
-    min_p_thr = row_max + jnp.log(batch.min_p)[:, None]
+    # NOTE: a threshold of -inf (fewer min-p survivors than top-k keeps) leaves min-p's
     return jnp.maximum(thr, min_p_thr)
 
 

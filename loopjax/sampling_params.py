@@ -349,6 +349,13 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail("warm_start applies to Huginn models only")
 
 
+def listed_rank(token: int, rank: int, top: Sequence[tuple[int, float]]) -> int:
+    """vLLM's rank of `token` as listed beside its position's top logprobs `top` ((id, log p),
+    most likely first, ranked 1..k): its place among them when it is one of them, else `rank`,
+    its rank over the vocabulary (the log-probs >= its own: `sampling.sample`, `scoring.score`)."""
+    return next((i for i, (u, _) in enumerate(top, 1) if u == token), rank)
+
+
 def check_n(n: int, max_n: int, whose: str) -> None:
     """A one-line ValueError when `n` samples exceed `max_n`, the limit of `whose` (e.g. "LLM's",
     "this server's"): n is checked against [1, max_n] where a request is fanned out."""

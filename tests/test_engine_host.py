@@ -315,6 +315,18 @@ def test_max_tokens_none_generates_up_to_the_context(models):
     assert (len(out.token_ids), out.finish_reason) == (13, "length")
 
 
+def test_generated_tokens_carry_vllms_rank_listed_first_among_their_top_logprobs(models):
+    """GenerateOutput.ranks (vLLM's Logprob.rank): the device's rank over the vocabulary, or the
+    token's place among its top logprobs when listed there (the fake device lists each token
+    first and ranks it token % 3 + 1 over the vocabulary)."""
+    llm = _llm(models["ouro"])
+    plain, = llm.generate([1, 2], max_tokens=4, ignore_eos=True, logprobs=0)
+    listed, = llm.generate([1, 2], max_tokens=4, ignore_eos=True, logprobs=1)
+    assert plain.ranks == [t % 3 + 1 for t in plain.token_ids] and max(plain.ranks) > 1
+    assert listed.token_ids == plain.token_ids and listed.ranks == [1] * 4
+    assert llm.generate([1, 2], max_tokens=2)[0].ranks is None
+
+
 def test_llm_refuses_more_samples_than_its_max_n_in_one_line(models):
     """A huge n was fanned out into that many requests (a hang, then memory): LLM.generate takes
     n up to DEFAULT_MAX_N, the server's default limit, refused in one line before anything is

@@ -17,9 +17,9 @@ from loopjax.sampling import (
     sort_descending,
     top_k,
 )
-from loopjax.sampling_params import SamplingParams
+from loopjax.sampling_params import SamplingParams, listed_rank
 
-_sample = jax.jit(sample, static_argnames="num_top_logprobs")
+_sample = jax.jit(sample, static_argnames=("num_top_logprobs", "greedy"))
 _filter_threshold = jax.jit(filter_threshold)
 
 
@@ -184,6 +184,11 @@ def test_from_params_pads_with_greedy_rows_and_checks_sizes():
     (dict(min_p=0.2), {0, 1, 2, 3}),
     (dict(min_p=0.6, temperature=2.0), {0, 1, 2}),  # sqrt(p): .632 .548 .447 .316
     (dict(top_p=0.95, min_p=0.6), {0, 1}),
+    # min-p before top-p (vLLM's order): top-p renormalises over min-p's survivors .571 .429 (it
+    # was top-p over all four, the mass before .3 being .4 < .55: both kept)
+    (dict(top_p=0.55, min_p=0.6), {0}),
+    (dict(top_k=3, top_p=0.55, min_p=0.6), {0}),
+    (dict(top_k=1, min_p=0.3), {0}),
     (dict(), {0, 1, 2, 3}),
 ])
 def test_filters_keep_exactly_the_right_set(kw, want):
@@ -235,13 +240,13 @@ def test_sampled_tokens_stay_inside_the_filter():
 
 
 def np_kept(x, p: SamplingParams):
-    """Hugging Face's warpers in numpy (f64) over one row's logits x: temperature, top-k (ties
-    with the k-th kept), top-p over the top-k survivors renormalised (a token stays iff the mass
-    before it is < top_p; ties with the last kept stay), min-p; the kept mask."""
+    """vLLM's filters in numpy (f64) over one row's logits x: temperature, min-p, top-k over its
+    survivors (ties with the k-th kept), top-p over the min-p and top-k survivors renormalised
+    (a token stays iff the mass before it is < top_p; ties with the last kept stay); the mask."""
     x = x.astype(np.float64) / p.temperature
-    keep = np.ones(len(x), bool)
-    if 0 < p.top_k < len(x):
-        keep &= x >= np.sort(x)[::-1][p.top_k - 1]
+    keep = x >= x.max() + np.log(p.min_p) if p.min_p > 0 else np.ones(len(x), bool)
+    if 0 < p.top_k < keep.sum():
+        keep &= x >= np.sort(np.where(keep, x, -np.inf))[::-1][p.top_k - 1]
     if p.top_p < 1:
         vals = np.where(keep, x, -np.inf)
         order = np.argsort(-vals, kind="stable")
@@ -249,7 +254,7 @@ def np_kept(x, p: SamplingParams):
         probs /= probs.sum()
         kept = max(1, int((np.cumsum(probs) - probs < p.top_p).sum()))
         keep &= x >= vals[order][kept - 1]
-    return keep & (x >= x.max() + np.log(p.min_p) if p.min_p > 0 else keep)
+    return keep
 
 
 def test_tokens_equal_a_numpy_reference_of_the_filters_and_the_draw():
@@ -314,18 +319,37 @@ def test_top_k_equals_lax_top_k_ties_included(vocab, k):
 def test_logprobs_are_log_softmax_of_raw_logits():
     rnd = np.random.default_rng(4).normal(size=(5, 40)).astype(np.float32) * 3
     params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0, 0.5, 1, 1.5, 2])]
-    tokens, lp, top_ids, top_lp = run(rnd, params, k=4)
+    tokens, lp, top_ids, top_lp, ranks = run(rnd, params, k=4)
     ref = rnd - np.log(np.exp(rnd).sum(-1, keepdims=True))
     np.testing.assert_allclose(lp, ref[np.arange(5), tokens], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(top_ids, np.argsort(-rnd, axis=-1)[:, :4])
     np.testing.assert_allclose(top_lp, np.sort(ref, axis=-1)[:, ::-1][:, :4], rtol=1e-5, atol=1e-5)
     assert top_ids.dtype == np.int32 and tokens.dtype == np.int32
     assert tokens[0] == rnd[0].argmax()  # the greedy row of a mixed batch
-    _, _, none_ids, none_lp = run(rnd, params, k=0)
+    # the rank: 1 + the tokens more likely than the chosen one (the greedy row's is 1)
+    np.testing.assert_array_equal(ranks, 1 + (rnd > rnd[np.arange(5), tokens][:, None]).sum(-1))
+    assert ranks[0] == 1 and ranks.max() > 1 and ranks.dtype == np.int32
+    _, _, none_ids, none_lp, _ = run(rnd, params, k=0)
     assert none_ids.shape == (5, 0) and none_lp.shape == (5, 0)
     batch = SamplingBatch.from_params(params, 5, [0] * 5)
     with pytest.raises(ValueError, match=r"num_top_logprobs must be in \[0, 40\], got 41"):
         sample(jnp.asarray(rnd), batch, num_top_logprobs=41)
+
+
+def test_a_token_tied_with_others_ranks_last_of_the_tie_as_vllm_ranks_it():
+    """The sampled token's rank counts the log-probs >= its own (vLLM's rule, in both samplers):
+    a greedy pick tied with two others ranks 3 over the vocabulary, 1 as listed first in its top
+    logprobs (`listed_rank`: vLLM's top entries overwrite its own); a lone argmax ranks 1."""
+    logits = np.zeros((2, 16), np.float32)
+    logits[0, [4, 9, 11]] = 5.0
+    logits[1, 6] = 5.0
+    greedy = [SamplingParams(temperature=0.0)] * 2
+    tokens, _, top_ids, _, ranks = run(logits, greedy, k=2)
+    assert tokens.tolist() == [4, 6] and ranks.tolist() == [3, 1] and top_ids[0].tolist() == [4, 9]
+    batch = SamplingBatch.from_params(greedy, 2, [0, 0])
+    only_greedy = _sample(jnp.asarray(logits), batch, num_top_logprobs=0, greedy=True)
+    assert np.asarray(only_greedy[-1]).tolist() == [3, 1]
+    assert listed_rank(4, 3, [(4, -1.1), (9, -1.1)]) == 1 and listed_rank(11, 3, [(4, -1.1), (9, -1.1)]) == 3
 
 
 # ------------------------------------------------------------------ SamplingParams
