@@ -36,7 +36,7 @@ from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
-from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n
+from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n, listed_rank
 from loopjax.scoring import score, score_options
 
 
@@ -55,6 +55,9 @@ class GenerateOutput:
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
     stop_reason: int | str | None = None  # 'stop': the stop string or stop token id (None: EOS), vLLM's
     ranks: list[int] | None = None  # per generated token (logprobs set): vLLM's Logprob.rank (RequestOutput)
+    # Per prompt position (prompt_logprobs set): None at 0, then the prompt token's vLLM rank (its
+    # place among the top k listed there, else its rank over the vocabulary: listed_rank)
+    prompt_ranks: list[int | None] | None = None
 
 
 class LLM:
@@ -153,8 +156,8 @@ class LLM:
         return {**options, "top_k": params.prompt_logprobs}
 
     def _prompt_logprobs(self, ids: list[list[int]], scoring: list[dict | None]) -> list:
-        """Per prompt: GenerateOutput.prompt_logprobs, or None; one `score` per distinct
-        (prompt, settings)."""
+        """Per prompt: (GenerateOutput.prompt_logprobs, its prompt_ranks), or None; one `score`
+        per distinct (prompt, settings)."""
         done: dict = {}
         results = []
         for prompt, options in zip(ids, scoring, strict=True):
@@ -164,7 +167,9 @@ class LLM:
             key = (tuple(prompt), tuple(sorted(options.items())))
             if key not in done:
                 out = score(self.model, [prompt], **options)[0]
-                done[key] = [None] + list(zip(out.token_logprobs, out.top_logprobs, strict=True))
+                done[key] = ([None] + list(zip(out.token_logprobs, out.top_logprobs, strict=True)),
+                             [None] + [listed_rank(t, r, top) for t, r, top in
+                                       zip(prompt[1:], out.ranks, out.top_logprobs, strict=True)])
             results.append(done[key])
         return results
 
@@ -280,8 +285,9 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
-def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> GenerateOutput:
+def _result(prompt, out, model, prompt_scores, params: SamplingParams) -> GenerateOutput:
     text = out.text
+    prompt_logprobs, prompt_ranks = prompt_scores or (None, None)
     if text is None and model.tokenizer is not None and params.detokenize:  # detokenize=False: None
         text = model.detokenize(out.token_ids, params.skip_special_tokens)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
@@ -289,7 +295,8 @@ def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> Gene
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
                           None if prompt_logprobs is None else  # a copy per sample
                           [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
-                          out.metrics, out.stop_reason, None if out.ranks is None else list(out.ranks))
+                          out.metrics, out.stop_reason, None if out.ranks is None else list(out.ranks),
+                          None if prompt_ranks is None else list(prompt_ranks))
 
 
 _CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine
