@@ -5,7 +5,8 @@ one-line `ValueError` naming the field and its allowed range before anything is 
 `SamplingParams.from_openai(body)` maps an OpenAI completions / chat request body.
 
 Conventions:
-- `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
+- `seed=None` (or -1, vLLM's "no seed") draws a random 31-bit seed at creation and stores it,
+  so every request is
   reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate` and
   `Engine.add_request`, given one such params for many prompts or calls, draw a seed per
   request, so that their samples are independent, as vLLM's unseeded requests are). The
@@ -168,12 +169,14 @@ class SamplingParams:
             object.__setattr__(self, "top_k", 0)
         _check_float("top_p", self.top_p, 0, 1, lo_open=True)
         _check_float("min_p", self.min_p, 0, 1)
-        if self.seed is None:
+        if self.seed is None or (_is_int(self.seed) and self.seed == -1):  # -1: vLLM's "no seed"
             object.__setattr__(self, "seed", secrets.randbits(31))
             object.__setattr__(self, "seed_drawn", True)
         check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
         check_int("n", self.n, 1)
-        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", self.stop_token_ids, 0))
+        # NOTE: an id listed twice is one (vLLM's): min_tokens suppresses a bounded number of them
+        stop_ids = dict.fromkeys(_int_tuple("stop_token_ids", self.stop_token_ids, 0))
+        object.__setattr__(self, "stop_token_ids", tuple(stop_ids))
         stop = (self.stop,) if isinstance(self.stop, str) else self.stop  # one string, as vLLM takes it
         object.__setattr__(self, "stop", _str_tuple("stop", stop))
         bad_words = (self.bad_words,) if isinstance(self.bad_words, str) else self.bad_words

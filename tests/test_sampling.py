@@ -157,10 +157,10 @@ def test_row_key_is_fold_in_of_seed_and_token_index():
 
 
 def test_from_params_pads_with_greedy_rows_and_checks_sizes():
-    b = SamplingBatch.from_params([SamplingParams(temperature=0.5, top_k=-1, seed=-1)], 4, [3])
+    b = SamplingBatch.from_params([SamplingParams(temperature=0.5, top_k=-1, seed=-2)], 4, [3])
     assert b.temperature.tolist() == [0.5, 0, 0, 0] and b.top_k.tolist() == [0, 0, 0, 0]
     assert b.token_index.tolist() == [3, 0, 0, 0]
-    assert b.seed[0].tolist() == [0xFFFFFFFF, 0xFFFFFFFF]  # -1 wraps mod 2**64
+    assert b.seed[0].tolist() == [0xFFFFFFFF, 0xFFFFFFFE]  # -2 wraps mod 2**64
     with pytest.raises(ValueError, match="num_rows"):
         SamplingBatch.from_params([SamplingParams()] * 2, 1, [0, 0])
     with pytest.raises(ValueError, match="step_counts"):
@@ -442,6 +442,15 @@ def test_max_tokens_none_means_up_to_the_context():
     assert SamplingParams.from_openai({"max_tokens": None}).max_tokens is None
     assert SamplingParams.from_openai({"max_completion_tokens": None}).max_tokens is None
     assert SamplingParams.from_openai({}).max_tokens == 16
+
+
+def test_vllms_no_seed_and_repeated_stop_ids():
+    """vLLM's SamplingParams: seed=-1 is no seed (one is drawn; it was the seed 2**64 - 1), and a
+    stop token id listed twice is one (it took two of min_tokens' suppressed ids)."""
+    drawn = [SamplingParams(seed=-1) for _ in range(4)]
+    assert all(p.seed_drawn and 0 <= p.seed < 2**31 for p in drawn) and len({p.seed for p in drawn}) > 1
+    assert SamplingParams(seed=-2).seed == -2 and not SamplingParams(seed=-2).seed_drawn
+    assert SamplingParams(stop_token_ids=[5, 3, 5, 3]).stop_token_ids == (5, 3)
 
 
 def test_numpy_scalars_are_numbers():
