@@ -16,7 +16,8 @@ Conventions:
   server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
   the seed range; the device keys seeds mod 2**64). Sample 0 is the n=1 request itself.
 - `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
-  `temperature` below `GREEDY_EPS` (0 included) means greedy.
+  `temperature` 0 means greedy; one in (0, MIN_TEMPERATURE) is raised to MIN_TEMPERATURE and
+  stored so (vLLM's guard against inf / NaN from dividing by it), so it is drawn, not greedy.
 - Penalties and bias (vLLM's and OpenAI's meanings; applied on device, loopjax/penalties.py):
   `repetition_penalty` r in [1e-4, 1e4] (1 = off; vLLM takes any r > 0, which f32 may round to 0
   or inf) scales the logit x of every token seen in the prompt or the output (x > 0: x / r,
@@ -61,9 +62,10 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-# Temperatures below this are greedy (dividing logits by them would overflow).
+# Temperatures below this are greedy (the device's test; SamplingParams stores 0 or >= MIN_TEMPERATURE).
 GREEDY_EPS = 1e-5
-MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 1e-2  # a smaller positive temperature is raised to it (vLLM's _MAX_TEMP)
+MAX_TEMPERATURE = 2.0  # vLLM's and OpenAI's cap
 MAX_LOGPROBS = 20
 # Samples of one prompt (`n`) a request may ask: LLM.generate's limit and the server's default
 # (`--max-n`); each sample is one engine request, so a huge n would queue that many.
@@ -122,7 +124,7 @@ def _check_float(name, value, lo, hi, *, lo_open=False):
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int | None = 16  # generated tokens, >= 1; None: up to the context (`output_budget`)
-    temperature: float = 1.0  # [0, 2]; < GREEDY_EPS is greedy
+    temperature: float = 1.0  # [0, 2]; 0 is greedy, (0, 0.01) is raised to 0.01 (vLLM's)
     top_k: int = 0  # 0 or -1 = off, else keep the k most likely tokens
     top_p: float = 1.0  # (0, 1]; keep the smallest set with mass >= top_p; 1 = off
     min_p: float = 0.0  # [0, 1]; keep tokens with p >= min_p * p_max; 0 = off
@@ -164,6 +166,8 @@ class SamplingParams:
         if self.max_tokens is not None:
             check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
+        if 0 < self.temperature < MIN_TEMPERATURE:  # NOTE: vLLM's: 1e-6 draws at 0.01, not greedy
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         check_int("top_k", self.top_k, -1)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)

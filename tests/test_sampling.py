@@ -86,20 +86,22 @@ def test_sampling_has_no_device_conditional():
 
 
 def test_temperature_to_zero_limit_equals_greedy():
-    rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.05
-    rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.05
-    params = [SamplingParams(temperature=1e-4, seed=s) for s in range(8)]
+    rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.5
+    rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.5: 50 at t = 0.01
+    params = [SamplingParams(temperature=0.01, seed=s) for s in range(8)]
     tokens, *_ = run(rnd, params, steps=list(range(8)))
     np.testing.assert_array_equal(tokens, rnd.argmax(-1))
 
 
-def test_a_temperature_the_host_calls_greedy_is_greedy_on_the_device():
-    """9.9999999e-6 < GREEDY_EPS (is_greedy, the greedy executable) but rounds to f32(GREEDY_EPS),
-    which the device compared as not greedy: a full sampler drew uniformly from tied logits."""
-    params = [SamplingParams(temperature=9.9999999e-6, seed=s) for s in range(8)]
-    assert all(p.is_greedy for p in params)
+def test_a_tiny_positive_temperature_is_raised_to_vllms_floor_and_drawn():
+    """vLLM raises a temperature in (0, 0.01) to 0.01 (its guard against overflow): 1e-6 draws
+    at 0.01, not greedy (it was greedy below 1e-5, drawn at its own value up to 0.01); from
+    tied logits the draws spread, where a greedy row takes the first index."""
+    params = [SamplingParams(temperature=t, seed=s) for s, t in enumerate([9.9999999e-6, 1e-6, 5e-3, 1e-9] * 2)]
+    assert all(p.temperature == 0.01 and not p.is_greedy for p in params)
+    assert SamplingParams(temperature=0.0).is_greedy and SamplingParams(temperature=0.02).temperature == 0.02
     tokens, *_ = run(np.zeros((8, 8), np.float32), params)
-    assert tokens.tolist() == [0] * 8  # the first index of the tie, as every greedy row
+    assert len(set(tokens.tolist())) > 1
 
 
 def test_top_k_one_equals_greedy():
