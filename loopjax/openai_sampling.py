@@ -12,9 +12,10 @@ object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from loopjax.sampling_params import MAX_LOGPROBS, check_int
+from loopjax.sampling_params import MAX_BIAS, MAX_LOGPROBS, check_int
 
 
 def _fail(msg: str):
@@ -100,14 +101,16 @@ _IGNORED_FIELDS = frozenset({
 
 
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
-    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params)."""
+    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params); a
+    finite bias outside [-MAX_BIAS, MAX_BIAS] is clamped into it, as vLLM's server does."""
     if not isinstance(bias, dict):
         _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
     pairs = []
     for key, value in bias.items():
         if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
             _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
-        pairs.append((int(key), value))
+        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if finite else value))
     return tuple(pairs)
 
 

@@ -97,7 +97,8 @@ def test_a_tiny_positive_temperature_is_raised_to_vllms_floor_and_drawn():
     """vLLM raises a temperature in (0, 0.01) to 0.01 (its guard against overflow): 1e-6 draws
     at 0.01, not greedy (it was greedy below 1e-5, drawn at its own value up to 0.01); from
     tied logits the draws spread, where a greedy row takes the first index."""
-    params = [SamplingParams(temperature=t, seed=s) for s, t in enumerate([9.9999999e-6, 1e-6, 5e-3, 1e-9] * 2)]
+    tiny = [9.9999999e-6, 1e-6, 5e-3, 1e-9] * 2
+    params = [SamplingParams(temperature=t, seed=s) for s, t in enumerate(tiny)]
     assert all(p.temperature == 0.01 and not p.is_greedy for p in params)
     assert SamplingParams(temperature=0.0).is_greedy and SamplingParams(temperature=0.02).temperature == 0.02
     tokens, *_ = run(np.zeros((8, 8), np.float32), params)
@@ -520,6 +521,15 @@ def test_fan_out_derives_one_seed_per_sample():
     assert drawn[1].seed == drawn[0].seed + 1
 
 
+def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
+    """vLLM's server clamps a request's biases into [-100, 100] (they were refused there: "must
+    be in [-100.0, 100.0], got 101"); SamplingParams itself still refuses them offline."""
+    p = SamplingParams.from_openai({"logit_bias": {"5": 101, "6": -1e9, "7": 3}})
+    assert p.logit_bias == ((5, 100.0), (6, -100.0), (7, 3.0))
+    with pytest.raises(ValueError, match=r"^logit_bias\[5\] must be in \[-100.0, 100.0\], got 101$"):
+        SamplingParams(logit_bias={5: 101})
+
+
 @pytest.mark.parametrize("body, msg", [
     ({"temprature": 0.5}, "unknown request field 'temprature'"),
     ({"response_format": {"type": "json_object"}}, "response_format is not supported by this server "
@@ -547,7 +557,8 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"repetition_penalty": 0}, "repetition_penalty must be in [0.0001, 10000.0], got 0"),
     ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids (non-negative integers), got 'x'"),
     ({"logit_bias": {"-3": 1}}, "logit_bias keys must be token ids"),
-    ({"logit_bias": {"5": 101}}, "logit_bias[5] must be in [-100.0, 100.0], got 101"),
+    ({"logit_bias": {"5": float("nan")}}, "logit_bias[5] must be a number in [-100.0, 100.0], got nan"),
+    ({"logit_bias": {"5": True}}, "logit_bias[5] must be a number in [-100.0, 100.0], got True"),
     ({"logit_bias": [5, 1]}, "logit_bias must be an object mapping token ids to biases"),
     ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias takes at most 1024 token ids, got 1025"),
     ({"stop": 5}, "stop must be a list of strings, got 5"),
