@@ -15,7 +15,7 @@ Semantics of one row, in order (vLLM's: its min-p processor runs before top-k / 
   threshold), so the kept set never depends on the sort's tie order.
 - min-p keeps tokens whose probability is >= min_p times the row's largest (a threshold on
   the scaled logits); top-k and top-p then see only its survivors, so top-p's mass is theirs
-  (Hugging Face's order, min-p last, kept more where min-p cut the tail).
+  (Hugging Face's order, min-p last, counted the mass of tokens min-p drops).
 - The draw is argmax(masked logits + Gumbel noise) with the row's key
   `fold_in(key(seed), token_index)`: it depends only on the request's seed and the index
   of the token being generated (0 = first output token), never on the batch.
