@@ -98,7 +98,8 @@ def _canned_outputs(batch, kind):
     from loopjax.steps import StepOut
     rows = batch.page_table.shape[0]
     return StepOut(np.zeros(rows, np.int32), np.full(rows, kind.num_loops, np.int32),
-                   np.zeros(rows, np.float32), np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32))
+                   np.zeros(rows, np.float32), np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32),
+                   np.ones(rows, np.int32))
 
 
 def timed_steps(engine, timer: StageTimer, prompts, args) -> list[dict]:

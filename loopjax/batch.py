@@ -75,6 +75,7 @@ class StepResult:
     logprobs: np.ndarray | None     # [R] f32
     top_ids: np.ndarray | None      # [R, k]
     top_logprobs: np.ndarray | None  # [R, k]
+    ranks: np.ndarray | None = None  # [R] int32 the sampled token's rank (vLLM's rule: sampling.py)
 
 
 @dataclass

@@ -57,7 +57,7 @@ from loopjax.request_extra import (
 )
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
-from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
+from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model, listed_rank
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
@@ -168,16 +168,16 @@ class Engine:
                          adaptive_steps=self.config.adaptive_exit or not self.config.strict_compile
                          or not self.config.fused_decode)  # unfused: refused below, naming fused_decode
         # NOTE: explicit states cover the positions fed: max_tokens counts up to the context only
-        outputs = min(params.max_tokens, max(1, self.scheduler.config.max_seq_len - len(prompt)))
+        outputs = params.output_budget(max(1, self.scheduler.config.max_seq_len - len(prompt)))
         extra = request_extra(self.model, params, initial_state, self.config.huginn_init,
                               len(prompt) + (0 if warm_start else outputs - 1), warm_start)
         if params.seed_drawn:  # NOTE: one unseeded params for many requests: independent draws (vLLM's)
             params = dataclasses.replace(params, seed=None)
         if not params.ignore_eos and self._eos:
-            # NOTE: an EOS id the request names too counts once (min_tokens masks at most 8 ids)
+            # NOTE: an EOS id the request names too counts once (min_tokens masks a bounded number)
             params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids
                                                                                     + self._eos)))
-        check_suppressible(params)  # before anything is queued
+        check_suppressible(params, len(extra.bad_words))  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.
         adaptive = params.stops_adaptively or extra.warm
@@ -344,8 +344,9 @@ class Engine:
             if request.sampling_params.logprobs is not None:
                 extra.logprobs.append(float(result.logprobs[i]))
                 k = request.sampling_params.logprobs
-                extra.top_logprobs.append([(int(t), float(v)) for t, v in
-                                           zip(result.top_ids[i][:k], result.top_logprobs[i][:k])])
+                top = [(int(t), float(v)) for t, v in zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
+                extra.top_logprobs.append(top)
+                extra.ranks.append(listed_rank(tokens[i], int(result.ranks[i]), top))
             self.num_generated += 1
             self.loops_generated += loops[i]
             if self.model.tokenizer is not None and update_text(extra, request, self.model):

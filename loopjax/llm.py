@@ -36,7 +36,7 @@ from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
-from loopjax.sampling_params import SamplingParams, check_for_model
+from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n, listed_rank
 from loopjax.scoring import score, score_options
 
 
@@ -54,6 +54,10 @@ class GenerateOutput:
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
     metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
     stop_reason: int | str | None = None  # 'stop': stop string or stop id (None: the tokenizer's EOS), vLLM's
+    ranks: list[int] | None = None  # per generated token (logprobs set): vLLM's Logprob.rank (RequestOutput)
+    # Per prompt position (prompt_logprobs set): None at 0, then the prompt token's vLLM rank (its
+    # place among the top k listed there, else its rank over the vocabulary: listed_rank)
+    prompt_ranks: list[int | None] | None = None
 
 
 class LLM:
@@ -152,8 +156,8 @@ class LLM:
         return {**options, "top_k": params.prompt_logprobs}
 
     def _prompt_logprobs(self, ids: list[list[int]], scoring: list[dict | None]) -> list:
-        """Per prompt: GenerateOutput.prompt_logprobs, or None; one `score` per distinct
-        (prompt, settings)."""
+        """Per prompt: (GenerateOutput.prompt_logprobs, its prompt_ranks), or None; one `score`
+        per distinct (prompt, settings)."""
         done: dict = {}
         results = []
         for prompt, options in zip(ids, scoring, strict=True):
@@ -163,7 +167,9 @@ class LLM:
             key = (tuple(prompt), tuple(sorted(options.items())))
             if key not in done:
                 out = score(self.model, [prompt], **options)[0]
-                done[key] = [None] + list(zip(out.token_logprobs, out.top_logprobs, strict=True))
+                done[key] = ([None] + list(zip(out.token_logprobs, out.top_logprobs, strict=True)),
+                             [None] + [listed_rank(t, r, top) for t, r, top in
+                                       zip(prompt[1:], out.ranks, out.top_logprobs, strict=True)])
             results.append(done[key])
         return results
 
@@ -275,11 +281,13 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
     for p in sampling_params:
         if not isinstance(p, SamplingParams):
             raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
+        check_n(p.n, DEFAULT_MAX_N, "LLM's")  # each sample is one engine request, as the server's
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
 
 
-def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> GenerateOutput:
+def _result(prompt, out, model, prompt_scores, params: SamplingParams) -> GenerateOutput:
     text = out.text
+    prompt_logprobs, prompt_ranks = prompt_scores or (None, None)
     if text is None and model.tokenizer is not None and params.detokenize:  # detokenize=False: None
         text = model.detokenize(out.token_ids, params.skip_special_tokens)
     return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
@@ -287,7 +295,8 @@ def _result(prompt, out, model, prompt_logprobs, params: SamplingParams) -> Gene
                           None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
                           None if prompt_logprobs is None else  # a copy per sample
                           [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
-                          out.metrics, out.stop_reason)
+                          out.metrics, out.stop_reason, None if out.ranks is None else list(out.ranks),
+                          None if prompt_ranks is None else list(prompt_ranks))
 
 
 _CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine
@@ -340,6 +349,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
         raise ValueError("generate takes max_new_tokens (SamplingParams' max_tokens); give it alone")
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
+    check_n(params.n, DEFAULT_MAX_N, "LLM's")  # before n requests are sized for
     # the engine's depth checks (its default depth is at most the model's); weighted steps are built
     check_exit_depth(params, params.loops or model.cfg.default_loops, weighted_steps=True, fused=True)
     given = [_prompt_ids(model, p, k) for k, p in enumerate(prompt_list)]
@@ -354,7 +364,8 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     # a copy: the caller's engine_options stay as given
     # NOTE: sized for every request: n samples of a prompt are n requests, each prefilled privately
     # NOTE: params' values (Python's ints), not the arguments as given (a numpy int has no bit_length)
-    options = dict(engine_options or compact_engine_options(lengths * params.n, params.max_tokens,
+    budget = params.output_budget(model.cfg.max_context_len - max(lengths))  # max_tokens=None: the context
+    options = dict(engine_options or compact_engine_options(lengths * params.n, budget,
                                                             params.loops, params.exit_weighted))
     # NOTE: lists as EngineConfig takes them, as tuples: the options key the engine cache
     options = {k: tuple(v) if isinstance(v, list) else v for k, v in options.items()}

@@ -7,9 +7,11 @@ token itself too; `text_offset`: where each token's text begins in the choice's 
 (echo) the scored prompt put before them, as the request gave it.
 `prompt_logprobs` formats one scored prompt (a `loopjax.scoring.ScoreOutput`) as vLLM's field:
 `None` for the first token, then per prompt token a dict {token id as a string (a JSON key):
-{"logprob", "rank", "decoded_token"}} holding the prompt token (its rank: 1 + the tokens with a
-higher logit) and the k most likely tokens (ranks 1..k). Tokens are named by the model's
-tokenizer (`tokenizers.Tokenizer`) or, without one, by their ids (decoded_token null, as vLLM).
+{"logprob", "rank", "decoded_token"}} holding the prompt token and the k most likely tokens
+(ranks 1..k); the prompt token's rank is its place among them when listed there, else its rank
+over the vocabulary (`listed_rank`: vLLM's, whose top entries overwrite the token's own).
+Tokens are named by the model's tokenizer (`tokenizers.Tokenizer`) or, without one, by their
+ids (decoded_token null, as vLLM).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.sampling_params import listed_rank
 
 
 def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
@@ -31,9 +34,9 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
     out: list[dict | None] = [None]
     for token, lp, rank, top in zip(scored.token_ids[1:], scored.token_logprobs, scored.ranks,
                                     scored.top_logprobs, strict=True):
-        position = {str(token): entry(token, lp, rank)}
+        position = {str(token): entry(token, lp, listed_rank(token, rank, top[:k]))}
         for r, (u, v) in enumerate(top[:k], 1):
-            if str(u) not in position:  # the prompt token keeps its own rank (equal unless a tie)
+            if u != token:
                 position[str(u)] = entry(u, v, r)
         out.append(position)
     return out

@@ -27,9 +27,8 @@ from typing import Any
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.openai_chat import ChatRequests
 from loopjax.openai_errors import APIError, bad_request
-from loopjax.sampling_params import SamplingParams, check_truncate_prompt_tokens
+from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_n, check_truncate_prompt_tokens
 
-DEFAULT_MAX_N = 16  # samples per prompt a server accepts unless told otherwise (`--max-n`)
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
 
 
@@ -165,24 +164,23 @@ class RequestParser(ChatRequests):
         given = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
         unbounded = chat or any(k in body for k in MAX_TOKENS_FIELDS)  # given, or sent as null
-        if room and given is None and unbounded:
-            body["max_tokens"] = room  # until done
+        if given is None and unbounded:
+            body = {**body, "max_tokens": None}  # SamplingParams' None: until done (the room)
             least = body.get("min_tokens")
-            if isinstance(least, int) and not isinstance(least, bool) and least > room:  # name no max_tokens
+            if room and isinstance(least, int) and not isinstance(least, bool) and least > room:
                 raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "
                                   f"{self._context()}", "min_tokens")
         _check_logprobs_type(body, chat)
         try:
             params = SamplingParams.from_openai(body)
+            check_n(params.n, self.max_n, "this server's")
         except (ValueError, TypeError) as e:
             raise bad_request(str(e), param_of(str(e), body)) from None
-        if room is not None and params.max_tokens > room:
-            if given:
-                raise bad_request(f"{given}={params.max_tokens} does not fit: the prompt has "
-                                  f"{self.max_context - room} tokens of {self._context()}", given)
-            params = dataclasses.replace(params, max_tokens=room)
-        if params.n > self.max_n:
-            raise bad_request(f"n must be in [1, {self.max_n}] (this server's max_n), got {params.n}", "n")
+        if room is not None and given and params.max_tokens > room:
+            raise bad_request(f"{given}={params.max_tokens} does not fit: the prompt has "
+                              f"{self.max_context - room} tokens of {self._context()}", given)
+        if room is not None and params.output_budget(room) != params.max_tokens:
+            params = dataclasses.replace(params, max_tokens=params.output_budget(room))
         if params.stop and self.tokenizer is None:  # NOTE: the server, not the engine, matches them
             raise bad_request("stop strings need a tokenizer; this model has none (use stop_token_ids)",
                               "stop")

@@ -1,7 +1,8 @@
 """OpenAI completions / chat request bodies -> SamplingParams keyword arguments (pure Python).
 
 Request fields that are not sampling parameters (model, prompt, messages, stream...) are
-ignored; `null` values count as absent; an unknown field, a field for what loopjax does not
+ignored; `null` values count as absent (a null max_tokens or max_completion_tokens: up to the
+context, vLLM's); an unknown field, a field for what loopjax does not
 do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default, of
 its JSON type, and tools only shown under tool_choice "none", `shown_tools`), an
 unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
@@ -12,9 +13,10 @@ object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n 
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from loopjax.sampling_params import MAX_LOGPROBS, check_int
+from loopjax.sampling_params import MAX_BIAS, MAX_LOGPROBS, check_int
 
 
 def _fail(msg: str):
@@ -125,14 +127,16 @@ def _same(value, harmless) -> bool:
 
 
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
-    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params)."""
+    """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params); a
+    finite bias outside [-MAX_BIAS, MAX_BIAS] is clamped into it, as vLLM's server does."""
     if not isinstance(bias, dict):
         _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
     pairs = []
     for key, value in bias.items():
         if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
             _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
-        pairs.append((int(key), value))
+        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if finite else value))
     return tuple(pairs)
 
 
@@ -144,6 +148,8 @@ def _map_max_tokens(body, kw):
         kw["max_tokens"] = b
     elif a is not None:
         kw["max_tokens"] = a
+    elif "max_tokens" in body or "max_completion_tokens" in body:  # sent as null: up to the context
+        kw["max_tokens"] = None
 
 
 def _map_logprobs(body, kw):

@@ -238,6 +238,9 @@ class RequestOutput:
     # Finished with 'stop': the stop string that matched, or the stop token id (None for the
     # tokenizer's EOS), as vLLM's; None otherwise.
     stop_reason: int | str | None = None
+    # Per generated token (when logprobs are asked): vLLM's Logprob.rank of the token, its place
+    # in top_logprobs when listed there, else the number of vocabulary log-probs >= its own.
+    ranks: Sequence[int] | None = None
 
 
 def holds_bools(ids) -> bool:

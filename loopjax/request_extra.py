@@ -34,6 +34,7 @@ class RequestExtra:
     detokenizer: IncrementalDetokenizer | None = None  # requests with stop strings
     logprobs: list[float] = field(default_factory=list)
     top_logprobs: list = field(default_factory=list)
+    ranks: list[int] = field(default_factory=list)  # of each token asking logprobs (listed_rank)
 
 
 def request_extra(model, params, initial_state, default_init: str, num_positions: int,
@@ -161,4 +162,4 @@ def request_output(request, extra: RequestExtra, new_tokens, model,
                          request.is_finished, request.finish_reason, Snapshot(request.exit_loops),
                          extra.text, Snapshot(extra.logprobs) if want_lp else None,
                          Snapshot(extra.top_logprobs) if want_lp else None, metrics,
-                         stop_reason(request, extra, primary_eos))
+                         stop_reason(request, extra, primary_eos), Snapshot(extra.ranks) if want_lp else None)

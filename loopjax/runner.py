@@ -153,7 +153,7 @@ class Runner:
             return StepResult(*[a[:k] for a in jax.device_get((o.tokens, o.exit_loops))], None, None, None)
         host = jax.device_get(o)  # the one host read of this step
         return StepResult(host.tokens[:k], host.exit_loops[:k], host.logprobs[:k],
-                          host.top_ids[:k], host.top_logprobs[:k])
+                          host.top_ids[:k], host.top_logprobs[:k], host.ranks[:k])
 
     def reset_state(self) -> None:
         """A fresh (zeroed) device state: after a step failed on the device, the state it was

@@ -6,20 +6,22 @@ the logits in the model's dtype, and `greedy=True` in the executable of decode s
 rows are all greedy (StepKind.greedy); the only values read back are the sampled tokens (and
 logprobs when asked).
 
-Semantics of one row, in order (Hugging Face's warper order):
-  temperature -> top-k -> top-p (over the top-k survivors, renormalised) -> min-p -> draw.
+Semantics of one row, in order (vLLM's: its min-p processor runs before top-k / top-p):
+  temperature -> min-p -> top-k -> top-p (over the min-p and top-k survivors, renormalised) -> draw.
 - Greedy rows (SamplingParams.is_greedy: temperature < GREEDY_EPS; `from_params` stores their
   temperature as 0) take the argmax of the raw logits, first index on ties (like torch); the
   whole batch shares one argmax.
 - A token tied with the top-k / top-p boundary value is kept too (the mask is a value
   threshold), so the kept set never depends on the sort's tie order.
-- min-p keeps tokens whose probability is >= min_p times the row's largest; since top-k and
-  top-p always keep the largest, it is applied as a threshold on the scaled logits.
+- min-p keeps tokens whose probability is >= min_p times the row's largest (a threshold on
+  the scaled logits); top-k and top-p then see only its survivors, so top-p's mass is theirs
+  (Hugging Face's order, min-p last, counted the mass of tokens min-p drops).
 - The draw is argmax(masked logits + Gumbel noise) with the row's key
   `fold_in(key(seed), token_index)`: it depends only on the request's seed and the index
   of the token being generated (0 = first output token), never on the batch.
 - Logprobs are those of the model's distribution: log_softmax(raw logits) at the chosen
-  token, plus the `num_top_logprobs` largest (ids, values).
+  token, plus the `num_top_logprobs` largest (ids, values), and the chosen token's rank: the
+  number of vocabulary log-probs >= its own (itself included, so ties rank it last), vLLM's rule.
 - min_tokens: until a row has generated that many tokens, its stop ids (the engine adds EOS
   to them) are set to -inf before the choice (as Hugging Face's MinNewTokensLengthLogitsProcessor);
   its logprobs stay the model's. bad_words the same way, a ban that depends on the output's
@@ -39,16 +41,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import penalties
-from loopjax.bad_words import MAX_BAD_WORD_SEQUENCES
 from loopjax.sampling_params import GREEDY_EPS, SamplingParams
 
 # Rows whose top_k is in 1..TOP_K_CAP are filtered from the TOP_K_CAP largest values only
 # (top-p over the top-k survivors needs only them).
 TOP_K_CAP = 128
-# Stop token ids (EOS included) a row under its min_tokens may have suppressed, and the bans of
-# its bad_words: the static width of `SamplingBatch.suppressed`.
-MAX_SUPPRESSED_TOKENS = 8
-MAX_BANNED_TOKENS = MAX_SUPPRESSED_TOKENS + MAX_BAD_WORD_SEQUENCES
+# The static width of `SamplingBatch.suppressed`: a row's stop token ids (EOS included) while
+# under its min_tokens, then the bans of its bad_words (at most one per token sequence), share it.
+MAX_BANNED_TOKENS = 64
 # `top_k` takes more than TWO_STAGE_MIN_K values in two stages, from chunks this wide.
 TWO_STAGE_MIN_K, TOP_K_CHUNK = 16, 1024
 INT32_MAX = 2**31 - 1
@@ -105,27 +105,31 @@ class SamplingBatch:
         (temperature, top_p, min_p, repetition, frequency, presence), (top_k, token_index) = floats, ints
         processed = np.zeros(num_rows, bool)
         processed[:n] = [p.processes_logits for p in params_list]
-        # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them)
+        # Before its min_tokens, a row may not sample its stop ids (the engine adds EOS to them);
+        # its bad_words' bans follow them
         suppressed = np.full((num_rows, MAX_BANNED_TOKENS, 2), -1, np.int32)
         for i, (p, index) in enumerate(zip(params_list, step_counts)):
-            if index < p.min_tokens:
-                check_suppressible(p)
+            pairs = bans[i] if i < len(bans) else ()
+            num_ids = len(p.stop_token_ids) if index < p.min_tokens else 0
+            if num_ids:
+                check_suppressible(p, len(pairs))
                 # an id past the int32 range is no token (nothing to suppress): -1, as padding is
-                ids = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
-                suppressed[i, :len(ids), 0] = ids
-        for i, pairs in enumerate(bans):
-            if pairs:  # after the stop ids' columns (at most MAX_BAD_WORD_SEQUENCES: bad_words.py)
-                suppressed[i, MAX_SUPPRESSED_TOKENS:MAX_SUPPRESSED_TOKENS + len(pairs)] = pairs
+                suppressed[i, :num_ids, 0] = [t if t <= INT32_MAX else -1 for t in p.stop_token_ids]
+            if pairs:
+                suppressed[i, num_ids:num_ids + len(pairs)] = pairs
         return cls(temperature, top_k, top_p, min_p, seed, token_index, suppressed, repetition,
                    frequency, presence, processed)
 
 
-def check_suppressible(params: SamplingParams) -> None:
+def check_suppressible(params: SamplingParams, num_bad_word_sequences: int = 0) -> None:
     """One-line ValueError when params has min_tokens and more stop ids (EOS included, as the
-    engine adds it) than a row can suppress, or allows only tokens it suppresses."""
-    if params.min_tokens and len(params.stop_token_ids) > MAX_SUPPRESSED_TOKENS:
-        raise ValueError(f"min_tokens suppresses at most {MAX_SUPPRESSED_TOKENS} stop token ids "
-                         f"(EOS included), got {len(params.stop_token_ids)}")
+    engine adds it) than a row can suppress beside its bad_words' bans (one per token sequence
+    at most), or allows only tokens it suppresses."""
+    room = MAX_BANNED_TOKENS - num_bad_word_sequences
+    if params.min_tokens and len(params.stop_token_ids) > room:
+        beside = f" beside {num_bad_word_sequences} bad_words token sequences" * bool(num_bad_word_sequences)
+        raise ValueError(f"min_tokens suppresses at most {room} stop token ids (EOS included){beside}, "
+                         f"got {len(params.stop_token_ids)}")
     if params.min_tokens and params.allowed_token_ids and set(params.allowed_token_ids) <= set(
             params.stop_token_ids):
         raise ValueError("allowed_token_ids holds only stop token ids (EOS included), which min_tokens "
@@ -154,7 +158,7 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
     prev_tokens: [R] i32, each row's last output token (a decode row's input): the bans that
     depend on it apply where it matches; None: none of them applies.
     Returns tokens [R] i32, logprobs [R] f32 (chosen token), top_ids [R, k] i32,
-    top_logprobs [R, k] f32 (descending).
+    top_logprobs [R, k] f32 (descending), ranks [R] i32 (chosen token; module note).
     """
     if not 0 <= num_top_logprobs <= logits.shape[-1]:
         raise ValueError(f"num_top_logprobs must be in [0, {logits.shape[-1]}], got {num_top_logprobs}")
@@ -181,13 +185,15 @@ def sample(logits: jax.Array, batch: SamplingBatch, *, num_top_logprobs: int,
             tokens = jnp.where(rows_greedy, tokens, _draw(logits, batch, rows_greedy))
         lse = jax.nn.logsumexp(raw, axis=-1)
         chosen = jnp.take_along_axis(raw, tokens[:, None], axis=-1)[:, 0] - lse
+        # NOTE: compared as log-probs (as vLLM ranks them): the shift may round close logits to one
+        ranks = jnp.sum(raw - lse[:, None] >= chosen[:, None], axis=-1, dtype=jnp.int32)
         if num_top_logprobs > 0:
             top_vals, top_ids = top_k(raw, num_top_logprobs)
             top_logprobs = top_vals - lse[:, None]
         else:
             top_ids = jnp.zeros((raw.shape[0], 0), jnp.int32)
             top_logprobs = jnp.zeros((raw.shape[0], 0), jnp.float32)
-    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs
+    return tokens, chosen, top_ids.astype(jnp.int32), top_logprobs, ranks
 
 
 def top_k(x, k: int):
@@ -257,13 +263,15 @@ def filter_threshold(scaled: jax.Array, sorted_desc: jax.Array, batch: SamplingB
     filtering = ~greedy & ((top_k > 0) | top_p_on)
     capped = (top_k > 0) & (top_k <= TOP_K_CAP)
     cap = min(TOP_K_CAP, vocab)
-    row_max = jnp.max(scaled, axis=-1, keepdims=True)
-    from_top_k = _topk_topp_threshold(sorted_desc[:, :cap], top_k, batch.top_p)
-    from_sort = _topk_topp_threshold(sorted_desc, top_k, batch.top_p)
+    # min-p first (vLLM's order): p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p);
+    # log(0) = -inf keeps all. Top-k / top-p see its survivors only (the rest -inf, no mass).
+    min_p_thr = sorted_desc[:, :1] + jnp.log(batch.min_p)[:, None]
+    survivors = jnp.where(sorted_desc >= min_p_thr, sorted_desc, -jnp.inf)
+    from_top_k = _topk_topp_threshold(survivors[:, :cap], top_k, batch.top_p)
+    from_sort = _topk_topp_threshold(survivors, top_k, batch.top_p)
     thr = jnp.where(~jnp.any(filtering), -jnp.inf,
                     jnp.where(jnp.all(~filtering | capped), from_top_k, from_sort))
-    # min-p: p_i >= min_p * p_max  <=>  scaled_i >= max + log(min_p); log(0) = -inf keeps all.
-    min_p_thr = row_max + jnp.log(batch.min_p)[:, None]
+    # NOTE: a threshold of -inf (fewer min-p survivors than top-k keeps) leaves min-p's
     return jnp.maximum(thr, min_p_thr)
 
 

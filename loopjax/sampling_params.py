@@ -5,7 +5,8 @@ one-line `ValueError` naming the field and its allowed range before anything is 
 `SamplingParams.from_openai(body)` maps an OpenAI completions / chat request body.
 
 Conventions:
-- `seed=None` draws a random 31-bit seed at creation and stores it, so every request is
+- `seed=None` (or -1, vLLM's "no seed") draws a random 31-bit seed at creation and stores it,
+  so every request is
   reproducible from its recorded `seed` (`seed_drawn` records the draw: `LLM.generate` and
   `Engine.add_request`, given one such params for many prompts or calls, draw a seed per
   request, so that their samples are independent, as vLLM's unseeded requests are). The
@@ -15,7 +16,8 @@ Conventions:
   server) submit `fan_out()`: n copies with n=1 where sample i uses `seed + i` (wrapped into
   the seed range; the device keys seeds mod 2**64). Sample 0 is the n=1 request itself.
 - `top_k` of 0 or -1 means off (stored as 0); `top_p=1.0` and `min_p=0.0` mean off;
-  `temperature` below `GREEDY_EPS` (0 included) means greedy.
+  `temperature` 0 means greedy; one in (0, MIN_TEMPERATURE) is raised to MIN_TEMPERATURE and
+  stored so (vLLM's guard against inf / NaN from dividing by it), so it is drawn, not greedy.
 - Penalties and bias (vLLM's and OpenAI's meanings; applied on device, loopjax/penalties.py):
   `repetition_penalty` r in [1e-4, 1e4] (1 = off; vLLM takes any r > 0, which f32 may round to 0
   or inf) scales the logit x of every token seen in the prompt or the output (x > 0: x / r,
@@ -60,10 +62,14 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
-# Temperatures below this are greedy (dividing logits by them would overflow).
+# Temperatures below this are greedy (the device's test; SamplingParams stores 0 or >= MIN_TEMPERATURE).
 GREEDY_EPS = 1e-5
-MAX_TEMPERATURE = 2.0
+MIN_TEMPERATURE = 1e-2  # a smaller positive temperature is raised to it (vLLM's _MAX_TEMP)
+MAX_TEMPERATURE = 2.0  # vLLM's and OpenAI's cap
 MAX_LOGPROBS = 20
+# Samples of one prompt (`n`) a request may ask: LLM.generate's limit and the server's default
+# (`--max-n`); each sample is one engine request, so a huge n would queue that many.
+DEFAULT_MAX_N = 16
 MAX_PENALTY = 2.0  # presence / frequency penalties lie in [-MAX_PENALTY, MAX_PENALTY] (OpenAI's range)
 MAX_BIAS = 100.0  # a logit_bias value lies in [-MAX_BIAS, MAX_BIAS] (OpenAI's range)
 # repetition_penalty lies in [1 / MAX_REPETITION_PENALTY, MAX_REPETITION_PENALTY]: the device scales
@@ -117,8 +123,8 @@ def _check_float(name, value, lo, hi, *, lo_open=False):
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16  # generated tokens, >= 1
-    temperature: float = 1.0  # [0, 2]; < GREEDY_EPS is greedy
+    max_tokens: int | None = 16  # generated tokens, >= 1; None: up to the context (`output_budget`)
+    temperature: float = 1.0  # [0, 2]; 0 is greedy, (0, 0.01) is raised to 0.01 (vLLM's)
     top_k: int = 0  # 0 or -1 = off, else keep the k most likely tokens
     top_p: float = 1.0  # (0, 1]; keep the smallest set with mass >= top_p; 1 = off
     min_p: float = 0.0  # [0, 1]; keep tokens with p >= min_p * p_max; 0 = off
@@ -157,21 +163,25 @@ class SamplingParams:
     def __post_init__(self):
         for f in dataclasses.fields(self):  # NOTE: numpy scalars stored as Python's (seeds wrap in int64)
             object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
-        check_int("max_tokens", self.max_tokens, 1)
+        if self.max_tokens is not None:
+            check_int("max_tokens", self.max_tokens, 1)
         _check_float("temperature", self.temperature, 0, MAX_TEMPERATURE)
+        if 0 < self.temperature < MIN_TEMPERATURE:  # NOTE: vLLM's: 1e-6 draws at 0.01, not greedy
+            object.__setattr__(self, "temperature", MIN_TEMPERATURE)
         check_int("top_k", self.top_k, -1)
         if self.top_k == -1:
             object.__setattr__(self, "top_k", 0)
         _check_float("top_p", self.top_p, 0, 1, lo_open=True)
         _check_float("min_p", self.min_p, 0, 1)
-        if self.seed is None:
+        if self.seed is None or (_is_int(self.seed) and self.seed == -1):  # -1: vLLM's "no seed"
             object.__setattr__(self, "seed", secrets.randbits(31))
             object.__setattr__(self, "seed_drawn", True)
         check_int("seed", self.seed, _MIN_SEED, _MAX_SEED)
         check_int("n", self.n, 1)
-        # NOTE: None is none (vLLM's default for the three); one string is one stop string, as vLLM takes it
-        stop_ids = () if self.stop_token_ids is None else self.stop_token_ids
-        object.__setattr__(self, "stop_token_ids", _int_tuple("stop_token_ids", stop_ids, 0))
+        # NOTE: None is none (vLLM's default for the three); one string is one stop string, as vLLM
+        # takes it; an id listed twice is one (vLLM's): min_tokens suppresses a bounded number of them
+        stop_ids = _int_tuple("stop_token_ids", () if self.stop_token_ids is None else self.stop_token_ids, 0)
+        object.__setattr__(self, "stop_token_ids", tuple(dict.fromkeys(stop_ids)))
         for name in ("stop", "bad_words"):
             value = getattr(self, name)
             value = () if value is None else (value,) if isinstance(value, str) else value
@@ -186,7 +196,7 @@ class SamplingParams:
                 _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
         if self.stop and not self.detokenize:
             _fail("stop strings need detokenize=True: they are matched on the text")
-        if self.min_tokens > self.max_tokens:
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             _fail(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None:
             check_int("logprobs", self.logprobs, 0, MAX_LOGPROBS)
@@ -294,6 +304,11 @@ class SamplingParams:
         token's may be asked): the greedy-only sampler serves it."""
         return self.is_greedy and not self.processes_logits and not self.logprobs
 
+    def output_budget(self, room: int) -> int:
+        """The most tokens this request generates after a prompt that leaves `room` tokens of
+        the context: max_tokens, at most room; max_tokens=None (vLLM's): all of room."""
+        return room if self.max_tokens is None else min(self.max_tokens, room)
+
     def truncate(self, prompt):
         """The prompt (a sequence of token ids) cut to its last truncate_prompt_tokens tokens."""
         keep = self.truncate_prompt_tokens
@@ -340,6 +355,20 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail("bad_words needs a tokenizer; this model has none (use logit_bias)")
     if warm_start and not huginn:
         _fail("warm_start applies to Huginn models only")
+
+
+def listed_rank(token: int, rank: int, top: Sequence[tuple[int, float]]) -> int:
+    """vLLM's rank of `token` as listed beside its position's top logprobs `top` ((id, log p),
+    most likely first, ranked 1..k): its place among them when it is one of them, else `rank`,
+    its rank over the vocabulary (the log-probs >= its own: `sampling.sample`, `scoring.score`)."""
+    return next((i for i, (u, _) in enumerate(top, 1) if u == token), rank)
+
+
+def check_n(n: int, max_n: int, whose: str) -> None:
+    """A one-line ValueError when `n` samples exceed `max_n`, the limit of `whose` (e.g. "LLM's",
+    "this server's"): n is checked against [1, max_n] where a request is fanned out."""
+    if n > max_n:
+        _fail(f"n must be in [1, {max_n}] ({whose} max_n), got {n}")
 
 
 def check_truncate_prompt_tokens(value) -> int | None:

@@ -38,7 +38,9 @@ class ScoreOutput:
     token_logprobs: list[float]  # [T - 1]: log p(x_t | x_<t), t = 1..T-1
     greedy: list[bool]  # [T - 1]: x_t is the argmax of the logits it follows
     top_logprobs: list[list[tuple[int, float]]]  # [T - 1][top_k]: (id, log p), most likely first
-    ranks: list[int]  # [T - 1]: 1 + the number of tokens with a higher logit than x_t (1 when greedy)
+    # [T - 1]: the number of tokens whose log p is >= x_t's, x_t included (vLLM's rank: a tie ranks
+    # it last; 1 when x_t is the only argmax)
+    ranks: list[int]
 
     def logprob(self, start: int, end: int | None = None) -> float:
         """The sum of log p(x_t | x_<t) over tokens start..end-1 (start >= 1): a continuation
@@ -62,14 +64,13 @@ def bucket_len(length: int, max_len: int) -> int:
 @partial(jax.jit, static_argnames="top_k")
 def _next_token_logprobs(logits, ids, top_k: int):
     """logits [P, V] f32 at positions 0..P-1, ids [P] -> log p(ids[t + 1]) [P-1], greedy [P-1],
-    rank [P-1] (1 + the logits strictly above ids[t + 1]'s), and the top_k (log p [P-1, k],
-    ids [P-1, k]) of each position."""
+    rank [P-1] (the log-probs >= ids[t + 1]'s, its own included: vLLM's rule, as the sampler's),
+    and the top_k (log p [P-1, k], ids [P-1, k]) of each position."""
     log_probs = jax.nn.log_softmax(logits[:-1], axis=-1)
     nxt = ids[1:]
     chosen = jnp.take_along_axis(log_probs, nxt[:, None], axis=-1)[:, 0]
-    # NOTE: ranked on the logits: log_softmax's shift may round two close logits to one value.
-    above = logits[:-1] > jnp.take_along_axis(logits[:-1], nxt[:, None], axis=-1)
-    rank = 1 + jnp.sum(above, axis=-1, dtype=jnp.int32)
+    # NOTE: ranked on the log-probs, as vLLM ranks them (the shift may round close logits to one)
+    rank = jnp.sum(log_probs >= chosen[:, None], axis=-1, dtype=jnp.int32)
     return chosen, jnp.argmax(logits[:-1], axis=-1) == nxt, rank, top_k_of(log_probs, top_k)
 
 

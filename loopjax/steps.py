@@ -74,6 +74,7 @@ class StepOut:  # device outputs of a step
     logprobs: jax.Array     # [R] f32 log-prob of the sampled token
     top_ids: jax.Array      # [R, k] i32
     top_logprobs: jax.Array  # [R, k] f32
+    ranks: jax.Array        # [R] i32 the sampled token's rank (sampling.py: vLLM's rule)
 
 
 def _put(buffer, slots, values):  # buffer[slots] = values (padding rows: the spare last slot)
@@ -101,13 +102,13 @@ def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit
         rows = penalties.rows_of(history, slots)
     # A decode row's last output token is in its slot (its input); a prefill row's bans are
     # all outright (the host has its whole output: bad_words.py).
-    tokens, logprobs, top_ids, top_lp = sample(logits, batch.sampling, greedy=kind.greedy,
+    tokens, logprobs, top_ids, top_lp, ranks = sample(logits, batch.sampling, greedy=kind.greedy,
                                                num_top_logprobs=num_top_logprobs, history=rows,
                                                prev_tokens=state.last_tokens[slots])
     if not kind.greedy:
         history = penalties.record(history, slots, tokens)
     state = DeviceState(kv, carry, _put(state.last_tokens, slots, tokens), history)
-    return state, StepOut(tokens, exit_loops, logprobs, top_ids, top_lp)
+    return state, StepOut(tokens, exit_loops, logprobs, top_ids, top_lp, ranks)
 
 
 def _depth_loop(kind: StepKind, batch, body, carry, done):

@@ -61,7 +61,8 @@ class FakeDevice:
         tokens = np.array([t for t, _ in out], np.int32)
         logprobs = -tokens.astype(np.float32) / 100
         return StepResult(tokens, np.array([e for _, e in out], np.int32), logprobs,
-                          np.stack([tokens, tokens + 1], 1), np.stack([logprobs, logprobs], 1))
+                          np.stack([tokens, tokens + 1], 1), np.stack([logprobs, logprobs], 1),
+                          tokens % 3 + 1)
 
     def read(self, pending: StepResult | None) -> StepResult | None:
         return pending

@@ -296,12 +296,12 @@ def test_min_tokens_holds_back_stop_tokens(ouro_engine, ouro_ref):
     held = finals["held"].token_ids
     assert held[:2] == golden[:2] and len(held) >= 6 and stop not in held[:6]
     assert finals["held"].finish_reason == ("stop" if held[-1] == stop else "length")
-    with pytest.raises(ValueError, match="at most 8 stop token ids") as info:
-        ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(9)), min_tokens=2))
+    with pytest.raises(ValueError, match="at most 64 stop token ids") as info:
+        ouro_engine.add_request(prompt, greedy(4, stop_token_ids=tuple(range(65)), min_tokens=2))
     assert "\n" not in str(info.value)
-    # the model's EOS (2) named by the request too counts once: 8 ids, not 9
-    eight = SamplingParams(max_tokens=4, temperature=0.0, stop_token_ids=tuple(range(8)), min_tokens=2)
-    assert ouro_engine.abort(ouro_engine.add_request(prompt, eight))
+    # the model's EOS (2) named by the request too counts once: 64 ids, not 65
+    full = SamplingParams(max_tokens=4, temperature=0.0, stop_token_ids=tuple(range(64)), min_tokens=2)
+    assert ouro_engine.abort(ouro_engine.add_request(prompt, full))
     run_all(ouro_engine)
 
 
@@ -340,8 +340,9 @@ def test_earlier_outputs_keep_what_they_reported(ouro_engine, ouro_ref):
     for o in outs:
         n = len(o.token_ids)
         assert o.token_ids == final.token_ids[:n] and o.new_token_ids == final.token_ids[n - 1:n]
-        assert (len(o.exit_loops), len(o.logprobs), len(o.top_logprobs)) == (n, n, n)
-        assert o.logprobs == final.logprobs[:n]
+        assert (len(o.exit_loops), len(o.logprobs), len(o.top_logprobs), len(o.ranks)) == (n, n, n, n)
+        assert o.logprobs == final.logprobs[:n] and o.ranks == final.ranks[:n]
+    assert final.ranks == [1] * 6  # vLLM's Logprob.rank: each greedy token is its step's only argmax
 
 
 def test_greedy_request_with_top_logprobs_runs_the_full_sampler(ouro_engine, ouro_ref):
@@ -435,8 +436,11 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref, ouro_llm):
                zip(scored.token_ids, scored.logprobs, scored.top_logprobs))
     # n samples per prompt: result p * n + i is prompt p's sample i, drawn with seed + i.
     sampled = dict(max_tokens=6, temperature=1.0, ignore_eos=True)
-    outs = llm.generate(ids[:2], SamplingParams(n=3, seed=40, **sampled))
+    outs = llm.generate(ids[:2], SamplingParams(n=3, seed=40, logprobs=0, **sampled))
     assert len(outs) == 6 and [o.prompt_token_ids for o in outs] == [ids[0]] * 3 + [ids[1]] * 3
+    # each sampled token's rank (vLLM's): 1 for the step's argmax, more for a less likely draw
+    ranks = [r for o in outs for r in o.ranks]
+    assert len(ranks) == 36 and min(ranks) == 1 and max(ranks) > 1
     assert len({tuple(o.token_ids) for o in outs[:3]}) == 3
     assert llm.generate(ids[1], SamplingParams(seed=42, **sampled))[0].token_ids == outs[5].token_ids
     assert llm.engine.stats()["compilations"] == compiled
@@ -675,7 +679,10 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
     built = engines_built
     for prompt, kwargs, message in (
             ([1, 2], dict(max_new_tokens=0), r"max_tokens must be >= 1, got 0"),
-            ([1, 2], dict(max_new_tokens=None), r"max_tokens must be an integer >= 1, got None"),
+            ([1, 2], dict(max_new_tokens=1.5), r"max_tokens must be an integer >= 1, got 1.5"),
+            # n requests are sized for: a huge n was a huge engine
+            ([1, 2], dict(max_new_tokens=4, n=17, temperature=0.5),
+             r"n must be in \[1, 16\] \(LLM's max_n\), got 17"),
             ([1, 2], dict(max_new_tokens=4, temperature=-1), r"temperature must be in \[0, 2.0\], got -1"),
             ([1, 2], dict(max_new_tokens=4, loops=0), r"loops must be >= 1, got 0"),
             ([1, 300], dict(max_new_tokens=4), r"prompt 0: token id 300 is outside the vocabulary "

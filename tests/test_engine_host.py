@@ -303,6 +303,41 @@ def test_explicit_states_need_cover_only_the_positions_the_context_leaves(models
         engine.add_request([1, 2, 3], params, initial_state=states[:14])
 
 
+def test_max_tokens_none_generates_up_to_the_context(models):
+    """max_tokens=None (vLLM's) runs until the context is full (finish 'length'), explicit Huginn
+    states covering the positions fed (it was refused: "max_tokens must be an integer >= 1")."""
+    model = models["huginn"]
+    engine = _engine(model, EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,
+                                         max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    states = np.random.default_rng(0).standard_normal((15, model.cfg.hidden_size)).astype(np.float32)
+    params = SamplingParams(max_tokens=None, ignore_eos=True, temperature=0.0)
+    out = _run(engine, [(0, "open", [1, 2, 3], params, {"initial_state": states})])["open"]
+    assert (len(out.token_ids), out.finish_reason) == (13, "length")
+
+
+def test_generated_tokens_carry_vllms_rank_listed_first_among_their_top_logprobs(models):
+    """GenerateOutput.ranks (vLLM's Logprob.rank): the device's rank over the vocabulary, or the
+    token's place among its top logprobs when listed there (the fake device lists each token
+    first and ranks it token % 3 + 1 over the vocabulary)."""
+    llm = _llm(models["ouro"])
+    plain, = llm.generate([1, 2], max_tokens=4, ignore_eos=True, logprobs=0)
+    listed, = llm.generate([1, 2], max_tokens=4, ignore_eos=True, logprobs=1)
+    assert plain.ranks == [t % 3 + 1 for t in plain.token_ids] and max(plain.ranks) > 1
+    assert listed.token_ids == plain.token_ids and listed.ranks == [1] * 4
+    assert llm.generate([1, 2], max_tokens=2)[0].ranks is None
+
+
+def test_llm_refuses_more_samples_than_its_max_n_in_one_line(models):
+    """A huge n was fanned out into that many requests (a hang, then memory): LLM.generate takes
+    n up to DEFAULT_MAX_N, the server's default limit, refused in one line before anything is
+    queued."""
+    llm = _llm(models["ouro"])
+    with pytest.raises(ValueError, match=r"^n must be in \[1, 16\] \(LLM's max_n\), got 17$"):
+        llm.generate([1, 2], max_tokens=2, n=17, temperature=0.5)
+    assert not llm.engine.has_unfinished()
+    assert len(llm.generate([1, 2], max_tokens=1, n=16, temperature=0.5)) == 16
+
+
 @pytest.mark.parametrize("state", [{"s0": 1}, [[1.0, 2.0], [3.0]], object()])
 def test_an_initial_state_that_is_no_array_is_one_value_error(models, state):
     engine = _engine(models["huginn"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=16,

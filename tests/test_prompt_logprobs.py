@@ -77,6 +77,11 @@ def test_values_are_the_scores_at_the_requests_depth(ouro):
             assert lps == sorted(lps, reverse=True) and lp <= lps[0] + 1e-6
             if token in ids:  # the prompt token among the top: its own log-probability
                 assert top[ids.index(token)][1] == pytest.approx(lp, abs=1e-6)
+        # vLLM's rank: its place among the top 3 when listed there, else its rank over the vocabulary
+        listed = [[i for i, _ in top] for top in want.top_logprobs]
+        assert out.prompt_ranks == [None] + [ids.index(t) + 1 if t in ids else r
+                                             for t, r, ids in zip(prompt[1:], want.ranks, listed)]
+        assert any(r > 3 for r in out.prompt_ranks[1:])
     # the request's depth matters: the model's default depth scores otherwise
     default, = loopjax.score(llm.model, prompts[1], top_k=3)
     assert outs[1].prompt_logprobs[1:] != as_pairs(default)[1:]

@@ -10,15 +10,16 @@ import pytest
 from loopjax.sampling import (
     TOP_K_CAP,
     SamplingBatch,
+    check_suppressible,
     filter_threshold,
     row_keys,
     sample,
     sort_descending,
     top_k,
 )
-from loopjax.sampling_params import SamplingParams
+from loopjax.sampling_params import SamplingParams, listed_rank
 
-_sample = jax.jit(sample, static_argnames="num_top_logprobs")
+_sample = jax.jit(sample, static_argnames=("num_top_logprobs", "greedy"))
 _filter_threshold = jax.jit(filter_threshold)
 
 
@@ -85,20 +86,23 @@ def test_sampling_has_no_device_conditional():
 
 
 def test_temperature_to_zero_limit_equals_greedy():
-    rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.05
-    rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.05
-    params = [SamplingParams(temperature=1e-4, seed=s) for s in range(8)]
+    rnd = np.random.default_rng(1).permutation(64).astype(np.float32)[None].repeat(8, 0) * 0.5
+    rnd += np.arange(8, dtype=np.float32)[:, None]  # same order per row, gaps of 0.5: 50 at t = 0.01
+    params = [SamplingParams(temperature=0.01, seed=s) for s in range(8)]
     tokens, *_ = run(rnd, params, steps=list(range(8)))
     np.testing.assert_array_equal(tokens, rnd.argmax(-1))
 
 
-def test_a_temperature_the_host_calls_greedy_is_greedy_on_the_device():
-    """9.9999999e-6 < GREEDY_EPS (is_greedy, the greedy executable) but rounds to f32(GREEDY_EPS),
-    which the device compared as not greedy: a full sampler drew uniformly from tied logits."""
-    params = [SamplingParams(temperature=9.9999999e-6, seed=s) for s in range(8)]
-    assert all(p.is_greedy for p in params)
+def test_a_tiny_positive_temperature_is_raised_to_vllms_floor_and_drawn():
+    """vLLM raises a temperature in (0, 0.01) to 0.01 (its guard against overflow): 1e-6 draws
+    at 0.01, not greedy (it was greedy below 1e-5, drawn at its own value up to 0.01); from
+    tied logits the draws spread, where a greedy row takes the first index."""
+    tiny = [9.9999999e-6, 1e-6, 5e-3, 1e-9] * 2
+    params = [SamplingParams(temperature=t, seed=s) for s, t in enumerate(tiny)]
+    assert all(p.temperature == 0.01 and not p.is_greedy for p in params)
+    assert SamplingParams(temperature=0.0).is_greedy and SamplingParams(temperature=0.02).temperature == 0.02
     tokens, *_ = run(np.zeros((8, 8), np.float32), params)
-    assert tokens.tolist() == [0] * 8  # the first index of the tie, as every greedy row
+    assert len(set(tokens.tolist())) > 1
 
 
 def test_top_k_one_equals_greedy():
@@ -156,10 +160,10 @@ def test_row_key_is_fold_in_of_seed_and_token_index():
 
 
 def test_from_params_pads_with_greedy_rows_and_checks_sizes():
-    b = SamplingBatch.from_params([SamplingParams(temperature=0.5, top_k=-1, seed=-1)], 4, [3])
+    b = SamplingBatch.from_params([SamplingParams(temperature=0.5, top_k=-1, seed=-2)], 4, [3])
     assert b.temperature.tolist() == [0.5, 0, 0, 0] and b.top_k.tolist() == [0, 0, 0, 0]
     assert b.token_index.tolist() == [3, 0, 0, 0]
-    assert b.seed[0].tolist() == [0xFFFFFFFF, 0xFFFFFFFF]  # -1 wraps mod 2**64
+    assert b.seed[0].tolist() == [0xFFFFFFFF, 0xFFFFFFFE]  # -2 wraps mod 2**64
     with pytest.raises(ValueError, match="num_rows"):
         SamplingBatch.from_params([SamplingParams()] * 2, 1, [0, 0])
     with pytest.raises(ValueError, match="step_counts"):
@@ -183,6 +187,11 @@ def test_from_params_pads_with_greedy_rows_and_checks_sizes():
     (dict(min_p=0.2), {0, 1, 2, 3}),
     (dict(min_p=0.6, temperature=2.0), {0, 1, 2}),  # sqrt(p): .632 .548 .447 .316
     (dict(top_p=0.95, min_p=0.6), {0, 1}),
+    # min-p before top-p (vLLM's order): top-p renormalises over min-p's survivors .571 .429 (it
+    # was top-p over all four, the mass before .3 being .4 < .55: both kept)
+    (dict(top_p=0.55, min_p=0.6), {0}),
+    (dict(top_k=3, top_p=0.55, min_p=0.6), {0}),
+    (dict(top_k=1, min_p=0.3), {0}),
     (dict(), {0, 1, 2, 3}),
 ])
 def test_filters_keep_exactly_the_right_set(kw, want):
@@ -234,13 +243,13 @@ def test_sampled_tokens_stay_inside_the_filter():
 
 
 def np_kept(x, p: SamplingParams):
-    """Hugging Face's warpers in numpy (f64) over one row's logits x: temperature, top-k (ties
-    with the k-th kept), top-p over the top-k survivors renormalised (a token stays iff the mass
-    before it is < top_p; ties with the last kept stay), min-p; the kept mask."""
+    """vLLM's filters in numpy (f64) over one row's logits x: temperature, min-p, top-k over its
+    survivors (ties with the k-th kept), top-p over the min-p and top-k survivors renormalised
+    (a token stays iff the mass before it is < top_p; ties with the last kept stay); the mask."""
     x = x.astype(np.float64) / p.temperature
-    keep = np.ones(len(x), bool)
-    if 0 < p.top_k < len(x):
-        keep &= x >= np.sort(x)[::-1][p.top_k - 1]
+    keep = x >= x.max() + np.log(p.min_p) if p.min_p > 0 else np.ones(len(x), bool)
+    if 0 < p.top_k < keep.sum():
+        keep &= x >= np.sort(np.where(keep, x, -np.inf))[::-1][p.top_k - 1]
     if p.top_p < 1:
         vals = np.where(keep, x, -np.inf)
         order = np.argsort(-vals, kind="stable")
@@ -248,7 +257,7 @@ def np_kept(x, p: SamplingParams):
         probs /= probs.sum()
         kept = max(1, int((np.cumsum(probs) - probs < p.top_p).sum()))
         keep &= x >= vals[order][kept - 1]
-    return keep & (x >= x.max() + np.log(p.min_p) if p.min_p > 0 else keep)
+    return keep
 
 
 def test_tokens_equal_a_numpy_reference_of_the_filters_and_the_draw():
@@ -313,18 +322,37 @@ def test_top_k_equals_lax_top_k_ties_included(vocab, k):
 def test_logprobs_are_log_softmax_of_raw_logits():
     rnd = np.random.default_rng(4).normal(size=(5, 40)).astype(np.float32) * 3
     params = [SamplingParams(temperature=t, seed=i) for i, t in enumerate([0, 0.5, 1, 1.5, 2])]
-    tokens, lp, top_ids, top_lp = run(rnd, params, k=4)
+    tokens, lp, top_ids, top_lp, ranks = run(rnd, params, k=4)
     ref = rnd - np.log(np.exp(rnd).sum(-1, keepdims=True))
     np.testing.assert_allclose(lp, ref[np.arange(5), tokens], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(top_ids, np.argsort(-rnd, axis=-1)[:, :4])
     np.testing.assert_allclose(top_lp, np.sort(ref, axis=-1)[:, ::-1][:, :4], rtol=1e-5, atol=1e-5)
     assert top_ids.dtype == np.int32 and tokens.dtype == np.int32
     assert tokens[0] == rnd[0].argmax()  # the greedy row of a mixed batch
-    _, _, none_ids, none_lp = run(rnd, params, k=0)
+    # the rank: 1 + the tokens more likely than the chosen one (the greedy row's is 1)
+    np.testing.assert_array_equal(ranks, 1 + (rnd > rnd[np.arange(5), tokens][:, None]).sum(-1))
+    assert ranks[0] == 1 and ranks.max() > 1 and ranks.dtype == np.int32
+    _, _, none_ids, none_lp, _ = run(rnd, params, k=0)
     assert none_ids.shape == (5, 0) and none_lp.shape == (5, 0)
     batch = SamplingBatch.from_params(params, 5, [0] * 5)
     with pytest.raises(ValueError, match=r"num_top_logprobs must be in \[0, 40\], got 41"):
         sample(jnp.asarray(rnd), batch, num_top_logprobs=41)
+
+
+def test_a_token_tied_with_others_ranks_last_of_the_tie_as_vllm_ranks_it():
+    """The sampled token's rank counts the log-probs >= its own (vLLM's rule, in both samplers):
+    a greedy pick tied with two others ranks 3 over the vocabulary, 1 as listed first in its top
+    logprobs (`listed_rank`: vLLM's top entries overwrite its own); a lone argmax ranks 1."""
+    logits = np.zeros((2, 16), np.float32)
+    logits[0, [4, 9, 11]] = 5.0
+    logits[1, 6] = 5.0
+    greedy = [SamplingParams(temperature=0.0)] * 2
+    tokens, _, top_ids, _, ranks = run(logits, greedy, k=2)
+    assert tokens.tolist() == [4, 6] and ranks.tolist() == [3, 1] and top_ids[0].tolist() == [4, 9]
+    batch = SamplingBatch.from_params(greedy, 2, [0, 0])
+    only_greedy = _sample(jnp.asarray(logits), batch, num_top_logprobs=0, greedy=True)
+    assert np.asarray(only_greedy[-1]).tolist() == [3, 1]
+    assert listed_rank(4, 3, [(4, -1.1), (9, -1.1)]) == 1 and listed_rank(11, 3, [(4, -1.1), (9, -1.1)]) == 3
 
 
 # ------------------------------------------------------------------ SamplingParams
@@ -415,6 +443,26 @@ def test_bad_params_give_one_line_errors(kw, msg):
     assert str(err.value).startswith(msg) and "\n" not in str(err.value)
 
 
+def test_max_tokens_none_means_up_to_the_context():
+    """max_tokens=None (vLLM's default meaning) is kept, its budget the room the context leaves;
+    an OpenAI body's explicit null max_tokens maps to it, an absent one to 16."""
+    p = SamplingParams(max_tokens=None, min_tokens=50)
+    assert p.max_tokens is None and p.output_budget(7) == 7
+    assert SamplingParams(max_tokens=4).output_budget(7) == 4
+    assert SamplingParams.from_openai({"max_tokens": None}).max_tokens is None
+    assert SamplingParams.from_openai({"max_completion_tokens": None}).max_tokens is None
+    assert SamplingParams.from_openai({}).max_tokens == 16
+
+
+def test_vllms_no_seed_and_repeated_stop_ids():
+    """vLLM's SamplingParams: seed=-1 is no seed (one is drawn; it was the seed 2**64 - 1), and a
+    stop token id listed twice is one (it took two of min_tokens' suppressed ids)."""
+    drawn = [SamplingParams(seed=-1) for _ in range(4)]
+    assert all(p.seed_drawn and 0 <= p.seed < 2**31 for p in drawn) and len({p.seed for p in drawn}) > 1
+    assert SamplingParams(seed=-2).seed == -2 and not SamplingParams(seed=-2).seed_drawn
+    assert SamplingParams(stop_token_ids=[5, 3, 5, 3]).stop_token_ids == (5, 3)
+
+
 def test_numpy_scalars_are_numbers():
     """numpy integers and reals (a loop variable, an array's item) are taken as Python's, stored
     as Python's (they were refused: "max_tokens must be an integer >= 1, got np.int64(5)")."""
@@ -480,6 +528,15 @@ def test_fan_out_derives_one_seed_per_sample():
     assert drawn[1].seed == drawn[0].seed + 1
 
 
+def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
+    """vLLM's server clamps a request's biases into [-100, 100] (they were refused there: "must
+    be in [-100.0, 100.0], got 101"); SamplingParams itself still refuses them offline."""
+    p = SamplingParams.from_openai({"logit_bias": {"5": 101, "6": -1e9, "7": 3}})
+    assert p.logit_bias == ((5, 100.0), (6, -100.0), (7, 3.0))
+    with pytest.raises(ValueError, match=r"^logit_bias\[5\] must be in \[-100.0, 100.0\], got 101$"):
+        SamplingParams(logit_bias={5: 101})
+
+
 @pytest.mark.parametrize("body, msg", [
     ({"temprature": 0.5}, "unknown request field 'temprature'"),
     ({"response_format": {"type": "json_object"}}, "response_format is not supported by this server "
@@ -506,7 +563,8 @@ def test_fan_out_derives_one_seed_per_sample():
     ({"repetition_penalty": 0}, "repetition_penalty must be in [0.0001, 10000.0], got 0"),
     ({"logit_bias": {"x": 1}}, "logit_bias keys must be token ids (non-negative integers), got 'x'"),
     ({"logit_bias": {"-3": 1}}, "logit_bias keys must be token ids"),
-    ({"logit_bias": {"5": 101}}, "logit_bias[5] must be in [-100.0, 100.0], got 101"),
+    ({"logit_bias": {"5": float("nan")}}, "logit_bias[5] must be a number in [-100.0, 100.0], got nan"),
+    ({"logit_bias": {"5": True}}, "logit_bias[5] must be a number in [-100.0, 100.0], got True"),
     ({"logit_bias": [5, 1]}, "logit_bias must be an object mapping token ids to biases"),
     ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias takes at most 1024 token ids, got 1025"),
     ({"stop": 5}, "stop must be a list of strings, got 5"),
@@ -547,5 +605,23 @@ def test_min_tokens_suppresses_stop_ids_until_then():
     assert 3 not in draws and 5 not in draws
     plain, *_ = run(logits, [SamplingParams(temperature=0.0)] * 3)
     assert plain.tolist() == [3, 3, 3]
-    with pytest.raises(ValueError, match="at most 8 stop token ids"):
-        SamplingBatch.from_params([SamplingParams(stop_token_ids=tuple(range(9)), min_tokens=1)], 1, [0])
+    with pytest.raises(ValueError, match="at most 64 stop token ids"):
+        SamplingBatch.from_params([SamplingParams(stop_token_ids=tuple(range(65)), min_tokens=1)], 1, [0])
+
+
+def test_min_tokens_suppresses_as_many_stop_ids_as_the_table_holds_beside_bad_word_bans():
+    """The suppression table holds 64 (id, after) pairs a row: min_tokens' stop ids (EOS
+    included) take the first columns, its bad_words' bans the next (they were capped at 8 stop
+    ids, the table's other 56 columns reserved for bans); beyond it, one line."""
+    many = SamplingParams(temperature=0.0, stop_token_ids=tuple(range(20, 70)) + (3, 5), min_tokens=2)
+    logits = np.zeros((1, 16), np.float32)
+    logits[0, 3], logits[0, 5], logits[0, 7] = 30.0, 20.0, 10.0
+    assert run(logits, [many], steps=[1])[0].tolist() == [7]  # ids 3 and 5 in columns 50 and 51
+    table = SamplingBatch.from_params([many], 1, [0], bans=[((9, -1), (11, 4))]).suppressed[0]
+    assert table[:52, 0].tolist() == list(range(20, 70)) + [3, 5]
+    assert table[52:54].tolist() == [[9, -1], [11, 4]] and (table[54:] == -1).all()
+    assert SamplingBatch.from_params([many], 1, [2], bans=[((9, -1),)]).suppressed[0, 0].tolist() == [9, -1]
+    check_suppressible(many, 12)
+    with pytest.raises(ValueError, match=r"^min_tokens suppresses at most 51 stop token ids \(EOS included\) "
+                                         r"beside 13 bad_words token sequences, got 52$"):
+        check_suppressible(many, 13)

@@ -35,8 +35,9 @@ def reference_sample(logits, batch, num_top_logprobs):
     tokens = jnp.where(greedy, jnp.argmax(x, axis=-1).astype(jnp.int32), drawn)
     lse = jax.nn.logsumexp(x, axis=-1)
     top_vals, top_ids = jax.lax.top_k(x, num_top_logprobs)
-    return (tokens, jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - lse,
-            top_ids.astype(jnp.int32), top_vals - lse[:, None], thr)
+    chosen = jnp.take_along_axis(x, tokens[:, None], axis=-1)[:, 0] - lse
+    ranks = jnp.sum(x - lse[:, None] >= chosen[:, None], axis=-1, dtype=jnp.int32)
+    return tokens, chosen, top_ids.astype(jnp.int32), top_vals - lse[:, None], ranks, thr
 
 
 def thresholds(logits, batch):

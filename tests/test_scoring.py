@@ -4,12 +4,13 @@ ranks, the continuation sum, and one clear error per bad input."""
 
 import os
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
 import loopjax
-from loopjax.scoring import MIN_BUCKET, bucket_len
+from loopjax.scoring import MIN_BUCKET, _next_token_logprobs, bucket_len
 
 DATA = os.path.join(os.path.dirname(__file__), "data")
 OURO = os.path.join(DATA, "ouro")
@@ -57,22 +58,29 @@ def test_ouro_scores_are_the_reference_logits(ouro):
     np.testing.assert_allclose(half.token_logprobs, want, atol=2e-5, rtol=0)
 
 
-def test_ranks_count_the_logits_above_the_scored_token(ouro):
-    """ScoreOutput.ranks: 1 + the number of logits strictly above the scored token's, in the
-    padded forward `score` runs (numpy over the same logits); 1 where greedy."""
+def test_ranks_count_the_log_probs_at_or_above_the_scored_token(ouro):
+    """ScoreOutput.ranks: the number of log-probs >= the scored token's, its own included
+    (vLLM's batched_count_greater_than rule), over every token of the vocabulary; 1 where greedy."""
     model, ref = ouro
     seq = ref["p2_input_ids"].tolist()  # 17 tokens: a 32-token bucket
     out, = loopjax.score(model, seq, top_k=np.int64(2))  # a numpy integer is an integer (it was refused)
-    padded = seq + [0] * (bucket_len(len(seq), model.cfg.max_context_len) - len(seq))
-    logits = np.asarray(loopjax.forward(model, padded).logits)[:len(seq) - 1]
-    scored = logits[np.arange(len(seq) - 1), seq[1:]]
-    want = 1 + (logits > scored[:, None]).sum(-1)
-    assert out.ranks == want.tolist() and max(out.ranks) > 2  # some token outside the top 2
+    everything, = loopjax.score(model, seq, top_k=model.cfg.vocab_size)
+    want = [sum(v >= lp for _, v in top) for lp, top in zip(out.token_logprobs, everything.top_logprobs)]
+    assert out.ranks == want and max(out.ranks) > 2  # some token outside the top 2
     assert all(r == 1 for r, greedy in zip(out.ranks, out.greedy, strict=True) if greedy)
     for t, top in enumerate(out.top_logprobs):  # within the top k, the rank is the position
         ids = [i for i, _ in top]
         assert (out.ranks[t] == ids.index(seq[t + 1]) + 1) if seq[t + 1] in ids else (out.ranks[t] > 2)
     assert loopjax.score(model, [5], top_k=2)[0].ranks == []
+
+
+def test_a_tied_token_ranks_last_of_its_tie_as_vllm_ranks_it():
+    """Tied log-probs: a token ranks after every token tied with it (vLLM counts the log-probs
+    >= its own; it was 1 + those strictly above, so all three ties ranked 1)."""
+    logits = jnp.asarray([[0.0, 2.0, 2.0, 2.0, 1.0, -1.0, 0.5, 0.0]] * 2 + [[0.0] * 8], jnp.float32)
+    ids = jnp.asarray([0, 2, 5], jnp.int32)  # position 0 scores token 2 (tied), position 1 token 5
+    _, greedy, ranks, _ = _next_token_logprobs(logits, ids, 0)
+    assert np.asarray(ranks).tolist() == [3, 8] and not np.asarray(greedy)[0]
 
 
 def test_padding_changes_no_score(ouro):

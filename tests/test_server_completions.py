@@ -146,10 +146,12 @@ def check_prompt_logprobs(got, ids, k, model):
     name = lambda t: model.tokenizer.decode([t], skip_special_tokens=False)  # noqa: E731
     for t, position in enumerate(got[1:]):
         token, top = ids[t + 1], want.top_logprobs[t]
-        assert position[str(token)] == {"logprob": want.token_logprobs[t], "rank": want.ranks[t],
+        # vLLM's rank: its place among the top k when listed there, else of all V (ties last)
+        listed = next((r for r, (u, _) in enumerate(top, 1) if u == token), want.ranks[t])
+        assert position[str(token)] == {"logprob": want.token_logprobs[t], "rank": listed,
                                         "decoded_token": name(token)}
         lps = [v for _, v in everything.top_logprobs[t]]
-        assert want.ranks[t] == 1 + sum(v > want.token_logprobs[t] for v in lps)  # its rank of all V
+        assert want.ranks[t] == sum(v >= want.token_logprobs[t] for v in lps)  # its rank of all V
         assert set(position) == {str(token)} | {str(u) for u, _ in top}
         for rank, (u, v) in enumerate(top, 1):
             if u != token:
