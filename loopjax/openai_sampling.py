@@ -27,6 +27,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams(**kwargs) of a request body (`SamplingParams.from_openai`)."""
     if not isinstance(body, dict):
         _fail(f"request body must be a JSON object, got {type(body).__name__}")
+    body = without_zero_max_completion_tokens(body)
     kw: dict[str, Any] = {}
     for key, value in body.items():
         if value is None or key in _IGNORED_FIELDS:
@@ -138,6 +139,13 @@ def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
         finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if finite else value))
     return tuple(pairs)
+
+
+def without_zero_max_completion_tokens(body: dict) -> dict:
+    """`body` less a max_completion_tokens of 0: vLLM takes `max_completion_tokens or max_tokens`,
+    so 0 asks nothing (max_tokens, else the default, applies)."""
+    zero = type(body.get("max_completion_tokens")) is int and body["max_completion_tokens"] == 0
+    return {k: v for k, v in body.items() if k != "max_completion_tokens"} if zero else body
 
 
 def _map_max_tokens(body, kw):

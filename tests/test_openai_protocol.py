@@ -248,6 +248,10 @@ def test_null_max_tokens_fills_the_context():
     with pytest.raises(APIError, match="^max_completion_tokens=60 does not fit") as err:
         parser.sampling({"max_tokens": 3, "max_completion_tokens": 60}, True, prompts)
     assert err.value.param == "max_completion_tokens"
+    # max_completion_tokens 0 asks nothing (vLLM's `max_completion_tokens or max_tokens`; it was a 400)
+    zero = parser.body(b'{"max_tokens": 3, "max_completion_tokens": 0}')
+    assert parser.sampling(zero, True, prompts).max_tokens == 3
+    assert parser.sampling(parser.body(b'{"max_completion_tokens": 0}'), False, prompts).max_tokens == 16
 
 
 def test_vllms_fields_at_their_defaults_are_served():
@@ -453,6 +457,9 @@ def test_chat_content_parts_are_joined_by_newlines():
     assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
     # ... plain strings among them too (vLLM's; they were refused)
     assert parser.tokenize({"messages": [{"role": "user", "content": ["hello", parts[1]]}]}) == as_parts
+    # ... and a text part of null or no text is skipped, as vLLM's (a null one was refused)
+    skipped = [parts[0], {"type": "text", "text": None}, {"type": "text"}, parts[1]]
+    assert parser.tokenize({"messages": [{"role": "user", "content": skipped}]}) == as_parts
 
 
 def test_chat_template_kwargs_and_add_generation_prompt():

@@ -551,7 +551,7 @@ def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
     ({"top_logprobs": 2}, "top_logprobs requires logprobs=true"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs must be in [0, 20], got 30"),
     ({"logprobs": 30}, "logprobs must be in [0, 20], got 30"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1, got 0"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens must be >= 1, got -1"),
     ({"n": 0}, "n must be >= 1, got 0"),
     ({"n": "x"}, "n must be an integer >= 1, got 'x'"),
     ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),
