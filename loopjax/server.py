@@ -302,10 +302,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 raise engine_error(consumer.exception())
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
-            head["choices"] = [
-                c.fields(0, chat) | ({"message": {"role": role, "content": chat_echo + c.text}} if chat
-                                     else {"text": c.text} | prompt_ids(c)) for c in choices]
-            head |= prompt_ids(choices[0]) if chat else {}
+            head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
+                               for c in choices]
+            head |= {"prompt_logprobs": None} | prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
