@@ -61,7 +61,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
     "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens", "bad_words",
-    "spaces_between_special_tokens", "include_stop_str_in_output",
+    "spaces_between_special_tokens", "include_stop_str_in_output", "cache_salt",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
@@ -80,7 +80,6 @@ _UNSUPPORTED = {
     "suffix": "text insertion",
     # vLLM's extras (they were "unknown request field")
     "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
-    "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
     "structural_tag": "guided decoding",
     "mm_processor_kwargs": "multimodal input",

@@ -615,3 +615,21 @@ def test_the_tokenizers_eos_token_stops_a_request(models, tmp_path):
     engine = engine_on_fake_device(dataclasses.replace(model, path=str(tmp_path)), config, tok)
     out = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
     assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:k + 1], "stop", None)
+
+
+def test_cache_salt_shares_pages_only_within_one_salt(models):
+    """vLLM's cache_salt: a cached prompt's pages serve a later request of the same salt only (one
+    of another salt, or none, prefills its own), and its tokens are those of an unsalted run."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=16,
+                          prefill_token_buckets=(16,), max_prefill_rows=2, enable_prefix_caching=True)
+    engine = _engine(models["ouro"], config)
+    prompt = list(range(1, 11))  # two full pages to share
+    tokens, hits = {}, []
+    for rid, salt in (("a", "x"), ("other salt", "y"), ("no salt", None), ("same salt", "x")):
+        params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0, cache_salt=salt)
+        before = engine.stats()["prefix_cache_hit_pages"]
+        tokens[rid] = _run(engine, [(0, rid, prompt, params, {})])[rid].token_ids
+        hits.append(engine.stats()["prefix_cache_hit_pages"] - before)
+    assert hits == [0, 0, 0, 2] and len({tuple(t) for t in tokens.values()}) == 1
+    with pytest.raises(ValueError, match="^cache_salt must be a non-empty string"):
+        SamplingParams(cache_salt="")

@@ -74,8 +74,8 @@ from loopjax.server import create_app
      "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
      "use_beam_search is not supported by this server (beam search)"),
-    ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
-     "cache_salt is not supported by this server (prefix cache salting)"),
+    ({"prompt": [5], "cache_salt": ""}, 400, "cache_salt",  # vLLM's; any salt was refused
+     "cache_salt must be a non-empty string (or None), got ''"),
     ({"prompt": [5], "request_id": 7}, 400, "request_id", "request_id must be a non-empty string, got 7"),
     ({"prompt": [5], "user": 7}, 400, "user", "user must be a string, got 7"),  # was ignored
     ({"prompt": [5], "return_tokens_as_token_ids": "yes"}, 400, "return_tokens_as_token_ids",
