@@ -17,6 +17,7 @@ import sys
 import threading
 
 from loopjax import server
+from loopjax.generation_defaults import GENERATION_CONFIG_SOURCES
 from loopjax.openai_protocol import DEFAULT_MAX_N
 
 log = logging.getLogger("loopjax.server")
@@ -115,6 +116,11 @@ def add_arguments(parser):
     parser.add_argument("--chat-template", type=_chat_template, default=None,
                         help="the chat template to serve instead of the checkpoint's: a jinja2 file or "
                              "the template itself (vLLM's)")
+    parser.add_argument("--generation-config", choices=GENERATION_CONFIG_SOURCES, default="auto",
+                        help="'auto': the model's generation_config.json sets the sampling defaults "
+                             "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) of "
+                             "requests that leave them unset; 'vllm': no model defaults (vLLM's flag; "
+                             "default: auto)")
     parser.add_argument("--allowed-origins", type=_origins, default=["*"],
                         help='the origins browsers may call the server from (CORS), a JSON list as '
                              'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
@@ -142,7 +148,8 @@ def _app(args, model, engine, names: list[str]):
                              max_waiting=args.max_waiting, max_n=args.max_n,
                              admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
                              trust_request_chat_template=args.trust_request_chat_template,
-                             allowed_origins=args.allowed_origins, chat_template=args.chat_template)
+                             allowed_origins=args.allowed_origins, chat_template=args.chat_template,
+                             generation_config=args.generation_config)
 
 
 def run(args) -> int:

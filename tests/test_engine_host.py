@@ -173,8 +173,11 @@ def test_a_request_id_that_is_not_a_str_is_refused_in_one_line(models, request_i
 
 def _llm(model, **config):
     """An LLM over the fake device (no compile)."""
+    from loopjax.generation_defaults import sampling_defaults
+
     llm = object.__new__(loopjax.LLM)
     llm.model = dataclasses.replace(model, tokenizer=_Letters())
+    llm.sampling_defaults = sampling_defaults(model.generation_config)  # as LLM.__init__'s
     llm.engine = _engine(model, EngineConfig(**{**dict(page_size=4, max_num_rows=2, max_context_len=32,
                                                        max_prefill_tokens=8, prefill_token_buckets=(8,)),
                                                 **config}))
@@ -633,3 +636,17 @@ def test_cache_salt_shares_pages_only_within_one_salt(models):
     assert hits == [0, 0, 0, 2] and len({tuple(t) for t in tokens.values()}) == 1
     with pytest.raises(ValueError, match="^cache_salt must be a non-empty string"):
         SamplingParams(cache_salt="")
+
+
+def test_llm_takes_the_models_sampling_defaults_for_what_a_call_leaves_unset(models):
+    """vLLM's generation_config "auto": generation_config.json's sampling values (max_new_tokens as
+    max_tokens) are get_default_sampling_params() and the defaults of generate's keywords; what a
+    call sets wins (it read only the EOS ids there)."""
+    model = dataclasses.replace(models["ouro"], generation_config={"temperature": 0.6, "max_new_tokens": 2,
+                                                                   "top_k": 50, "eos_token_id": 2})
+    llm = _llm(model)
+    assert llm.sampling_defaults == {"temperature": 0.6, "max_tokens": 2}  # top_k 50: HF's default, not read
+    default = llm.get_default_sampling_params()
+    assert (default.temperature, default.max_tokens, default.top_k) == (0.6, 2, 0)
+    assert len(llm.generate([1, 2, 3], ignore_eos=True)[0].token_ids) == 2
+    assert len(llm.generate([1, 2, 3], ignore_eos=True, max_new_tokens=4)[0].token_ids) == 4

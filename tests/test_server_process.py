@@ -32,7 +32,7 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
                         lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
                                                          kw["trust_request_chat_template"],
                                                          kw["allowed_origins"], kw["chat_template"],
-                                                         a[1], kw["model_aliases"])))
+                                                         a[1], kw["model_aliases"], kw["generation_config"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -40,13 +40,13 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     try:
         args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5",
                                   "--trust-request-chat-template", "--chat-template", "{{ messages }}",
-                                  "--served-model-name", "ouro", "alias"])
+                                  "--served-model-name", "ouro", "alias", "--generation-config", "vllm"])
         assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",))]
+    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",), "vllm")]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
