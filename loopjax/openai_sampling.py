@@ -116,6 +116,8 @@ def _asks_nothing(key: str, value, body: dict) -> bool:
     """`key`'s value asks for nothing loopjax lacks: a harmless value, or tools only shown."""
     if key == "tools" and shown_tools(body) is not None:
         return True
+    if key == "tool_choice" and value == "required" and body.get("tools") == []:  # vLLM's: as "none"
+        return True
     return any(_same(value, v) for v in _HARMLESS.get(key, ()))
 
 

@@ -511,6 +511,8 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({"response_format": {"type": "text"}, "tools": [],
                                        "tool_choice": "none", "parallel_tool_calls": False, "suffix": "",
                                        }).max_tokens == 16
+    # ... and tool_choice "required" over no tools, which vLLM takes as "none" (it was refused)
+    assert SamplingParams.from_openai({"tools": [], "tool_choice": "required"}).max_tokens == 16
     assert SamplingParams.from_openai({"bad_words": ["no", "yes"]}).bad_words == ("no", "yes")
     allowed = SamplingParams.from_openai({"allowed_token_ids": [9, 3, 9]})
     assert allowed.allowed_token_ids == (3, 9) and allowed.processes_logits and not allowed.is_plain_greedy
