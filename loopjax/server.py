@@ -19,7 +19,9 @@ Contract:
   every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's
   `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
-  `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
+  `SamplingParams.from_openai`); what a request leaves unset takes the model's generation_config.json
+  defaults (vLLM's --generation-config auto, `generation_defaults.py`). Prompts are text (needs the
+  tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
