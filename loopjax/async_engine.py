@@ -337,7 +337,7 @@ class AsyncEngine:
         """The engine thread died: every open request fails, and the engine's gauges stop
         reading as a live engine's (ServingMetrics.engine_died)."""
         self._fail_all(error)
-        self.metrics.engine_died()
+        self._stats = self.metrics.engine_died(self._stats)  # stats() reads as /metrics does
 
     def _on_stats(self, stats):
         if not self._final_stats:  # NOTE: shutdown's snapshot is newer than any the thread posted

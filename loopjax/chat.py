@@ -41,7 +41,8 @@ def check_messages(messages) -> list[dict]:
         content = m.get("content") if isinstance(m, dict) else 0  # 0: no message, refused below
         content = "" if content is None else content  # null / absent (a tool-call turn): vLLM's ""
         if isinstance(content, list):  # content parts: text ones only (text must be text),
-            texts = [_part_text(p, i) for p in content]  # one per line, as vLLM joins them
+            # one per line, as vLLM joins them; a text part of null text is skipped (vLLM's)
+            texts = [t for p in content if (t := _part_text(p, i)) is not _SKIPPED]
             content = "\n".join(texts) if all(isinstance(t, str) for t in texts) else None
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
             raise ValueError(f"messages[{i}] must have a role (a string) and text content (or null)")
@@ -72,16 +73,22 @@ def _parsed_tool_calls(message: dict, i: int) -> dict:
     return {**message, "tool_calls": parsed}
 
 
-def _part_text(part, i: int) -> str | None:
-    """The text of a chat content part of a text type (a plain string too, as vLLM's); None when
-    malformed; a ValueError for a part of another type."""
+_SKIPPED = object()  # _part_text of a text part without text
+
+
+def _part_text(part, i: int):
+    """The text of a chat content part of a text type (a plain string too, as vLLM's); _SKIPPED
+    when its text is null or absent (vLLM skips it); None when malformed; a ValueError for a part
+    of another type."""
     if isinstance(part, str):
         return part
     kind = part.get("type", "text") if isinstance(part, dict) else None
     key = TEXT_PARTS.get(kind) if isinstance(kind, str) else None
     if isinstance(kind, str) and key is None:
         raise ValueError(f"messages[{i}] has a content part of type {kind!r}; this model takes text only")
-    return part.get(key, "") if key else None
+    if not key:
+        return None
+    return _SKIPPED if part.get(key) is None else part[key]
 
 
 def encode_chat(model, messages, *, chat_template: str | None = None, add_generation_prompt: bool = True,

@@ -187,7 +187,8 @@ class Engine:
         # NOTE: a ring that wraps within the depth reads an earlier step's tokens otherwise than
         # one prefill: the prompt is one step, its pages neither cached nor taken from the cache
         whole = extra.exit_spec is not None or self.layout.ring_wraps(depth)
-        salt = None if adaptive or whole else cache_salt(extra, self.model.cfg, self.config.huginn_seed)
+        salt = None if adaptive or whole else cache_salt(extra, self.model.cfg, self.config.huginn_seed,
+                                                         params.cache_salt)
         request = Request(request_id, prompt, params, max_loops=params.loops, whole_prefill=whole,
                           cache_salt=salt)
         self.scheduler.add(request)  # raises ValueError (one line) and queues nothing

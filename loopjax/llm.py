@@ -34,6 +34,7 @@ import tqdm
 
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
+from loopjax.generation_defaults import sampling_defaults
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
 from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n, listed_rank
@@ -61,12 +62,21 @@ class GenerateOutput:
 
 
 class LLM:
-    """`LLM(model_or_path, dtype=None, **engine_options)`; `generate(prompts, params | kwargs)`;
-    `chat(messages, params | kwargs)`."""
+    """`LLM(model_or_path, dtype=None, generation_config="auto", **engine_options)`;
+    `generate(prompts, params | kwargs)`; `chat(messages, params | kwargs)`.
+    generation_config (vLLM's): "auto" takes the model's recommended sampling defaults
+    (generation_config.json, `generation_defaults.py`) for what a call's kwargs leave unset;
+    "vllm": none."""
 
-    def __init__(self, model_or_path, *, dtype=None, **engine_options: Any):
+    def __init__(self, model_or_path, *, dtype=None, generation_config: str = "auto", **engine_options: Any):
         self.model = _model(model_or_path, dtype)
+        self.sampling_defaults = sampling_defaults(getattr(self.model, "generation_config", None),
+                                                   generation_config)
         self.engine = Engine(self.model, EngineConfig(**engine_options))
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams of the model's sampling defaults (vLLM's: SamplingParams' own where none)."""
+        return SamplingParams(**self.sampling_defaults)
 
     def generate(self, prompts, sampling_params: SamplingParams | list[SamplingParams] | None = None,
                  *, initial_state=None, warm_start: bool = False, use_tqdm: bool = False,
@@ -75,14 +85,14 @@ class LLM:
         sample 0 first (with the same n for every prompt, prompt p's sample i is result
         p * n + i). initial_state: the prompt's (one prompt) or
         one per prompt (a list of prompts; None or a mode: all), module note. kwargs build a
-        SamplingParams (`max_new_tokens` is an alias of `max_tokens`; `temperature` defaults to
-        0.0, greedy, as in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is
-        None. use_tqdm (vLLM's; off by default here): a progress bar of finished requests on
-        stderr."""
+        SamplingParams (`max_new_tokens` is an alias of `max_tokens`; what they leave out is the
+        model's sampling default, `sampling_defaults` (vLLM's), else `temperature` 0.0, greedy, as
+        in `loopjax.generate`, not SamplingParams' 1.0) when sampling_params is None. use_tqdm
+        (vLLM's; off by default here): a progress bar of finished requests on stderr."""
         prompt_list, one_prompt = _prompt_list(prompts)
         states = _state_list(initial_state, len(prompt_list), one_prompt)
         ids = [_prompt_ids(self.model, p, k) for k, p in enumerate(prompt_list)]
-        params = _params_list(sampling_params, kwargs, len(ids))
+        params = _params_list(sampling_params, kwargs, len(ids), self.sampling_defaults)
         kept = [p.truncate(prompt) for p, prompt in zip(params, ids)]  # as the engine cuts them
         for given, prompt, state in zip(ids, kept, states):
             check_state_truncation(state, len(given), len(prompt))
@@ -254,10 +264,11 @@ def _state_list(initial_state, num_prompts: int, one_prompt: bool) -> list:
     return list(initial_state)
 
 
-def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingParams]:
+def _params_list(sampling_params, kwargs, num_prompts: int, defaults: dict) -> list[SamplingParams]:
     """One SamplingParams per prompt; each whose seed was drawn (seed=None) gets a new draw:
     one params object often serves many prompts and calls, whose samples must not share
-    their random draws (vLLM's unseeded requests are independent). A given seed is kept."""
+    their random draws (vLLM's unseeded requests are independent). A given seed is kept.
+    kwargs take the model's sampling `defaults` (`LLM.sampling_defaults`) for what they leave out."""
     if sampling_params is not None:
         if kwargs:
             raise ValueError(f"give sampling_params or sampling keyword arguments, not both (got "
@@ -276,6 +287,7 @@ def _params_list(sampling_params, kwargs, num_prompts: int) -> list[SamplingPara
             if kwargs.setdefault("max_tokens", new) != new:  # NOTE: refused, not one of them dropped
                 raise ValueError(f"max_tokens ({kwargs['max_tokens']!r}) and max_new_tokens ({new!r}) "
                                  f"disagree; give one")
+        kwargs = {**defaults, **kwargs}
         kwargs.setdefault("temperature", 0.0)
         sampling_params = [SamplingParams(**kwargs)] * num_prompts
     for p in sampling_params:

@@ -250,12 +250,14 @@ class ServingMetrics:
             else:
                 metric.set(value)
 
-    def engine_died(self):
+    def engine_died(self, stats: dict) -> dict:
         """The engine thread died: its gauges read 0 (no request runs or waits, no page is
-        offered) rather than its last live snapshot; the counters keep their totals."""
+        offered) rather than its last live snapshot; the counters keep their totals. -> `stats`
+        (its last snapshot) as the dead engine's, its gauges' values 0 alike."""
         for metric in self.gauges.values():
             if isinstance(metric, Gauge):
                 metric.set(0)
+        return {key: 0 if isinstance(self.gauges.get(key), Gauge) else value for key, value in stats.items()}
 
     def render(self) -> str:
         return self.registry.render()

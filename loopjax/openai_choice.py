@@ -21,6 +21,14 @@ from collections.abc import Sequence
 from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import listed_rank
 
+MIN_LOGPROB = -9999.0  # vLLM's floor for a log-probability in a response: JSON has no -inf
+
+
+def _floored(logprob):
+    """A log-probability as a response holds it: -inf (and NaN) as MIN_LOGPROB, as vLLM's (-inf
+    made the full answer a 500: JSON cannot hold it; a stream sent -Infinity, no JSON); None kept."""
+    return logprob if logprob is None or logprob >= MIN_LOGPROB else MIN_LOGPROB
+
 
 def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
     """vLLM's `prompt_logprobs` of one scored prompt, with the top `k` (<= scored's) per token."""
@@ -29,7 +37,7 @@ def prompt_logprobs(scored, k: int, tokenizer) -> list[dict | None]:
     def entry(token: int, logprob: float, rank: int) -> dict:
         if token not in names:  # NOTE: vLLM decodes each token alone, special tokens kept
             names[token] = None if tokenizer is None else tokenizer.decode([token], skip_special_tokens=False)
-        return {"logprob": logprob, "rank": rank, "decoded_token": names[token]}
+        return {"logprob": _floored(logprob), "rank": rank, "decoded_token": names[token]}
 
     out: list[dict | None] = [None]
     for token, lp, rank, top in zip(scored.token_ids[1:], scored.token_logprobs, scored.ranks,
@@ -63,8 +71,8 @@ def _top_entries(name, token: int, logprob: float, top) -> dict[str, float]:
     first, and the position's own token after them when it is not among them (OpenAI's "up to
     logprobs + 1 elements": the sampled token's log p is always there; vLLM's too, and its
     echoed prompt tokens')."""
-    entries = {name(u): v for u, v in top}
-    entries.setdefault(name(token), logprob)
+    entries = {name(u): _floored(v) for u, v in top}
+    entries.setdefault(name(token), _floored(logprob))
     return entries
 
 
@@ -123,6 +131,15 @@ class Choice:
                 "logprobs": self._logprobs(start, chat), "token_ids": ids,
                 "exit_loops": self.exit_loops[start:]}
 
+    def answer(self, chat: bool, role: str | None, echoed: str) -> dict:
+        """This choice in a full response, with vLLM's fields of nothing asked: a chat message's
+        `tool_calls` [] and `reasoning_content` null (no parser), completions' `prompt_logprobs`
+        null (the server sets it when asked); `echoed`: chat's text before the answer's."""
+        if chat:
+            return self.fields(0, True) | {"message": {"role": role, "content": echoed + self.text,
+                                                       "tool_calls": [], "reasoning_content": None}}
+        return self.fields(0, False) | {"text": self.text, "prompt_logprobs": None}
+
     def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs
         (the top `num_top` of each prompt token: the request's `logprobs`); `echoed`: the
@@ -136,7 +153,7 @@ class Choice:
             name = self._token_name()
             lp = choice["logprobs"]
             lp["tokens"] = [name(t) for t in prompt] + lp["tokens"]
-            lp["token_logprobs"] = [None, *scored.token_logprobs, *lp["token_logprobs"]]
+            lp["token_logprobs"] = [None, *map(_floored, scored.token_logprobs), *lp["token_logprobs"]]
             tops = (_top_entries(name, t, v, top[:num_top])
                     for t, v, top in zip(prompt[1:], scored.token_logprobs, scored.top_logprobs, strict=True))
             lp["top_logprobs"] = [None, *tops, *lp["top_logprobs"]]
@@ -164,11 +181,11 @@ class Choice:
         if self.logprobs is None:
             return None
         name = self._token_name()
-        ids, lps = self.token_ids[start:], self.logprobs[start:]
+        ids, lps = self.token_ids[start:], [_floored(lp) for lp in self.logprobs[start:]]
         tops = (self.top_logprobs or [[]] * len(self.token_ids))[start:]
         if chat:
             def entry(t, lp):
-                return {"token": name(t), "logprob": lp, "bytes": list(name(t).encode())}
+                return {"token": name(t), "logprob": _floored(lp), "bytes": list(name(t).encode())}
             return {"content": [entry(t, lp) | {"top_logprobs": [entry(u, v) for u, v in top]}
                                 for t, lp, top in zip(ids, lps, tops)]}
         return {"tokens": [name(t) for t in ids], "token_logprobs": lps,

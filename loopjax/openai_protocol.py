@@ -25,8 +25,10 @@ import re
 from typing import Any
 
 from loopjax.detokenizer import IncrementalDetokenizer
+from loopjax.generation_defaults import with_defaults
 from loopjax.openai_chat import ChatRequests
 from loopjax.openai_errors import APIError, bad_request
+from loopjax.openai_sampling import without_zero_max_completion_tokens
 from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_n, check_truncate_prompt_tokens
 
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
@@ -55,6 +57,17 @@ def param_of(message: str, body: dict) -> str | None:
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
 
 
+def echo_state_of(model, engine_config) -> str | None:
+    """A RequestParser's echo_state: the initial_state `loopjax.score` needs to score prompts as the
+    engine runs them (`scoring.score_state`'s); "unsupported" where it cannot."""
+    from loopjax.scoring import score_state
+
+    try:
+        return score_state(model, engine_config)
+    except ValueError:
+        return "unsupported"
+
+
 @dataclasses.dataclass(frozen=True)
 class RequestParser(ChatRequests):
     """What a served model accepts; `body`, `prompts` and `sampling` check one request (chat's
@@ -71,6 +84,8 @@ class RequestParser(ChatRequests):
     echo_state: str | None = "unsupported"  # `score`'s initial_state; "unsupported": no echo, prompt_logprobs
     trust_request_chat_template: bool = False  # a chat request may send its own chat_template (vLLM's flag)
     aliases: tuple[str, ...] = ()  # more names clients may send as `model` (vLLM's --served-model-name)
+    # the model's sampling defaults (generation_defaults.py) for the fields a request leaves unset
+    sampling_defaults: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if isinstance(self.max_n, bool) or not isinstance(self.max_n, int) or self.max_n < 1:
@@ -86,6 +101,7 @@ class RequestParser(ChatRequests):
             raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+        body = without_zero_max_completion_tokens(body)
         names = (self.model_name, *self.aliases)
         if body.get("model") is not None and body["model"] not in names:  # vLLM's (and OpenAI's) 404
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
@@ -157,15 +173,17 @@ class RequestParser(ChatRequests):
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
         request sets must fit the context after its longest prompt (400 otherwise, as vLLM and
         OpenAI answer); the default one is cut to what fits. Chat's default, and an explicit
-        null max_tokens on either endpoint (vLLM's), is the whole room the prompt leaves;
-        completions' default is 16."""
+        null max_tokens on either endpoint (vLLM's), is the model's max_new_tokens, else the whole
+        room the prompt leaves; completions' default is 16. The other sampling fields a request
+        leaves unset take the model's defaults (`sampling_defaults`, vLLM's)."""
         if self.scores_only(body, chat):  # checked as one token, which the server never asks for
             body = {**body, **{k: 1 for k in MAX_TOKENS_FIELDS if body.get(k) is not None}}
         given = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
         unbounded = chat or any(k in body for k in MAX_TOKENS_FIELDS)  # given, or sent as null
-        if given is None and unbounded:
-            body = {**body, "max_tokens": None}  # SamplingParams' None: until done (the room)
+        body = with_defaults(body, self.sampling_defaults)
+        if given is None and unbounded:  # the model's max_new_tokens, else None: until done (the room)
+            body = {**body, "max_tokens": self.sampling_defaults.get("max_tokens")}
             least = body.get("min_tokens")
             if room and isinstance(least, int) and not isinstance(least, bool) and least > room:
                 raise bad_request(f"min_tokens={least} does not fit: the prompt leaves {room} tokens of "

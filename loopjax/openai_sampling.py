@@ -27,6 +27,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams(**kwargs) of a request body (`SamplingParams.from_openai`)."""
     if not isinstance(body, dict):
         _fail(f"request body must be a JSON object, got {type(body).__name__}")
+    body = without_zero_max_completion_tokens(body)
     kw: dict[str, Any] = {}
     for key, value in body.items():
         if value is None or key in _IGNORED_FIELDS:
@@ -60,7 +61,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
 _DIRECT_FIELDS = frozenset({
     "temperature", "top_p", "seed", "n", "top_k", "min_p", "stop_token_ids", "ignore_eos", "min_tokens",
     "prompt_logprobs", "allowed_token_ids", "truncate_prompt_tokens", "skip_special_tokens", "bad_words",
-    "spaces_between_special_tokens", "include_stop_str_in_output",
+    "spaces_between_special_tokens", "include_stop_str_in_output", "cache_salt",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
     "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
@@ -79,7 +80,6 @@ _UNSUPPORTED = {
     "suffix": "text insertion",
     # vLLM's extras (they were "unknown request field")
     "use_beam_search": "beam search", "length_penalty": "beam search", "priority": "priority scheduling",
-    "cache_salt": "prefix cache salting",
     "guided_decoding_backend": "guided decoding", "guided_whitespace_pattern": "guided decoding",
     "structural_tag": "guided decoding",
     "mm_processor_kwargs": "multimodal input",
@@ -116,6 +116,8 @@ def _asks_nothing(key: str, value, body: dict) -> bool:
     """`key`'s value asks for nothing loopjax lacks: a harmless value, or tools only shown."""
     if key == "tools" and shown_tools(body) is not None:
         return True
+    if key == "tool_choice" and value == "required" and body.get("tools") == []:  # vLLM's: as "none"
+        return True
     return any(_same(value, v) for v in _HARMLESS.get(key, ()))
 
 
@@ -138,6 +140,13 @@ def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
         finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
         pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if finite else value))
     return tuple(pairs)
+
+
+def without_zero_max_completion_tokens(body: dict) -> dict:
+    """`body` less a max_completion_tokens of 0: vLLM takes `max_completion_tokens or max_tokens`,
+    so 0 asks nothing (max_tokens, else the default, applies)."""
+    zero = type(body.get("max_completion_tokens")) is int and body["max_completion_tokens"] == 0
+    return {k: v for k, v in body.items() if k != "max_completion_tokens"} if zero else body
 
 
 def _map_max_tokens(body, kw):

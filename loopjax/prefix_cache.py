@@ -25,6 +25,9 @@ What a page's KV depends on, hence what the root holds:
   reproduced from the tokens: their requests have `cache_salt = None` and neither look up nor
   publish. That is why prefix caching is opt-in for Huginn (and the engine decides per request).
   Ouro's KV depends on tokens and the loop count only: its salt is ().
+- The request's own salt (vLLM's `cache_salt`, `SamplingParams.cache_salt`): not a KV input but
+  a boundary: the engine appends it to `cache_salt`, so only requests of one salt share pages
+  (another salt, or none, cannot learn from a hit that a prompt was cached).
 - Huginn's ring ('shared') when it wraps within the depth: a prefill that starts after a
   cached page reads the page's tokens at their last write of a slot, where one prefill reads
   their entry of the same loop. The engine gives such requests `cache_salt = None`.

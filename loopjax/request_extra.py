@@ -87,14 +87,15 @@ def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestE
     return RequestExtra(init_mode=INIT_EXPLICIT, init_states=states)
 
 
-def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
+def cache_salt(extra: RequestExtra, cfg, huginn_seed: int, user_salt: str | None = None) -> tuple | None:
     """What a request's KV depends on besides tokens and loops (prefix_cache.py): nothing for
-    Ouro; Huginn's s0 rule, and None (never share) for explicit states."""
-    if cfg.family != "huginn":
-        return ()
-    if extra.init_mode == INIT_EXPLICIT:
+    Ouro; Huginn's s0 rule, and None (never share) for explicit states; and the request's own
+    `user_salt` (vLLM's cache_salt: requests of other salts, or none, never share its pages)."""
+    if cfg.family == "huginn" and extra.init_mode == INIT_EXPLICIT:
         return None
-    return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", huginn_seed)
+    model = (() if cfg.family != "huginn" else ("zero",) if extra.init_mode == INIT_ZERO
+             else ("seeded", huginn_seed))
+    return model if user_salt is None else (*model, ("salt", user_salt))
 
 
 def update_text(extra: RequestExtra, request, model) -> bool:

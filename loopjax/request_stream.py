@@ -51,10 +51,12 @@ class StreamState:
         self.ended_aborted: bool | None = None  # set when it leaves the open streams
 
     def record_output(self, out, now: float) -> bool:
-        """Note an output delivered at `now`; True when it is the first (tokens, or an end)."""
-        first = self.first_token_at is None and bool(out.new_token_ids or out.finished)
+        """Note an output delivered at `now`; True when it carries the first tokens. An end
+        without tokens sets `started` but is no first token (vLLM's: no TTFT sample)."""
+        first = self.first_token_at is None and bool(out.new_token_ids)
         if first:
             self.first_token_at, self.ttft = now, now - self.submitted_at
+        if first or out.finished:
             self.started.set()
         self.num_tokens, self.last_output_at = len(out.token_ids), now
         self.finished = self.finished or out.finished

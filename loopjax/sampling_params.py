@@ -147,6 +147,7 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # {id: bias} or (id, bias) pairs; stored sorted
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated; stored sorted
     bad_words: tuple[str, ...] = ()  # words the output may not contain (bad_words.py); a str is one
+    cache_salt: str | None = None  # vLLM's: prefix-cache pages are shared only among requests of one salt
     # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
@@ -186,14 +187,13 @@ class SamplingParams:
             value = getattr(self, name)
             value = () if value is None else (value,) if isinstance(value, str) else value
             object.__setattr__(self, name, _str_tuple(name, value))
-        if not isinstance(self.ignore_eos, bool):
-            _fail(f"ignore_eos must be true or false, got {self.ignore_eos!r}")
         check_int("min_tokens", self.min_tokens, 0)
-        if not isinstance(self.detokenize, bool):
-            _fail(f"detokenize must be true or false, got {self.detokenize!r}")
-        for name in ("skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output"):
+        for name in ("ignore_eos", "detokenize", "skip_special_tokens", "spaces_between_special_tokens",
+                     "include_stop_str_in_output"):
             if not isinstance(getattr(self, name), bool):
                 _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.cache_salt is not None and not (isinstance(self.cache_salt, str) and self.cache_salt):
+            _fail(f"cache_salt must be a non-empty string (or None), got {self.cache_salt!r}")
         if self.stop and not self.detokenize:
             _fail("stop strings need detokenize=True: they are matched on the text")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -14,8 +14,10 @@ import math
 import os
 import socket
 import sys
+import threading
 
 from loopjax import server
+from loopjax.generation_defaults import GENERATION_CONFIG_SOURCES
 from loopjax.openai_protocol import DEFAULT_MAX_N
 
 log = logging.getLogger("loopjax.server")
@@ -33,15 +35,17 @@ def _int_at_least(low: int, high: int | None = None):
     return parse
 
 
-def _non_negative_float(text: str) -> float:
-    """An argparse type: a finite number >= 0 (inf passed, and the AsyncEngine refused it with a
-    traceback once the engine was built)."""
+def _window_ms(text: str) -> float:
+    """An argparse type: milliseconds >= 0 the engine thread can wait (inf, and more than
+    threading.TIMEOUT_MAX seconds, passed, and the AsyncEngine refused them with a traceback once
+    the engine was built)."""
     try:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    most = threading.TIMEOUT_MAX * 1e3
+    if not (math.isfinite(value) and 0 <= value <= most):
+        raise argparse.ArgumentTypeError(f"must be a number in [0, {most:g}] (milliseconds), got {text!r}")
     return value
 
 
@@ -99,7 +103,7 @@ def add_arguments(parser):
     parser.add_argument("--max-n", type=_int_at_least(1), default=DEFAULT_MAX_N,
                         help=f"the largest `n` (samples per prompt) a request may ask for "
                              f"(default: {DEFAULT_MAX_N})")
-    parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
+    parser.add_argument("--admission-window-ms", type=_window_ms, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
     parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
@@ -112,6 +116,11 @@ def add_arguments(parser):
     parser.add_argument("--chat-template", type=_chat_template, default=None,
                         help="the chat template to serve instead of the checkpoint's: a jinja2 file or "
                              "the template itself (vLLM's)")
+    parser.add_argument("--generation-config", choices=GENERATION_CONFIG_SOURCES, default="auto",
+                        help="'auto': the model's generation_config.json sets the sampling defaults "
+                             "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) of "
+                             "requests that leave them unset; 'vllm': no model defaults (vLLM's flag; "
+                             "default: auto)")
     parser.add_argument("--allowed-origins", type=_origins, default=["*"],
                         help='the origins browsers may call the server from (CORS), a JSON list as '
                              'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
@@ -131,6 +140,16 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _app(args, model, engine, names: list[str]):
+    """The server's app of the parsed flags; create_app's one-line ValueError for an option it refuses."""
+    return server.create_app(engine, names[0], model=model, model_aliases=tuple(names[1:]),
+                             max_waiting=args.max_waiting, max_n=args.max_n,
+                             admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
+                             trust_request_chat_template=args.trust_request_chat_template,
+                             allowed_origins=args.allowed_origins, chat_template=args.chat_template,
+                             generation_config=args.generation_config)
 
 
 def run(args) -> int:
@@ -171,11 +190,12 @@ def run(args) -> int:
     if getattr(model, "tokenizer", None) is None:
         log.warning("model has no tokenizer: prompts must be token-id lists and chat is off")
     names = args.served_model_name or [args.model]
-    app = server.create_app(engine, names[0], model=model, model_aliases=tuple(names[1:]),
-                            max_waiting=args.max_waiting, max_n=args.max_n,
-                            admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
-                            trust_request_chat_template=args.trust_request_chat_template,
-                            allowed_origins=args.allowed_origins, chat_template=args.chat_template)
+    try:
+        app = _app(args, model, engine, names)
+    except ValueError as e:  # an option create_app refuses (a one-line message naming it)
+        sock.close()
+        print(f"loopjax serve: error: {e}", file=sys.stderr)
+        return 2
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                            timeout_graceful_shutdown=5))

@@ -19,7 +19,9 @@ Contract:
   every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's
   `continuous_usage_stats`: each chunk's choice's usage so far.
 - Sampling and exit settings are request fields (OpenAI's plus loopjax's extras, see
-  `SamplingParams.from_openai`). Prompts are text (needs the tokenizer) or token-id lists.
+  `SamplingParams.from_openai`); what a request leaves unset takes the model's generation_config.json
+  defaults (vLLM's --generation-config auto, `generation_defaults.py`). Prompts are text (needs the
+  tokenizer) or token-id lists.
 - `n` samples per prompt (1 <= n <= max_n): one engine request each (`fan_out`: sample i
   uses seed + i), returned as choice `prompt_index * n + i`; a stream's chunks carry their
   choice's `index`; `usage` counts each prompt's tokens once and every choice's tokens.
@@ -73,9 +75,10 @@ from loopjax.async_engine import (
     RequestFailedError,
 )
 from loopjax.chat import special_tokens
+from loopjax.generation_defaults import sampling_defaults
 from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
 from loopjax.openai_errors import APIError, bad_request, internal_error
-from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, param_of
+from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, echo_state_of, param_of
 from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 
@@ -86,7 +89,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
                api_key: str | None = None, trust_request_chat_template: bool = False,
                allowed_origins: tuple[str, ...] | list[str] = ("*",),
-               chat_template: str | None = None, model_aliases: tuple[str, ...] = ()) -> FastAPI:
+               chat_template: str | None = None, model_aliases: tuple[str, ...] = (),
+               generation_config: str = "auto") -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
@@ -96,8 +100,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     sandboxed jinja2 template, but any client's); allowed_origins: the origins browsers may call
     it from (CORS, vLLM's default: any; the API key still applies); chat_template replaces the
     model's (vLLM's --chat-template); model_aliases: more names a request may send as `model`
-    (vLLM's further --served-model-name names). The app's lifespan starts the AsyncEngine and
-    shuts it down."""
+    (vLLM's further --served-model-name names); generation_config: "auto" takes the model's sampling
+    defaults for what a request leaves unset, "vllm" none (vLLM's --generation-config,
+    generation_defaults.py). The app's lifespan starts the AsyncEngine and shuts it down."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
         raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
@@ -111,10 +116,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
     config = getattr(aengine.engine, "config", None)
     max_logprobs = getattr(config, "max_logprobs", None)
-    echo_state = _echo_state(model, config)
+    defaults = sampling_defaults(getattr(model, "generation_config", None), generation_config)
+    if defaults:  # vLLM's line
+        log.info("Using default chat and completion sampling params from model: %s", defaults)
     parser = RequestParser(model_name, tokenizer, chat_template or getattr(model, "chat_template", None),
-                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs, echo_state,
-                           trust_request_chat_template, tuple(model_aliases))
+                           special_tokens(model), vocab_size, max_context, max_n, max_logprobs,
+                           echo_state_of(model, config), trust_request_chat_template, tuple(model_aliases),
+                           defaults)
 
     scoring = threading.Lock()
 
@@ -302,10 +310,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 raise engine_error(consumer.exception())
             consumer.result()
             head["object"] = "chat.completion" if chat else "text_completion"
-            head["choices"] = [
-                c.fields(0, chat) | ({"message": {"role": role, "content": chat_echo + c.text}} if chat
-                                     else {"text": c.text} | prompt_ids(c)) for c in choices]
-            head |= prompt_ids(choices[0]) if chat else {}
+            head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
+                               for c in choices]
+            head |= {"prompt_logprobs": None} | prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
@@ -388,14 +395,3 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
     add_info_routes(app, aengine, parser, root=getattr(model, "path", None) or model_name)
     return app
-
-
-def _echo_state(model, config) -> str | None:
-    """The initial_state `loopjax.score` needs to score prompts as the engine runs them (echo),
-    `scoring.score_state`'s; "unsupported" where it cannot."""
-    from loopjax.scoring import score_state
-
-    try:
-        return score_state(model, config)
-    except ValueError:
-        return "unsupported"

@@ -527,6 +527,7 @@ def test_engine_gauges_after_death_and_shutdown_read_what_is_true():
             await read_all(stream)
         assert gauges(aeng) == {"running_rows": 0, "pages_used": 0, "waiting_requests": 0}
         assert parse(aeng.metrics.render())["loopjax_pages_free"] == 0
+        assert aeng.stats()["pages_used"] == aeng.stats()["running_rows"] == 0  # as /metrics reads
         aeng.shutdown()
 
         fake = FakeEngine()
@@ -596,5 +597,26 @@ def test_shutdown_delivers_the_outputs_the_thread_made_before_it_stopped():
         aeng.shutdown()
         assert [o.token_ids async for o in stream] == [[2], [2, 3]]
         assert aeng.metrics.finished.value == 1 and aeng.metrics.aborted.value == 0
+
+    asyncio.run(asyncio.wait_for(main(), 30))
+
+
+def test_an_end_without_tokens_is_no_first_token():
+    """An output the engine finishes with no tokens counts as finished, takes no TTFT sample
+    (vLLM's: TTFT is the first token's) and releases `started` and the waiting gauge."""
+    import types
+
+    async def main():
+        fake = FakeEngine()
+        fake.paused = True  # no step: the output below is the test's
+        aeng = AsyncEngine(fake, idle_timeout_s=0.01)
+        await aeng.start()
+        stream = await aeng.submit([1], SamplingParams(max_tokens=5, temperature=0))
+        rid = next(iter(aeng._streams.values())).engine_id
+        aeng._deliver([types.SimpleNamespace(request_id=rid, new_token_ids=[], token_ids=[], finished=True)])
+        assert [o.token_ids async for o in stream] == [[]] and stream.started.is_set()
+        m = aeng.metrics
+        assert (m.ttft.count, m.finished.value, m.e2e.count, aeng.num_waiting) == (0, 1, 1, 0)
+        aeng.shutdown()
 
     asyncio.run(asyncio.wait_for(main(), 30))

@@ -173,8 +173,11 @@ def test_a_request_id_that_is_not_a_str_is_refused_in_one_line(models, request_i
 
 def _llm(model, **config):
     """An LLM over the fake device (no compile)."""
+    from loopjax.generation_defaults import sampling_defaults
+
     llm = object.__new__(loopjax.LLM)
     llm.model = dataclasses.replace(model, tokenizer=_Letters())
+    llm.sampling_defaults = sampling_defaults(model.generation_config)  # as LLM.__init__'s
     llm.engine = _engine(model, EngineConfig(**{**dict(page_size=4, max_num_rows=2, max_context_len=32,
                                                        max_prefill_tokens=8, prefill_token_buckets=(8,)),
                                                 **config}))
@@ -615,3 +618,35 @@ def test_the_tokenizers_eos_token_stops_a_request(models, tmp_path):
     engine = engine_on_fake_device(dataclasses.replace(model, path=str(tmp_path)), config, tok)
     out = _run(engine, [(0, "eos", [1, 2, 3], dataclasses.replace(params, ignore_eos=False), {})])["eos"]
     assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:k + 1], "stop", None)
+
+
+def test_cache_salt_shares_pages_only_within_one_salt(models):
+    """vLLM's cache_salt: a cached prompt's pages serve a later request of the same salt only (one
+    of another salt, or none, prefills its own), and its tokens are those of an unsalted run."""
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=16,
+                          prefill_token_buckets=(16,), max_prefill_rows=2, enable_prefix_caching=True)
+    engine = _engine(models["ouro"], config)
+    prompt = list(range(1, 11))  # two full pages to share
+    tokens, hits = {}, []
+    for rid, salt in (("a", "x"), ("other salt", "y"), ("no salt", None), ("same salt", "x")):
+        params = SamplingParams(max_tokens=3, ignore_eos=True, temperature=0, cache_salt=salt)
+        before = engine.stats()["prefix_cache_hit_pages"]
+        tokens[rid] = _run(engine, [(0, rid, prompt, params, {})])[rid].token_ids
+        hits.append(engine.stats()["prefix_cache_hit_pages"] - before)
+    assert hits == [0, 0, 0, 2] and len({tuple(t) for t in tokens.values()}) == 1
+    with pytest.raises(ValueError, match="^cache_salt must be a non-empty string"):
+        SamplingParams(cache_salt="")
+
+
+def test_llm_takes_the_models_sampling_defaults_for_what_a_call_leaves_unset(models):
+    """vLLM's generation_config "auto": generation_config.json's sampling values (max_new_tokens as
+    max_tokens) are get_default_sampling_params() and the defaults of generate's keywords; what a
+    call sets wins (it read only the EOS ids there)."""
+    model = dataclasses.replace(models["ouro"], generation_config={"temperature": 0.6, "max_new_tokens": 2,
+                                                                   "top_k": 50, "eos_token_id": 2})
+    llm = _llm(model)
+    assert llm.sampling_defaults == {"temperature": 0.6, "max_tokens": 2}  # top_k 50: HF's default, not read
+    default = llm.get_default_sampling_params()
+    assert (default.temperature, default.max_tokens, default.top_k) == (0.6, 2, 0)
+    assert len(llm.generate([1, 2, 3], ignore_eos=True)[0].token_ids) == 2
+    assert len(llm.generate([1, 2, 3], ignore_eos=True, max_new_tokens=4)[0].token_ids) == 4

@@ -74,8 +74,8 @@ from loopjax.server import create_app
      "prompt_logprobs must be at most 2 (this server's max_logprobs), got 3"),
     ({"prompt": [5], "use_beam_search": True}, 400, "use_beam_search",  # vLLM's: was "unknown request field"
      "use_beam_search is not supported by this server (beam search)"),
-    ({"prompt": [5], "cache_salt": "x"}, 400, "cache_salt",
-     "cache_salt is not supported by this server (prefix cache salting)"),
+    ({"prompt": [5], "cache_salt": ""}, 400, "cache_salt",  # vLLM's; any salt was refused
+     "cache_salt must be a non-empty string (or None), got ''"),
     ({"prompt": [5], "request_id": 7}, 400, "request_id", "request_id must be a non-empty string, got 7"),
     ({"prompt": [5], "user": 7}, 400, "user", "user must be a string, got 7"),  # was ignored
     ({"prompt": [5], "return_tokens_as_token_ids": "yes"}, 400, "return_tokens_as_token_ids",
@@ -248,6 +248,10 @@ def test_null_max_tokens_fills_the_context():
     with pytest.raises(APIError, match="^max_completion_tokens=60 does not fit") as err:
         parser.sampling({"max_tokens": 3, "max_completion_tokens": 60}, True, prompts)
     assert err.value.param == "max_completion_tokens"
+    # max_completion_tokens 0 asks nothing (vLLM's `max_completion_tokens or max_tokens`; it was a 400)
+    zero = parser.body(b'{"max_tokens": 3, "max_completion_tokens": 0}')
+    assert parser.sampling(zero, True, prompts).max_tokens == 3
+    assert parser.sampling(parser.body(b'{"max_completion_tokens": 0}'), False, prompts).max_tokens == 16
 
 
 def test_vllms_fields_at_their_defaults_are_served():
@@ -453,6 +457,9 @@ def test_chat_content_parts_are_joined_by_newlines():
     assert as_parts == [3, 4] != parser.tokenize({"messages": [{"role": "user", "content": "helloworld"}]})
     # ... plain strings among them too (vLLM's; they were refused)
     assert parser.tokenize({"messages": [{"role": "user", "content": ["hello", parts[1]]}]}) == as_parts
+    # ... and a text part of null or no text is skipped, as vLLM's (a null one was refused)
+    skipped = [parts[0], {"type": "text", "text": None}, {"type": "text"}, parts[1]]
+    assert parser.tokenize({"messages": [{"role": "user", "content": skipped}]}) == as_parts
 
 
 def test_chat_template_kwargs_and_add_generation_prompt():
@@ -623,3 +630,41 @@ def test_tools_under_tool_choice_none_are_shown_to_the_template():
     with pytest.raises(APIError, match=r"^tools must be a list of \{type, function") as err:
         parser.tokenize({**body, "tools": [{"type": "function"}]})
     assert err.value.param == "tools"
+
+
+def test_the_models_generation_config_sets_the_sampling_defaults(caplog):
+    """vLLM's --generation-config auto (the default): generation_config.json's temperature, top_p,
+    top_k, min_p, repetition_penalty and max_new_tokens are the defaults of requests that leave
+    them unset or null (chat's max_tokens, cut to the room; completions' stays 16), only where they
+    differ from Hugging Face's defaults, logged at start-up as vLLM logs them; 'vllm': none. The
+    server read only the EOS ids there."""
+    from loopjax.generation_defaults import sampling_defaults
+
+    config = {"temperature": 0.6, "top_p": 0.9, "top_k": 50, "repetition_penalty": 1.0, "min_p": 0.05,
+              "max_new_tokens": 40, "do_sample": False, "eos_token_id": 2}
+    defaults = sampling_defaults(config)
+    assert defaults == {"temperature": 0.6, "top_p": 0.9, "min_p": 0.05, "max_tokens": 40}
+    assert sampling_defaults(config, "vllm") == {} == sampling_defaults(None)
+    with pytest.raises(ValueError, match=r"^generation_config\.json's sampling defaults are not usable "
+                                         r"\(temperature must be in \[0, 2.0\], got 5\); serve with"):
+        sampling_defaults({"temperature": 5})
+    with pytest.raises(ValueError, match="^generation_config must be one of auto, vllm, got 'hf'$"):
+        sampling_defaults(config, "hf")
+    parser = RequestParser(MODEL_NAME, max_context=64, sampling_defaults=defaults)
+    chat = parser.sampling({"temperature": None, "top_p": 0.5}, True, [[5] * 4])
+    assert (chat.temperature, chat.top_p, chat.min_p, chat.top_k, chat.max_tokens) == (0.6, 0.5, 0.05, 0, 40)
+    assert parser.sampling({}, True, [[5] * 30]).max_tokens == 34  # cut to the room
+    assert parser.sampling({}, False, [[5]]).max_tokens == 16  # completions' default (vLLM's)
+    assert parser.sampling({"max_tokens": None}, False, [[5]]).max_tokens == 40
+    assert parser.sampling({"max_tokens": 50}, True, [[5]]).max_tokens == 50  # a request's own wins
+    # The server: chat's default max_tokens reaches the engine (the fake generates max_tokens tokens)
+    model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=CHATML,
+                                  cfg=types.SimpleNamespace(vocab_size=256, max_context_len=512),
+                                  generation_config={"max_new_tokens": 3, "temperature": 0.5})
+    caplog.set_level("INFO", "loopjax.server")
+    with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=model)) as live:
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(live.url + "/v1/chat/completions", json=chat, timeout=30)
+        assert len(r.json()["choices"][0]["token_ids"]) == 3
+    assert ("Using default chat and completion sampling params from model: {'temperature': 0.5, "
+            "'max_tokens': 3}") in caplog.text

@@ -514,6 +514,8 @@ def test_from_openai_maps_fields():
     assert SamplingParams.from_openai({"response_format": {"type": "text"}, "tools": [],
                                        "tool_choice": "none", "parallel_tool_calls": False, "suffix": "",
                                        }).max_tokens == 16
+    # ... and tool_choice "required" over no tools, which vLLM takes as "none" (it was refused)
+    assert SamplingParams.from_openai({"tools": [], "tool_choice": "required"}).max_tokens == 16
     assert SamplingParams.from_openai({"bad_words": ["no", "yes"]}).bad_words == ("no", "yes")
     allowed = SamplingParams.from_openai({"allowed_token_ids": [9, 3, 9]})
     assert allowed.allowed_token_ids == (3, 9) and allowed.processes_logits and not allowed.is_plain_greedy
@@ -554,7 +556,7 @@ def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
     ({"top_logprobs": 2}, "top_logprobs requires logprobs=true"),
     ({"logprobs": True, "top_logprobs": 30}, "top_logprobs must be in [0, 20], got 30"),
     ({"logprobs": 30}, "logprobs must be in [0, 20], got 30"),
-    ({"max_completion_tokens": 0}, "max_completion_tokens must be >= 1, got 0"),
+    ({"max_completion_tokens": -1}, "max_completion_tokens must be >= 1, got -1"),
     ({"n": 0}, "n must be >= 1, got 0"),
     ({"n": "x"}, "n must be an integer >= 1, got 'x'"),
     ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),

@@ -388,7 +388,7 @@ def test_a_scoring_left_running_has_its_error_retrieved(monkeypatch, caplog):
 
     monkeypatch.setattr(loopjax.scoring, "score", score)
     monkeypatch.setattr(loopjax.scoring, "score_options", lambda *a, **kw: {})
-    monkeypatch.setattr(loopjax.server, "_echo_state", lambda model, config: None)  # scorable
+    monkeypatch.setattr(loopjax.server, "echo_state_of", lambda model, config: None)  # scorable
     with LiveServer(create_app(FakeEngine(fail_at_step=1), MODEL_NAME)) as live:
         r = httpx.post(live.url + "/v1/completions", json={"prompt": [4], "prompt_logprobs": 0}, timeout=30)
         assert r.status_code == 503, r.text

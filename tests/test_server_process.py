@@ -32,7 +32,7 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
                         lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
                                                          kw["trust_request_chat_template"],
                                                          kw["allowed_origins"], kw["chat_template"],
-                                                         a[1], kw["model_aliases"])))
+                                                         a[1], kw["model_aliases"], kw["generation_config"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -40,13 +40,13 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     try:
         args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5",
                                   "--trust-request-chat-template", "--chat-template", "{{ messages }}",
-                                  "--served-model-name", "ouro", "alias"])
+                                  "--served-model-name", "ouro", "alias", "--generation-config", "vllm"])
         assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",))]
+    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",), "vllm")]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
@@ -55,10 +55,11 @@ def test_serve_refuses_a_negative_admission_window(capsys):
 
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
-    for bad in ("-1", "nan", "x", "inf"):  # inf passed: the AsyncEngine's ValueError was a traceback
+    # inf and 1e13 (past threading.TIMEOUT_MAX) passed: the AsyncEngine's ValueError was a traceback
+    for bad in ("-1", "nan", "x", "inf", "1e13"):
         with pytest.raises(SystemExit):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
-        assert "--admission-window-ms: must be a finite number >= 0" in capsys.readouterr().err
+        assert "--admission-window-ms: must be a number in [0, " in capsys.readouterr().err
     assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
     # An empty key refused every /v1 request (no client sends one): refused at parsing, and by create_app.
     with pytest.raises(SystemExit):
@@ -135,6 +136,30 @@ def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
         assert serve_cli.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("loopjax serve: error: ") and expected in err[0], err
+
+
+def test_an_option_create_app_refuses_is_one_line(monkeypatch, capsys):
+    """create_app's ValueError (an option it refuses) was a traceback after the warm-up."""
+    import types
+
+    import uvicorn
+
+    from loopjax import engine_args, serve_cli, server
+
+    def refuse(*a, **kw):
+        raise ValueError("max_waiting must be an integer >= 1, got 0")
+
+    monkeypatch.setattr(engine_args, "build_engine", lambda args: (types.SimpleNamespace(tokenizer=1), None))
+    monkeypatch.setattr(server, "create_app", refuse)
+    monkeypatch.setattr(uvicorn.Server, "run", lambda *a, **kw: pytest.fail("served after a start-up error"))
+    parser = argparse.ArgumentParser()
+    serve_cli.add_arguments(parser)
+    gc.unfreeze()
+    try:
+        assert serve_cli.run(parser.parse_args(["ouro-tiny", "--port", "0"])) == 2
+    finally:
+        gc.unfreeze()
+    assert capsys.readouterr().err == "loopjax serve: error: max_waiting must be an integer >= 1, got 0\n"
 
 
 def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, capsys):

@@ -159,6 +159,23 @@ def test_completions_top_logprobs_hold_the_token_itself():
     choice = Choice(0, tok, SamplingParams(logprobs=0))
     choice.update(out)
     assert choice.fields(0, chat=False)["logprobs"]["top_logprobs"] == [{"user": -1.0}, {"assistant": -3.0}]
+    # -inf (NaN) log-probabilities are vLLM's -9999.0: JSON holds no -inf (a full answer was a 500)
+    inf = float("-inf")
+    out.logprobs, out.top_logprobs = [inf, -3.0], [[(5, inf)], [(7, float("nan"))]]
+    choice = Choice(0, tok, SamplingParams(logprobs=1))
+    choice.update(out)
+    answer = {"text": choice.text, "logprobs": choice.fields(0, chat=False)["logprobs"]}
+    scored = types.SimpleNamespace(token_ids=[3, 4], token_logprobs=[inf], ranks=[9],
+                                   top_logprobs=[[(8, inf)]])
+    choice.echo(answer, scored, 1, ("hello world", [0, 6]))
+    assert answer["logprobs"]["token_logprobs"] == [None, -9999.0, -9999.0, -3.0]
+    assert answer["logprobs"]["top_logprobs"][1:3] == [{"the": -9999.0, "world": -9999.0}, {"user": -9999.0}]
+    chat = choice.fields(0, chat=True)["logprobs"]["content"]
+    assert [(e["logprob"], e["top_logprobs"][0]["logprob"]) for e in chat] == [(-9999.0, -9999.0),
+                                                                               (-3.0, -9999.0)]
+    from loopjax.openai_choice import prompt_logprobs
+    assert prompt_logprobs(scored, 1, tok)[1]["4"]["logprob"] == -9999.0
+    json.dumps([answer, chat], allow_nan=False)  # JSON, as a full answer's JSONResponse writes it
 
 
 def test_text_offsets_place_each_token_in_the_text():
@@ -276,8 +293,10 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
         plain = httpx.post(url, json=body, timeout=30).json()["choices"][0]["message"]
         r = httpx.post(url, json={**body, "echo": True}, timeout=30)
         assert r.status_code == 200, r.text
-        for choice in r.json()["choices"]:
-            assert choice["message"] == {"role": role, "content": echoed + plain["content"]}, body
+        for choice in r.json()["choices"]:  # vLLM's message fields of no tool call and no reasoning parser
+            assert choice["message"] == {"role": role, "content": echoed + plain["content"], "tool_calls": [],
+                                         "reasoning_content": None}, body
+        assert r.json()["prompt_logprobs"] is None  # vLLM's, where not asked
         chunks = sse_chunks(url, {**body, "echo": True})
         opening = [c["choices"][0]["delta"] for c in chunks[:2]]
         assert opening == [{"role": role, "content": echoed}] * 2, body
@@ -290,7 +309,8 @@ def test_request_id_names_the_response(fake_chat_server):
     unknown field), streamed chunks' too; its X-Request-Id header wins (it was ignored)."""
     url = fake_chat_server.url + "/v1/completions"
     body = {"prompt": [4], "max_tokens": 2, "request_id": "job-7"}
-    assert httpx.post(url, json=body, timeout=30).json()["id"] == "cmpl-job-7"
+    answer = httpx.post(url, json=body, timeout=30).json()
+    assert answer["id"] == "cmpl-job-7" and answer["choices"][0]["prompt_logprobs"] is None  # vLLM's
     assert {c["id"] for c in sse_chunks(url, body)} == {"cmpl-job-7"}
     headed = httpx.post(url, json=body, headers={"X-Request-Id": "trace-1"}, timeout=30)
     assert headed.json()["id"] == "cmpl-trace-1"  # vLLM's header wins over the field
