@@ -42,6 +42,7 @@ from collections.abc import Iterable
 
 from loopjax.prefix_cache import PrefixCache
 from loopjax.request import Request, RequestPhase
+from loopjax.wording import counted
 
 
 class BlockManager:
@@ -112,7 +113,7 @@ class BlockManager:
         """Grow the request's pages to cover num_tokens positions; returns the new pages."""
         if not self.can_fit(request, num_tokens):
             raise RuntimeError(f"request {request.request_id}: needs "
-                               f"{self.num_new_pages(request, num_tokens)} pages, "
+                               f"{counted(self.num_new_pages(request, num_tokens), 'page')}, "
                                f"{self.num_free_pages} free (check can_fit first)")
         take = self._take_decode_page if self.takes_decode_pages(request) else self._take_page
         new = [take() for _ in range(self.num_new_pages(request, num_tokens))]

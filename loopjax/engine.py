@@ -86,6 +86,7 @@ class Engine:
                                       # full contexts, each in whole pages
                                       default_tokens=config.max_num_rows * config.page_size
                                       * -(-max_context // config.page_size))
+        kv_cache.check_holds_context(layout, max_context)
         attention_backend.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:
             print(layout.describe(), flush=True)

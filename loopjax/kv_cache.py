@@ -49,6 +49,7 @@ import numpy as np
 
 from loopjax import attention_backend, penalties
 from loopjax.kernels.paged_attention import write_plane
+from loopjax.wording import counted, pool_size
 
 LAYOUTS = ("per_loop", "shared")
 DEFAULT_KV_BYTES = 16 * 2**30  # pool cap of make_layout's default size (default_tokens)
@@ -171,9 +172,18 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
         num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)
     if num_pages <= 0:
-        raise ValueError(f"KV pool too small: the budget holds {num_pages} pages of "
-                         f"{page_size} tokens at {layout.bytes_per_token} bytes/token")
+        raise ValueError(f"KV pool too small: the budget holds {counted(int(num_pages), 'page')} of "
+                         f"{counted(page_size, 'token')} at {layout.bytes_per_token} bytes/token")
     return dataclasses.replace(layout, num_pages=int(num_pages))
+
+
+def check_holds_context(layout: KVLayout, max_context_len: int) -> None:
+    """vLLM's start-up check: the pool holds one request's whole context, else a one-line
+    ValueError naming both and the ways out (such a pool silently cut every request at its size)."""
+    if layout.capacity_tokens < max_context_len:
+        raise ValueError(f"max_context_len {max_context_len} is larger than the KV pool holds "
+                         f"({pool_size(layout.num_pages, layout.page_size)}): give a larger "
+                         "kv_memory_bytes (or num_pages), or a smaller max_context_len")
 
 
 @jax.tree_util.register_dataclass

@@ -197,8 +197,19 @@ def test_engine_options_the_family_ignores_are_refused(ouro_model, huginn):
         with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+$"):
             Engine(model, EngineConfig(**options, warmup=False))
     Engine(huginn[0], EngineConfig(kv_layout="shared", shared_kv_slots=16, huginn_seed=3, warmup=False,
-                                   num_pages=4, verbose=False))
+                                   num_pages=8, verbose=False))
     assert EngineConfig(decode_row_buckets=[4, 8]).decode_row_buckets == (4, 8)
+
+
+def test_a_pool_smaller_than_one_context_is_refused_at_start(ouro_model):
+    """vLLM's start-up check: a pool that cannot hold one max_context_len context is one line
+    naming both and the ways out (it cut every request at the pool's size, finish "length")."""
+    small = dict(page_size=16, max_context_len=64, warmup=False, verbose=False)
+    with pytest.raises(ValueError, match=r"^max_context_len 64 is larger than the KV pool holds \(3 pages x "
+                                         r"16 tokens = 48 tokens\): give a larger kv_memory_bytes \(or "
+                                         r"num_pages\), or a smaller max_context_len$"):
+        Engine(ouro_model, EngineConfig(num_pages=3, **small))
+    assert Engine(ouro_model, EngineConfig(num_pages=4, **small)).scheduler.config.max_seq_len == 64
 
 
 def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
