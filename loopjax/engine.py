@@ -61,6 +61,7 @@ from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_mode
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
+from loopjax.wording import counted
 
 
 class Engine:
@@ -254,8 +255,8 @@ class Engine:
         except Exception as e:  # NOTE: the device is gone; Runner.submit refuses every later step
             recovered, after = False, f"no new KV pool ({type(e).__name__}): build a new engine"
         line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return StepFailedError(f"a step failed on the device ({type(error).__name__}: {line}); its "
-                               f"{len(lost)} running requests were aborted, {after}",
+        return StepFailedError(f"a step failed on the device ({type(error).__name__}: {line}); "
+                               f"{counted(len(lost), 'running request')} aborted, {after}",
                                [r.request_id for r in lost], recovered)
 
     def _may_schedule(self) -> bool:

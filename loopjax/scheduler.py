@@ -47,6 +47,7 @@ from loopjax.block_manager import BlockManager
 from loopjax.prefix_cache import PrefixCache
 from loopjax.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestPhase
 from loopjax.step_plan import PrefillShare, SchedulerConfig, StepKind, StepOutput, StepPlan
+from loopjax.wording import counted
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepKind", "StepOutput", "StepPlan"]
 
@@ -182,7 +183,7 @@ class Scheduler:
             if ahead:
                 return None
             # NOTE: unreachable by the rule above; a stall must not spin silently
-            raise RuntimeError(f"scheduler stalled with {len(self.requests)} unfinished requests")
+            raise RuntimeError(f"scheduler stalled with {counted(len(self.requests), 'unfinished request')}")
         plan.apply_dispatch()
         self._in_flight.append(plan)
         self.num_steps += 1

@@ -63,7 +63,7 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
     xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB.\n"
                        "BufferAssignment OOM Debugging.")
     step = RuntimeError("a step failed on the device (XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory); "
-                        "its 1 running requests were aborted")  # the Engine's line for a failed read
+                        "1 running request aborted")  # the Engine's line for a failed read
     for error, detail in ((xla, ": RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB."),
                           (MemoryError(), ""), (step, f": {step}")):
         def out_of_memory(*args, error=error, **kwargs):
@@ -80,8 +80,8 @@ def test_a_device_error_in_generate_is_one_line(monkeypatch, capsys):
     import loopjax.llm
     from loopjax.request import StepFailedError
 
-    line = ("a step failed on the device (XlaRuntimeError: INTERNAL: an illegal memory access); its 1 "
-            "running requests were aborted, the KV pool made anew")
+    line = ("a step failed on the device (XlaRuntimeError: INTERNAL: an illegal memory access); 1 "
+            "running request aborted, the KV pool made anew")
 
     def failed(*args, **kwargs):
         raise StepFailedError(line, ["0"], True)

@@ -228,7 +228,7 @@ def test_a_read_that_fails_aborts_the_running_requests_and_the_engine_serves_on(
         raise RuntimeError("INTERNAL: an illegal memory access\nstack of the device error")
     engine.runner.read = broken
     with pytest.raises(StepFailedError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
-                                              r"illegal memory access\); its 2 running requests were "
+                                              r"illegal memory access\); 2 running requests "
                                               r"aborted, the KV pool made anew$") as failed:
         engine.step()
     assert sorted(failed.value.request_ids) == ["a", "b"] and failed.value.recovered
@@ -254,7 +254,7 @@ def test_llm_generate_after_a_failed_read_raises_one_line_and_the_next_call_runs
         raise RuntimeError("INTERNAL: device lost")
     llm.engine.runner.read = broken
     with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: device "
-                                           r"lost\); its 1 running requests were aborted"):
+                                           r"lost\); 1 running request aborted"):
         llm.generate([[1, 2, 3], [4, 5]], **kw)
     assert not llm.engine.has_unfinished() and not llm.engine._extra
     assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)] == expected
@@ -360,7 +360,7 @@ def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_l
     def gone(*args):
         raise RuntimeError("INTERNAL: device lost")
     engine.runner.read = engine.runner.reset_state = gone
-    with pytest.raises(StepFailedError, match=r"1 running requests were aborted, no new KV pool "
+    with pytest.raises(StepFailedError, match=r"; 1 running request aborted, no new KV pool "
                                               r"\(RuntimeError\): build a new engine$") as failed:
         engine.step()
     assert failed.value.request_ids == ["a"] and not failed.value.recovered
