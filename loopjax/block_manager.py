@@ -108,6 +108,12 @@ class BlockManager:
             return needed <= pages
         return needed <= slots + self.decode_page_planes * pages
 
+    def stats(self) -> dict[str, int | float]:
+        """Free and used pages; the prefix_cache_* entries are zero with the cache off (hit
+        rates: hit / queried, queried = every admitted context)."""
+        return {"num_free_pages": self.num_free_pages, "num_used_pages": self.num_used_pages,
+                **(self.prefix_cache or PrefixCache(self.page_size)).stats()}
+
     # ---- allocation
     def allocate(self, request: Request, num_tokens: int) -> list[int]:
         """Grow the request's pages to cover num_tokens positions; returns the new pages."""

@@ -70,12 +70,16 @@ def _workload(rng, family, ctx, fused, vocab, hidden):
     return items
 
 
-def check_engine(engine) -> None:
-    """After a step: the pool's invariants hold, and each token / carry slot is held once or free."""
+def check_engine(engine, settled: bool = True) -> None:
+    """After a step: the pool's invariants hold, and each token / carry slot is held once or free;
+    settled (no schedule() raised since the last plan): no waiting request holds one."""
     engine.scheduler.block_manager.check(engine.scheduler.requests.values())
     for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
         held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
         assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+    for request in engine.scheduler.waiting if settled else ():  # a preempted one gave them back
+        extra = engine._extra[request.request_id]
+        assert (extra.token_slot, extra.carry_slot) == (None, None), request.request_id
 
 
 def _run(engine, items, rng=None, abort_rate=0.0):
