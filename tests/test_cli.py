@@ -124,7 +124,8 @@ def test_version(capsys):
 def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeypatch, capsys):
     """`loopjax generate --shared-kv-slots K` (EngineConfig.shared_kv_slots: Huginn's shared KV
     ring; there was no flag) reaches the engine options; where the engine refuses it (not
-    Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles)."""
+    Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles), as
+    is `--exit-mode skip` on Huginn without `--exit-criterion` (it ran every loop)."""
     import loopjax.llm
     import loopjax.model
     from loopjax.config import preset
@@ -140,6 +141,10 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
              "model with kv_layout='per_loop'")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
+    # the engine's refusal (sampling_params.check_for_model) comes before any engine is built
+    assert cli.main(["generate", "huginn-tiny", "--prompt-ids", "1,2", "--exit-mode", "skip"]) == 2
+    assert capsys.readouterr().err == ("loopjax generate: error: exit_mode='skip' on a Huginn model stops "
+                                       "at its exit_criterion; give one (or an exit_trace)\n")
     seen = []
 
     def fake_generate(model, prompts, **kwargs):

@@ -201,6 +201,19 @@ def test_engine_options_the_family_ignores_are_refused(ouro_model, huginn):
     assert EngineConfig(decode_row_buckets=[4, 8]).decode_row_buckets == (4, 8)
 
 
+def test_skip_mode_on_huginn_needs_an_exit_criterion(huginn):
+    """exit_mode='skip' on Huginn without an exit_criterion (or exit_trace) ran every loop, as
+    'select' does, on the adaptive path: the engine (so the LLM, the server and the CLI too)
+    refuses it in one line; with a criterion or a trace it is accepted."""
+    engine = Engine(huginn[0], EngineConfig(warmup=False, verbose=False, num_pages=8))
+    with pytest.raises(ValueError, match=r"^exit_mode='skip' on a Huginn model stops at its exit_criterion; "
+                                         r"give one \(or an exit_trace\)$"):
+        engine.add_request([1, 2], greedy(2, exit_mode="skip"))
+    assert not engine.has_unfinished()
+    for ok in (dict(exit_criterion="kl"), dict(exit_trace=(2,))):
+        engine.add_request([1, 2], greedy(2, exit_mode="skip", loops=4, **ok))
+
+
 def test_a_pool_smaller_than_one_context_is_refused_at_start(ouro_model):
     """vLLM's start-up check: a pool that cannot hold one max_context_len context is one line
     naming both and the ways out (it cut every request at the pool's size, finish "length")."""

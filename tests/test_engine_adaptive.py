@@ -266,7 +266,7 @@ def test_huginn_ring_token_exiting_before_the_ring_wraps(huginn_engines):
     prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
     engine, trace = huginn_engines["shared"], (1, 2, 1, 3, 1, 2, 2, 1)
     engine.add_request(prompt[::-1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                                                    loops=16, exit_mode="skip"), "before")  # its KV stays
+                                                    loops=16, exit_trace=(16,)), "before")  # its KV stays
     finish(engine)
     engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
                                               exit_trace=trace, logprobs=0), "ring", initial_state=init)
