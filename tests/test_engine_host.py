@@ -539,6 +539,29 @@ def test_stop_reason_of_generation_config_eos_ids(models, tmp_path):
         assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:3], "stop", reason)
 
 
+def test_generation_config_eos_ids_replace_config_json_ones(models):
+    """HF generate stops at generation_config.json's eos_token_id where the file exists (vLLM too,
+    besides the tokenizer's EOS); config.json's counts only where there is none. The engine
+    stopped at config.json's ids as well."""
+    from loopjax.config import eos_token_ids
+
+    cfg = dataclasses.replace(models["ouro"].cfg, eos_token_id=(3, 4))
+    assert eos_token_ids(cfg) == eos_token_ids(cfg, None) == (3, 4)
+    assert eos_token_ids(cfg, {"eos_token_id": 5}) == (5,) and eos_token_ids(cfg, {}) == ()
+    assert eos_token_ids(cfg, {"eos_token_id": [5, 7]}, tokenizer_eos=7) == (7, 5)
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, async_scheduling=False)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = list(_run(_engine(models["ouro"], config), [(0, "full", [1, 2, 3], params, {})])["full"].token_ids)
+    first, later = ids[1], next(t for t in ids[2:] if t not in ids[:2])
+    assert first not in ids[:1]
+    model = dataclasses.replace(models["ouro"], cfg=dataclasses.replace(cfg, eos_token_id=first),
+                                generation_config={"eos_token_id": later})
+    stopping = dataclasses.replace(params, ignore_eos=False)
+    out = _run(_engine(model, config), [(0, "r", [1, 2, 3], stopping, {})])["r"]
+    assert (out.token_ids, out.finish_reason) == (ids[:ids.index(later) + 1], "stop")
+
+
 class _Words:  # a tokenizer of words "t<id>", so that bad words can name any token sequence
     def decode(self, ids, skip_special_tokens=True):
         return "".join(f" t{t}" for t in ids)
