@@ -16,6 +16,7 @@ from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer, decode_output, prompt_context
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_ABORT, FINISH_STOP, RequestOutput, Snapshot
+from loopjax.sampling_params import listed_rank
 
 
 @dataclass
@@ -95,6 +96,15 @@ def cache_salt(extra: RequestExtra, cfg, huginn_seed: int) -> tuple | None:
     if extra.init_mode == INIT_EXPLICIT:
         return None
     return ("zero",) if extra.init_mode == INIT_ZERO else ("seeded", huginn_seed)
+
+
+def record_logprobs(extra: RequestExtra, k: int, token: int, result, i: int) -> None:
+    """Row i of a step's result (batch.StepResult) for its sampled `token`: its log-prob, the
+    top k and its rank (vLLM's, as listed beside them)."""
+    extra.logprobs.append(float(result.logprobs[i]))
+    top = [(int(t), float(v)) for t, v in zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
+    extra.top_logprobs.append(top)
+    extra.ranks.append(listed_rank(token, int(result.ranks[i]), top))
 
 
 def update_text(extra: RequestExtra, request, model) -> bool:
