@@ -76,6 +76,9 @@ class Engine(EngineFailures):
         if any(n > self.max_loops for n in config.loop_buckets):
             raise ValueError(f"EngineConfig.loop_buckets entry {max(config.loop_buckets)} exceeds "
                              f"max_loops={self.max_loops}")
+        if max(config.decode_context_buckets, default=0) > max_context:  # NOTE: it compiled nothing
+            raise ValueError(f"EngineConfig.decode_context_buckets entry {max(config.decode_context_buckets)}"
+                             f" exceeds max_context_len={max_context}")
         if not 0 <= config.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {config.max_logprobs}")
         if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:

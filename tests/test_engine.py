@@ -277,6 +277,10 @@ def test_max_logprobs_out_of_range_is_a_clear_error(ouro_model):
 def test_loop_buckets_deeper_than_max_loops_are_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match=r"^EngineConfig.loop_buckets entry 8 exceeds max_loops=4$"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "loop_buckets": (2, 8), "warmup": False}))
+    # a context bucket past the context compiled nothing, silently (the runner drops it)
+    with pytest.raises(ValueError, match=r"^EngineConfig.decode_context_buckets entry 80 exceeds "
+                                         r"max_context_len=64$"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "decode_context_buckets": (16, 80), "warmup": False}))
 
 
 def test_pool_too_small_is_a_clear_error(ouro_model):
