@@ -28,9 +28,9 @@ class DeviceError(RuntimeError):
 
 def _run_interrupted(engine, items, rng, rate, read_error=Interrupt):
     """Step to the end while dispatch and read raise at `rate` (before the fake device runs,
-    resp. after it ran; read: `read_error`), and so do the text decodes of a step's update and
-    schedule() after a preemption (an Interrupt); aborts too. Returns ({id: final output},
-    interruptions)."""
+    resp. after it ran; read: `read_error`), and so do building a plan's rows, the text decodes
+    of a step's update and schedule() after a preemption (an Interrupt); aborts too. Returns
+    ({id: final output}, interruptions)."""
     device, arrivals, finals = engine.runner, {}, {}
     dispatch, read, interruptions = device.dispatch, device.read, []
 
@@ -45,6 +45,7 @@ def _run_interrupted(engine, items, rng, rate, read_error=Interrupt):
             return call(*args, **kwargs)
         return wrapped
     device.dispatch, device.read = flaky(dispatch, "dispatch"), flaky(read, "read")
+    engine._row = flaky(engine._row, "row")  # Ctrl-C while the host builds a row of a plan
     tokenizer = engine.model.tokenizer  # this engine's own (test_engine_host._engine)
     decode = tokenizer.decode
     preempt = engine.scheduler._preempt
@@ -84,6 +85,7 @@ def _run_interrupted(engine, items, rng, rate, read_error=Interrupt):
         check_engine(engine, settled=interruptions.count("schedule") == count)
         step += 1
     device.dispatch, device.read, engine.scheduler._preempt = dispatch, read, preempt
+    del engine._row
     stats = engine.stats()
     assert stats["pages_free"] == stats["pages_total"] and not engine._extra
     return finals, interruptions
@@ -96,7 +98,7 @@ def test_interrupted_steps_keep_slots_pages_and_tokens(models):  # noqa: F811
             kinds |= set(_scenario(models, seed))
         except AssertionError as e:
             raise AssertionError(f"seed {seed}: {e}") from e
-    assert kinds >= {"dispatch", "read", "update"}  # "schedule" too, rarely: its own test below
+    assert kinds >= {"dispatch", "read", "update", "row"}  # "schedule" too, rarely: its own test below
 
 
 def test_failed_reads_abort_the_running_requests_and_the_engine_serves_on(models):  # noqa: F811
