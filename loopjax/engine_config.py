@@ -75,7 +75,7 @@ class EngineConfig:
             value = getattr(self, name)
             if ignored and value != _FIELDS[name].default:
                 raise ValueError(f"EngineConfig.{name}={value!r} applies to {APPLIES_TO[name]}; this "
-                                 f"is a {family} model with kv_layout={self.kv_layout!r}")
+                                 f"{family} model has kv_layout={self.kv_layout!r}")  # not "a ouro"
 
     def context_len(self, model_context_len: int) -> int:
         """The context the engine serves for a model of `model_context_len`."""

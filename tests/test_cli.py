@@ -137,8 +137,8 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
              "EngineConfig.shared_kv_slots must be >= 1, got 0"),
             (["huginn-tiny", "--shared-kv-slots", "4"],
-             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this is a huginn "
-             "model with kv_layout='per_loop'")):
+             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this huginn "
+             "model has kv_layout='per_loop'")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
     # the engine's refusal (sampling_params.check_for_model) comes before any engine is built

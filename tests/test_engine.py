@@ -194,7 +194,8 @@ def test_engine_options_the_family_ignores_are_refused(ouro_model, huginn):
                            (ouro_model, dict(kv_layout="shared", shared_kv_slots=16)),
                            (huginn[0], dict(shared_kv_slots=16))]:  # per_loop: no ring
         name = next(iter(options.keys() - {"kv_layout"}))
-        with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+$"):
+        with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+; this "
+                                             rf"{model.cfg.family} model has kv_layout='\w+'$"):
             Engine(model, EngineConfig(**options, warmup=False))
     Engine(huginn[0], EngineConfig(kv_layout="shared", shared_kv_slots=16, huginn_seed=3, warmup=False,
                                    num_pages=8, verbose=False))
