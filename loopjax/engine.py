@@ -89,7 +89,7 @@ class Engine(EngineFailures):
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
                                       # full contexts, each in whole pages
                                       default_tokens=config.max_num_rows * config.page_size
-                                      * -(-max_context // config.page_size))
+                                      * -(-max_context // config.page_size), min_tokens=max_context)
         kv_cache.check_holds_context(layout, max_context)
         attention_backend.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:

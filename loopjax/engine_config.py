@@ -16,7 +16,8 @@ _POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_p
 # What each default of no value means, in words (the command-line help prints them, not "None").
 DEFAULT_WORDS = {
     "num_pages": "from --kv-memory-bytes",
-    "kv_memory_bytes": "max-num-rows full contexts (when --num-pages is unset too)",
+    "kv_memory_bytes": "max-num-rows full contexts, at most 16 GiB yet one at least (when --num-pages is "
+                       "unset too)",
     "decode_row_buckets": "1 8 16 32 64 128 (1 4 8 ... past a 4096 context), up to max-num-rows",
     "max_context_len": "the model's context length, at most 4096",
     "decode_context_buckets": "none (the max context only)",

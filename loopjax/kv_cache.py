@@ -155,9 +155,11 @@ def plane_counts(cfg, kind: str, max_loops: int | None = None,
 
 def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None = None,
                 kv_memory_bytes: int | None = None, max_loops: int | None = None,
-                shared_slots: int | None = None, default_tokens: int | None = None) -> KVLayout:
+                shared_slots: int | None = None, default_tokens: int | None = None,
+                min_tokens: int = 0) -> KVLayout:
     """The pool layout, sized by `num_pages`, else by a memory budget in bytes, else (both
-    None) to hold `default_tokens` prompt tokens, at most DEFAULT_KV_BYTES."""
+    None) to hold `default_tokens` prompt tokens, at most DEFAULT_KV_BYTES yet at least
+    `min_tokens` (one context: the engine refuses a pool that cannot hold one)."""
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     planes, ring = plane_counts(cfg, kind, max_loops, shared_slots)
@@ -166,8 +168,9 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
                       num_pages or 1, page_size, jnp.dtype(dtype), decode_planes)
     if num_pages is None:
         if kv_memory_bytes is None and default_tokens:
-            kv_memory_bytes = min(-(-default_tokens // page_size) * page_size * layout.bytes_per_token,
-                                  DEFAULT_KV_BYTES)
+            page_bytes = page_size * layout.bytes_per_token
+            kv_memory_bytes = max(min(-(-default_tokens // page_size) * page_bytes, DEFAULT_KV_BYTES),
+                                  -(-min_tokens // page_size) * page_bytes)
         if not kv_memory_bytes:
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
         num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)

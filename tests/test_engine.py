@@ -296,6 +296,19 @@ def test_default_pool_holds_every_row_at_full_context(ouro_model):
     assert Engine(ouro_model, config).layout.num_pages == config.max_num_rows * 8
 
 
+def test_default_pool_holds_one_context_past_its_byte_cap(ouro_model, monkeypatch):
+    """The default size's byte cap (kv_cache.DEFAULT_KV_BYTES: 16 GiB) never leaves less than one
+    context: such a pool is refused at start (Huginn-0125 at 64 loops needs 22 GiB for one)."""
+    from loopjax import kv_cache
+
+    config = EngineConfig(**{**SMALL, "max_context_len": 60, "warmup": False})
+    page_bytes = 8 * Engine(ouro_model, config).layout.bytes_per_token
+    monkeypatch.setattr(kv_cache, "DEFAULT_KV_BYTES", 3 * page_bytes)
+    assert Engine(ouro_model, config).layout.num_pages == 8  # 60 tokens in pages of 8
+    monkeypatch.setattr(kv_cache, "DEFAULT_KV_BYTES", 16 * page_bytes)
+    assert Engine(ouro_model, config).layout.num_pages == 16
+
+
 def test_default_row_buckets_follow_the_context_limit(ouro_model, monkeypatch):
     """Unconfigured, an engine whose requests may pass LONG_CONTEXT_KEYS (4,096; 256 here, the
     tiny model's context being 512) compiles a 4-row decode bucket
