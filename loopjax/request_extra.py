@@ -17,6 +17,7 @@ from loopjax.detokenizer import IncrementalDetokenizer, decode_output, prompt_co
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_ABORT, FINISH_STOP, RequestOutput, Snapshot
 from loopjax.sampling_params import listed_rank
+from loopjax.wording import counted
 
 
 @dataclass
@@ -58,8 +59,9 @@ def check_state_truncation(initial_state, num_given: int, num_kept: int) -> None
     truncate_prompt_tokens cut to its tail would pair them with other positions (they applied
     from its first kept token on); a one-line ValueError."""
     if num_kept < num_given and initial_state is not None and not isinstance(initial_state, str):
-        raise ValueError(f"truncate_prompt_tokens cut the prompt from {num_given} to {num_kept} tokens, "
-                         f"and initial_state gives states by position: give the kept prompt and its states")
+        raise ValueError(f"truncate_prompt_tokens cut the prompt from {num_given} to "
+                         f"{counted(num_kept, 'token')}, and initial_state gives states by position: give "
+                         "the kept prompt and its states")
 
 
 def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestExtra:

@@ -617,6 +617,9 @@ def test_explicit_states_with_a_truncated_prompt_are_refused(models):
     with pytest.raises(ValueError, match=message):
         loopjax.generate(model, [1, 2, 3, 4, 5, 6], max_new_tokens=2, truncate_prompt_tokens=3,
                          initial_state=states)
+    one = dataclasses.replace(params, truncate_prompt_tokens=1)  # "1 token", not "1 tokens"
+    with pytest.raises(ValueError, match=r"^truncate_prompt_tokens cut the prompt from 6 to 1 token, and"):
+        llm.engine.add_request([1, 2, 3, 4, 5, 6], one, "r", initial_state=states)
     assert not llm.engine.has_unfinished()
     assert llm.generate([1, 2, 3, 4, 5, 6], params, initial_state="zero")[0].token_ids
     assert llm.generate([1, 2, 3], params, initial_state=states)[0].token_ids  # nothing cut
