@@ -51,9 +51,10 @@ def test_huginn_adaptive_goldens(huginn_engines):
     ids = {}
     for criterion, threshold, rule in RUNS:  # all runs at once: rows exit at different loops
         engine = huginn_engines["shared" if rule.endswith("s8") else "per_loop"]
+        # NOTE: the "full" run (no criterion) replays 16 loops per token: skip alone is refused
+        rule_kw = dict(exit_criterion=criterion) if criterion else dict(exit_trace=(16,))
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
-                                exit_criterion=criterion, exit_threshold=threshold,
-                                exit_mode="skip")
+                                exit_threshold=threshold, exit_mode="skip", **rule_kw)
         k = key(criterion, threshold, rule)
         ids[k] = (engine, engine.add_request(prompt, params, k,
                                              initial_state=gold[f"{k}_init_states"][0]))
