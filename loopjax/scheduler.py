@@ -151,9 +151,9 @@ class Scheduler:
         last decode step is used up, or when no prefill work can be placed; otherwise one
         prefill step packs chunks FCFS (partially prefilled requests first, then the queue).
         Admission shares the request's cached prefix pages and needs free pages for the rest
-        of its context (its first chunk starts after them); when a decode row (or a partially
-        prefilled request) needs pages the pool lacks, the most recently arrived running
-        requests are preempted by recompute.
+        of its context (its first chunk starts after them); when a decode row needs pages the
+        pool lacks, the most recently arrived running requests are preempted by recompute (a
+        partially prefilled request is the newest running one: short of pages, it waits).
         """
         ahead = bool(self._in_flight)
         if ahead and not self.can_schedule_ahead():
