@@ -98,6 +98,8 @@ class EngineConfig:
         for name in ("loop_buckets", "decode_context_buckets"):  # loop counts, context lengths
             if any(v < 1 for v in getattr(self, name)):
                 raise ValueError(f"EngineConfig.{name} entries must be >= 1, got {getattr(self, name)!r}")
+        if self.num_pages is not None and self.kv_memory_bytes is not None:  # NOTE: the budget did nothing
+            raise ValueError("EngineConfig.num_pages and kv_memory_bytes both size the KV pool; give one")
         if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it
             raise ValueError(f"EngineConfig.huginn_init must be 'seeded' or 'zero', got {self.huginn_init!r}")
 

@@ -176,6 +176,9 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     (dict(loop_buckets=(2, 0)), r"EngineConfig.loop_buckets entries must be >= 1, got \(2, 0\)"),
     (dict(decode_context_buckets=(-8,)),
      r"EngineConfig.decode_context_buckets entries must be >= 1, got \(-8,\)"),
+    # num_pages sized the pool, kv_memory_bytes was ignored
+    (dict(num_pages=8, kv_memory_bytes=2**20), "EngineConfig.num_pages and kv_memory_bytes both size the "
+                                               "KV pool; give one$"),
 ])
 def test_engine_options_are_checked_when_made(options, message):
     """A wrong type or a count below 1 is one line naming the field when the config is made
