@@ -98,6 +98,9 @@ class EngineConfig:
         for name in ("loop_buckets", "decode_context_buckets"):  # loop counts, context lengths
             if any(v < 1 for v in getattr(self, name)):
                 raise ValueError(f"EngineConfig.{name} entries must be >= 1, got {getattr(self, name)!r}")
+        for name in ("decode_row_buckets", "prefill_token_buckets"):  # NOTE: () ran the defaults, resp.
+            if getattr(self, name) == ():  # failed naming SchedulerConfig
+                raise ValueError(f"EngineConfig.{name} must list at least one count, got ()")
         if self.num_pages is not None and self.kv_memory_bytes is not None:  # NOTE: the budget did nothing
             raise ValueError("EngineConfig.num_pages and kv_memory_bytes both size the KV pool; give one")
         if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it

@@ -176,6 +176,9 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     (dict(loop_buckets=(2, 0)), r"EngineConfig.loop_buckets entries must be >= 1, got \(2, 0\)"),
     (dict(decode_context_buckets=(-8,)),
      r"EngineConfig.decode_context_buckets entries must be >= 1, got \(-8,\)"),
+    # () compiled the default row buckets, resp. failed naming SchedulerConfig
+    (dict(decode_row_buckets=()), r"EngineConfig.decode_row_buckets must list at least one count, got \(\)$"),
+    (dict(prefill_token_buckets=[]), r"EngineConfig.prefill_token_buckets must list at least one count"),
     # num_pages sized the pool, kv_memory_bytes was ignored
     (dict(num_pages=8, kv_memory_bytes=2**20), "EngineConfig.num_pages and kv_memory_bytes both size the "
                                                "KV pool; give one$"),
