@@ -42,6 +42,7 @@ from collections.abc import Iterable
 
 from loopjax.prefix_cache import PrefixCache
 from loopjax.request import Request, RequestPhase
+from loopjax.wording import counted
 
 
 class BlockManager:
@@ -107,12 +108,18 @@ class BlockManager:
             return needed <= pages
         return needed <= slots + self.decode_page_planes * pages
 
+    def stats(self) -> dict[str, int | float]:
+        """Free and used pages; the prefix_cache_* entries are zero with the cache off (hit
+        rates: hit / queried, queried = every admitted context)."""
+        return {"num_free_pages": self.num_free_pages, "num_used_pages": self.num_used_pages,
+                **(self.prefix_cache or PrefixCache(self.page_size)).stats()}
+
     # ---- allocation
     def allocate(self, request: Request, num_tokens: int) -> list[int]:
         """Grow the request's pages to cover num_tokens positions; returns the new pages."""
         if not self.can_fit(request, num_tokens):
             raise RuntimeError(f"request {request.request_id}: needs "
-                               f"{self.num_new_pages(request, num_tokens)} pages, "
+                               f"{counted(self.num_new_pages(request, num_tokens), 'page')}, "
                                f"{self.num_free_pages} free (check can_fit first)")
         take = self._take_decode_page if self.takes_decode_pages(request) else self._take_page
         new = [take() for _ in range(self.num_new_pages(request, num_tokens))]

@@ -271,14 +271,16 @@ def _eos(value):
 
 def eos_token_ids(cfg, generation_config: dict | None = None,
                   tokenizer_eos: int | None = None) -> tuple[int, ...]:
-    """The EOS ids a request stops at (unless ignore_eos): the config's, the tokenizer's eos_token
-    (`tokenizer_eos`: vLLM's primary EOS), then the ones generation_config.json adds (HF
-    generate stops at those, vLLM adds them as stop ids; Ouro's Hub config names 0 where chat
-    ends at <|im_end|> = 2). Empty when none names one."""
-    ids = list(_token_ids(cfg.eos_token_id, "config.json"))
-    extra = _token_ids((generation_config or {}).get("eos_token_id"), "generation_config.json")
-    more = (() if tokenizer_eos is None else (tokenizer_eos,)) + extra
-    return tuple(ids + [i for i in dict.fromkeys(more) if i not in ids])
+    """The EOS ids a request stops at (unless ignore_eos), as vLLM's: the tokenizer's eos_token
+    (`tokenizer_eos`: vLLM's primary EOS), then generation_config.json's eos_token_id, which is
+    what HF generate stops at; config.json's only where there is no generation_config.json
+    (None; HF derives one from config.json then). Ouro's Hub config.json names 0 where chat
+    ends at <|im_end|> = 2. Empty when none names one."""
+    if generation_config is None:
+        ids = _token_ids(cfg.eos_token_id, "config.json")
+    else:
+        ids = _token_ids(generation_config.get("eos_token_id"), "generation_config.json")
+    return tuple(dict.fromkeys((() if tokenizer_eos is None else (tokenizer_eos,)) + ids))
 
 
 def _token_ids(value, source: str) -> tuple[int, ...]:

@@ -15,10 +15,10 @@ every request's pages return to the pool when it finishes, is aborted or preempt
 (scheduler); nothing compiles after start-up with `EngineConfig.strict_compile`. An exception
 in `step()` (Ctrl-C while it waits for the device or compiles a step) leaves the engine usable:
 a step not yet read stays queued, one whose dispatch raised is dropped and its requests aborted.
-A read that raises an Exception (a device error) loses the steps in flight and maybe the
-donated device state: every admitted request is aborted (reported by the next step), the
-prefix cache forgotten and the state made anew; step() raises one line, waiting and new
-requests run on.
+One whose update raised reports what it applied and aborts the rest. A read that raises an
+Exception (a device error) loses the steps in flight and maybe the donated device state: every
+admitted request is aborted (reported by the next step), the prefix cache forgotten and the
+state made anew; step() raises one line, waiting and new requests run on (engine_failures.py).
 Adaptive requests (exit_mode='skip', a Huginn exit_criterion, exit_trace, warm start) are planned
 as fixed-depth rows: the device decides their exits inside the same submission. Engine-side
 per-request data (Huginn s0 rule, exit settings, bad_words, slots): request_extra.RequestExtra.
@@ -37,13 +37,13 @@ from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
 from loopjax.engine_config import EngineConfig
+from loopjax.engine_failures import EngineFailures
 from loopjax.matmul_ops import matmul_ops
 from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import (
     FINISH_STOP,
     Request,
     RequestOutput,
-    StepFailedError,
     check_exit_depth,
     check_prompt_ids,
 )
@@ -51,19 +51,20 @@ from loopjax.request_extra import (
     RequestExtra,
     cache_salt,
     check_state_truncation,
+    record_logprobs,
     request_extra,
     request_output,
     update_text,
 )
 from loopjax.runner import PendingStep, Runner
 from loopjax.sampling import check_suppressible
-from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model, listed_rank
+from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_model
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
 
 
-class Engine:
+class Engine(EngineFailures):
     def __init__(self, model, config: EngineConfig | None = None):
         config = EngineConfig() if config is None else config
         config.check_family(model.cfg.family)
@@ -75,6 +76,9 @@ class Engine:
         if any(n > self.max_loops for n in config.loop_buckets):
             raise ValueError(f"EngineConfig.loop_buckets entry {max(config.loop_buckets)} exceeds "
                              f"max_loops={self.max_loops}")
+        if max(config.decode_context_buckets, default=0) > max_context:  # NOTE: it compiled nothing
+            raise ValueError(f"EngineConfig.decode_context_buckets entry {max(config.decode_context_buckets)}"
+                             f" exceeds max_context_len={max_context}")
         if not 0 <= config.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {config.max_logprobs}")
         if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:
@@ -85,7 +89,8 @@ class Engine:
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,
                                       # full contexts, each in whole pages
                                       default_tokens=config.max_num_rows * config.page_size
-                                      * -(-max_context // config.page_size))
+                                      * -(-max_context // config.page_size), min_tokens=max_context)
+        kv_cache.check_holds_context(layout, max_context)
         attention_backend.check_attention_backend(layout, config.attention_backend, cfg)
         if config.verbose:
             print(layout.describe(), flush=True)
@@ -205,11 +210,9 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         request = self.scheduler.abort(request_id)
-        if request is None:
-            return False
-        self._release_slots(request)
-        self._aborted.append(self._output(request, []))
-        return True
+        if request is not None:
+            self._report_ended([request])
+        return request is not None
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished() or bool(self._aborted) or bool(self._in_flight)
@@ -222,9 +225,7 @@ class Engine:
             try:
                 self._in_flight.append((plan, self._run(plan)))
             except BaseException:  # e.g. Ctrl-C while a step compiles: the plan never ran
-                for request in self.scheduler.drop(plan):  # aborted, reported by the next step
-                    self._release_slots(request)
-                    self._aborted.append(self._output(request, []))
+                self._drop_dispatch(plan)
                 raise
         if not self._in_flight:
             return self._update(None, None)
@@ -235,28 +236,6 @@ class Engine:
         except Exception as e:  # a device error: this step's outputs are lost, maybe the state too
             raise self._lose_device_state(e) from e
         return self._update(self._in_flight.popleft()[0], result)
-
-    def _lose_device_state(self, error: Exception) -> StepFailedError:
-        """A step's read raised: drop every step in flight, abort every admitted request (their
-        KV went with the donated state; reported by the next step), forget the prefix cache
-        and start a fresh device state, so that waiting and new requests run; the error to
-        raise, in one line."""
-        lost = [r for plan, _ in reversed(self._in_flight) for r in self.scheduler.drop(plan)]
-        self._in_flight.clear()
-        lost += [self.scheduler.abort(r.request_id) for r in list(self.scheduler.running)]
-        for request in lost:
-            self._release_slots(request)
-            self._aborted.append(self._output(request, []))
-        self.scheduler.block_manager.forget_cached()
-        try:
-            self.runner.reset_state()
-            recovered, after = True, "the KV pool made anew"
-        except Exception as e:  # NOTE: the device is gone; Runner.submit refuses every later step
-            recovered, after = False, f"no new KV pool ({type(e).__name__}): build a new engine"
-        line = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        return StepFailedError(f"a step failed on the device ({type(error).__name__}: {line}); its "
-                               f"{len(lost)} running requests were aborted, {after}",
-                               [r.request_id for r in lost], recovered)
 
     def _may_schedule(self) -> bool:
         if not self._in_flight:
@@ -339,25 +318,31 @@ class Engine:
                 if emits:
                     tokens[i], loops[i] = read_tokens[i], read_loops[i]
         row = {request: i for i, request in enumerate(plan.requests)}
-        for request in self.scheduler.update(plan, StepOutput(tokens, loops)):
+        changed = self.scheduler.update(plan, StepOutput(tokens, loops))
+        for n, request in enumerate(changed):
             i = row[request]
-            extra = self._extra[request.request_id]
-            if request.sampling_params.logprobs is not None:
-                extra.logprobs.append(float(result.logprobs[i]))
-                k = request.sampling_params.logprobs
-                top = [(int(t), float(v)) for t, v in zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
-                extra.top_logprobs.append(top)
-                extra.ranks.append(listed_rank(tokens[i], int(result.ranks[i]), top))
-            self.num_generated += 1
-            self.loops_generated += loops[i]
-            if self.model.tokenizer is not None and update_text(extra, request, self.model):
-                self.scheduler.finish(request.request_id, FINISH_STOP)  # a stop string matched
-            if request.is_finished:
-                self._release_slots(request)
-            elif request.num_loops_done == 0 and not extra.warm:
-                self._release_carry(request)  # between tokens the loop state is not needed
-            outputs.append(self._output(request, request.output_token_ids[-1:]))
+            try:
+                outputs.append(self._apply(request, tokens[i], loops[i], result, i))
+            except BaseException:  # e.g. Ctrl-C while decoding text (engine_failures.py)
+                self._abandon(outputs, changed[n:])
+                raise
         return outputs
+
+    def _apply(self, request: Request, token: int, loops: int, result: StepResult, i: int) -> RequestOutput:
+        """The engine's part of the token `request` got in row i: logprobs, counts, text and
+        stop strings, slots; its output."""
+        extra = self._extra[request.request_id]
+        if request.sampling_params.logprobs is not None:
+            record_logprobs(extra, request.sampling_params.logprobs, token, result, i)
+        self.num_generated += 1
+        self.loops_generated += loops
+        if self.model.tokenizer is not None and update_text(extra, request, self.model):
+            self.scheduler.finish(request.request_id, FINISH_STOP)  # a stop string matched
+        if request.is_finished:
+            self._release_slots(request)
+        elif request.num_loops_done == 0 and not extra.warm:
+            self._release_carry(request)  # between tokens the loop state is not needed
+        return self._output(request, request.output_token_ids[-1:])
 
     # ------------------------------------------------------------------ helpers
     def _output(self, request: Request, new_tokens) -> RequestOutput:

@@ -16,7 +16,8 @@ _POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_p
 # What each default of no value means, in words (the command-line help prints them, not "None").
 DEFAULT_WORDS = {
     "num_pages": "from --kv-memory-bytes",
-    "kv_memory_bytes": "max-num-rows full contexts (when --num-pages is unset too)",
+    "kv_memory_bytes": "max-num-rows full contexts, at most 16 GiB yet one at least (when --num-pages is "
+                       "unset too)",
     "decode_row_buckets": "1 8 16 32 64 128 (1 4 8 ... past a 4096 context), up to max-num-rows",
     "max_context_len": "the model's context length, at most 4096",
     "decode_context_buckets": "none (the max context only)",
@@ -75,7 +76,7 @@ class EngineConfig:
             value = getattr(self, name)
             if ignored and value != _FIELDS[name].default:
                 raise ValueError(f"EngineConfig.{name}={value!r} applies to {APPLIES_TO[name]}; this "
-                                 f"is a {family} model with kv_layout={self.kv_layout!r}")
+                                 f"{family} model has kv_layout={self.kv_layout!r}")  # not "a ouro"
 
     def context_len(self, model_context_len: int) -> int:
         """The context the engine serves for a model of `model_context_len`."""
@@ -97,6 +98,11 @@ class EngineConfig:
         for name in ("loop_buckets", "decode_context_buckets"):  # loop counts, context lengths
             if any(v < 1 for v in getattr(self, name)):
                 raise ValueError(f"EngineConfig.{name} entries must be >= 1, got {getattr(self, name)!r}")
+        for name in ("decode_row_buckets", "prefill_token_buckets"):  # NOTE: () ran the defaults, resp.
+            if getattr(self, name) == ():  # failed naming SchedulerConfig
+                raise ValueError(f"EngineConfig.{name} must list at least one count, got ()")
+        if self.num_pages is not None and self.kv_memory_bytes is not None:  # NOTE: the budget did nothing
+            raise ValueError("EngineConfig.num_pages and kv_memory_bytes both size the KV pool; give one")
         if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it
             raise ValueError(f"EngineConfig.huginn_init must be 'seeded' or 'zero', got {self.huginn_init!r}")
 

@@ -49,6 +49,7 @@ import numpy as np
 
 from loopjax import attention_backend, penalties
 from loopjax.kernels.paged_attention import write_plane
+from loopjax.wording import counted, pool_size
 
 LAYOUTS = ("per_loop", "shared")
 DEFAULT_KV_BYTES = 16 * 2**30  # pool cap of make_layout's default size (default_tokens)
@@ -154,9 +155,11 @@ def plane_counts(cfg, kind: str, max_loops: int | None = None,
 
 def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None = None,
                 kv_memory_bytes: int | None = None, max_loops: int | None = None,
-                shared_slots: int | None = None, default_tokens: int | None = None) -> KVLayout:
+                shared_slots: int | None = None, default_tokens: int | None = None,
+                min_tokens: int = 0) -> KVLayout:
     """The pool layout, sized by `num_pages`, else by a memory budget in bytes, else (both
-    None) to hold `default_tokens` prompt tokens, at most DEFAULT_KV_BYTES."""
+    None) to hold `default_tokens` prompt tokens, at most DEFAULT_KV_BYTES yet at least
+    `min_tokens` (one context: the engine refuses a pool that cannot hold one)."""
     if page_size <= 0:
         raise ValueError(f"page_size must be positive, got {page_size}")
     planes, ring = plane_counts(cfg, kind, max_loops, shared_slots)
@@ -165,15 +168,25 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
                       num_pages or 1, page_size, jnp.dtype(dtype), decode_planes)
     if num_pages is None:
         if kv_memory_bytes is None and default_tokens:
-            kv_memory_bytes = min(-(-default_tokens // page_size) * page_size * layout.bytes_per_token,
-                                  DEFAULT_KV_BYTES)
+            page_bytes = page_size * layout.bytes_per_token
+            kv_memory_bytes = max(min(-(-default_tokens // page_size) * page_bytes, DEFAULT_KV_BYTES),
+                                  -(-min_tokens // page_size) * page_bytes)
         if not kv_memory_bytes:
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
         num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)
     if num_pages <= 0:
-        raise ValueError(f"KV pool too small: the budget holds {num_pages} pages of "
-                         f"{page_size} tokens at {layout.bytes_per_token} bytes/token")
+        raise ValueError(f"KV pool too small: the budget holds {counted(int(num_pages), 'page')} of "
+                         f"{counted(page_size, 'token')} at {layout.bytes_per_token} bytes/token")
     return dataclasses.replace(layout, num_pages=int(num_pages))
+
+
+def check_holds_context(layout: KVLayout, max_context_len: int) -> None:
+    """vLLM's start-up check: the pool holds one request's whole context, else a one-line
+    ValueError naming both and the ways out (such a pool silently cut every request at its size)."""
+    if layout.capacity_tokens < max_context_len:
+        raise ValueError(f"max_context_len {max_context_len} is larger than the KV pool holds "
+                         f"({pool_size(layout.num_pages, layout.page_size)}): give a larger "
+                         "kv_memory_bytes (or num_pages), or a smaller max_context_len")
 
 
 @jax.tree_util.register_dataclass

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -32,7 +32,7 @@ class Model:
     params: Any  # the family's params pytree (docs/design.md), device arrays of one dtype
     tokenizer: Any = None  # tokenizers.Tokenizer, or None when the folder has no tokenizer.json
     path: str | None = None  # the folder it was loaded from; None for a preset
-    generation_config: dict = field(default_factory=dict)  # generation_config.json, if any
+    generation_config: dict | None = None  # generation_config.json; None: there is none
     chat_template: str | None = None  # Jinja chat template of the tokenizer, if any
 
     @property
@@ -94,7 +94,7 @@ def _load_folder(path: str, dtype) -> Model:
         raise LoadError(f"{path} is neither a loopjax checkpoint ({checkpoint.CONFIG_FILE}) nor a "
                         "Hugging Face model folder (config.json)")
     return Model(cfg=cfg, params=params, tokenizer=_read_tokenizer(path), path=path,
-                 generation_config=_read_json(path, "generation_config.json") or {},
+                 generation_config=_read_json(path, "generation_config.json"),
                  chat_template=_read_chat_template(path))
 
 

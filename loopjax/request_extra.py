@@ -16,6 +16,8 @@ from loopjax.batch import INIT_EXPLICIT, INIT_SEEDED, INIT_ZERO
 from loopjax.detokenizer import IncrementalDetokenizer, decode_output, prompt_context
 from loopjax.exits import ExitSpec
 from loopjax.request import FINISH_ABORT, FINISH_STOP, RequestOutput, Snapshot
+from loopjax.sampling_params import listed_rank
+from loopjax.wording import counted
 
 
 @dataclass
@@ -57,8 +59,9 @@ def check_state_truncation(initial_state, num_given: int, num_kept: int) -> None
     truncate_prompt_tokens cut to its tail would pair them with other positions (they applied
     from its first kept token on); a one-line ValueError."""
     if num_kept < num_given and initial_state is not None and not isinstance(initial_state, str):
-        raise ValueError(f"truncate_prompt_tokens cut the prompt from {num_given} to {num_kept} tokens, "
-                         f"and initial_state gives states by position: give the kept prompt and its states")
+        raise ValueError(f"truncate_prompt_tokens cut the prompt from {num_given} to "
+                         f"{counted(num_kept, 'token')}, and initial_state gives states by position: give "
+                         "the kept prompt and its states")
 
 
 def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestExtra:
@@ -96,6 +99,15 @@ def cache_salt(extra: RequestExtra, cfg, huginn_seed: int, user_salt: str | None
     model = (() if cfg.family != "huginn" else ("zero",) if extra.init_mode == INIT_ZERO
              else ("seeded", huginn_seed))
     return model if user_salt is None else (*model, ("salt", user_salt))
+
+
+def record_logprobs(extra: RequestExtra, k: int, token: int, result, i: int) -> None:
+    """Row i of a step's result (batch.StepResult) for its sampled `token`: its log-prob, the
+    top k and its rank (vLLM's, as listed beside them)."""
+    extra.logprobs.append(float(result.logprobs[i]))
+    top = [(int(t), float(v)) for t, v in zip(result.top_ids[i][:k], result.top_logprobs[i][:k])]
+    extra.top_logprobs.append(top)
+    extra.ranks.append(listed_rank(token, int(result.ranks[i]), top))
 
 
 def update_text(extra: RequestExtra, request, model) -> bool:

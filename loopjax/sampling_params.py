@@ -338,9 +338,12 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail(f"warm_start must be true or false, got {warm_start!r}")
     if params.exit_criterion is not None and not huginn:
         _fail("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
+    # NOTE: refused, not ignored (they did nothing): Huginn has no threshold exit of its own (Ouro's
+    # Q-exit), and skip mode without a criterion ran every loop, as 'select' does
     if huginn and params.exit_threshold is not None and params.exit_criterion is None:
-        # NOTE: refused, not ignored: Huginn has no threshold exit of its own (Ouro's Q-exit)
         _fail("exit_threshold on a Huginn model is its exit_criterion's threshold; give an exit_criterion")
+    if huginn and params.exit_mode == "skip" and params.exit_criterion is None and params.exit_trace is None:
+        _fail("exit_mode='skip' on a Huginn model stops at its exit_criterion; give one (or an exit_trace)")
     if (params.exit_step is not None or params.exit_weighted) and cfg.family != "ouro":
         name = "exit_step" if params.exit_step is not None else "exit_weighted"
         _fail(f"{name} applies to Ouro models only")

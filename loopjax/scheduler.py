@@ -44,9 +44,9 @@ from collections import deque
 from collections.abc import Callable
 
 from loopjax.block_manager import BlockManager
-from loopjax.prefix_cache import PrefixCache
 from loopjax.request import FINISH_ABORT, FINISH_LENGTH, FINISH_STOP, Request, RequestPhase
 from loopjax.step_plan import PrefillShare, SchedulerConfig, StepKind, StepOutput, StepPlan
+from loopjax.wording import counted
 
 __all__ = ["Scheduler", "SchedulerConfig", "StepKind", "StepOutput", "StepPlan"]
 
@@ -72,6 +72,7 @@ class Scheduler:
         self._series_loop = 0                   # next loop_begin of the series
         self._share = PrefillShare(config, loop_count)
         self._in_flight: deque[StepPlan] = deque()  # planned, not yet updated (oldest first)
+        self._unreported: list[Request] = []  # preempted, not yet in a plan (StepPlan.preempted)
         self._num_arrivals = 0
         self.num_steps = self.num_prefill_steps = self.num_decode_steps = 0
         self.num_preemptions = 0
@@ -121,22 +122,18 @@ class Scheduler:
         return bool(self.requests)
 
     def stats(self) -> dict[str, int | float]:
-        """Counts of the queue, the pool and the steps; the prefix_cache_* entries are zero
-        with the cache off (hit rates: hit / queried, queried = every admitted context)."""
+        """Counts of the queue, the steps and the pool (BlockManager.stats)."""
         phases = [r.phase for r in self.running]
-        bm = self.block_manager
         return {
             "num_waiting": len(self.waiting),
             "num_running": len(self.running),
             "num_prefilling": phases.count(RequestPhase.PREFILLING),
             "num_decoding": phases.count(RequestPhase.DECODING),
-            "num_free_pages": bm.num_free_pages,
-            "num_used_pages": bm.num_used_pages,
             "num_preemptions": self.num_preemptions,
             "num_steps": self.num_steps,
             "num_prefill_steps": self.num_prefill_steps,
             "num_decode_steps": self.num_decode_steps,
-            **(bm.prefix_cache or PrefixCache(bm.page_size)).stats(),
+            **self.block_manager.stats(),
         }
 
     # ---------------------------------------------------------------- planning
@@ -154,16 +151,16 @@ class Scheduler:
         last decode step is used up, or when no prefill work can be placed; otherwise one
         prefill step packs chunks FCFS (partially prefilled requests first, then the queue).
         Admission shares the request's cached prefix pages and needs free pages for the rest
-        of its context (its first chunk starts after them); when a decode row (or a partially
-        prefilled request) needs pages the pool lacks, the most recently arrived running
-        requests are preempted by recompute.
+        of its context (its first chunk starts after them); when a decode row needs pages the
+        pool lacks, the most recently arrived running requests are preempted by recompute (a
+        partially prefilled request is the newest running one: short of pages, it waits).
         """
         ahead = bool(self._in_flight)
         if ahead and not self.can_schedule_ahead():
             raise RuntimeError("schedule() called again before update() of the previous plan")
         if not self.requests:
             return None
-        preempted: list[Request] = []
+        preempted = self._unreported  # NOTE: kept if this raises (Ctrl-C): the next plan reports them
         plan = None
         try:
             for _ in range(2):  # a decode that preempted all its rows falls back to prefill once
@@ -182,9 +179,10 @@ class Scheduler:
             if ahead:
                 return None
             # NOTE: unreachable by the rule above; a stall must not spin silently
-            raise RuntimeError(f"scheduler stalled with {len(self.requests)} unfinished requests")
+            raise RuntimeError(f"scheduler stalled with {counted(len(self.requests), 'unfinished request')}")
         plan.apply_dispatch()
         self._in_flight.append(plan)
+        self._unreported = []
         self.num_steps += 1
         return plan
 
@@ -203,7 +201,9 @@ class Scheduler:
         budget = cfg.max_prefill_tokens
         rows: list[Request] = []
         ranges: list[tuple[int, int]] = []
-        blocked = False  # an admitted request waits for pages: no newcomer may overtake it
+        # NOTE: a partial prefill is the newest running request (FCFS; a chunk takes the budget), so
+        # short of pages it waits for older rows to finish or preempt it; no newcomer overtakes it
+        blocked = False
         for request in list(self.running):  # partially prefilled first, oldest first
             if request.phase is not RequestPhase.PREFILLING:
                 continue
@@ -320,11 +320,9 @@ class Scheduler:
         request.num_loops_done = 0
         request.num_preemptions += 1
         self.num_preemptions += 1
-        i = 0
-        while (i < len(self.waiting) and self.waiting[i].phase is RequestPhase.PREEMPTED
-               and self.waiting[i].arrival_order < request.arrival_order):
-            i += 1
-        self.waiting.insert(i, request)
+        after = (i for i, r in enumerate(self.waiting)  # the preempted older ones
+                 if r.phase is not RequestPhase.PREEMPTED or r.arrival_order > request.arrival_order)
+        self.waiting.insert(next(after, len(self.waiting)), request)
         preempted.append(request)
 
     # ---------------------------------------------------------------- results

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from loopjax.request import Request, RequestPhase
+from loopjax.wording import counted, pool_size
 
 
 class StepKind(enum.Enum):
@@ -137,11 +138,11 @@ class SchedulerConfig:
         if n == 0:
             raise ValueError(f"request {rid!r}: empty prompt")
         if n + 1 > self.max_context_len:
-            raise ValueError(f"request {rid!r}: prompt of {n} tokens leaves no room to generate "
+            raise ValueError(f"request {rid!r}: prompt of {counted(n, 'token')} leaves no room to generate "
                              f"within max_context_len={self.max_context_len}")
         if n + 1 > self.capacity_tokens:
-            raise ValueError(f"request {rid!r}: prompt of {n} tokens does not fit the KV pool "
-                             f"({self.num_pages} pages x {self.page_size} = {self.capacity_tokens} tokens)")
+            raise ValueError(f"request {rid!r}: prompt of {counted(n, 'token')} does not fit the KV pool "
+                             f"({pool_size(self.num_pages, self.page_size)})")
         if request.max_loops is None:
             request.max_loops = self.num_loops
         if not 1 <= request.max_loops <= self.loop_cap:

@@ -49,6 +49,9 @@ def test_can_fit_and_overdraw():
     with pytest.raises(RuntimeError, match="needs 4 pages, 3 free"):
         bm.allocate(r, 13)
     assert r.page_ids == [] and bm.num_free_pages == 3  # a failed allocation takes nothing
+    bm.allocate(r, 12)
+    with pytest.raises(RuntimeError, match=r"needs 1 page, 0 free"):  # not "1 pages"
+        bm.allocate(r, 13)
 
 
 def test_double_free_asserts():

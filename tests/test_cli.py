@@ -63,7 +63,7 @@ def test_out_of_memory_in_generate_is_one_line(monkeypatch, capsys):
     xla = RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB.\n"
                        "BufferAssignment OOM Debugging.")
     step = RuntimeError("a step failed on the device (XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory); "
-                        "its 1 running requests were aborted")  # the Engine's line for a failed read
+                        "1 running request aborted")  # the Engine's line for a failed read
     for error, detail in ((xla, ": RESOURCE_EXHAUSTED: Out of memory while trying to allocate 7.00GiB."),
                           (MemoryError(), ""), (step, f": {step}")):
         def out_of_memory(*args, error=error, **kwargs):
@@ -80,8 +80,8 @@ def test_a_device_error_in_generate_is_one_line(monkeypatch, capsys):
     import loopjax.llm
     from loopjax.request import StepFailedError
 
-    line = ("a step failed on the device (XlaRuntimeError: INTERNAL: an illegal memory access); its 1 "
-            "running requests were aborted, the KV pool made anew")
+    line = ("a step failed on the device (XlaRuntimeError: INTERNAL: an illegal memory access); 1 "
+            "running request aborted, the KV pool made anew")
 
     def failed(*args, **kwargs):
         raise StepFailedError(line, ["0"], True)
@@ -124,7 +124,8 @@ def test_version(capsys):
 def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeypatch, capsys):
     """`loopjax generate --shared-kv-slots K` (EngineConfig.shared_kv_slots: Huginn's shared KV
     ring; there was no flag) reaches the engine options; where the engine refuses it (not
-    Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles)."""
+    Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles), as
+    is `--exit-mode skip` on Huginn without `--exit-criterion` (it ran every loop)."""
     import loopjax.llm
     import loopjax.model
     from loopjax.config import preset
@@ -136,10 +137,14 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
              "EngineConfig.shared_kv_slots must be >= 1, got 0"),
             (["huginn-tiny", "--shared-kv-slots", "4"],
-             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this is a huginn "
-             "model with kv_layout='per_loop'")):
+             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this huginn "
+             "model has kv_layout='per_loop'")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
+    # the engine's refusal (sampling_params.check_for_model) comes before any engine is built
+    assert cli.main(["generate", "huginn-tiny", "--prompt-ids", "1,2", "--exit-mode", "skip"]) == 2
+    assert capsys.readouterr().err == ("loopjax generate: error: exit_mode='skip' on a Huginn model stops "
+                                       "at its exit_criterion; give one (or an exit_trace)\n")
     seen = []
 
     def fake_generate(model, prompts, **kwargs):

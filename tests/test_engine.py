@@ -176,6 +176,12 @@ def test_pages_return_after_finish_abort_and_preemption(ouro_model, ouro_ref):
     (dict(loop_buckets=(2, 0)), r"EngineConfig.loop_buckets entries must be >= 1, got \(2, 0\)"),
     (dict(decode_context_buckets=(-8,)),
      r"EngineConfig.decode_context_buckets entries must be >= 1, got \(-8,\)"),
+    # () compiled the default row buckets, resp. failed naming SchedulerConfig
+    (dict(decode_row_buckets=()), r"EngineConfig.decode_row_buckets must list at least one count, got \(\)$"),
+    (dict(prefill_token_buckets=[]), r"EngineConfig.prefill_token_buckets must list at least one count"),
+    # num_pages sized the pool, kv_memory_bytes was ignored
+    (dict(num_pages=8, kv_memory_bytes=2**20), "EngineConfig.num_pages and kv_memory_bytes both size the "
+                                               "KV pool; give one$"),
 ])
 def test_engine_options_are_checked_when_made(options, message):
     """A wrong type or a count below 1 is one line naming the field when the config is made
@@ -194,11 +200,36 @@ def test_engine_options_the_family_ignores_are_refused(ouro_model, huginn):
                            (ouro_model, dict(kv_layout="shared", shared_kv_slots=16)),
                            (huginn[0], dict(shared_kv_slots=16))]:  # per_loop: no ring
         name = next(iter(options.keys() - {"kv_layout"}))
-        with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+$"):
+        with pytest.raises(ValueError, match=rf"^EngineConfig.{name}=\S+ applies to [^\n]+; this "
+                                             rf"{model.cfg.family} model has kv_layout='\w+'$"):
             Engine(model, EngineConfig(**options, warmup=False))
     Engine(huginn[0], EngineConfig(kv_layout="shared", shared_kv_slots=16, huginn_seed=3, warmup=False,
-                                   num_pages=4, verbose=False))
+                                   num_pages=8, verbose=False))
     assert EngineConfig(decode_row_buckets=[4, 8]).decode_row_buckets == (4, 8)
+
+
+def test_skip_mode_on_huginn_needs_an_exit_criterion(huginn):
+    """exit_mode='skip' on Huginn without an exit_criterion (or exit_trace) ran every loop, as
+    'select' does, on the adaptive path: the engine (so the LLM, the server and the CLI too)
+    refuses it in one line; with a criterion or a trace it is accepted."""
+    engine = Engine(huginn[0], EngineConfig(warmup=False, verbose=False, num_pages=8))
+    with pytest.raises(ValueError, match=r"^exit_mode='skip' on a Huginn model stops at its exit_criterion; "
+                                         r"give one \(or an exit_trace\)$"):
+        engine.add_request([1, 2], greedy(2, exit_mode="skip"))
+    assert not engine.has_unfinished()
+    for ok in (dict(exit_criterion="kl"), dict(exit_trace=(2,))):
+        engine.add_request([1, 2], greedy(2, exit_mode="skip", loops=4, **ok))
+
+
+def test_a_pool_smaller_than_one_context_is_refused_at_start(ouro_model):
+    """vLLM's start-up check: a pool that cannot hold one max_context_len context is one line
+    naming both and the ways out (it cut every request at the pool's size, finish "length")."""
+    small = dict(page_size=16, max_context_len=64, warmup=False, verbose=False)
+    with pytest.raises(ValueError, match=r"^max_context_len 64 is larger than the KV pool holds \(3 pages x "
+                                         r"16 tokens = 48 tokens\): give a larger kv_memory_bytes \(or "
+                                         r"num_pages\), or a smaller max_context_len$"):
+        Engine(ouro_model, EngineConfig(num_pages=3, **small))
+    assert Engine(ouro_model, EngineConfig(num_pages=4, **small)).scheduler.config.max_seq_len == 64
 
 
 def test_bad_inputs_are_refused_and_others_served(ouro_engine, ouro_ref):
@@ -253,6 +284,10 @@ def test_max_logprobs_out_of_range_is_a_clear_error(ouro_model):
 def test_loop_buckets_deeper_than_max_loops_are_a_clear_error(ouro_model):
     with pytest.raises(ValueError, match=r"^EngineConfig.loop_buckets entry 8 exceeds max_loops=4$"):
         Engine(ouro_model, EngineConfig(**{**SMALL, "loop_buckets": (2, 8), "warmup": False}))
+    # a context bucket past the context compiled nothing, silently (the runner drops it)
+    with pytest.raises(ValueError, match=r"^EngineConfig.decode_context_buckets entry 80 exceeds "
+                                         r"max_context_len=64$"):
+        Engine(ouro_model, EngineConfig(**{**SMALL, "decode_context_buckets": (16, 80), "warmup": False}))
 
 
 def test_pool_too_small_is_a_clear_error(ouro_model):
@@ -265,6 +300,19 @@ def test_default_pool_holds_every_row_at_full_context(ouro_model):
     context of 60 tokens takes 8 pages of 8, not 7.5)."""
     config = EngineConfig(**{**SMALL, "max_context_len": 60, "warmup": False})
     assert Engine(ouro_model, config).layout.num_pages == config.max_num_rows * 8
+
+
+def test_default_pool_holds_one_context_past_its_byte_cap(ouro_model, monkeypatch):
+    """The default size's byte cap (kv_cache.DEFAULT_KV_BYTES: 16 GiB) never leaves less than one
+    context: such a pool is refused at start (Huginn-0125 at 64 loops needs 22 GiB for one)."""
+    from loopjax import kv_cache
+
+    config = EngineConfig(**{**SMALL, "max_context_len": 60, "warmup": False})
+    page_bytes = 8 * Engine(ouro_model, config).layout.bytes_per_token
+    monkeypatch.setattr(kv_cache, "DEFAULT_KV_BYTES", 3 * page_bytes)
+    assert Engine(ouro_model, config).layout.num_pages == 8  # 60 tokens in pages of 8
+    monkeypatch.setattr(kv_cache, "DEFAULT_KV_BYTES", 16 * page_bytes)
+    assert Engine(ouro_model, config).layout.num_pages == 16
 
 
 def test_default_row_buckets_follow_the_context_limit(ouro_model, monkeypatch):

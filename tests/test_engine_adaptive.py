@@ -51,9 +51,10 @@ def test_huginn_adaptive_goldens(huginn_engines):
     ids = {}
     for criterion, threshold, rule in RUNS:  # all runs at once: rows exit at different loops
         engine = huginn_engines["shared" if rule.endswith("s8") else "per_loop"]
+        # NOTE: the "full" run (no criterion) replays 16 loops per token: skip alone is refused
+        rule_kw = dict(exit_criterion=criterion) if criterion else dict(exit_trace=(16,))
         params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
-                                exit_criterion=criterion, exit_threshold=threshold,
-                                exit_mode="skip")
+                                exit_threshold=threshold, exit_mode="skip", **rule_kw)
         k = key(criterion, threshold, rule)
         ids[k] = (engine, engine.add_request(prompt, params, k,
                                              initial_state=gold[f"{k}_init_states"][0]))
@@ -266,7 +267,7 @@ def test_huginn_ring_token_exiting_before_the_ring_wraps(huginn_engines):
     prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
     engine, trace = huginn_engines["shared"], (1, 2, 1, 3, 1, 2, 2, 1)
     engine.add_request(prompt[::-1], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True,
-                                                    loops=16, exit_mode="skip"), "before")  # its KV stays
+                                                    loops=16, exit_trace=(16,)), "before")  # its KV stays
     finish(engine)
     engine.add_request(prompt, SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16,
                                               exit_trace=trace, logprobs=0), "ring", initial_state=init)

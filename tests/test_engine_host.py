@@ -70,12 +70,16 @@ def _workload(rng, family, ctx, fused, vocab, hidden):
     return items
 
 
-def check_engine(engine) -> None:
-    """After a step: the pool's invariants hold, and each token / carry slot is held once or free."""
+def check_engine(engine, settled: bool = True) -> None:
+    """After a step: the pool's invariants hold, and each token / carry slot is held once or free;
+    settled (no schedule() raised since the last plan): no waiting request holds one."""
     engine.scheduler.block_manager.check(engine.scheduler.requests.values())
     for kind, free in (("token_slot", engine._free_token_slots), ("carry_slot", engine._free_carry)):
         held = [getattr(x, kind) for x in engine._extra.values() if getattr(x, kind) is not None]
         assert sorted(held + free) == list(range(engine.runner.max_rows)), kind
+    for request in engine.scheduler.waiting if settled else ():  # a preempted one gave them back
+        extra = engine._extra[request.request_id]
+        assert (extra.token_slot, extra.carry_slot) == (None, None), request.request_id
 
 
 def _run(engine, items, rng=None, abort_rate=0.0):
@@ -231,7 +235,7 @@ def test_a_read_that_fails_aborts_the_running_requests_and_the_engine_serves_on(
         raise RuntimeError("INTERNAL: an illegal memory access\nstack of the device error")
     engine.runner.read = broken
     with pytest.raises(StepFailedError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: an "
-                                              r"illegal memory access\); its 2 running requests were "
+                                              r"illegal memory access\); 2 running requests "
                                               r"aborted, the KV pool made anew$") as failed:
         engine.step()
     assert sorted(failed.value.request_ids) == ["a", "b"] and failed.value.recovered
@@ -257,7 +261,7 @@ def test_llm_generate_after_a_failed_read_raises_one_line_and_the_next_call_runs
         raise RuntimeError("INTERNAL: device lost")
     llm.engine.runner.read = broken
     with pytest.raises(RuntimeError, match=r"^a step failed on the device \(RuntimeError: INTERNAL: device "
-                                           r"lost\); its 1 running requests were aborted"):
+                                           r"lost\); 1 running request aborted"):
         llm.generate([[1, 2, 3], [4, 5]], **kw)
     assert not llm.engine.has_unfinished() and not llm.engine._extra
     assert [o.token_ids for o in llm.generate([[1, 2, 3], [4, 5]], **kw)] == expected
@@ -363,7 +367,7 @@ def test_a_device_that_cannot_take_a_new_state_refuses_every_later_step_in_one_l
     def gone(*args):
         raise RuntimeError("INTERNAL: device lost")
     engine.runner.read = engine.runner.reset_state = gone
-    with pytest.raises(StepFailedError, match=r"1 running requests were aborted, no new KV pool "
+    with pytest.raises(StepFailedError, match=r"; 1 running request aborted, no new KV pool "
                                               r"\(RuntimeError\): build a new engine$") as failed:
         engine.step()
     assert failed.value.request_ids == ["a"] and not failed.value.recovered
@@ -538,6 +542,29 @@ def test_stop_reason_of_generation_config_eos_ids(models, tmp_path):
         assert (out.token_ids, out.finish_reason, out.stop_reason) == (ids[:3], "stop", reason)
 
 
+def test_generation_config_eos_ids_replace_config_json_ones(models):
+    """HF generate stops at generation_config.json's eos_token_id where the file exists (vLLM too,
+    besides the tokenizer's EOS); config.json's counts only where there is none. The engine
+    stopped at config.json's ids as well."""
+    from loopjax.config import eos_token_ids
+
+    cfg = dataclasses.replace(models["ouro"].cfg, eos_token_id=(3, 4))
+    assert eos_token_ids(cfg) == eos_token_ids(cfg, None) == (3, 4)
+    assert eos_token_ids(cfg, {"eos_token_id": 5}) == (5,) and eos_token_ids(cfg, {}) == ()
+    assert eos_token_ids(cfg, {"eos_token_id": [5, 7]}, tokenizer_eos=7) == (7, 5)
+    config = EngineConfig(page_size=4, max_num_rows=2, max_context_len=32, max_prefill_tokens=8,
+                          prefill_token_buckets=(1, 2, 4, 8), max_prefill_rows=1, async_scheduling=False)
+    params = SamplingParams(max_tokens=8, ignore_eos=True, temperature=0.0)
+    ids = list(_run(_engine(models["ouro"], config), [(0, "full", [1, 2, 3], params, {})])["full"].token_ids)
+    first, later = ids[1], next(t for t in ids[2:] if t not in ids[:2])
+    assert first not in ids[:1]
+    model = dataclasses.replace(models["ouro"], cfg=dataclasses.replace(cfg, eos_token_id=first),
+                                generation_config={"eos_token_id": later})
+    stopping = dataclasses.replace(params, ignore_eos=False)
+    out = _run(_engine(model, config), [(0, "r", [1, 2, 3], stopping, {})])["r"]
+    assert (out.token_ids, out.finish_reason) == (ids[:ids.index(later) + 1], "stop")
+
+
 class _Words:  # a tokenizer of words "t<id>", so that bad words can name any token sequence
     def decode(self, ids, skip_special_tokens=True):
         return "".join(f" t{t}" for t in ids)
@@ -593,6 +620,9 @@ def test_explicit_states_with_a_truncated_prompt_are_refused(models):
     with pytest.raises(ValueError, match=message):
         loopjax.generate(model, [1, 2, 3, 4, 5, 6], max_new_tokens=2, truncate_prompt_tokens=3,
                          initial_state=states)
+    one = dataclasses.replace(params, truncate_prompt_tokens=1)  # "1 token", not "1 tokens"
+    with pytest.raises(ValueError, match=r"^truncate_prompt_tokens cut the prompt from 6 to 1 token, and"):
+        llm.engine.add_request([1, 2, 3, 4, 5, 6], one, "r", initial_state=states)
     assert not llm.engine.has_unfinished()
     assert llm.generate([1, 2, 3, 4, 5, 6], params, initial_state="zero")[0].token_ids
     assert llm.generate([1, 2, 3], params, initial_state=states)[0].token_ids  # nothing cut

@@ -414,6 +414,20 @@ def test_timestamps_ttft_tpot():
     assert r.ttft == 1.0 and r.tpot == 2.0
 
 
+def test_admission_errors_word_their_counts():
+    """Every count in a one-line refusal reads right for one ("1 token", not "1 tokens")."""
+    from loopjax.wording import counted, pool_size
+
+    assert (counted(1, "page"), counted(0, "page"), counted(2, "entry", "entries")) == ("1 page", "0 pages",
+                                                                                        "2 entries")
+    with pytest.raises(ValueError, match=r"prompt of 1 token leaves no room .*max_context_len=1$"):
+        Scheduler(cfg(max_context_len=1)).add(req("A", [1]))
+    with pytest.raises(ValueError, match=r"prompt of 2 tokens does not fit the KV pool "
+                                         r"\(1 page x 1 token = 1 token\)$"):
+        Scheduler(cfg(page_size=1, num_pages=1)).add(req("B", [1, 2]))
+    assert pool_size(3, 16) == "3 pages x 16 tokens = 48 tokens"
+
+
 def test_config_validation():
     with pytest.raises(ValueError, match="SchedulerConfig.num_pages must be an integer >= 1"):
         cfg(num_pages=0)

@@ -97,7 +97,8 @@ class _Checker:
       both free and parked, prefix-cache maps inverse, decode slots consistent); the fake runner
       checks every slot a step writes or reads and that no step writes a shared/published page;
     - the queues: running by arrival and within max_num_rows, the queue preempted-first by
-      arrival, queued requests hold no page and nothing computed;
+      arrival, queued requests hold no page and nothing computed; a partially prefilled
+      request is the newest running one (so it has no newer row to preempt);
     - every plan: its rows within max_prefill_rows / max_num_rows and its tokens within
       max_prefill_tokens, buckets compiled ones, no request twice, no finished row, decode rows
       decoding, prefill rows holding full pages only, its pages covering its positions;
@@ -133,6 +134,8 @@ class _Checker:
         for r in sched.waiting:
             assert r.phase in (RequestPhase.WAITING, RequestPhase.PREEMPTED)
             assert not r.page_ids and r.num_computed_tokens == r.num_pending_tokens == 0
+        prefilling = [r for r in sched.running if r.phase is RequestPhase.PREFILLING]
+        assert prefilling in ([], sched.running[-1:]), "a request runs newer than a partial prefill"
         for r in sched.running:
             assert r.phase in (RequestPhase.PREFILLING, RequestPhase.DECODING)
             assert r.num_computed_tokens <= len(r.page_ids) * bm.page_size
