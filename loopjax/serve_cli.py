@@ -118,6 +118,16 @@ def add_arguments(parser):
     add_engine_arguments(parser)
 
 
+def configure_logging(level: str) -> None:
+    """`--log-level` for loopjax's own loggers (uvicorn sets its own); every other library's
+    (orbax's and absl's checkpoint restore, jax's backend probe: a dozen INFO lines at start-up)
+    logs from WARNING, or at `level` where that is higher or `debug`."""
+    level_no = logging.getLevelName(level.upper())
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level_no if level_no == logging.DEBUG else max(level_no, logging.WARNING))
+    logging.getLogger("loopjax").setLevel(level_no)
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """The server's socket, bound (not listening: a connection is refused until uvicorn serves)
     with uvicorn's options, before the engine is built, as vLLM does: a port in use fails at
@@ -141,7 +151,7 @@ def run(args) -> int:
 
     from loopjax.engine_args import build_engine, failure_line
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         sock = _bind(args.host, args.port)
     except OSError as e:  # e.g. the port is in use
