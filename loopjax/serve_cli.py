@@ -88,8 +88,9 @@ def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
+    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+                        help="default: 8000; 0: any free port")
     parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given); more names "
                              "are aliases, as vLLM's (responses carry the first)")
@@ -102,7 +103,8 @@ def add_arguments(parser):
     parser.add_argument("--admission-window-ms", type=_non_negative_float, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
-    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
+                        help="loopjax's and uvicorn's (default: info; other libraries log from warning)")
     parser.add_argument("--api-key", type=_api_key, default=os.environ.get("LOOPJAX_API_KEY") or None,
                         help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
                              "$LOOPJAX_API_KEY; unset: no key)")
