@@ -398,3 +398,15 @@ print(ascii([loopjax.load({str(hf)!r}).chat_template, loopjax.load(out).chat_tem
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == ascii([template, template])
+
+
+def test_an_unreadable_tokenizer_json_is_one_line_with_the_tokenizers_reason(tmp_path):
+    """The reason came quoted ("cannot read .../tokenizer.json: 'expected value at line 1
+    column 1'"): the f-string's `!r` applied to the whole conditional, not only its else."""
+    from loopjax.model import LoadError, _read_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("garbage")
+    with pytest.raises(LoadError) as raised:
+        _read_tokenizer(str(tmp_path))
+    file = tmp_path / "tokenizer.json"
+    assert str(raised.value) == f"cannot read {file}: expected value at line 1 column 1"
