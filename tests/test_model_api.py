@@ -410,3 +410,14 @@ def test_an_unreadable_tokenizer_json_is_one_line_with_the_tokenizers_reason(tmp
         _read_tokenizer(str(tmp_path))
     file = tmp_path / "tokenizer.json"
     assert str(raised.value) == f"cannot read {file}: expected value at line 1 column 1"
+
+
+def test_a_checkpoints_broken_chat_template_is_named_not_the_messages():
+    """A checkpoint template jinja2 cannot compile read "messages: the chat template refused them:
+    unexpected '}'" (blaming the messages, on every chat request); now the template is named,
+    as a request's own template is."""
+    from loopjax.chat import render_chat
+
+    with pytest.raises(ValueError, match=r"^chat_template is not a jinja2 template: TemplateSyntaxError: "
+                                         r"unexpected '}'$"):
+        render_chat("{% for m in messages %}{{ m.content }", [{"role": "user", "content": "hi"}])
