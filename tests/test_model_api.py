@@ -421,3 +421,11 @@ def test_a_checkpoints_broken_chat_template_is_named_not_the_messages():
     with pytest.raises(ValueError, match=r"^chat_template is not a jinja2 template: TemplateSyntaxError: "
                                          r"unexpected '}'$"):
         render_chat("{% for m in messages %}{{ m.content }", [{"role": "user", "content": "hi"}])
+
+
+def test_dir_lists_the_lazy_public_names():
+    """`dir(loopjax)` (and so tab completion) listed submodules but not load, generate, LLM, ...:
+    they are imported on first use (module __getattr__) and the module had no __dir__."""
+    import loopjax
+
+    assert set(loopjax.__all__) <= set(dir(loopjax))
