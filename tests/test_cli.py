@@ -111,6 +111,8 @@ def test_no_help_text_prints_default_none(capsys):
     for shown in ("--temperature TEMPERATURE 0 = greedy (default: 0)", "{per_loop,shared} default: per_loop",
                   "pallas_mgpu} default: auto", "select (default)", "EXIT_CHECK_EVERY --exit-criterion"):
         assert shown in texts["generate"], shown
+    assert "{burst,sessions} burst: C requests at once; sessions: multi-turn chats (default: burst)" \
+        in texts["bench"]
     sizes = (("-P PROMPT_LEN", 512), ("-O OUTPUT_LEN", 128), ("-N SESSIONS", 64), ("-T TURNS", 6),
              ("-U USER_LEN", 64))  # the workload's (bench/workloads.WorkloadSpec)
     for flag, default in sizes:
