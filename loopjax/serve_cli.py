@@ -53,6 +53,16 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _non_empty(what: str):
+    """An argparse type: text that is not blank (a blank --host bound every interface, a blank
+    --served-model-name served a model no client could name)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"must not be empty ({what})")
+        return text
+    return parse
+
+
 def _origins(text: str) -> list[str]:
     """--allowed-origins: a JSON list of origins (vLLM's flag and form), refused at parsing."""
     try:
@@ -88,10 +98,12 @@ def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
-    parser.add_argument("--host", default="127.0.0.1", help="default: 127.0.0.1")
+    parser.add_argument("--host", type=_non_empty("0.0.0.0: every interface"), default="127.0.0.1",
+                        help="default: 127.0.0.1")
     parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
                         help="default: 8000; 0: any free port")
-    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+    parser.add_argument("--served-model-name", nargs="+", type=_non_empty("a name clients send as `model`"),
+                        default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given); more names "
                              "are aliases, as vLLM's (responses carry the first)")
     parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,

@@ -103,6 +103,8 @@ def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys, tmp_path):
                            (["--allowed-origins", "*"], "--allowed-origins: must be a JSON list of origins"),
                            (["--chat-template", "no/such.jinja"],
                             "--chat-template: cannot read the chat template file 'no/such.jinja'"),
+                           (["--host", ""], "--host: must not be empty (0.0.0.0: every interface)"),
+                           (["--served-model-name", "tiny", " "], "--served-model-name: must not be empty"),
                            (["--chat-template", "{% if %}"],
                             "--chat-template: chat_template is not a jinja2 template: TemplateSyntaxError")):
         with pytest.raises(SystemExit) as exit_:
