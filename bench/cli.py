@@ -49,7 +49,8 @@ def add_arguments(parser):
     d = WorkloadSpec("burst")
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset (in-process), "
                                       "or the served name (--url)")
-    parser.add_argument("--workload", choices=("burst", "sessions"), default="burst")
+    parser.add_argument("--workload", choices=("burst", "sessions"), default="burst",
+                        help="burst: C requests at once; sessions: multi-turn chats (default: burst)")
     parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
                         help="burst prompt tokens / sessions' opening tokens (default: %(default)s)")
     parser.add_argument("--output-len", "-O", type=int, default=d.output_len,

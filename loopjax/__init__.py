@@ -31,3 +31,8 @@ def __getattr__(name):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'loopjax' has no attribute {name!r}")
+
+
+def __dir__():
+    """The lazy public names too (PEP 562), so `dir(loopjax)` and an editor's completion list them."""
+    return sorted(set(globals()) | set(_EXPORTS))

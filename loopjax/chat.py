@@ -135,6 +135,7 @@ def render_chat(template: str, messages: list[dict], *, special: dict | None = N
 def _render(template: str, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
     from jinja2.exceptions import TemplateError
 
+    check_template(template)  # a checkpoint's broken template is its fault, not the messages'
     try:
         # NOTE: transformers' variables: tools and documents are None unless given
         variables = dict(dict(tools=None, documents=None), **extra, messages=messages,

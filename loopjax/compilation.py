@@ -99,6 +99,8 @@ def use_compilation_cache(path: str) -> None:
     from jax.experimental.compilation_cache import compilation_cache
 
     path = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(path) and not os.path.isdir(path):  # makedirs said only "File exists"
+        raise ValueError(f"compilation_cache_dir {path!r} is not a folder")
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as e:

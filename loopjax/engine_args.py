@@ -112,7 +112,7 @@ SAMPLING_FLAGS = ("temperature", "top_k", "top_p", "min_p",
 def add_sampling_arguments(parser) -> None:
     """Adds --temperature, --top-k, --top-p, --min-p and the three penalties to an argparse
     parser; `sampling_options(args)` reads them back as SamplingParams keywords."""
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default: 0)")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     parser.add_argument("--min-p", type=float, default=0.0, help="0 = off")

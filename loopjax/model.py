@@ -130,7 +130,8 @@ def _read_tokenizer(folder: str):
     try:
         tokenizer = Tokenizer.from_file(file)
     except Exception as e:  # tokenizers raises a bare Exception for unreadable files
-        raise LoadError(f"cannot read {file}: {str(e).splitlines()[0] if str(e) else e!r}") from None
+        reason = str(e).splitlines()[0] if str(e) else repr(e)  # NOTE: `{a if c else e!r}` is repr(a)
+        raise LoadError(f"cannot read {file}: {reason}") from None
     tokenizer_files.apply_add_special_tokens(tokenizer, folder)  # tokenizer_config.json's add_bos_token
     return tokenizer
 

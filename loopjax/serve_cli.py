@@ -57,6 +57,16 @@ def _api_key(text: str) -> str:
     return text
 
 
+def _non_empty(what: str):
+    """An argparse type: text that is not blank (a blank --host bound every interface, a blank
+    --served-model-name served a model no client could name)."""
+    def parse(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"must not be empty ({what})")
+        return text
+    return parse
+
+
 def _origins(text: str) -> list[str]:
     """--allowed-origins: a JSON list of origins (vLLM's flag and form), refused at parsing."""
     try:
@@ -92,9 +102,12 @@ def add_arguments(parser):
     from loopjax.engine_args import add_engine_arguments
 
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000, help="0: any free port")
-    parser.add_argument("--served-model-name", nargs="+", default=None, metavar="NAME",
+    parser.add_argument("--host", type=_non_empty("0.0.0.0: every interface"), default="127.0.0.1",
+                        help="default: 127.0.0.1")
+    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+                        help="default: 8000; 0: any free port")
+    parser.add_argument("--served-model-name", nargs="+", type=_non_empty("a name clients send as `model`"),
+                        default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given); more names "
                              "are aliases, as vLLM's (responses carry the first)")
     parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
@@ -106,7 +119,8 @@ def add_arguments(parser):
     parser.add_argument("--admission-window-ms", type=_window_ms, default=0.0,
                         help="an idle engine takes requests arriving less than this apart before "
                              "its first step (at most 10 windows; default 0: off)")
-    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS)
+    parser.add_argument("--log-level", default="info", type=str.lower, choices=LOG_LEVELS,
+                        help="loopjax's and uvicorn's (default: info; other libraries log from warning)")
     parser.add_argument("--api-key", type=_api_key, default=os.environ.get("LOOPJAX_API_KEY") or None,
                         help="/v1 requests must send 'Authorization: Bearer KEY' (default: "
                              "$LOOPJAX_API_KEY; unset: no key)")
@@ -125,6 +139,16 @@ def add_arguments(parser):
                         help='the origins browsers may call the server from (CORS), a JSON list as '
                              'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
     add_engine_arguments(parser)
+
+
+def configure_logging(level: str) -> None:
+    """`--log-level` for loopjax's own loggers (uvicorn sets its own); every other library's
+    (orbax's and absl's checkpoint restore, jax's backend probe: a dozen INFO lines at start-up)
+    logs from WARNING, or at `level` where that is higher or `debug`."""
+    level_no = logging.getLevelName(level.upper())
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger().setLevel(level_no if level_no == logging.DEBUG else max(level_no, logging.WARNING))
+    logging.getLogger("loopjax").setLevel(level_no)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -160,7 +184,7 @@ def run(args) -> int:
 
     from loopjax.engine_args import build_engine, failure_line
 
-    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    configure_logging(args.log_level)
     try:
         sock = _bind(args.host, args.port)
     except OSError as e:  # e.g. the port is in use

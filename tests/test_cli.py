@@ -105,6 +105,14 @@ def test_no_help_text_prints_default_none(capsys):
         assert "default: None" not in texts[command] and "default: ()" not in texts[command], command
     assert "--max-context-len INT default: the model's context length, at most 4096" in texts["serve"]
     assert "--huginn-seed INT default: 0; Huginn models only" in texts["serve"]  # check_family refuses it
+    # README's `loopjax serve MODEL [--host 127.0.0.1] [--port 8000]`: --help named neither default
+    for shown in ("--host HOST default: 127.0.0.1", "--port PORT default: 8000;", "(default: info;"):
+        assert shown in texts["serve"], shown
+    for shown in ("--temperature TEMPERATURE 0 = greedy (default: 0)", "{per_loop,shared} default: per_loop",
+                  "pallas_mgpu} default: auto", "select (default)", "EXIT_CHECK_EVERY --exit-criterion"):
+        assert shown in texts["generate"], shown
+    assert "{burst,sessions} burst: C requests at once; sessions: multi-turn chats (default: burst)" \
+        in texts["bench"]
     sizes = (("-P PROMPT_LEN", 512), ("-O OUTPUT_LEN", 128), ("-N SESSIONS", 64), ("-T TURNS", 6),
              ("-U USER_LEN", 64))  # the workload's (bench/workloads.WorkloadSpec)
     for flag, default in sizes:

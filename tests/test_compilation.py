@@ -160,6 +160,16 @@ def test_the_cache_folder_is_an_engine_flag():
     assert engine_config_kwargs(args) == {"compilation_cache_dir": "/tmp/jax-cache"}
 
 
+def test_a_cache_folder_that_is_a_file_is_refused_by_name(tmp_path):
+    """`--compilation-cache-dir FILE` said only "File exists" (os.makedirs'); it is refused before
+    JAX's process-wide cache settings change."""
+    from loopjax.compilation import use_compilation_cache
+
+    (tmp_path / "cache").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"^compilation_cache_dir '.*cache' is not a folder$"):
+        use_compilation_cache(str(tmp_path / "cache"))
+
+
 def test_warmup_runs_each_executable_once_and_leaves_the_pool_as_it_was(model, monkeypatch):
     """Warm-up runs every compiled step once (padding rows only, so no request pays an
     executable's first run), then collects garbage in full; padding writes no real KV slot, and

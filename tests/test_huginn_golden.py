@@ -213,6 +213,15 @@ def test_forward_default_state_is_position_keyed(golden):
     np.testing.assert_array_equal(np.asarray(implicit.logits), np.asarray(explicit.logits))
 
 
+def test_forward_takes_seeded_by_name_as_score_does(golden):
+    """`score(initial_state='seeded')` and the engine's huginn_init name the default s_0, which
+    `forward` refused as an "unknown mode" (its message calling the default random)."""
+    cfg = golden[0]
+    named = huginn.resolve_initial_state(cfg, "seeded", 3, 5, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(named),
+                                  np.asarray(huginn.resolve_initial_state(cfg, None, 3, 5, jnp.float32)))
+
+
 def test_forward_rejects_bad_arguments(golden):
     cfg, _, params, data = golden
     ids = data["inputs"]["prompt_ids"][0]

@@ -398,3 +398,34 @@ print(ascii([loopjax.load({str(hf)!r}).chat_template, loopjax.load(out).chat_tem
                             timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == ascii([template, template])
+
+
+def test_an_unreadable_tokenizer_json_is_one_line_with_the_tokenizers_reason(tmp_path):
+    """The reason came quoted ("cannot read .../tokenizer.json: 'expected value at line 1
+    column 1'"): the f-string's `!r` applied to the whole conditional, not only its else."""
+    from loopjax.model import LoadError, _read_tokenizer
+
+    (tmp_path / "tokenizer.json").write_text("garbage")
+    with pytest.raises(LoadError) as raised:
+        _read_tokenizer(str(tmp_path))
+    file = tmp_path / "tokenizer.json"
+    assert str(raised.value) == f"cannot read {file}: expected value at line 1 column 1"
+
+
+def test_a_checkpoints_broken_chat_template_is_named_not_the_messages():
+    """A checkpoint template jinja2 cannot compile read "messages: the chat template refused them:
+    unexpected '}'" (blaming the messages, on every chat request); now the template is named,
+    as a request's own template is."""
+    from loopjax.chat import render_chat
+
+    with pytest.raises(ValueError, match=r"^chat_template is not a jinja2 template: TemplateSyntaxError: "
+                                         r"unexpected '}'$"):
+        render_chat("{% for m in messages %}{{ m.content }", [{"role": "user", "content": "hi"}])
+
+
+def test_dir_lists_the_lazy_public_names():
+    """`dir(loopjax)` (and so tab completion) listed submodules but not load, generate, LLM, ...:
+    they are imported on first use (module __getattr__) and the module had no __dir__."""
+    import loopjax
+
+    assert set(loopjax.__all__) <= set(dir(loopjax))

@@ -104,6 +104,8 @@ def test_serve_refuses_a_bad_port_or_log_level_at_parsing(capsys, tmp_path):
                            (["--allowed-origins", "*"], "--allowed-origins: must be a JSON list of origins"),
                            (["--chat-template", "no/such.jinja"],
                             "--chat-template: cannot read the chat template file 'no/such.jinja'"),
+                           (["--host", ""], "--host: must not be empty (0.0.0.0: every interface)"),
+                           (["--served-model-name", "tiny", " "], "--served-model-name: must not be empty"),
                            (["--chat-template", "{% if %}"],
                             "--chat-template: chat_template is not a jinja2 template: TemplateSyntaxError")):
         with pytest.raises(SystemExit) as exit_:
@@ -243,3 +245,25 @@ def test_serve_refuses_a_port_another_server_listens_on_first(monkeypatch, capsy
         gc.unfreeze()
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"loopjax serve: error: cannot listen on 127.0.0.1:{port}: Address already in use"]
+
+
+@pytest.mark.parametrize("level, library_info, loopjax_info", [("info", False, True), ("debug", True, True),
+                                                               ("error", False, False)])
+def test_serve_log_level_leaves_other_libraries_at_warning(level, library_info, loopjax_info):
+    """`--log-level info` (the default) set the root logger to INFO, so each start printed orbax's
+    and absl's checkpoint-restore chatter and jax's TPU probe (a dozen INFO lines); now the level
+    is loopjax's, other libraries log from WARNING (everything with `debug`)."""
+    import logging
+
+    from loopjax import serve_cli
+
+    root, ours = logging.getLogger(), logging.getLogger("loopjax")
+    saved = root.level, ours.level
+    try:
+        serve_cli.configure_logging(level)
+        assert logging.getLogger("orbax.checkpoint").isEnabledFor(logging.INFO) is library_info
+        assert logging.getLogger("loopjax.server").isEnabledFor(logging.INFO) is loopjax_info
+        assert logging.getLogger("jax._src.xla_bridge").isEnabledFor(logging.WARNING) is (level != "error")
+    finally:
+        root.setLevel(saved[0])
+        ours.setLevel(saved[1])

@@ -278,13 +278,14 @@ def forward(params, cfg: HuginnConfig, input_ids, *, loops: int | None = None,
 
 
 def resolve_initial_state(cfg: HuginnConfig, spec, num_tokens: int, seed, dtype):
-    """s_0 [num_tokens, H] from forward's `initial_state` argument (array, "zero" or None)."""
-    if spec is None:
+    """s_0 [num_tokens, H] from forward's `initial_state` argument (array, "zero", or "seeded" /
+    None: the seeded default, as `score` and the engine name it)."""
+    if spec is None or (isinstance(spec, str) and spec == "seeded"):
         return initial_state(cfg, seed, jnp.arange(num_tokens), dtype)
     if isinstance(spec, str):
         if spec != "zero":
             raise ValueError(f"huginn initial_state: unknown mode {spec!r}; use an array, "
-                             "'zero' or None (random)")
+                             "'zero' or 'seeded' (None: seeded)")
         return zero_state(cfg, num_tokens, dtype)
     s0 = jnp.asarray(spec, dtype)
     if s0.shape != (num_tokens, cfg.hidden_size):
