@@ -338,8 +338,7 @@ def check_for_model(params: SamplingParams, cfg, *, has_tokenizer: bool, warm_st
         _fail(f"warm_start must be true or false, got {warm_start!r}")
     if params.exit_criterion is not None and not huginn:
         _fail("exit_criterion applies to Huginn models; Ouro exits by exit_threshold")
-    # NOTE: refused, not ignored (they did nothing): Huginn has no threshold exit of its own (Ouro's
-    # Q-exit), and skip mode without a criterion ran every loop, as 'select' does
+    # NOTE: refused, not ignored: Huginn has no threshold exit; skip without a criterion ran all loops
     if huginn and params.exit_threshold is not None and params.exit_criterion is None:
         _fail("exit_threshold on a Huginn model is its exit_criterion's threshold; give an exit_criterion")
     if huginn and params.exit_mode == "skip" and params.exit_criterion is None and params.exit_trace is None:
