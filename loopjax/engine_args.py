@@ -7,6 +7,7 @@ when called, so `--help` works on a base install.
 
 from __future__ import annotations
 
+import difflib
 import time
 from typing import Any
 
@@ -63,8 +64,21 @@ def engine_config_kwargs(args) -> dict:
             parsed = json.loads(value)
         except json.JSONDecodeError:
             parsed = value
-        kwargs[key.replace("-", "_")] = tuple(parsed) if isinstance(parsed, list) else parsed
+        name = key.replace("-", "_")
+        if name not in (fields := _engine_fields()):
+            close = difflib.get_close_matches(name, fields, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else " (the EngineConfig fields: --help)"
+            raise ValueError(f"--engine-arg: unknown engine option {key!r}{hint}")
+        kwargs[name] = tuple(parsed) if isinstance(parsed, list) else parsed
     return kwargs
+
+
+def _engine_fields() -> list[str]:
+    import dataclasses
+
+    from loopjax.engine_config import EngineConfig
+
+    return [f.name for f in dataclasses.fields(EngineConfig)]
 
 
 def build_engine(args, timings: dict | None = None):

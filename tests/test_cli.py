@@ -164,3 +164,20 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
                      "--shared-kv-slots", "4"]) == 0
     assert seen[-1]["shared_kv_slots"] == 4 and seen[-1]["kv_layout"] == "shared"
     assert capsys.readouterr().out == "3\n"
+
+
+def test_an_unknown_engine_arg_is_named_with_the_closest_field():
+    """`--engine-arg KEY=VALUE` with a KEY no EngineConfig field has was refused as
+    "EngineConfig.__init__() got an unexpected keyword argument": it names the key now, and the
+    field it is closest to."""
+    import argparse
+
+    from loopjax.engine_args import add_engine_arguments, engine_config_kwargs
+
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    assert engine_config_kwargs(parser.parse_args(["--engine-arg", "max-num-rows=4"])) == {"max_num_rows": 4}
+    for arg, error in (("max_num_row=4", "'max_num_row'; did you mean 'max_num_rows'?"),
+                       ("zzz=1", "'zzz' (the EngineConfig fields: --help)")):
+        with pytest.raises(ValueError, match=f"^--engine-arg: unknown engine option {re.escape(error)}$"):
+            engine_config_kwargs(parser.parse_args(["--engine-arg", arg]))
