@@ -133,7 +133,7 @@ def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
     serve_cli.add_arguments(parser)
     for argv, expected in ((["/nonexistent/model"], "no model at '/nonexistent/model'"),
                            (["ouro-tyni"], "'ouro-tyni': not a folder and not a preset"),
-                           (["ouro-tiny", "--engine-arg", "bogus=1"], "unexpected keyword argument 'bogus'"),
+                           (["ouro-tiny", "--engine-arg", "bogus=1"], "unknown engine option 'bogus'"),
                            (["ouro-tiny", "--kv-layout", "bogus"], "unknown kv layout 'bogus'")):
         assert serve_cli.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
