@@ -125,6 +125,8 @@ def render_chat(template: str, messages: list[dict], *, special: dict | None = N
     if not continue_final_message:
         return text
     final = messages[-1]["content"]  # NOTE: templates that strip messages keep only the stripped
+    if not final.strip():  # NOTE: transformers finds "" at the text's end: it keeps the whole text
+        return text
     for content in (final, final.strip()):  # text; transformers looks for that too
         if content and (at := text.rfind(content)) >= 0:
             return text[:at + len(content)]

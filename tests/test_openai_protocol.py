@@ -496,6 +496,10 @@ def test_chat_template_kwargs_and_add_generation_prompt():
     talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop "}]
     cont = chatml.prompts({"messages": talk, "continue_final_message": True}, chat=True)[0]
     assert cont == ids("<|im_start|>user hello<|im_end|><|im_start|>assistant the loop")
+    # an empty final message: the whole rendered text, its turn closed (transformers', vLLM's; was a 400)
+    empty = [talk[0], {"role": "assistant", "content": ""}]
+    assert chatml.prompts({"messages": empty, "continue_final_message": True}, chat=True)[0] == ids(
+        "<|im_start|>user hello<|im_end|><|im_start|>assistant <|im_end|>")
     with pytest.raises(APIError, match="exclude each other") as err:
         chatml.prompts({"messages": talk, "continue_final_message": True, "add_generation_prompt": True},
                        chat=True)
