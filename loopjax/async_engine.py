@@ -62,7 +62,7 @@ class QueueFullError(RuntimeError):
     """Too many requests wait for their first token; retry later (HTTP 429)."""
 
 
-def _check_seconds(name: str, value, *, zero_ok: bool) -> None:
+def check_seconds(name: str, value, *, zero_ok: bool) -> None:
     """Seconds the engine thread may wait: > 0 (>= 0 when `zero_ok`) and at most
     threading.TIMEOUT_MAX (a longer wait raises in the thread), or a one-line ValueError naming it."""
     number = not isinstance(value, bool) and isinstance(value, int | float)
@@ -78,8 +78,8 @@ class AsyncEngine:
         # timeout <= 0 spins the idle thread; an infinite wait raises in the engine thread
         if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or max_waiting < 1:
             raise ValueError(f"max_waiting must be an integer >= 1, got {max_waiting!r}")
-        _check_seconds("idle_timeout_s", idle_timeout_s, zero_ok=False)
-        _check_seconds("admission_window_s", admission_window_s, zero_ok=True)
+        check_seconds("idle_timeout_s", idle_timeout_s, zero_ok=False)
+        check_seconds("admission_window_s", admission_window_s, zero_ok=True)
         self.engine = engine
         self.max_waiting = max_waiting  # accepted requests without a first token (queue bound)
         self.metrics = metrics or ServingMetrics()
@@ -212,7 +212,7 @@ class AsyncEngine:
         """Stop the engine thread (after its current step) and fail the open streams. The thread
         gone, their requests and the aborts it did not take leave the engine (their pages back)
         before a last snapshot of its stats, which so counts them."""
-        _check_seconds("timeout_s", timeout_s, zero_ok=True)
+        check_seconds("timeout_s", timeout_s, zero_ok=True)
         stopped = self._worker.halt(timeout_s)
         if not stopped and self._worker.thread.is_alive():
             log.warning("engine thread did not stop within %g s", timeout_s)

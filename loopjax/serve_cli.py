@@ -10,7 +10,6 @@ import argparse
 import gc
 import json
 import logging
-import math
 import os
 import socket
 import sys
@@ -36,16 +35,17 @@ def _int_at_least(low: int, high: int | None = None):
 
 
 def _window_ms(text: str) -> float:
-    """An argparse type: milliseconds >= 0 the engine thread can wait (inf, and more than
-    threading.TIMEOUT_MAX seconds, passed, and the AsyncEngine refused them with a traceback once
-    the engine was built)."""
+    """An argparse type: milliseconds the engine thread can wait, by the AsyncEngine's rule
+    (`check_seconds`: inf, and more than threading.TIMEOUT_MAX seconds, passed here and were a
+    traceback once the engine was built)."""
+    from loopjax.async_engine import check_seconds
+
     try:
         value = float(text)
+        check_seconds("admission_window_s", value / 1e3, zero_ok=True)
     except ValueError:
-        value = -1.0
-    most = threading.TIMEOUT_MAX * 1e3
-    if not (math.isfinite(value) and 0 <= value <= most):
-        raise argparse.ArgumentTypeError(f"must be a number in [0, {most:g}] (milliseconds), got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a number in [0, {threading.TIMEOUT_MAX * 1e3:g}] "
+                                         f"(milliseconds), got {text!r}") from None
     return value
 
 
