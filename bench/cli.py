@@ -361,21 +361,30 @@ def _outputs(run: Run | None) -> dict:
 
 
 def run(args) -> int:
+    """Plan, run and report. A bad option, an engine that cannot be built, a server that cannot
+    be reached or a budget spent before the first run is one line on stderr and exit code 2
+    (as `loopjax generate` and `serve`); Ctrl-C: 130."""
+    from loopjax.engine_args import failure_line
+
     started = time.perf_counter()
     try:
         plan = _plan(args)
         deadline = None if args.max_seconds is None else started + args.max_seconds
         runner = _run_http if args.url else _run_in_process
         runs = asyncio.run(runner(args, plan, deadline))
-    except (ValueError, RuntimeError, OSError) as e:
-        print(f"loopjax bench: {e}", file=sys.stderr)
-        return 1
+    except BrokenPipeError:  # stdout's reader went away: cli.run_command ends quietly
+        raise
+    except (ValueError, RuntimeError, OSError, MemoryError) as e:  # bad options, no server, no memory
+        line = failure_line(e, args) or next(iter(str(e).splitlines()), "") or type(e).__name__
+        print(f"loopjax bench: error: {line}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # during the warm-up or a run: 128 + SIGINT, as a shell says
         print("loopjax bench: interrupted; no report written", file=sys.stderr)
         return 130
     if not runs:
-        print("loopjax bench: the --max-seconds budget was spent before the first run", file=sys.stderr)
-        return 1
+        print("loopjax bench: error: the --max-seconds budget was spent before the first run; no report "
+              "written", file=sys.stderr)
+        return 2
     reports = []
     for run_ in runs:
         reports.append(_report(run_, args))
@@ -406,11 +415,11 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:  # python -m loopjax.bench.cli (bench/gpu_run.sh)
-    import argparse
+    from loopjax.cli import CommandParser, run_command
 
-    parser = argparse.ArgumentParser(prog="loopjax bench", description=__doc__.splitlines()[0])
+    parser = CommandParser(prog="loopjax bench", description=__doc__.splitlines()[0])
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_command(run, parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=PROG, description="convert a Hugging Face checkpoint to a "
-                                                            "loopjax checkpoint")
+    from loopjax.cli import CommandParser, run_command
+
+    parser = CommandParser(prog=PROG, description="convert a Hugging Face checkpoint to a loopjax checkpoint")
     add_arguments(parser)
-    return run(parser.parse_args(argv))
+    return run_command(run, parser.parse_args(argv))

@@ -101,13 +101,22 @@ def build_engine(args, timings: dict | None = None):
     return model, engine
 
 
-def failure_line(e: BaseException) -> str | None:
+def failure_line(e: BaseException, args=None) -> str | None:
     """The one line a command prints when loading a model or building and running an engine
     fails for a reason the user can act on: a bad model or option (ValueError, OSError), too
     little memory (MemoryError, XLA's RESOURCE_EXHAUSTED RuntimeError, also as the cause the
     Engine's one-line step failure names) or another device error (the Engine's StepFailedError,
-    which names it); None for anything else (a bug, whose traceback should stay)."""
+    which names it); None for anything else (a bug, whose traceback should stay) and for a
+    broken stdout pipe (`cli.run_command` ends quietly). With the command's parsed `args`, the
+    options it names are its flags (`with_flag_names`)."""
+    line = _failure_line(e)
+    return line if line is None or args is None else with_flag_names(line, args)
+
+
+def _failure_line(e: BaseException) -> str | None:
     first = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, BrokenPipeError):
+        return None
     if isinstance(e, ValueError | OSError):
         return first or type(e).__name__
     if isinstance(e, MemoryError) or (isinstance(e, RuntimeError) and "RESOURCE_EXHAUSTED" in first):
@@ -115,6 +124,33 @@ def failure_line(e: BaseException) -> str | None:
     if isinstance(e, StepFailedError):
         return first
     return None
+
+
+def with_flag_names(line: str, args) -> str:
+    """`line` (an error of the engine or of SamplingParams, which name their fields, as Python
+    callers use them) as a command-line user reads it: each EngineConfig or SamplingParams field
+    the command has a flag for named by that flag (`EngineConfig.kv_memory_bytes` and
+    `kv_memory_bytes` -> `--kv-memory-bytes`). A bare name is taken only with an underscore in
+    it: a plain word (`matmul`, `warmup`, `seed`) may be prose."""
+    import re
+
+    given = vars(args)
+    for name in _option_names():
+        if name not in given and "engine_" + name not in given:
+            continue  # no flag of this command sets it
+        bare = "|" + re.escape(name) if "_" in name else ""
+        line = re.sub(rf"(?<![\w.-])(?:EngineConfig\.{re.escape(name)}{bare})(?!\w)",
+                      "--" + name.replace("_", "-"), line)
+    return line
+
+
+def _option_names() -> list[str]:
+    """The fields of EngineConfig and SamplingParams (the options errors name)."""
+    import dataclasses
+
+    from loopjax.sampling_params import SamplingParams
+
+    return _engine_fields() + [f.name for f in dataclasses.fields(SamplingParams)]
 
 
 # The sampling flags `loopjax generate` and `loopjax bench` share: SamplingParams' own names

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         return _run(args)
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
-        if (line := failure_line(e)) is None:
+        if (line := failure_line(e, args)) is None:
             raise
         print(f"loopjax generate: error: {line}", file=sys.stderr)
         return 2

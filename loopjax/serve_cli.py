@@ -196,7 +196,7 @@ def run(args) -> int:
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
         # a model that cannot load, an option the engine refuses, too little memory (else a bug)
         sock.close()
-        if (line := failure_line(e)) is None:
+        if (line := failure_line(e, args)) is None:
             raise
         print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2

@@ -256,10 +256,10 @@ def test_bad_sampling_flags_are_refused_before_the_engine_is_built(capsys, monke
 
     monkeypatch.setattr(loopjax.engine_args, "build_engine", no_engine)
     for flags, field in ((["--temperature", "3"], "temperature"), (["--presence-penalty", "-2.5"],
-                         "presence_penalty"), (["--repetition-penalty", "0"], "repetition_penalty")):
-        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 1
+                         "--presence-penalty"), (["--repetition-penalty", "0"], "--repetition-penalty")):
+        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith("loopjax bench: ") and field in err and "\n" not in err
+        assert err.startswith("loopjax bench: error: ") and field in err and "\n" not in err
 
 
 def check_report(report, workload, num_requests, in_process=True):
@@ -313,18 +313,20 @@ def test_unwritable_report_paths_are_refused_before_the_engine_is_built(tmp_path
     for flags, reason in ((["--out", str(tmp_path)], "is a folder"),
                           (["--plot", str(tmp_path)], "is a folder"),
                           (["--out", str(tmp_path / "file" / "r.json")], "is not a folder")):
-        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 1
+        assert main(["bench", "ouro-tiny", *TINY, *flags]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"loopjax bench: {flags[0]} ") and reason in err and "\n" not in err, err
+        assert err.startswith(f"loopjax bench: error: {flags[0]} ") and reason in err, err
+        assert "\n" not in err
 
 
 def test_unreachable_server_is_one_line(tmp_path, capsys):
     """--url of a server that is not up (or not an http URL) was an httpx traceback."""
     for url in ("http://127.0.0.1:9", "localhost:8000"):
         assert main(["bench", "x", "--workload", "burst", *TINY, "--url", url, "--vocab-size", "256",
-                     "--out", str(tmp_path / "r.json")]) == 1
+                     "--out", str(tmp_path / "r.json")]) == 2
         err = capsys.readouterr().err.strip()
-        assert err.startswith(f"loopjax bench: cannot reach the server at {url}: ") and "\n" not in err, err
+        assert err.startswith(f"loopjax bench: error: cannot reach the server at {url}: "), err
+        assert "\n" not in err
     assert not (tmp_path / "r.json").exists()
 
 
@@ -349,20 +351,20 @@ def test_a_server_whose_models_list_is_not_loopjaxs_is_one_line(tmp_path, capsys
     threading.Thread(target=server.serve_forever, daemon=True).start()
     url = f"http://127.0.0.1:{server.server_address[1]}"
     try:
-        assert main(["bench", "x", "--workload", "burst", *TINY, "--url", url]) == 1
+        assert main(["bench", "x", "--workload", "burst", *TINY, "--url", url]) == 2
     finally:
         server.shutdown()
     err = capsys.readouterr().err.strip()
-    assert err == (f"loopjax bench: the server at {url} does not serve 'x' with a known vocab_size "
+    assert err == (f"loopjax bench: error: the server at {url} does not serve 'x' with a known vocab_size "
                    "(served: []); pass --vocab-size"), err
 
 
 def test_url_without_httpx_is_one_line(monkeypatch, capsys):
     """httpx comes with the bench extra: without it --url was a ModuleNotFoundError traceback."""
     monkeypatch.setitem(sys.modules, "httpx", None)  # `import httpx` now raises ImportError
-    assert main(["bench", "x", "--workload", "burst", *TINY, "--url", "http://127.0.0.1:9"]) == 1
+    assert main(["bench", "x", "--workload", "burst", *TINY, "--url", "http://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == "loopjax bench: --url needs httpx; install it with: pip install 'loopjax[bench]'"
+    assert err == "loopjax bench: error: --url needs httpx; install it with: pip install 'loopjax[bench]'"
 
 
 def test_ctrl_c_is_one_line_exit_130(monkeypatch, capsys):
@@ -431,10 +433,10 @@ def test_bench_compare_prefix_cache(tmp_path, capsys, no_compilation_cache):
     printed = capsys.readouterr().out
     assert "prefix cache off vs on" in printed and "hit rate (tokens)" in printed and "34.0%" in printed
     assert printed.count("temperature=0.8 top_p=0.9 presence_penalty=0.5") == 2  # the runs' summaries
-    # The comparison runs the sessions workload in-process only: one clear line, exit code 1.
-    assert main(["bench", "ouro-tiny", *TINY, "--compare-prefix-cache", "--out", out]) == 1
+    # The comparison runs the sessions workload in-process only: one clear line, exit code 2.
+    assert main(["bench", "ouro-tiny", *TINY, "--compare-prefix-cache", "--out", out]) == 2
     assert main(["bench", "x", "--workload", "sessions", *TINY, "--compare-prefix-cache", "--url",
-                 "http://127.0.0.1:9", "--out", out]) == 1
+                 "http://127.0.0.1:9", "--out", out]) == 2
     assert "in-process only" in capsys.readouterr().err
 
 
@@ -456,9 +458,9 @@ def test_url_with_an_api_key(tmp_path, monkeypatch):
                 str(tmp_path / "r.json")]
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            assert main(args) == 1
-        assert err.getvalue().strip() == (f"loopjax bench: the server at {live.url} asks for an API key "
-                                          f"(401): pass --api-key or set OPENAI_API_KEY")
+            assert main(args) == 2
+        assert err.getvalue().strip() == (f"loopjax bench: error: the server at {live.url} asks for an API "
+                                          f"key (401): pass --api-key or set OPENAI_API_KEY")
         assert main([*args, "--vocab-size", "256", "--api-key", "k3y"]) == 0
         with open(tmp_path / "r.json") as f:
             assert json.load(f)["output_tokens"] == 12

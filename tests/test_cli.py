@@ -133,7 +133,8 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
     """`loopjax generate --shared-kv-slots K` (EngineConfig.shared_kv_slots: Huginn's shared KV
     ring; there was no flag) reaches the engine options; where the engine refuses it (not
     Huginn with --kv-layout shared, or below 1) it is the engine's one line (before it compiles), as
-    is `--exit-mode skip` on Huginn without `--exit-criterion` (it ran every loop)."""
+    is `--exit-mode skip` on Huginn without `--exit-criterion` (it ran every loop); the lines name
+    the flags given, not the EngineConfig / SamplingParams fields."""
     import loopjax.llm
     import loopjax.model
     from loopjax.config import preset
@@ -143,16 +144,16 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
     monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: weightless)
     for argv, error in (
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
-             "EngineConfig.shared_kv_slots must be >= 1, got 0"),
+             "--shared-kv-slots must be >= 1, got 0"),
             (["huginn-tiny", "--shared-kv-slots", "4"],
-             "EngineConfig.shared_kv_slots=4 applies to Huginn's kv_layout='shared' ring; this huginn "
-             "model has kv_layout='per_loop'")):
+             "--shared-kv-slots=4 applies to Huginn's --kv-layout='shared' ring; this huginn "
+             "model has --kv-layout='per_loop'")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
     # the engine's refusal (sampling_params.check_for_model) comes before any engine is built
     assert cli.main(["generate", "huginn-tiny", "--prompt-ids", "1,2", "--exit-mode", "skip"]) == 2
-    assert capsys.readouterr().err == ("loopjax generate: error: exit_mode='skip' on a Huginn model stops "
-                                       "at its exit_criterion; give one (or an exit_trace)\n")
+    assert capsys.readouterr().err == ("loopjax generate: error: --exit-mode='skip' on a Huginn model stops "
+                                       "at its --exit-criterion; give one (or an --exit-trace)\n")
     seen = []
 
     def fake_generate(model, prompts, **kwargs):
@@ -181,3 +182,97 @@ def test_an_unknown_engine_arg_is_named_with_the_closest_field():
                        ("zzz=1", "'zzz' (the EngineConfig fields: --help)")):
         with pytest.raises(ValueError, match=f"^--engine-arg: unknown engine option {re.escape(error)}$"):
             engine_config_kwargs(parser.parse_args(["--engine-arg", arg]))
+
+
+def test_parse_errors_are_one_line_naming_the_command(capsys):
+    """A bad flag printed argparse's usage block (a screen of flags for serve and bench) above
+    the one line naming the cause; an unknown flag named the top-level `loopjax` and its usage.
+    Now one line, `loopjax CMD: error: CAUSE (see --help)`, exit code 2, for every command."""
+    for argv, cause in (
+            (["generate", "ouro-tiny", "--prompt-ids", "1", "--temperature", "x"],
+             "loopjax generate: error: argument --temperature: invalid float value: 'x'"),
+            (["generate", "ouro-tiny", "--prompt-ids", "1", "--bogus"],
+             "loopjax generate: error: unrecognized arguments: --bogus"),
+            (["bench", "ouro-tiny", "-C", "x"],
+             "loopjax bench: error: argument --concurrency/-C: invalid int value: 'x'"),
+            (["serve", "ouro-tiny", "--port", "x"],
+             "loopjax serve: error: argument --port: must be an integer in [0, 65535], got 'x'"),
+            (["convert"], "loopjax convert: error: the following arguments are required: HF_DIR, OUT_DIR"),
+            (["frob"], "loopjax: error: argument command: invalid choice: 'frob' (choose from 'convert', "
+                       "'generate', 'serve', 'bench')")):
+        with pytest.raises(SystemExit) as done:
+            cli.main(argv)
+        assert done.value.code == 2 and capsys.readouterr().err == f"{cause} (see --help)\n", argv
+
+
+def test_engine_errors_name_the_flags_the_command_line_has(monkeypatch, capsys):
+    """An engine refusal named EngineConfig fields (`EngineConfig.num_pages and kv_memory_bytes`)
+    to a user who typed flags; the command lines name their flags now (bench and serve every
+    field's, generate its own, the sampling flags too), exit code 2; Python callers keep the
+    field names."""
+    import argparse
+
+    import loopjax.model
+    from loopjax.config import preset
+    from loopjax.engine_args import add_engine_arguments, add_sampling_arguments, failure_line
+    from loopjax.engine_config import EngineConfig
+
+    weightless = loopjax.model.Model(cfg=preset("ouro-tiny"), params={})
+    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: weightless)
+    assert cli.main(["bench", "ouro-tiny", "--num-pages", "3", "--engine-arg", "kv_memory_bytes=100"]) == 2
+    assert capsys.readouterr().err == ("loopjax bench: error: --num-pages and --kv-memory-bytes both size "
+                                       "the KV pool; give one\n")
+    with pytest.raises(ValueError, match="^EngineConfig.num_pages and kv_memory_bytes both size"):
+        EngineConfig(num_pages=3, kv_memory_bytes=100)
+    parser = argparse.ArgumentParser()
+    add_engine_arguments(parser)
+    add_sampling_arguments(parser)
+    args = parser.parse_args([])
+    for line, named in (("max_context_len 9000 exceeds the model's 4096", "--max-context-len 9000 exceeds"),
+                        ("EngineConfig.matmul must be <class 'str'>, got 1", "--matmul must be"),
+                        ("unknown matmul 'x'; choose 'auto'", "unknown matmul 'x'"),  # prose: kept
+                        ("top_p must be in (0, 1], got 2.0", "--top-p must be in"),
+                        ("SchedulerConfig.max_loops (2) < num_loops (4)", "SchedulerConfig.max_loops (2)")):
+        assert failure_line(ValueError(line), args).startswith(named), line
+        assert failure_line(ValueError(line)) == line  # without the command line: as raised
+    # generate has no --max-context-len (it sizes the context itself): that name stays
+    generate_args = argparse.Namespace(kv_layout="shared", top_p=1.0)
+    assert failure_line(ValueError("max_context_len 9 and kv_layout"), generate_args) == \
+        "max_context_len 9 and --kv-layout"
+
+
+def test_a_closed_stdout_pipe_ends_quietly(monkeypatch, capsys):
+    """`loopjax generate ... | head -1` (a reader that stops early): the broken pipe was a line
+    `error: [Errno 32] Broken pipe` and, at exit, Python's `Exception ignored ... BrokenPipeError`.
+    Now nothing on stderr and the shell's 128 + SIGPIPE, as Unix tools end."""
+    import io
+    import os
+    import subprocess
+    import sys
+
+    import loopjax.llm
+    import loopjax.model
+    from loopjax.config import preset
+
+    class ClosedPipe(io.TextIOBase):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    weightless = loopjax.model.Model(cfg=preset("ouro-tiny"), params={})
+    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: weightless)
+    monkeypatch.setattr(loopjax.llm, "generate", lambda model, prompts, **kwargs: [
+        loopjax.llm.GenerateOutput(prompts[0], [3], None, [1], "length")])
+    monkeypatch.setattr(sys, "stdout", ClosedPipe())
+    assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2", "--max-tokens", "1"]) == cli.SIGPIPE_EXIT
+    monkeypatch.undo()
+    assert capsys.readouterr().err == ""
+    # A real pipe whose reader is gone, through the interpreter's exit (where a buffered line is flushed)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    code = "import sys; from loopjax import cli; sys.exit(cli.run_command(lambda a: print('4 5') or 0, None))"
+    try:
+        done = subprocess.run([sys.executable, "-c", code], stdout=write_end, stderr=subprocess.PIPE,
+                              timeout=60)
+    finally:
+        os.close(write_end)
+    assert (done.returncode, done.stderr) == (cli.SIGPIPE_EXIT, b"")
