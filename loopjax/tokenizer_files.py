@@ -8,9 +8,10 @@ transformers reads it (pure Python; imports neither JAX nor tokenizers at import
 - `eos_token_id(tokenizer, folder)`: the tokenizer's EOS id, which vLLM stops at.
 - `apply_add_special_tokens(tokenizer, folder)`: tokenizer_config.json's add_bos_token /
   add_eos_token over tokenizer.json's post-processor, as transformers' fast tokenizers apply
-  them (v5's for every class, v4's for the Llama-style ones): one of the two given, the
-  post-processor becomes [bos] $A [eos] by the two flags, a flag not given being off (a BOS
-  tokenizer.json adds, a config turning it off has none).
+  them: the post-processor becomes [bos] $A [eos] by the two flags. The Llama-style classes
+  (`BOS_BY_DEFAULT`, v4 and v5) always rebuild it, a flag not given taking the class's default
+  (BOS on, EOS off: `add_eos_token` alone adds both); any other class (v5's rule; v4 left them
+  alone) rebuilds it where either flag is given, a flag not given being off.
 """
 
 from __future__ import annotations
@@ -18,6 +19,12 @@ from __future__ import annotations
 import json
 import os
 
+# tokenizer_config.json's tokenizer_class values whose add_bos_token defaults to True (and
+# add_eos_token to False), each rebuilding the post-processor from the two at load, as
+# transformers' LlamaTokenizerFast, CodeLlamaTokenizerFast, GemmaTokenizerFast and
+# CohereTokenizerFast do (configs name the slow class as often as the fast one).
+BOS_BY_DEFAULT = frozenset(name + fast for name in ("LlamaTokenizer", "CodeLlamaTokenizer", "GemmaTokenizer",
+                                                     "CohereTokenizer") for fast in ("", "Fast"))
 NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 ADDITIONAL = "additional_special_tokens"
 
@@ -45,11 +52,12 @@ def eos_token_id(tokenizer, folder: str | None) -> int | None:
 
 def apply_add_special_tokens(tokenizer, folder: str | None) -> None:
     """Put tokenizer_config.json's add_bos_token / add_eos_token on `tokenizer`'s post-processor
-    (a `tokenizers.Tokenizer`, changed in place) where the config gives either; a flag whose
-    token the files do not name, or the vocabulary lacks, adds nothing (transformers turns it off)."""
+    (a `tokenizers.Tokenizer`, changed in place) by the module's rule; a flag whose token the
+    files do not name, or the vocabulary lacks, adds nothing (transformers v5 turns it off)."""
     config = _read(folder, "tokenizer_config.json")
-    if "add_bos_token" not in config and "add_eos_token" not in config:
-        return
+    defaults = {"bos": config.get("tokenizer_class") in BOS_BY_DEFAULT, "eos": False}
+    if not defaults["bos"] and "add_bos_token" not in config and "add_eos_token" not in config:
+        return  # tokenizer.json's post-processor as it is
     from tokenizers import processors
 
     names = special_tokens_map(folder)
@@ -57,7 +65,7 @@ def apply_add_special_tokens(tokenizer, folder: str | None) -> None:
     for kind in ("bos", "eos"):
         text = names.get(f"{kind}_token")
         token_id = None if text is None else tokenizer.token_to_id(text)
-        if config.get(f"add_{kind}_token") and token_id is not None:
+        if config.get(f"add_{kind}_token", defaults[kind]) and token_id is not None:
             added[kind] = (text, token_id)
 
     def around(sequence: str, type_id: int) -> list[str]:  # template pieces "content:type_id"

@@ -287,6 +287,28 @@ def test_tokenizer_config_add_bos_token_applies_over_tokenizer_json(tmp_path):
     assert _read_tokenizer(str(tmp_path)).encode("hello world", add_special_tokens=False).ids == [3, 4]
 
 
+def test_llama_style_tokenizer_classes_keep_their_bos_default(tmp_path):
+    """A Llama-style tokenizer_class (LlamaTokenizerFast, Gemma's, ...) defaults add_bos_token to
+    True and always rebuilds the post-processor (transformers v4 and v5): `add_eos_token` alone
+    adds both, where it turned the BOS off (the rule of other classes, v5's, kept for them)."""
+    from loopjax.model import _read_tokenizer
+
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, "hello": 3, "world": 4}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.save(str(tmp_path / "tokenizer.json"))  # no post-processor: the class adds the BOS
+    config = tmp_path / "tokenizer_config.json"
+    for tokenizer_class, settings, want in (
+            ("LlamaTokenizerFast", {"add_eos_token": True}, [1, 3, 4, 2]),
+            ("GemmaTokenizer", {}, [1, 3, 4]),
+            ("LlamaTokenizer", {"add_bos_token": False}, [3, 4]),
+            ("PreTrainedTokenizerFast", {"add_eos_token": True}, [3, 4, 2]),
+            ("PreTrainedTokenizerFast", {}, [3, 4])):
+        config.write_text(json.dumps({"tokenizer_class": tokenizer_class, "bos_token": "<s>",
+                                      "eos_token": "</s>"} | settings))
+        assert _read_tokenizer(str(tmp_path)).encode("hello world").ids == want, (tokenizer_class, settings)
+
+
 def test_generate_cli_chat_renders_the_template_without_special_tokens(tmp_path, monkeypatch, capsys):
     """`loopjax generate --chat`: the prompt is one user message rendered by the checkpoint's
     template and encoded without the tokenizer's BOS (the template writes its own), as the
