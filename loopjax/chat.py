@@ -216,5 +216,9 @@ def special_tokens(model) -> dict:
     """The template variables of the checkpoint's special tokens, as transformers'
     apply_chat_template passes its special_tokens_map: bos_token, eos_token, unk_token,
     pad_token... and additional_special_tokens, those its files set (`tokenizer_files`;
-    render_chat makes bos_token and eos_token '' where unset)."""
+    render_chat makes bos_token and eos_token '' where unset). A loopjax Model read them once
+    (`Model.special_tokens`), for `LLM.chat`, `generate --chat` and the server alike; another
+    object (a test's model, None) has them read from its `path`."""
+    if isinstance(known := getattr(model, "special_tokens", None), dict):
+        return known
     return tokenizer_files.special_tokens_map(getattr(model, "path", None))

@@ -9,6 +9,7 @@ arrays, one dtype), the tokenizer and the generation defaults found next to the 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -34,6 +35,12 @@ class Model:
     path: str | None = None  # the folder it was loaded from; None for a preset
     generation_config: dict | None = None  # generation_config.json; None: there is none
     chat_template: str | None = None  # Jinja chat template of the tokenizer, if any
+
+    @functools.cached_property
+    def special_tokens(self) -> dict:
+        """The folder's named special tokens (`tokenizer_files.special_tokens_map`), read once per
+        model: every chat request's template variables (`chat.special_tokens`)."""
+        return tokenizer_files.special_tokens_map(self.path)
 
     @property
     def family(self) -> str:

@@ -349,6 +349,30 @@ def test_generate_cli_chat_renders_the_template_without_special_tokens(tmp_path,
                                               "template: this model has no chat template")
 
 
+def test_chat_reads_the_special_tokens_once_per_model(tmp_path, monkeypatch):
+    """encode_chat (LLM.chat, generate --chat) reread tokenizer_config.json and
+    special_tokens_map.json on every call, where the server read them once: a Model reads them
+    once now, for both, and the template still gets them."""
+    from loopjax import tokenizer_files
+    from loopjax.chat import encode_chat
+    from loopjax.config import preset
+
+    vocab = {"<unk>": 0, "<s>": 1, "hi": 2}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.add_special_tokens(["<s>"])
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    model = loopjax.Model(cfg=preset("ouro-tiny"), params={}, tokenizer=tokenizer, path=str(tmp_path),
+                          chat_template="{{ bos_token }}{% for m in messages %} {{ m.content }}{% endfor %}")
+    reads = []
+    real_read = tokenizer_files._read
+    monkeypatch.setattr(tokenizer_files, "_read",
+                        lambda folder, name: reads.append(name) or real_read(folder, name))
+    for _ in range(3):
+        assert encode_chat(model, [{"role": "user", "content": "hi"}]) == [1, 2]
+    assert sorted(reads) == ["special_tokens_map.json", "tokenizer_config.json"]
+
+
 def test_hub_names_load_from_the_local_hugging_face_cache(tmp_path, monkeypatch):
     """'org/name' (vLLM's and transformers' model names) loads and converts from the snapshot
     the Hub cache holds ($HF_HUB_CACHE; refs/main, or its one snapshot); a name not there is
