@@ -123,8 +123,7 @@ class InProcessBackend(_Sampling):
                 record.token_ids = out.token_ids  # a Snapshot (O(1)); a list once the stream ends
                 loops = out.exit_loops or []
                 record.exit_loops = loops if len(loops) == len(out.token_ids) else record.exit_loops + loops
-                per_token = (out.metrics or {}).get("submissions") or 0  # the engine's, per output token
-                record.submissions = round(per_token * max(1, len(out.token_ids)))
+                record.submissions = (out.metrics or {}).get("num_submissions") or 0
         except asyncio.CancelledError:
             self.cut.append(record)
             raise

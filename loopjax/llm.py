@@ -6,7 +6,7 @@ sample i uses seed + i; params without a seed draw one per prompt and call, so o
 object for many prompts gives independent samples). Each result holds the generated tokens
 only (`token_ids`, as vLLM does), `text`, `exit_loops` (loops of the selected state per
 token), `finish_reason`, `stop_reason` (vLLM's), the log-probabilities asked for and metrics
-(ttft, tpot, submissions per output token).
+(ttft, tpot, num_submissions, submissions_per_token).
 
 Huginn `initial_state`: None (the engine default: position-keyed random s0), 'zero',
 'seeded', or explicit s0 per position [prompt + max_tokens - 1, H] (an array or nested lists;
@@ -53,7 +53,7 @@ class GenerateOutput:
     # Per prompt position (SamplingParams.prompt_logprobs = k set): None at 0 (no prefix, as in
     # vLLM), then (log p of the prompt token, the k most likely (id, log p) there, most likely first).
     prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
-    metrics: dict = field(default_factory=dict)  # ttft, tpot (s), submissions per output token
+    metrics: dict = field(default_factory=dict)  # ttft, tpot (s), num_submissions, submissions_per_token
     stop_reason: int | str | None = None  # 'stop': stop string or stop id (None: the tokenizer's EOS), vLLM's
     ranks: list[int] | None = None  # per generated token (logprobs set): vLLM's Logprob.rank (RequestOutput)
     # Per prompt position (prompt_logprobs set): None at 0, then the prompt token's vLLM rank (its

@@ -108,8 +108,7 @@ class Choice:
         # NOTE: the outputs' cumulative fields are Snapshots: kept, not copied, every step
         self.token_ids, self.exit_loops = out.token_ids, out.exit_loops
         self.logprobs, self.top_logprobs = out.logprobs, out.top_logprobs
-        # NOTE: the engine reports submissions per output token; usage carries the total.
-        self.submissions = round((out.metrics.get("submissions") or 0) * max(1, len(self.token_ids)))
+        self.submissions = out.metrics.get("num_submissions") or 0  # the request's so far; usage's sum
         if self.detokenizer is not None:
             # NOTE: the engine's "stop" is a stop token's (EOS, a stop id): it adds no text
             # NOTE: an aborted output's text ends at its last whole character (detokenizer.py)

@@ -234,7 +234,7 @@ class RequestOutput:
     text: str | None = None
     logprobs: Sequence[float] | None = None  # per generated token (when asked)
     top_logprobs: Sequence[list[tuple[int, float]]] | None = None
-    metrics: dict = field(default_factory=dict)  # ttft, tpot, submissions (per output token)
+    metrics: dict = field(default_factory=dict)  # ttft, tpot, num_submissions (a count), *_per_token
     # Finished with 'stop': the stop string that matched, or the stop token id (None for the
     # tokenizer's EOS), as vLLM's; None otherwise.
     stop_reason: int | str | None = None

@@ -167,8 +167,8 @@ def request_output(request, extra: RequestExtra, new_tokens, model,
         update_text(extra, request, model)
     want_lp = request.sampling_params.logprobs is not None
     subs = request.num_prefill_submissions + request.num_decode_submissions
-    metrics = {"ttft": request.ttft, "tpot": request.tpot,
-               "submissions": subs / max(1, request.num_output_tokens),
+    metrics = {"ttft": request.ttft, "tpot": request.tpot, "num_submissions": subs,
+               "submissions_per_token": subs / max(1, request.num_output_tokens),
                "decode_submissions_per_token": request.decode_submissions_per_token,
                "num_preemptions": request.num_preemptions}
     return RequestOutput(request.request_id, list(new_tokens), Snapshot(request.output_token_ids),

@@ -29,7 +29,7 @@ Contract:
   prompt pages (not where they share none, `Engine.shares_prefix`: adaptive exits, a Huginn
   ring wrapping within the depth; all start at once).
 - Each choice carries loopjax extras: `token_ids` and `exit_loops` (the new tokens' in
-  a chunk, all of them in a full response); `usage` adds `submissions` (device submissions).
+  a chunk, all of them in a full response); `usage` adds `submissions` (the count of device submissions).
   vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
   `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a

@@ -72,7 +72,7 @@ class FakeEngine:
                                               finished=done, finish_reason="length" if done else None,
                                               stop_reason=None, exit_loops=[4] * len(r.ids), logprobs=None,
                                               top_logprobs=None,
-                                              metrics={"submissions": len(r.ids)}))
+                                              metrics={"num_submissions": len(r.ids)}))
             if done:
                 del self.requests[rid]
         return outs

@@ -170,7 +170,8 @@ class TrickleStreams:
                 await asyncio.sleep(every_s)
                 ids.append(i)
                 yield types.SimpleNamespace(new_token_ids=[i], token_ids=list(ids), exit_loops=[4] * len(ids),
-                                            metrics={"submissions": 1.0}, finished=i == params.max_tokens - 1)
+                                            metrics={"num_submissions": i + 1},
+                                            finished=i == params.max_tokens - 1)
 
         class Stream:
             def __aiter__(self):

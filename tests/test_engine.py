@@ -470,7 +470,8 @@ def test_generate_and_llm_reuse(ouro_model, ouro_ref, ouro_llm):
     for k, out in zip(PROMPTS, outs):
         assert out.token_ids == ouro_ref[f"{k}_greedy_tokens"].tolist()
         assert out.finish_reason == "length" and out.text is None
-        assert out.metrics["submissions"] == 1.0 and out.metrics["ttft"] > 0
+        assert out.metrics["submissions_per_token"] == 1.0 and out.metrics["ttft"] > 0
+        assert out.metrics["num_submissions"] == len(out.token_ids)  # a count (the server's usage sums them)
     llm = ouro_llm
     compiled = llm.engine.stats()["compilations"]
     for _ in range(2):
