@@ -44,24 +44,25 @@ from loopjax.bench.workloads import HttpBackend, InProcessBackend, Record, Workl
 
 
 def add_arguments(parser):
+    from loopjax.cli import int_at_least
     from loopjax.engine_args import add_engine_arguments, add_sampling_arguments
 
-    d = WorkloadSpec("burst")
+    d, positive = WorkloadSpec("burst"), int_at_least(1)  # sizes: refused at parsing, naming the flag
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset (in-process), "
                                       "or the served name (--url)")
     parser.add_argument("--workload", choices=("burst", "sessions"), default="burst",
                         help="burst: C requests at once; sessions: multi-turn chats (default: burst)")
-    parser.add_argument("--prompt-len", "-P", type=int, default=d.prompt_len,
+    parser.add_argument("--prompt-len", "-P", type=positive, default=d.prompt_len,
                         help="burst prompt tokens / sessions' opening tokens (default: %(default)s)")
-    parser.add_argument("--output-len", "-O", type=int, default=d.output_len,
+    parser.add_argument("--output-len", "-O", type=positive, default=d.output_len,
                         help="tokens per request/turn (default: %(default)s)")
-    parser.add_argument("--concurrency", "-C", type=int, nargs="+", default=[d.concurrency],
+    parser.add_argument("--concurrency", "-C", type=positive, nargs="+", default=[d.concurrency],
                         help="burst requests sent at once; several values run a sweep (default: %(default)s)")
-    parser.add_argument("--sessions", "-N", type=int, default=d.num_sessions,
+    parser.add_argument("--sessions", "-N", type=positive, default=d.num_sessions,
                         help="sessions (default: %(default)s)")
-    parser.add_argument("--turns", "-T", type=int, default=d.num_turns,
+    parser.add_argument("--turns", "-T", type=positive, default=d.num_turns,
                         help="turns per session (default: %(default)s)")
-    parser.add_argument("--user-len", "-U", type=int, default=d.user_len,
+    parser.add_argument("--user-len", "-U", type=positive, default=d.user_len,
                         help="tokens per later user turn (default: %(default)s)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random prompts (default: 0)")
     add_sampling_arguments(parser)
@@ -71,7 +72,7 @@ def add_arguments(parser):
     parser.add_argument("--url", default=None, help="http://host:port of a running `loopjax serve`")
     parser.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY") or None,
                         help="with --url: the server's API key (default: $OPENAI_API_KEY)")
-    parser.add_argument("--vocab-size", type=int, default=None,
+    parser.add_argument("--vocab-size", type=positive, default=None,
                         help="with --url: token ids to draw from (default: the server's /v1/models)")
     parser.add_argument("--no-warmup-request", action="store_true", help="skip the untimed warm-up request")
     parser.add_argument("--out", default=None, help="JSON report path (default: bench-<workload>.json)")

@@ -33,6 +33,17 @@ class CommandParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def int_at_least(low: int, high: int | None = None):
+    """An argparse type: decimal digits only, at least `low` (and at most `high`), refused at
+    parsing (naming the flag), not after the engine is built."""
+    def parse(text: str) -> int:
+        if not text.isdecimal() or int(text) < low or (high is not None and int(text) > high):
+            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text!r}")
+        return int(text)
+    return parse
+
+
 def run_command(run, args) -> int:
     """`run(args)` with its output flushed; a reader of stdout that went away (`loopjax generate
     ... | head -1`) ends it quietly with SIGPIPE_EXIT, as Unix tools end, not with a traceback or

@@ -36,10 +36,10 @@ from loopjax import attention_backend, bad_words, kv_cache, tokenizer_files
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
-from loopjax.engine_config import EngineConfig
+from loopjax.engine_config import HUGINN_INITS, EngineConfig
 from loopjax.engine_failures import EngineFailures
-from loopjax.matmul_ops import matmul_ops
-from loopjax.pointwise_ops import with_pointwise
+from loopjax.matmul_ops import MATMULS, matmul_ops
+from loopjax.pointwise_ops import POINTWISE, with_pointwise
 from loopjax.request import (
     FINISH_STOP,
     Request,
@@ -63,6 +63,11 @@ from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
 
+# The EngineConfig fields that pick one implementation by name, and the names (the command
+# line's choices): refused at once, before the KV pool is allocated.
+OPTION_CHOICES = {"kv_layout": kv_cache.LAYOUTS, "attention_backend": attention_backend.ATTENTION_BACKENDS,
+                  "matmul": MATMULS, "pointwise": POINTWISE, "huginn_init": HUGINN_INITS}
+
 
 class Engine(EngineFailures):
     def __init__(self, model, config: EngineConfig | None = None):
@@ -81,9 +86,9 @@ class Engine(EngineFailures):
                              f" exceeds max_context_len={max_context}")
         if not 0 <= config.max_logprobs <= MAX_LOGPROBS:
             raise ValueError(f"max_logprobs must be in [0, {MAX_LOGPROBS}], got {config.max_logprobs}")
-        if config.attention_backend not in attention_backend.ATTENTION_BACKENDS:
-            raise ValueError(f"unknown attention_backend {config.attention_backend!r}; "
-                             f"choose one of {', '.join(attention_backend.ATTENTION_BACKENDS)}")
+        for name, known in OPTION_CHOICES.items():  # NOTE: an unknown matmul failed after the pool
+            if (value := getattr(config, name)) not in known:
+                raise ValueError(f"EngineConfig.{name} must be one of {', '.join(known)}, got {value!r}")
         layout = kv_cache.make_layout(cfg, config.kv_layout, page_size=config.page_size, dtype=model.dtype,
                                       num_pages=config.num_pages, kv_memory_bytes=config.kv_memory_bytes,
                                       max_loops=self.max_loops, shared_slots=config.shared_kv_slots,

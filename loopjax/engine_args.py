@@ -26,7 +26,7 @@ def add_engine_arguments(parser):
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
     try:
-        from loopjax.engine import EngineConfig
+        from loopjax.engine import OPTION_CHOICES, EngineConfig
         from loopjax.engine_config import APPLIES_TO, DEFAULT_WORDS
     except ImportError:  # the engine is optional for --help; build_engine will say what is missing
         return
@@ -45,9 +45,10 @@ def add_engine_arguments(parser):
         if kind is bool:
             group.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None,
                                help=text)
-        else:
+        else:  # a field that names an implementation: its names ({auto,xla,...}), refused at parsing
+            choices = OPTION_CHOICES.get(field.name)
             group.add_argument(flag, dest=dest, type=kind, default=None, nargs="+" if is_tuple else None,
-                               metavar=kind.__name__.upper(), help=text)
+                               choices=choices, metavar=None if choices else kind.__name__.upper(), help=text)
 
 
 def engine_config_kwargs(args) -> dict:

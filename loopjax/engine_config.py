@@ -12,6 +12,7 @@ _POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_p
              "max_prefill_rows", "max_context_len", "shared_kv_slots", "max_loops", "loop_unroll",
              "compile_threads")
 
+HUGINN_INITS = ("seeded", "zero")  # huginn_init's values
 
 # What each default of no value means, in words (the command-line help prints them, not "None").
 DEFAULT_WORDS = {
@@ -74,9 +75,11 @@ class EngineConfig:
                   "shared_kv_slots": family != "huginn" or self.kv_layout != "shared"}
         for name, ignored in unused.items():
             value = getattr(self, name)
-            if ignored and value != _FIELDS[name].default:
-                raise ValueError(f"EngineConfig.{name}={value!r} applies to {APPLIES_TO[name]}; this "
-                                 f"{family} model has kv_layout={self.kv_layout!r}")  # not "a ouro"
+            if ignored and value != _FIELDS[name].default:  # NOTE: the layout explains only Huginn's ring
+                this = (f"this Huginn model has kv_layout={self.kv_layout!r}"
+                        if name == "shared_kv_slots" and family == "huginn" else
+                        f"this is {_A_MODEL.get(family, f'a {family} model')}")
+                raise ValueError(f"EngineConfig.{name}={value!r} applies to {APPLIES_TO[name]}; {this}")
 
     def context_len(self, model_context_len: int) -> int:
         """The context the engine serves for a model of `model_context_len`."""
@@ -103,11 +106,12 @@ class EngineConfig:
                 raise ValueError(f"EngineConfig.{name} must list at least one count, got ()")
         if self.num_pages is not None and self.kv_memory_bytes is not None:  # NOTE: the budget did nothing
             raise ValueError("EngineConfig.num_pages and kv_memory_bytes both size the KV pool; give one")
-        if self.huginn_init not in ("seeded", "zero"):  # a request's initial_state=None takes it
+        if self.huginn_init not in HUGINN_INITS:  # a request's initial_state=None takes it
             raise ValueError(f"EngineConfig.huginn_init must be 'seeded' or 'zero', got {self.huginn_init!r}")
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(EngineConfig)}
+_A_MODEL = {"ouro": "an Ouro model", "huginn": "a Huginn model"}
 APPLIES_TO = {"enable_weighted_exit": "Ouro models (exit_weighted)", "huginn_init": "Huginn models",
               "huginn_seed": "Huginn models", "shared_kv_slots": "Huginn's kv_layout='shared' ring"}
 

@@ -16,22 +16,12 @@ import sys
 import threading
 
 from loopjax import server
+from loopjax.cli import int_at_least
 from loopjax.generation_defaults import GENERATION_CONFIG_SOURCES
 from loopjax.openai_protocol import DEFAULT_MAX_N
 
 log = logging.getLogger("loopjax.server")
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")  # uvicorn's but trace (not a logging level)
-
-
-def _int_at_least(low: int, high: int | None = None):
-    """An argparse type: decimal digits only, at least `low` (and at most `high`), refused at
-    parsing, not after the engine is built."""
-    def parse(text: str) -> int:
-        if not text.isdecimal() or int(text) < low or (high is not None and int(text) > high):
-            bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-            raise argparse.ArgumentTypeError(f"must be an integer {bound}, got {text!r}")
-        return int(text)
-    return parse
 
 
 def _window_ms(text: str) -> float:
@@ -104,16 +94,16 @@ def add_arguments(parser):
     parser.add_argument("model", help="checkpoint folder, HF folder, cached Hub name or preset")
     parser.add_argument("--host", type=_non_empty("0.0.0.0: every interface"), default="127.0.0.1",
                         help="default: 127.0.0.1")
-    parser.add_argument("--port", type=_int_at_least(0, 65535), default=8000,
+    parser.add_argument("--port", type=int_at_least(0, 65535), default=8000,
                         help="default: 8000; 0: any free port")
     parser.add_argument("--served-model-name", nargs="+", type=_non_empty("a name clients send as `model`"),
                         default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given); more names "
                              "are aliases, as vLLM's (responses carry the first)")
-    parser.add_argument("--max-waiting", type=_int_at_least(1), default=256,
+    parser.add_argument("--max-waiting", type=int_at_least(1), default=256,
                         help="requests that may wait for a first token before new ones get 429 "
                              "(default: 256)")
-    parser.add_argument("--max-n", type=_int_at_least(1), default=DEFAULT_MAX_N,
+    parser.add_argument("--max-n", type=int_at_least(1), default=DEFAULT_MAX_N,
                         help=f"the largest `n` (samples per prompt) a request may ask for "
                              f"(default: {DEFAULT_MAX_N})")
     parser.add_argument("--admission-window-ms", type=_window_ms, default=0.0,

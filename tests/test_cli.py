@@ -146,7 +146,7 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
              "--shared-kv-slots must be >= 1, got 0"),
             (["huginn-tiny", "--shared-kv-slots", "4"],
-             "--shared-kv-slots=4 applies to Huginn's --kv-layout='shared' ring; this huginn "
+             "--shared-kv-slots=4 applies to Huginn's --kv-layout='shared' ring; this Huginn "
              "model has --kv-layout='per_loop'")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
@@ -194,7 +194,9 @@ def test_parse_errors_are_one_line_naming_the_command(capsys):
             (["generate", "ouro-tiny", "--prompt-ids", "1", "--bogus"],
              "loopjax generate: error: unrecognized arguments: --bogus"),
             (["bench", "ouro-tiny", "-C", "x"],
-             "loopjax bench: error: argument --concurrency/-C: invalid int value: 'x'"),
+             "loopjax bench: error: argument --concurrency/-C: must be an integer >= 1, got 'x'"),
+            (["bench", "ouro-tiny", "-P", "0"],  # WorkloadSpec's check named its field, prompt_len
+             "loopjax bench: error: argument --prompt-len/-P: must be an integer >= 1, got '0'"),
             (["serve", "ouro-tiny", "--port", "x"],
              "loopjax serve: error: argument --port: must be an integer in [0, 65535], got 'x'"),
             (["convert"], "loopjax convert: error: the following arguments are required: HF_DIR, OUT_DIR"),
@@ -222,6 +224,14 @@ def test_engine_errors_name_the_flags_the_command_line_has(monkeypatch, capsys):
     assert cli.main(["bench", "ouro-tiny", "--num-pages", "3", "--engine-arg", "kv_memory_bytes=100"]) == 2
     assert capsys.readouterr().err == ("loopjax bench: error: --num-pages and --kv-memory-bytes both size "
                                        "the KV pool; give one\n")
+    # an implementation's name: refused at parsing (the flag's choices), or by the engine before
+    # it allocates anything (it failed after the KV pool, for matmul and pointwise)
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "ouro-tiny", "--matmul", "cublas"])
+    assert "argument --matmul: invalid choice: 'cublas' (choose from " in capsys.readouterr().err
+    assert cli.main(["bench", "ouro-tiny", "--engine-arg", "matmul=cublas"]) == 2
+    assert capsys.readouterr().err == ("loopjax bench: error: --matmul must be one of auto, xla, streaming, "
+                                       "persistent, got 'cublas'\n")
     with pytest.raises(ValueError, match="^EngineConfig.num_pages and kv_memory_bytes both size"):
         EngineConfig(num_pages=3, kv_memory_bytes=100)
     parser = argparse.ArgumentParser()
@@ -276,3 +286,17 @@ def test_a_closed_stdout_pipe_ends_quietly(monkeypatch, capsys):
     finally:
         os.close(write_end)
     assert (done.returncode, done.stderr) == (cli.SIGPIPE_EXIT, b"")
+
+
+def test_an_option_of_the_other_family_names_the_family_not_the_layout():
+    """An option the model's family ignores said "this ouro model has kv_layout='shared'" (the
+    layout explains only a per_loop Huginn's unused ring): the family it is now."""
+    from loopjax.engine_config import EngineConfig
+
+    for options, family, tail in (
+            (dict(kv_layout="shared", shared_kv_slots=2), "ouro", "this is an Ouro model"),
+            (dict(huginn_seed=3), "ouro", "this is an Ouro model"),
+            (dict(enable_weighted_exit=True), "huginn", "this is a Huginn model"),
+            (dict(shared_kv_slots=2), "huginn", "this Huginn model has kv_layout='per_loop'")):
+        with pytest.raises(ValueError, match=f"; {tail}$"):
+            EngineConfig(**options).check_family(family)

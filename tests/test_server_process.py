@@ -134,7 +134,8 @@ def test_serve_start_up_errors_are_one_line(monkeypatch, capsys):
     for argv, expected in ((["/nonexistent/model"], "no model at '/nonexistent/model'"),
                            (["ouro-tyni"], "'ouro-tyni': not a folder and not a preset"),
                            (["ouro-tiny", "--engine-arg", "bogus=1"], "unknown engine option 'bogus'"),
-                           (["ouro-tiny", "--kv-layout", "bogus"], "unknown kv layout 'bogus'")):
+                           (["ouro-tiny", "--engine-arg", "kv_layout=bogus"],
+                            "--kv-layout must be one of per_loop, shared, got 'bogus'")):
         assert serve_cli.run(parser.parse_args([*argv, "--port", "0"])) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("loopjax serve: error: ") and expected in err[0], err
