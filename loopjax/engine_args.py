@@ -146,12 +146,16 @@ def with_flag_names(line: str, args) -> str:
 
 
 def _option_names() -> list[str]:
-    """The fields of EngineConfig and SamplingParams (the options errors name)."""
+    """The fields of EngineConfig and SamplingParams and `generate`'s own keywords (warm_start,
+    ...): the options errors name."""
     import dataclasses
+    import inspect
 
+    from loopjax.llm import generate
     from loopjax.sampling_params import SamplingParams
 
-    return _engine_fields() + [f.name for f in dataclasses.fields(SamplingParams)]
+    return (_engine_fields() + [f.name for f in dataclasses.fields(SamplingParams)]
+            + list(inspect.signature(generate).parameters))
 
 
 # The sampling flags `loopjax generate` and `loopjax bench` share: SamplingParams' own names

@@ -246,9 +246,11 @@ def test_engine_errors_name_the_flags_the_command_line_has(monkeypatch, capsys):
         assert failure_line(ValueError(line), args).startswith(named), line
         assert failure_line(ValueError(line)) == line  # without the command line: as raised
     # generate has no --max-context-len (it sizes the context itself): that name stays
-    generate_args = argparse.Namespace(kv_layout="shared", top_p=1.0)
+    generate_args = argparse.Namespace(kv_layout="shared", top_p=1.0, warm_start=True)
     assert failure_line(ValueError("max_context_len 9 and kv_layout"), generate_args) == \
         "max_context_len 9 and --kv-layout"
+    assert failure_line(ValueError("warm_start applies to Huginn models only"), generate_args) == \
+        "--warm-start applies to Huginn models only"  # generate's keyword, not a SamplingParams field
 
 
 def test_a_closed_stdout_pipe_ends_quietly(monkeypatch, capsys):
