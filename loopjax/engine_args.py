@@ -127,16 +127,17 @@ def _failure_line(e: BaseException) -> str | None:
     return None
 
 
-def with_flag_names(line: str, args) -> str:
+def with_flag_names(line: str, args, names=None) -> str:
     """`line` (an error of the engine or of SamplingParams, which name their fields, as Python
     callers use them) as a command-line user reads it: each EngineConfig or SamplingParams field
     the command has a flag for named by that flag (`EngineConfig.kv_memory_bytes` and
     `kv_memory_bytes` -> `--kv-memory-bytes`). A bare name is taken only with an underscore in
-    it: a plain word (`matmul`, `warmup`, `seed`) may be prose."""
+    it: a plain word (`matmul`, `warmup`, `seed`) may be prose. `names`: the option names to
+    look for (default: those fields and `generate`'s keywords)."""
     import re
 
     given = vars(args)
-    for name in _option_names():
+    for name in _option_names() if names is None else names:
         if name not in given and "engine_" + name not in given:
             continue  # no flag of this command sets it
         bare = "|" + re.escape(name) if "_" in name else ""

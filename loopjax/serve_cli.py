@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import inspect
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ from loopjax.generation_defaults import GENERATION_CONFIG_SOURCES
 from loopjax.openai_protocol import DEFAULT_MAX_N
 
 log = logging.getLogger("loopjax.server")
+APP_OPTIONS = tuple(inspect.signature(server.create_app).parameters)  # the names its refusals give
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")  # uvicorn's but trace (not a logging level)
 
 
@@ -172,7 +174,7 @@ def run(args) -> int:
     and exit code 2 (as `loopjax generate`)."""
     import uvicorn
 
-    from loopjax.engine_args import build_engine, failure_line
+    from loopjax.engine_args import build_engine, failure_line, with_flag_names
 
     configure_logging(args.log_level)
     try:
@@ -206,9 +208,10 @@ def run(args) -> int:
     names = args.served_model_name or [args.model]
     try:
         app = _app(args, model, engine, names)
-    except ValueError as e:  # an option create_app refuses (a one-line message naming it)
+    except ValueError as e:  # an option create_app refuses (a one-line message naming it, as the flag)
         sock.close()
-        print(f"loopjax serve: error: {e}", file=sys.stderr)
+        line = with_flag_names(str(e), args, APP_OPTIONS)
+        print(f"loopjax serve: error: {line}", file=sys.stderr)
         return 2
     # uvicorn turns Ctrl-C into a graceful shutdown; the lifespan then stops the engine thread.
     serving = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,

@@ -162,7 +162,8 @@ def test_an_option_create_app_refuses_is_one_line(monkeypatch, capsys):
         assert serve_cli.run(parser.parse_args(["ouro-tiny", "--port", "0"])) == 2
     finally:
         gc.unfreeze()
-    assert capsys.readouterr().err == "loopjax serve: error: max_waiting must be an integer >= 1, got 0\n"
+    # create_app's keyword, named as the flag that sets it
+    assert capsys.readouterr().err == "loopjax serve: error: --max-waiting must be an integer >= 1, got 0\n"
 
 
 def test_serve_refuses_a_port_in_use_before_building_the_engine(monkeypatch, capsys):
