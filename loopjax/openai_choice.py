@@ -98,10 +98,12 @@ class Choice:
         self._echoed = 0  # characters of the echoed prompt before the completion's text
 
     def opening(self, chat: bool, delta: dict) -> dict:
-        """This choice's first streamed chunk, of no tokens: chat's `delta` (role, echo);
-        completions' empty text and logprobs, which echo fills with the prompt's."""
+        """A streamed chunk of this choice of no tokens: chat's `delta` (its role, or echo's text),
+        logprobs null (vLLM's); completions' empty text and logprobs, which echo fills with the
+        prompt's."""
         first = {"index": self.index, "finish_reason": self.finish_reason, "token_ids": [], "exit_loops": []}
-        return first | ({"delta": delta} if chat else {"text": "", "logprobs": self._logprobs(0, False)})
+        return first | ({"delta": delta, "logprobs": None} if chat
+                        else {"text": "", "logprobs": self._logprobs(0, False)})
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""

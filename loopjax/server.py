@@ -344,8 +344,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         async def events():
             try:
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
-                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
-                opening = [c.opening(chat, {"role": role, "content": chat_echo}) for c in choices]
+                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top). Chat's
+                # echo follows every role chunk in a chunk of its own (vLLM's), when there is text.
+                opening = [c.opening(chat, {"role": role, "content": ""}) for c in choices]
                 top = {}
                 if scores is not None:
                     formatted = await prompt_part(opening)
@@ -353,6 +354,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 if chat or scores is not None:
                     for i, first in enumerate(opening):
                         yield chunk(first, choices[i], **(top if i == 0 else {}))
+                for c in choices if chat and chat_echo else ():
+                    yield chunk(c.opening(chat, {"content": chat_echo}), c)
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})

@@ -282,7 +282,8 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
     """Chat's echo (vLLM's; it was refused): the last message's content before each choice's
     text when its role is the answer's: an assistant message continued (continue_final_message),
     or with no generation prompt the last message, whose role the answer then takes; a user
-    message under a generation prompt is not echoed. Streamed: in each choice's opening delta."""
+    message under a generation prompt is not echoed. Streamed as vLLM's: every choice's role
+    chunk (content ""), then, when there is text, a chunk of it per choice (it was in the role chunk)."""
     url = fake_chat_server.url + "/v1/chat/completions"
     talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop"}]
     for body, role, echoed in (
@@ -298,8 +299,11 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
                                          "reasoning_content": None}, body
         assert r.json()["prompt_logprobs"] is None  # vLLM's, where not asked
         chunks = sse_chunks(url, {**body, "echo": True})
-        opening = [c["choices"][0]["delta"] for c in chunks[:2]]
-        assert opening == [{"role": role, "content": echoed}] * 2, body
+        opening = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks
+                   if not c["choices"][0]["token_ids"]]  # the chunks of no tokens
+        assert opening == [(i, {"role": role, "content": ""}) for i in (0, 1)] + (
+            [(i, {"content": echoed}) for i in (0, 1)] if echoed else []), body
+        assert chunks[0]["choices"][0]["logprobs"] is None
         text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == 1)
         assert text == echoed + plain["content"] and plain["role"] == role
 
