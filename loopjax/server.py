@@ -90,7 +90,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                api_key: str | None = None, trust_request_chat_template: bool = False,
                allowed_origins: tuple[str, ...] | list[str] = ("*",),
                chat_template: str | None = None, model_aliases: tuple[str, ...] = (),
-               generation_config: str = "auto") -> FastAPI:
+               generation_config: str = "auto", override_generation_config: dict | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
@@ -102,7 +102,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     model's (vLLM's --chat-template); model_aliases: more names a request may send as `model`
     (vLLM's further --served-model-name names); generation_config: "auto" takes the model's sampling
     defaults for what a request leaves unset, "vllm" none (vLLM's --generation-config,
-    generation_defaults.py). The app's lifespan starts the AsyncEngine and shuts it down."""
+    generation_defaults.py); override_generation_config: generation_config.json keys merged over
+    them (vLLM's --override-generation-config). The app's lifespan starts the AsyncEngine and shuts
+    it down."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
         raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
@@ -116,7 +118,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
     config = getattr(aengine.engine, "config", None)
     max_logprobs = getattr(config, "max_logprobs", None)
-    defaults = sampling_defaults(getattr(model, "generation_config", None), generation_config)
+    defaults = sampling_defaults(getattr(model, "generation_config", None), generation_config,
+                                 override_generation_config)
     if defaults:  # vLLM's line
         log.info("Using default chat and completion sampling params from model: %s", defaults)
     parser = RequestParser(model_name, tokenizer, chat_template or getattr(model, "chat_template", None),

@@ -654,6 +654,17 @@ def test_the_models_generation_config_sets_the_sampling_defaults(caplog):
         sampling_defaults({"temperature": 5})
     with pytest.raises(ValueError, match="^generation_config must be one of auto, vllm, got 'hf'$"):
         sampling_defaults(config, "hf")
+    # vLLM's override_generation_config: merged over the file's (a null removes one; HF's default
+    # values count there), under "vllm" too; keys vLLM does not read and bad values are one line
+    assert sampling_defaults(config, override={"temperature": 1.0, "top_p": None, "top_k": 50}) == {
+        "temperature": 1.0, "min_p": 0.05, "max_tokens": 40, "top_k": 50}
+    assert sampling_defaults(config, "vllm", {"max_new_tokens": 9}) == {"max_tokens": 9}
+    with pytest.raises(ValueError, match=r"^override_generation_config key 'max_tokens' is not one vLLM "
+                                         r"reads \(the sampling defaults: repetition_penalty, temperature"):
+        sampling_defaults(config, override={"max_tokens": 9})
+    with pytest.raises(ValueError, match=r"^override_generation_config's sampling defaults are not usable "
+                                         r"\(temperature must be in \[0, 2.0\], got 5\)"):
+        sampling_defaults(None, override={"temperature": 5})
     parser = RequestParser(MODEL_NAME, max_context=64, sampling_defaults=defaults)
     chat = parser.sampling({"temperature": None, "top_p": 0.5}, True, [[5] * 4])
     assert (chat.temperature, chat.top_p, chat.min_p, chat.top_k, chat.max_tokens) == (0.6, 0.5, 0.05, 0, 40)
