@@ -39,6 +39,19 @@ class ChatRequests:
                               "final message goes on; no new turn opens)", "continue_final_message")
         return generation, going_on
 
+    def template_problem(self) -> str | None:
+        """Why the served chat template cannot render a one-user-message probe conversation (a
+        one-line message), or None: it renders, or there is no chat to serve. The server warns of it
+        once at start-up and keeps serving, as vLLM's chat template warm-up does (a template may
+        refuse only this conversation: its requests still get the per-request 400)."""
+        if self.tokenizer is None or not self.chat_template:
+            return None
+        try:
+            self.tokenize({"messages": [{"role": "user", "content": "warmup"}]})
+        except APIError as e:
+            return e.message
+        return None
+
     def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
         try:
             messages = check_messages(body.get("messages"))

@@ -127,6 +127,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                            echo_state_of(model, config), trust_request_chat_template, tuple(model_aliases),
                            defaults)
 
+    if (problem := parser.template_problem()) is not None:  # vLLM's start-up warning; chat 400s as it fails
+        log.warning("the chat template failed on a probe conversation; chat requests that fail alike get a "
+                    "400: %s", problem)
     scoring = threading.Lock()
 
     def score_prompts(prompts: list[list[int]], params, top_k: int) -> list:
