@@ -22,6 +22,16 @@ from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import listed_rank
 
 MIN_LOGPROB = -9999.0  # vLLM's floor for a log-probability in a response: JSON has no -inf
+# vLLM's response fields of what loopjax never returns, with the values vLLM's protocol models give them
+# (null; no tool call), for clients that read them. Full responses only: vLLM's stream chunks leave
+# out the fields they do not set. The response's top (both endpoints), and its usage:
+NULL_RESPONSE_FIELDS = {"service_tier": None, "system_fingerprint": None, "kv_transfer_params": None}
+NULL_USAGE_FIELDS = {"prompt_tokens_details": None}
+# a chat choice's message (no tool or reasoning parser: `reasoning_content` is older vLLM's name)
+NULL_MESSAGE_FIELDS = {"refusal": None, "annotations": None, "audio": None, "function_call": None,
+                       "tool_calls": [], "reasoning": None, "reasoning_content": None}
+# a completions choice, and a chat response's top: return_token_ids' field, where not asked
+NULL_PROMPT_IDS = {"prompt_token_ids": None}
 
 
 def _floored(logprob):
@@ -135,12 +145,12 @@ class Choice:
 
     def answer(self, chat: bool, role: str | None, echoed: str) -> dict:
         """This choice in a full response, with vLLM's fields of nothing asked: a chat message's
-        `tool_calls` [] and `reasoning_content` null (no parser), completions' `prompt_logprobs`
-        null (the server sets it when asked); `echoed`: chat's text before the answer's."""
+        NULL_MESSAGE_FIELDS, completions' `prompt_logprobs` and `prompt_token_ids` null (the server
+        sets them when asked); `echoed`: chat's text before the answer's."""
         if chat:
             return self.fields(0, True) | {"message": {"role": role, "content": echoed + self.text,
-                                                       "tool_calls": [], "reasoning_content": None}}
-        return self.fields(0, False) | {"text": self.text, "prompt_logprobs": None}
+                                                       **NULL_MESSAGE_FIELDS}}
+        return self.fields(0, False) | {"text": self.text, "prompt_logprobs": None, **NULL_PROMPT_IDS}
 
     def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs

@@ -76,7 +76,14 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.generation_defaults import sampling_defaults
-from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
+from loopjax.openai_choice import (
+    NULL_PROMPT_IDS,
+    NULL_RESPONSE_FIELDS,
+    NULL_USAGE_FIELDS,
+    Choice,
+    prompt_logprobs,
+    usage_of,
+)
 from loopjax.openai_errors import APIError, bad_request, internal_error
 from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, echo_state_of, param_of
 from loopjax.request_stream import merge_streams
@@ -318,12 +325,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
                                for c in choices]
-            head |= {"prompt_logprobs": None} | prompt_ids(choices[0]) if chat else {}
+            head |= NULL_RESPONSE_FIELDS | (
+                {"prompt_logprobs": None, **NULL_PROMPT_IDS} | prompt_ids(choices[0]) if chat else {})
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
                     head["prompt_logprobs"] = formatted[0]
-            head["usage"] = usage()
+            head["usage"] = usage() | NULL_USAGE_FIELDS
             return JSONResponse(head)
 
         options = body.get("stream_options")

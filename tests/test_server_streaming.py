@@ -296,7 +296,8 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
         assert r.status_code == 200, r.text
         for choice in r.json()["choices"]:  # vLLM's message fields of no tool call and no reasoning parser
             assert choice["message"] == {"role": role, "content": echoed + plain["content"], "tool_calls": [],
-                                         "reasoning_content": None}, body
+                                         "reasoning_content": None, "reasoning": None, "refusal": None,
+                                         "annotations": None, "audio": None, "function_call": None}, body
         assert r.json()["prompt_logprobs"] is None  # vLLM's, where not asked
         chunks = sse_chunks(url, {**body, "echo": True})
         opening = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks
@@ -341,4 +342,10 @@ def test_return_token_ids_adds_the_prompts_ids(fake_chat_server):
     streamed = sse_chunks(url + "/v1/chat/completions", chat)
     assert [c.get("prompt_token_ids") for c in streamed] == [ids, None, None]
     plain = httpx.post(url + "/v1/completions", json={**body, "return_token_ids": False}, timeout=30).json()
-    assert "prompt_token_ids" not in plain["choices"][0]
+    assert plain["choices"][0]["prompt_token_ids"] is None  # vLLM's null where not asked
+    # vLLM's fields of what loopjax never returns: null in full responses, left out of chunks (vLLM's)
+    nulls = {"service_tier": None, "system_fingerprint": None, "kv_transfer_params": None}
+    assert plain.items() >= nulls.items() and plain["usage"]["prompt_tokens_details"] is None
+    full_chat = httpx.post(url + "/v1/chat/completions", json={**chat, "return_token_ids": False}, timeout=30)
+    assert full_chat.json().items() >= (nulls | {"prompt_token_ids": None}).items()
+    assert not any(key in c for c in streamed for key in nulls)
