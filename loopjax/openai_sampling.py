@@ -131,16 +131,15 @@ def _same(value, harmless) -> bool:
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
     """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params); a
     bias outside [-MAX_BIAS, MAX_BIAS] (+-inf too: JSON's Infinity, 1e999) is clamped into it, as
-    vLLM's server does; NaN is refused (vLLM's clamp makes it -100, a token banned by accident)."""
+    vLLM's server does; NaN is left to the params' refusal (vLLM's clamp makes it -100: a token
+    banned by accident)."""
     if not isinstance(bias, dict):
         _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
     pairs = []
     for key, value in bias.items():
         if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
             _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
-        number = isinstance(value, int | float) and not isinstance(value, bool)
-        if number and math.isnan(value):
-            _fail(f"logit_bias[{key}] must be a number in [-{MAX_BIAS:g}, {MAX_BIAS:g}], got NaN")
+        number = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
         pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if number else value))
     return tuple(pairs)
 
