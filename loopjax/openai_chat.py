@@ -10,6 +10,9 @@ from loopjax.chat import check_messages, check_template, check_template_kwargs, 
 from loopjax.openai_errors import APIError, bad_request
 from loopjax.openai_sampling import shown_tools
 
+# vLLM's reasoning_effort values (OpenAI's, and DeepSeek V4's "max")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
 
 class ChatRequests:
     """RequestParser's chat half (a mixin: it reads the parser's tokenizer, chat_template,
@@ -74,6 +77,20 @@ class ChatRequests:
             raise APIError(500, str(e), "messages", "server_error") from None
         return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)
 
+    @staticmethod
+    def _reasoning_variables(body: dict, kwargs: dict) -> dict:
+        """vLLM's `reasoning_effort` as template variables: itself, and `enable_thinking` (false for
+        "none") unless chat_template_kwargs set it; {} when not sent. A template that reads
+        neither renders as without it, as vLLM's."""
+        effort = body.get("reasoning_effort")
+        if effort is None:
+            return {}
+        if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
+            raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got "
+                              f"{effort!r:.40}", "reasoning_effort")
+        thinking = kwargs.get("enable_thinking", effort != "none")
+        return {"reasoning_effort": effort, "enable_thinking": thinking}
+
     def _template(self, body: dict) -> tuple[str | None, dict]:
         """(the chat template, its variables: chat_template_kwargs' and vLLM's `documents`, a list
         of objects of strings, for RAG templates, and `tools` under tool_choice "none", shown to
@@ -98,6 +115,7 @@ class ChatRequests:
                 raise bad_request(f"tools must be a list of {{type, function: {{name, description, "
                                   f"parameters}}}} objects, got {tools!r:.80}", "tools")
             kwargs["tools"] = tools
+        kwargs |= self._reasoning_variables(body, kwargs)
         sent = kwargs.pop("chat_template", None)
         sent = body.get("chat_template") if sent is None else sent
         if sent is None:

@@ -52,6 +52,24 @@ def _check_logprobs_type(body: dict, chat: bool) -> None:
         body["logprobs"] = int(value)
 
 
+def _check_extension_fields(body: dict) -> None:
+    """vLLM's `vllm_xargs` (an object of strings, numbers or lists of them, for its custom logits
+    processors) and `kv_transfer_params` (an object, for its KV connectors) are accepted and, as
+    there without a plugin or connector, change nothing (they were refused); their types are
+    vLLM's pydantic's."""
+    xargs, kv = body.get("vllm_xargs"), body.get("kv_transfer_params")
+
+    def scalar(v):
+        return isinstance(v, str | int | float) and not isinstance(v, bool)
+
+    if xargs is not None and not (isinstance(xargs, dict) and all(
+            scalar(v) or (isinstance(v, list) and all(map(scalar, v))) for v in xargs.values())):
+        raise bad_request(f"vllm_xargs must be an object of strings, numbers or lists of them, got "
+                          f"{xargs!r:.80}", "vllm_xargs")
+    if kv is not None and not isinstance(kv, dict):
+        raise bad_request(f"kv_transfer_params must be an object, got {kv!r:.80}", "kv_transfer_params")
+
+
 def param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
@@ -127,6 +145,7 @@ class RequestParser(ChatRequests):
             raise bad_request(f"user must be a string, got {body['user']!r}", "user")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
+        _check_extension_fields(body)
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
@@ -135,7 +154,7 @@ class RequestParser(ChatRequests):
         keeps what the context holds (`_truncation`)."""
         keep = self._truncation(body)
         for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
-                      "continue_final_message"):
+                      "continue_final_message", "reasoning_effort"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)

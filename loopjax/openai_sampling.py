@@ -84,8 +84,6 @@ _UNSUPPORTED = {
     "structural_tag": "guided decoding",
     "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
-    "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
-    "kv_transfer_params": "disaggregated serving",
     # OpenAI's newer chat fields (vLLM ignores them; they were "unknown request field")
     "modalities": "audio output", "audio": "audio output", "prediction": "predicted outputs",
     "web_search_options": "web search", "verbosity": "verbosity control",
@@ -94,7 +92,7 @@ _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choic
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
              "priority": (0,), "include_reasoning": (True, False),  # no reasoning parser: no effect
-             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "modalities": (["text"],),
+             "mm_processor_kwargs": ({},), "modalities": (["text"],),
              "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
@@ -102,6 +100,9 @@ _IGNORED_FIELDS = frozenset({
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # OpenAI's bookkeeping
     "add_special_tokens", "add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
     "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
+    # vLLM's, checked by the server: chat's template variable; what only vLLM's plugins and KV
+    # connectors read (none here: no effect on the output, as on a vLLM server without them)
+    "reasoning_effort", "vllm_xargs", "kv_transfer_params",
 })
 
 

@@ -260,7 +260,7 @@ def test_vllms_fields_at_their_defaults_are_served():
     parser = RequestParser(MODEL_NAME, max_context=64)
     defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
                 "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
-                "vllm_xargs": {}, "documents": [], "request_id": "mine",
+                "vllm_xargs": {}, "documents": [], "request_id": "mine", "kv_transfer_params": None,
                 # OpenAI's newer fields (vLLM ignores them; they were "unknown request field")
                 "modalities": ["text"], "verbosity": "medium", "prompt_cache_key": "k",
                 "safety_identifier": "s"}
@@ -272,6 +272,37 @@ def test_vllms_fields_at_their_defaults_are_served():
         with pytest.raises(APIError, match=rf"^{field} is not supported by this server") as err:
             parser.sampling({field: value}, False, [[5]])
         assert err.value.param == field
+
+
+def test_vllms_extension_fields_and_reasoning_effort_are_served_as_vllms():
+    """vllm_xargs and kv_transfer_params (refused by name) are accepted as a vLLM server without
+    plugins or KV connectors takes them (no effect), of vLLM's types; reasoning_effort (refused)
+    is chat's template variable, with enable_thinking false for "none" unless chat_template_kwargs
+    sets it, as vLLM's; functions (vLLM drops it: the model would answer without the functions)
+    stays refused."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML, max_context=64)
+    sent = {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}, "kv_transfer_params": {"do_remote_prefill": False}}
+    assert parser.sampling(parser.body(json.dumps(sent).encode()), False, [[5]]).max_tokens == 16
+    for field, value, words in (("vllm_xargs", [1], "vllm_xargs must be an object of strings, numbers"),
+                                ("vllm_xargs", {"a": {"b": 1}}, "vllm_xargs must be an object"),
+                                ("kv_transfer_params", "x", "kv_transfer_params must be an object, got 'x'")):
+        with pytest.raises(APIError, match=f"^{words}") as err:
+            parser.body(json.dumps({field: value}).encode())
+        assert err.value.param == field
+    talk = [{"role": "user", "content": "hi"}]
+    assert parser._template({"messages": talk, "reasoning_effort": "none"})[1] == {
+        "reasoning_effort": "none", "enable_thinking": False}
+    assert parser._template({"reasoning_effort": "high"})[1]["enable_thinking"] is True
+    kept = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert parser._template(kept)[1] == {"reasoning_effort": "none", "enable_thinking": True}
+    assert parser.sampling({"reasoning_effort": "low"}, True, [[5]]).max_tokens == 63
+    with pytest.raises(APIError, match=r"^reasoning_effort must be one of none, minimal, low") as err:
+        parser.prompts({"messages": talk, "reasoning_effort": "extreme"}, chat=True)
+    assert err.value.param == "reasoning_effort"
+    with pytest.raises(APIError, match=r"^reasoning_effort applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": [5], "reasoning_effort": "low"}, chat=False)
+    with pytest.raises(APIError, match=r"^functions is not supported by this server \(tool calling\)$"):
+        parser.sampling({"functions": [{"name": "f"}]}, True, [[5]])
 
 
 def test_chat_logprobs_is_a_switch():
