@@ -84,6 +84,11 @@ _UNSUPPORTED = {
     "structural_tag": "guided decoding",
     "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
+    # vLLM's newer extras (they were "unknown request field")
+    "truncation_side": "truncation from the right", "watermarking": "watermarking",
+    "logprob_token_ids": "log-probabilities of chosen token ids", "thinking_token_budget": "thinking budgets",
+    "media_io_kwargs": "multimodal input", "repetition_detection": "repetition detection",
+    "return_prompt_text": "the rendered prompt's text", "routed_experts_prompt_start": "expert routing",
     # OpenAI's newer chat fields (vLLM ignores them; they were "unknown request field")
     "modalities": "audio output", "audio": "audio output", "prediction": "predicted outputs",
     "web_search_options": "web search", "verbosity": "verbosity control",
@@ -92,7 +97,9 @@ _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choic
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
              "priority": (0,), "include_reasoning": (True, False),  # no reasoning parser: no effect
-             "mm_processor_kwargs": ({},), "modalities": (["text"],),
+             "mm_processor_kwargs": ({},), "modalities": (["text"],), "truncation_side": ("left",),
+             "watermarking": (False,), "media_io_kwargs": ({},), "return_prompt_text": (False,),
+             "routed_experts_prompt_start": (0,),
              "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
@@ -102,7 +109,8 @@ _IGNORED_FIELDS = frozenset({
     "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
     # vLLM's, checked by the server: chat's template variable; what only vLLM's plugins and KV
     # connectors read (none here: no effect on the output, as on a vLLM server without them)
-    "reasoning_effort", "vllm_xargs", "kv_transfer_params",
+    "reasoning_effort", "vllm_xargs", "kv_transfer_params", "ec_transfer_params", "session_id",
+    "stream_interval", "return_token_offsets", "return_mm_kwargs",  # chunking; render endpoints' only
 })
 
 

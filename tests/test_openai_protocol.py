@@ -281,11 +281,16 @@ def test_vllms_extension_fields_and_reasoning_effort_are_served_as_vllms():
     sets it, as vLLM's; functions (vLLM drops it: the model would answer without the functions)
     stays refused."""
     parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML, max_context=64)
-    sent = {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}, "kv_transfer_params": {"do_remote_prefill": False}}
+    sent = {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}, "kv_transfer_params": {"do_remote_prefill": False},
+            # vLLM's newer fields of no effect here (they were "unknown request field")
+            "ec_transfer_params": {}, "session_id": "s", "stream_interval": 4, "return_token_offsets": True,
+            "truncation_side": "left", "watermarking": False, "return_prompt_text": False}
     assert parser.sampling(parser.body(json.dumps(sent).encode()), False, [[5]]).max_tokens == 16
     for field, value, words in (("vllm_xargs", [1], "vllm_xargs must be an object of strings, numbers"),
                                 ("vllm_xargs", {"a": {"b": 1}}, "vllm_xargs must be an object"),
-                                ("kv_transfer_params", "x", "kv_transfer_params must be an object, got 'x'")):
+                                ("kv_transfer_params", "x", "kv_transfer_params must be an object, got 'x'"),
+                                ("stream_interval", 0, "stream_interval must be an integer >= 1, got 0"),
+                                ("session_id", 5, "session_id must be a string, got 5")):
         with pytest.raises(APIError, match=f"^{words}") as err:
             parser.body(json.dumps({field: value}).encode())
         assert err.value.param == field
@@ -301,8 +306,10 @@ def test_vllms_extension_fields_and_reasoning_effort_are_served_as_vllms():
     assert err.value.param == "reasoning_effort"
     with pytest.raises(APIError, match=r"^reasoning_effort applies to /v1/chat/completions only$"):
         parser.prompts({"prompt": [5], "reasoning_effort": "low"}, chat=False)
-    with pytest.raises(APIError, match=r"^functions is not supported by this server \(tool calling\)$"):
-        parser.sampling({"functions": [{"name": "f"}]}, True, [[5]])
+    for field, value in (("functions", [{"name": "f"}]), ("truncation_side", "right"), ("watermarking", True),
+                         ("logprob_token_ids", [5])):
+        with pytest.raises(APIError, match=rf"^{field} is not supported by this server \("):
+            parser.sampling({field: value}, True, [[5]])
 
 
 def test_chat_logprobs_is_a_switch():
