@@ -569,6 +569,18 @@ def test_any_role_and_null_content_render_as_vllms():
     for bad in ({"role": 5, "content": "x"}, {"content": "x"}, {"role": "user", "content": 5}):
         with pytest.raises(APIError, match=r"^messages\[0\] must have a role \(a string\)"):
             parser.tokenize({"messages": [bad]})
+    # LLM.chat's rendering (encode_chat) takes the same messages through the same check
+    from loopjax.chat import encode_chat
+
+    tok = parser.tokenizer
+
+    def tokenize(text, add_special_tokens):
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
+    model = types.SimpleNamespace(tokenizer=tok, chat_template=CHATML, path=None, tokenize=tokenize)
+    bare = [{"role": "user"}, {"role": "assistant", "content": None}]
+    assert encode_chat(model, bare) == parser.tokenize({"messages": bare})
+    with pytest.raises(ValueError, match=r"^messages\[0\] must have a role \(a string\)"):
+        encode_chat(model, [{"content": "x"}])
 
 
 def test_a_requests_chat_template_needs_the_servers_trust():
