@@ -30,8 +30,15 @@ NULL_USAGE_FIELDS = {"prompt_tokens_details": None}
 # a chat choice's message (no tool or reasoning parser: `reasoning_content` is older vLLM's name)
 NULL_MESSAGE_FIELDS = {"refusal": None, "annotations": None, "audio": None, "function_call": None,
                        "tool_calls": [], "reasoning": None, "reasoning_content": None}
-# a completions choice, and a chat response's top: return_token_ids' field, where not asked
-NULL_PROMPT_IDS = {"prompt_token_ids": None}
+# what the request did not ask: a completions choice's prompt_logprobs and prompt_token_ids
+# (return_token_ids'), a chat response's at its top
+NULL_PROMPT_FIELDS = {"prompt_logprobs": None, "prompt_token_ids": None}
+
+
+def with_null_fields(response: dict, chat: bool) -> dict:
+    """A full (not streamed) response with vLLM's null fields where it has none (the ones above)."""
+    nulls = NULL_RESPONSE_FIELDS | (NULL_PROMPT_FIELDS if chat else {})
+    return nulls | response | {"usage": response["usage"] | NULL_USAGE_FIELDS}
 
 
 def _floored(logprob):
@@ -145,12 +152,12 @@ class Choice:
 
     def answer(self, chat: bool, role: str | None, echoed: str) -> dict:
         """This choice in a full response, with vLLM's fields of nothing asked: a chat message's
-        NULL_MESSAGE_FIELDS, completions' `prompt_logprobs` and `prompt_token_ids` null (the server
-        sets them when asked); `echoed`: chat's text before the answer's."""
+        NULL_MESSAGE_FIELDS, completions' NULL_PROMPT_FIELDS (the server sets them when asked);
+        `echoed`: chat's text before the answer's."""
         if chat:
             return self.fields(0, True) | {"message": {"role": role, "content": echoed + self.text,
                                                        **NULL_MESSAGE_FIELDS}}
-        return self.fields(0, False) | {"text": self.text, "prompt_logprobs": None, **NULL_PROMPT_IDS}
+        return self.fields(0, False) | {"text": self.text, **NULL_PROMPT_FIELDS}
 
     def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs

@@ -76,14 +76,7 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.generation_defaults import sampling_defaults
-from loopjax.openai_choice import (
-    NULL_PROMPT_IDS,
-    NULL_RESPONSE_FIELDS,
-    NULL_USAGE_FIELDS,
-    Choice,
-    prompt_logprobs,
-    usage_of,
-)
+from loopjax.openai_choice import Choice, prompt_logprobs, usage_of, with_null_fields
 from loopjax.openai_errors import APIError, bad_request, internal_error
 from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, echo_state_of, param_of
 from loopjax.request_stream import merge_streams
@@ -134,9 +127,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                            echo_state_of(model, config), trust_request_chat_template, tuple(model_aliases),
                            defaults)
 
-    if (problem := parser.template_problem()) is not None:  # vLLM's start-up warning; chat 400s as it fails
-        log.warning("the chat template failed on a probe conversation; chat requests that fail alike get a "
-                    "400: %s", problem)
+    if problem := parser.template_problem():  # vLLM's start-up warning; the chats it fails get a 400
+        log.warning("the chat template failed on a probe conversation (such chats get a 400): %s", problem)
     scoring = threading.Lock()
 
     def score_prompts(prompts: list[list[int]], params, top_k: int) -> list:
@@ -325,14 +317,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
                                for c in choices]
-            head |= NULL_RESPONSE_FIELDS | (
-                {"prompt_logprobs": None, **NULL_PROMPT_IDS} | prompt_ids(choices[0]) if chat else {})
+            head |= prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
                     head["prompt_logprobs"] = formatted[0]
-            head["usage"] = usage() | NULL_USAGE_FIELDS
-            return JSONResponse(head)
+            head["usage"] = usage()
+            return JSONResponse(with_null_fields(head, chat))
 
         options = body.get("stream_options")
         # NOTE: vLLM's include_usage defaults to true within stream_options ({} asks the usage)
