@@ -62,16 +62,19 @@ class GenerateOutput:
 
 
 class LLM:
-    """`LLM(model_or_path, dtype=None, generation_config="auto", **engine_options)`;
+    """`LLM(model_or_path, dtype=None, generation_config="auto", override_generation_config=None,
+    **engine_options)`;
     `generate(prompts, params | kwargs)`; `chat(messages, params | kwargs)`.
     generation_config (vLLM's): "auto" takes the model's recommended sampling defaults
     (generation_config.json, `generation_defaults.py`) for what a call's kwargs leave unset;
-    "vllm": none."""
+    "vllm": none. override_generation_config (vLLM's): generation_config.json keys merged over
+    those defaults, e.g. {"temperature": 0.5}."""
 
-    def __init__(self, model_or_path, *, dtype=None, generation_config: str = "auto", **engine_options: Any):
+    def __init__(self, model_or_path, *, dtype=None, generation_config: str = "auto",
+                 override_generation_config: dict | None = None, **engine_options: Any):
         self.model = _model(model_or_path, dtype)
         self.sampling_defaults = sampling_defaults(getattr(self.model, "generation_config", None),
-                                                   generation_config)
+                                                   generation_config, override_generation_config)
         self.engine = Engine(self.model, EngineConfig(**engine_options))
 
     def get_default_sampling_params(self) -> SamplingParams:

@@ -10,6 +10,9 @@ from loopjax.chat import check_messages, check_template, check_template_kwargs, 
 from loopjax.openai_errors import APIError, bad_request
 from loopjax.openai_sampling import shown_tools
 
+# vLLM's reasoning_effort values (OpenAI's, and DeepSeek V4's "max")
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+
 
 class ChatRequests:
     """RequestParser's chat half (a mixin: it reads the parser's tokenizer, chat_template,
@@ -39,6 +42,19 @@ class ChatRequests:
                               "final message goes on; no new turn opens)", "continue_final_message")
         return generation, going_on
 
+    def template_problem(self) -> str | None:
+        """Why the served chat template cannot render a one-user-message probe conversation (a
+        one-line message), or None: it renders, or there is no chat to serve. The server warns of it
+        once at start-up and keeps serving, as vLLM's chat template warm-up does (a template may
+        refuse only this conversation: its requests still get the per-request 400)."""
+        if self.tokenizer is None or not self.chat_template:
+            return None
+        try:
+            self.tokenize({"messages": [{"role": "user", "content": "warmup"}]})
+        except APIError as e:
+            return e.message
+        return None
+
     def _chat_prompt(self, body: dict, keep_last: int | None = None) -> list[int]:
         try:
             messages = check_messages(body.get("messages"))
@@ -60,6 +76,20 @@ class ChatRequests:
         except RuntimeError as e:  # it cannot render on this installation
             raise APIError(500, str(e), "messages", "server_error") from None
         return self._check_ids(self._encode(text, "messages", body), "messages", keep_last)
+
+    @staticmethod
+    def _reasoning_variables(body: dict, kwargs: dict) -> dict:
+        """vLLM's `reasoning_effort` as template variables: itself, and `enable_thinking` (false for
+        "none") unless chat_template_kwargs set it; {} when not sent. A template that reads
+        neither renders as without it, as vLLM's."""
+        effort = body.get("reasoning_effort")
+        if effort is None:
+            return {}
+        if not isinstance(effort, str) or effort not in REASONING_EFFORTS:
+            raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got "
+                              f"{effort!r:.40}", "reasoning_effort")
+        thinking = kwargs.get("enable_thinking", effort != "none")
+        return {"reasoning_effort": effort, "enable_thinking": thinking}
 
     def _template(self, body: dict) -> tuple[str | None, dict]:
         """(the chat template, its variables: chat_template_kwargs' and vLLM's `documents`, a list
@@ -85,6 +115,7 @@ class ChatRequests:
                 raise bad_request(f"tools must be a list of {{type, function: {{name, description, "
                                   f"parameters}}}} objects, got {tools!r:.80}", "tools")
             kwargs["tools"] = tools
+        kwargs |= self._reasoning_variables(body, kwargs)
         sent = kwargs.pop("chat_template", None)
         sent = body.get("chat_template") if sent is None else sent
         if sent is None:

@@ -22,6 +22,23 @@ from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.sampling_params import listed_rank
 
 MIN_LOGPROB = -9999.0  # vLLM's floor for a log-probability in a response: JSON has no -inf
+# vLLM's response fields of what loopjax never returns, with the values vLLM's protocol models give them
+# (null; no tool call), for clients that read them. Full responses only: vLLM's stream chunks leave
+# out the fields they do not set. The response's top (both endpoints), and its usage:
+NULL_RESPONSE_FIELDS = {"service_tier": None, "system_fingerprint": None, "kv_transfer_params": None}
+NULL_USAGE_FIELDS = {"prompt_tokens_details": None}
+# a chat choice's message (no tool or reasoning parser: `reasoning_content` is older vLLM's name)
+NULL_MESSAGE_FIELDS = {"refusal": None, "annotations": None, "audio": None, "function_call": None,
+                       "tool_calls": [], "reasoning": None, "reasoning_content": None}
+# what the request did not ask: a completions choice's prompt_logprobs and prompt_token_ids
+# (return_token_ids'), a chat response's at its top
+NULL_PROMPT_FIELDS = {"prompt_logprobs": None, "prompt_token_ids": None}
+
+
+def with_null_fields(response: dict, chat: bool) -> dict:
+    """A full (not streamed) response with vLLM's null fields where it has none (the ones above)."""
+    nulls = NULL_RESPONSE_FIELDS | (NULL_PROMPT_FIELDS if chat else {})
+    return nulls | response | {"usage": response["usage"] | NULL_USAGE_FIELDS}
 
 
 def _floored(logprob):
@@ -98,10 +115,12 @@ class Choice:
         self._echoed = 0  # characters of the echoed prompt before the completion's text
 
     def opening(self, chat: bool, delta: dict) -> dict:
-        """This choice's first streamed chunk, of no tokens: chat's `delta` (role, echo);
-        completions' empty text and logprobs, which echo fills with the prompt's."""
+        """A streamed chunk of this choice of no tokens: chat's `delta` (its role, or echo's text),
+        logprobs null (vLLM's); completions' empty text and logprobs, which echo fills with the
+        prompt's."""
         first = {"index": self.index, "finish_reason": self.finish_reason, "token_ids": [], "exit_loops": []}
-        return first | ({"delta": delta} if chat else {"text": "", "logprobs": self._logprobs(0, False)})
+        return first | ({"delta": delta, "logprobs": None} if chat
+                        else {"text": "", "logprobs": self._logprobs(0, False)})
 
     def update(self, out) -> tuple[str, int]:
         """Apply one RequestOutput; returns (text delta, number of new tokens)."""
@@ -132,12 +151,12 @@ class Choice:
 
     def answer(self, chat: bool, role: str | None, echoed: str) -> dict:
         """This choice in a full response, with vLLM's fields of nothing asked: a chat message's
-        `tool_calls` [] and `reasoning_content` null (no parser), completions' `prompt_logprobs`
-        null (the server sets it when asked); `echoed`: chat's text before the answer's."""
+        NULL_MESSAGE_FIELDS, completions' NULL_PROMPT_FIELDS (the server sets them when asked);
+        `echoed`: chat's text before the answer's."""
         if chat:
             return self.fields(0, True) | {"message": {"role": role, "content": echoed + self.text,
-                                                       "tool_calls": [], "reasoning_content": None}}
-        return self.fields(0, False) | {"text": self.text, "prompt_logprobs": None}
+                                                       **NULL_MESSAGE_FIELDS}}
+        return self.fields(0, False) | {"text": self.text, **NULL_PROMPT_FIELDS}
 
     def echo(self, choice: dict, scored, num_top: int, echoed: tuple[str, list[int] | None] | None) -> None:
         """Put the prompt (a ScoreOutput) before this choice's completion text and logprobs

@@ -52,6 +52,31 @@ def _check_logprobs_type(body: dict, chat: bool) -> None:
         body["logprobs"] = int(value)
 
 
+def _check_extension_fields(body: dict) -> None:
+    """vLLM's fields that change no output here are accepted, of vLLM's pydantic's types (they
+    were refused): `vllm_xargs` (an object of strings, numbers or lists of them, for its custom
+    logits processors), `kv_transfer_params` and `ec_transfer_params` (objects, for its KV and
+    encoder-cache connectors), as on a vLLM server without plugins or connectors; `session_id` (a
+    string naming a conversation, for routing); `stream_interval` (an integer >= 1: tokens per
+    streamed chunk; each chunk here holds what one engine step gave)."""
+    xargs, session, interval = body.get("vllm_xargs"), body.get("session_id"), body.get("stream_interval")
+
+    def scalar(v):
+        return isinstance(v, str | int | float) and not isinstance(v, bool)
+
+    if xargs is not None and not (isinstance(xargs, dict) and all(
+            scalar(v) or (isinstance(v, list) and all(map(scalar, v))) for v in xargs.values())):
+        raise bad_request(f"vllm_xargs must be an object of strings, numbers or lists of them, got "
+                          f"{xargs!r:.80}", "vllm_xargs")
+    for field in ("kv_transfer_params", "ec_transfer_params"):
+        if body.get(field) is not None and not isinstance(body[field], dict):
+            raise bad_request(f"{field} must be an object, got {body[field]!r:.80}", field)
+    if session is not None and not isinstance(session, str):
+        raise bad_request(f"session_id must be a string, got {session!r:.80}", "session_id")
+    if interval is not None and not (type(interval) is int and interval >= 1):
+        raise bad_request(f"stream_interval must be an integer >= 1, got {interval!r:.80}", "stream_interval")
+
+
 def param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
@@ -107,7 +132,8 @@ class RequestParser(ChatRequests):
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "
                            f"{', '.join(map(repr, names))}", "model")
         # NOTE: read as flags: "false" would be true
-        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs"):
+        for key in ("stream", "echo", "return_token_ids", "return_tokens_as_token_ids", "return_token_strs",
+                    "return_token_offsets", "return_mm_kwargs"):
             if body.get(key) is not None and not isinstance(body[key], bool):
                 raise bad_request(f"{key} must be true or false, got {body[key]!r}", key)
         options = body.get("stream_options")
@@ -127,6 +153,7 @@ class RequestParser(ChatRequests):
             raise bad_request(f"user must be a string, got {body['user']!r}", "user")
         if body.get("suffix"):  # accepted by from_openai, but this server cannot honour it
             raise bad_request("suffix is not supported by this server", "suffix")
+        _check_extension_fields(body)
         return body
 
     def prompts(self, body: dict, chat: bool) -> list[list[int]]:
@@ -135,7 +162,7 @@ class RequestParser(ChatRequests):
         keeps what the context holds (`_truncation`)."""
         keep = self._truncation(body)
         for field in ("add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
-                      "continue_final_message"):
+                      "continue_final_message", "reasoning_effort"):
             if not chat and body.get(field) is not None:  # NOTE: refused, not ignored
                 raise bad_request(f"{field} applies to /v1/chat/completions only", field)
         return [self._chat_prompt(body, keep)] if chat else self._completion_prompts(body, keep)

@@ -84,8 +84,11 @@ _UNSUPPORTED = {
     "structural_tag": "guided decoding",
     "mm_processor_kwargs": "multimodal input",
     "prompt_embeds": "prompt embeddings", "include_reasoning": "reasoning parsing",
-    "reasoning_effort": "reasoning effort", "vllm_xargs": "custom extension arguments",
-    "kv_transfer_params": "disaggregated serving",
+    # vLLM's newer extras (they were "unknown request field")
+    "truncation_side": "truncation from the right", "watermarking": "watermarking",
+    "logprob_token_ids": "log-probabilities of chosen token ids", "thinking_token_budget": "thinking budgets",
+    "media_io_kwargs": "multimodal input", "repetition_detection": "repetition detection",
+    "return_prompt_text": "the rendered prompt's text", "routed_experts_prompt_start": "expert routing",
     # OpenAI's newer chat fields (vLLM ignores them; they were "unknown request field")
     "modalities": "audio output", "audio": "audio output", "prediction": "predicted outputs",
     "web_search_options": "web search", "verbosity": "verbosity control",
@@ -94,7 +97,9 @@ _HARMLESS = {"response_format": ({"type": "text"},), "tools": ([],), "tool_choic
              "parallel_tool_calls": (True, False), "functions": ([],), "function_call": ("none",),
              "suffix": ("",), "use_beam_search": (False,), "length_penalty": (1.0,),
              "priority": (0,), "include_reasoning": (True, False),  # no reasoning parser: no effect
-             "mm_processor_kwargs": ({},), "vllm_xargs": ({},), "modalities": (["text"],),
+             "mm_processor_kwargs": ({},), "modalities": (["text"],), "truncation_side": ("left",),
+             "watermarking": (False,), "media_io_kwargs": ({},), "return_prompt_text": (False,),
+             "routed_experts_prompt_start": (0,),
              "verbosity": ("medium",)}
 # Request fields that are not sampling parameters: the server handles them.
 _IGNORED_FIELDS = frozenset({
@@ -102,6 +107,10 @@ _IGNORED_FIELDS = frozenset({
     "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier",  # OpenAI's bookkeeping
     "add_special_tokens", "add_generation_prompt", "chat_template", "chat_template_kwargs", "documents",
     "continue_final_message", "request_id", "return_token_ids", "return_tokens_as_token_ids",
+    # vLLM's, checked by the server: chat's template variable; what only vLLM's plugins and KV
+    # connectors read (none here: no effect on the output, as on a vLLM server without them)
+    "reasoning_effort", "vllm_xargs", "kv_transfer_params", "ec_transfer_params", "session_id",
+    "stream_interval", "return_token_offsets", "return_mm_kwargs",  # chunking; render endpoints' only
 })
 
 
@@ -130,15 +139,17 @@ def _same(value, harmless) -> bool:
 
 def _logit_bias_pairs(bias) -> tuple[tuple[int, Any], ...]:
     """OpenAI's logit_bias object {"token id": bias} as (id, bias) pairs (checked by the params); a
-    finite bias outside [-MAX_BIAS, MAX_BIAS] is clamped into it, as vLLM's server does."""
+    bias outside [-MAX_BIAS, MAX_BIAS] (+-inf too: JSON's Infinity, 1e999) is clamped into it, as
+    vLLM's server does; NaN is left to the params' refusal (vLLM's clamp makes it -100: a token
+    banned by accident)."""
     if not isinstance(bias, dict):
         _fail(f"logit_bias must be an object mapping token ids to biases, got {bias!r}")
     pairs = []
     for key, value in bias.items():
         if not isinstance(key, str | int) or isinstance(key, bool) or not str(key).strip().isdecimal():
             _fail(f"logit_bias keys must be token ids (non-negative integers), got {key!r}")
-        finite = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if finite else value))
+        number = isinstance(value, int | float) and not isinstance(value, bool) and not math.isnan(value)
+        pairs.append((int(key), min(MAX_BIAS, max(-MAX_BIAS, value)) if number else value))
     return tuple(pairs)
 
 

@@ -70,6 +70,18 @@ def _origins(text: str) -> list[str]:
     return origins
 
 
+def _generation_override(text: str) -> dict:
+    """--override-generation-config: a JSON object of generation_config.json keys (vLLM's flag),
+    refused at parsing (`check_override`; its values are checked with the model's defaults)."""
+    from loopjax.generation_defaults import check_override
+
+    try:
+        return check_override(json.loads(text))
+    except ValueError as e:  # NOTE: json's JSONDecodeError is a ValueError too
+        why = f"not JSON ({e})" if isinstance(e, json.JSONDecodeError) else str(e)
+        raise argparse.ArgumentTypeError(why) from None
+
+
 def _chat_template(text: str) -> str:
     """--chat-template: a template file's text, or the template itself (vLLM's flag, read as
     vLLM reads it: text without braces or newlines must be a file), checked at parsing."""
@@ -127,6 +139,11 @@ def add_arguments(parser):
                              "(temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens) of "
                              "requests that leave them unset; 'vllm': no model defaults (vLLM's flag; "
                              "default: auto)")
+    parser.add_argument("--override-generation-config", type=_generation_override, default=None,
+                        metavar="JSON",
+                        help="generation_config.json keys merged over the model's sampling defaults, "
+                             "e.g. '{\"temperature\": 0.5}' (vLLM's flag; null removes one; applies under "
+                             "--generation-config vllm too)")
     parser.add_argument("--allowed-origins", type=_origins, default=["*"],
                         help='the origins browsers may call the server from (CORS), a JSON list as '
                              'vLLM\'s (default: \'["*"]\'; \'[]\': none)')
@@ -165,7 +182,8 @@ def _app(args, model, engine, names: list[str]):
                              admission_window_s=args.admission_window_ms / 1e3, api_key=args.api_key,
                              trust_request_chat_template=args.trust_request_chat_template,
                              allowed_origins=args.allowed_origins, chat_template=args.chat_template,
-                             generation_config=args.generation_config)
+                             generation_config=args.generation_config,
+                             override_generation_config=args.override_generation_config)
 
 
 def run(args) -> int:

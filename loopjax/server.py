@@ -76,7 +76,7 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.generation_defaults import sampling_defaults
-from loopjax.openai_choice import Choice, prompt_logprobs, usage_of
+from loopjax.openai_choice import Choice, prompt_logprobs, usage_of, with_null_fields
 from loopjax.openai_errors import APIError, bad_request, internal_error
 from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, echo_state_of, param_of
 from loopjax.request_stream import merge_streams
@@ -90,7 +90,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                api_key: str | None = None, trust_request_chat_template: bool = False,
                allowed_origins: tuple[str, ...] | list[str] = ("*",),
                chat_template: str | None = None, model_aliases: tuple[str, ...] = (),
-               generation_config: str = "auto") -> FastAPI:
+               generation_config: str = "auto", override_generation_config: dict | None = None) -> FastAPI:
     """The FastAPI app serving `engine` (an Engine or AsyncEngine) as `model_name`.
 
     The tokenizer, chat template and config come from `model` (default: `engine.model`);
@@ -102,7 +102,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     model's (vLLM's --chat-template); model_aliases: more names a request may send as `model`
     (vLLM's further --served-model-name names); generation_config: "auto" takes the model's sampling
     defaults for what a request leaves unset, "vllm" none (vLLM's --generation-config,
-    generation_defaults.py). The app's lifespan starts the AsyncEngine and shuts it down."""
+    generation_defaults.py); override_generation_config: generation_config.json keys merged over
+    them (vLLM's --override-generation-config). The app's lifespan starts the AsyncEngine and shuts
+    it down."""
     if api_key is not None and (not isinstance(api_key, str) or not api_key.strip()):
         # NOTE: no client can send an empty key (HTTP strips the header's trailing space)
         raise ValueError(f"api_key must be a non-empty str (None: no key), got {api_key!r}")
@@ -116,7 +118,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     max_context = getattr(sched, "max_seq_len", None) or getattr(cfg, "max_context_len", None)
     config = getattr(aengine.engine, "config", None)
     max_logprobs = getattr(config, "max_logprobs", None)
-    defaults = sampling_defaults(getattr(model, "generation_config", None), generation_config)
+    defaults = sampling_defaults(getattr(model, "generation_config", None), generation_config,
+                                 override_generation_config)
     if defaults:  # vLLM's line
         log.info("Using default chat and completion sampling params from model: %s", defaults)
     parser = RequestParser(model_name, tokenizer, chat_template or getattr(model, "chat_template", None),
@@ -124,6 +127,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                            echo_state_of(model, config), trust_request_chat_template, tuple(model_aliases),
                            defaults)
 
+    if problem := parser.template_problem():  # vLLM's start-up warning; the chats it fails get a 400
+        log.warning("the chat template failed on a probe conversation (such chats get a 400): %s", problem)
     scoring = threading.Lock()
 
     def score_prompts(prompts: list[list[int]], params, top_k: int) -> list:
@@ -312,13 +317,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["object"] = "chat.completion" if chat else "text_completion"
             head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
                                for c in choices]
-            head |= {"prompt_logprobs": None} | prompt_ids(choices[0]) if chat else {}
+            head |= prompt_ids(choices[0]) if chat else {}
             if scores is not None:
                 formatted = await prompt_part(head["choices"])
                 if k is not None and chat:
                     head["prompt_logprobs"] = formatted[0]
             head["usage"] = usage()
-            return JSONResponse(head)
+            return JSONResponse(with_null_fields(head, chat))
 
         options = body.get("stream_options")
         # NOTE: vLLM's include_usage defaults to true within stream_options ({} asks the usage)
@@ -344,8 +349,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         async def events():
             try:
                 # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
-                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top).
-                opening = [c.opening(chat, {"role": role, "content": chat_echo}) for c in choices]
+                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top). Chat's
+                # echo follows every role chunk in a chunk of its own (vLLM's), when there is text.
+                opening = [c.opening(chat, {"role": role, "content": ""}) for c in choices]
                 top = {}
                 if scores is not None:
                     formatted = await prompt_part(opening)
@@ -353,6 +359,8 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 if chat or scores is not None:
                     for i, first in enumerate(opening):
                         yield chunk(first, choices[i], **(top if i == 0 else {}))
+                for c in choices if chat and chat_echo else ():
+                    yield chunk(c.opening(chat, {"content": chat_echo}), c)
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})

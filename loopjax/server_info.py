@@ -7,6 +7,7 @@ too, vLLM's) and /metrics (Prometheus text)."""
 from __future__ import annotations
 
 import time
+import uuid
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
@@ -37,12 +38,19 @@ def add_info_routes(app: FastAPI, aengine, parser, *, root: str) -> None:
     async def detokenize(request: Request):
         return {"prompt": parser.detokenize(parser.body(await request.body()))}
 
+    # vLLM's one permission object per card (OpenAI's legacy shape: sampling and logprobs allowed)
+    permission = {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": started,
+                  "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+                  "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False,
+                  "organization": "*", "group": None, "is_blocking": False}
+
     @app.get("/v1/models")
     async def models():
-        """A card per name the server answers to (vLLM's: aliases too)."""
+        """A card per name the server answers to (vLLM's: aliases too), in vLLM's shape."""
         return {"object": "list", "data": [
             {"id": name, "object": "model", "created": started, "owned_by": "loopjax", "root": root,
-             "parent": None, "max_model_len": parser.max_context, "vocab_size": parser.vocab_size}
+             "parent": None, "max_model_len": parser.max_context, "permission": [permission],
+             "vocab_size": parser.vocab_size}
             for name in (parser.model_name, *parser.aliases)]}
 
     @app.get("/version")

@@ -142,7 +142,10 @@ def test_preset_dtype_override():
     # 'auto' (HF's and vLLM's word): the checkpoint's own dtype, as None
     tiny = loopjax.load("ouro-tiny", dtype="auto")
     assert tiny.dtype == np.float32 and loopjax.load(OURO, dtype="AUTO").dtype == np.float32
-    assert loopjax.LLM(tiny, dtype="AUTO", warmup=False, verbose=False).model is tiny
+    # vLLM's LLM(override_generation_config=...): merged over the model's sampling defaults
+    llm = loopjax.LLM(tiny, dtype="AUTO", warmup=False, verbose=False,
+                      override_generation_config={"temperature": 0.5})
+    assert llm.model is tiny and llm.get_default_sampling_params().temperature == 0.5
 
 
 def test_bad_paths_name_the_path(tmp_path):

@@ -260,7 +260,7 @@ def test_vllms_fields_at_their_defaults_are_served():
     parser = RequestParser(MODEL_NAME, max_context=64)
     defaults = {"use_beam_search": False, "length_penalty": 1.0, "priority": 0,
                 "return_tokens_as_token_ids": False, "include_reasoning": True, "mm_processor_kwargs": {},
-                "vllm_xargs": {}, "documents": [], "request_id": "mine",
+                "vllm_xargs": {}, "documents": [], "request_id": "mine", "kv_transfer_params": None,
                 # OpenAI's newer fields (vLLM ignores them; they were "unknown request field")
                 "modalities": ["text"], "verbosity": "medium", "prompt_cache_key": "k",
                 "safety_identifier": "s"}
@@ -272,6 +272,44 @@ def test_vllms_fields_at_their_defaults_are_served():
         with pytest.raises(APIError, match=rf"^{field} is not supported by this server") as err:
             parser.sampling({field: value}, False, [[5]])
         assert err.value.param == field
+
+
+def test_vllms_extension_fields_and_reasoning_effort_are_served_as_vllms():
+    """vllm_xargs and kv_transfer_params (refused by name) are accepted as a vLLM server without
+    plugins or KV connectors takes them (no effect), of vLLM's types; reasoning_effort (refused)
+    is chat's template variable, with enable_thinking false for "none" unless chat_template_kwargs
+    sets it, as vLLM's; functions (vLLM drops it: the model would answer without the functions)
+    stays refused."""
+    parser = RequestParser(MODEL_NAME, tokenizer=word_tokenizer(256), chat_template=CHATML, max_context=64)
+    sent = {"vllm_xargs": {"a": 1, "b": ["x", 2.5]}, "kv_transfer_params": {"do_remote_prefill": False},
+            # vLLM's newer fields of no effect here (they were "unknown request field")
+            "ec_transfer_params": {}, "session_id": "s", "stream_interval": 4, "return_token_offsets": True,
+            "truncation_side": "left", "watermarking": False, "return_prompt_text": False}
+    assert parser.sampling(parser.body(json.dumps(sent).encode()), False, [[5]]).max_tokens == 16
+    for field, value, words in (("vllm_xargs", [1], "vllm_xargs must be an object of strings, numbers"),
+                                ("vllm_xargs", {"a": {"b": 1}}, "vllm_xargs must be an object"),
+                                ("kv_transfer_params", "x", "kv_transfer_params must be an object, got 'x'"),
+                                ("stream_interval", 0, "stream_interval must be an integer >= 1, got 0"),
+                                ("session_id", 5, "session_id must be a string, got 5")):
+        with pytest.raises(APIError, match=f"^{words}") as err:
+            parser.body(json.dumps({field: value}).encode())
+        assert err.value.param == field
+    talk = [{"role": "user", "content": "hi"}]
+    assert parser._template({"messages": talk, "reasoning_effort": "none"})[1] == {
+        "reasoning_effort": "none", "enable_thinking": False}
+    assert parser._template({"reasoning_effort": "high"})[1]["enable_thinking"] is True
+    kept = {"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}}
+    assert parser._template(kept)[1] == {"reasoning_effort": "none", "enable_thinking": True}
+    assert parser.sampling({"reasoning_effort": "low"}, True, [[5]]).max_tokens == 63
+    with pytest.raises(APIError, match=r"^reasoning_effort must be one of none, minimal, low") as err:
+        parser.prompts({"messages": talk, "reasoning_effort": "extreme"}, chat=True)
+    assert err.value.param == "reasoning_effort"
+    with pytest.raises(APIError, match=r"^reasoning_effort applies to /v1/chat/completions only$"):
+        parser.prompts({"prompt": [5], "reasoning_effort": "low"}, chat=False)
+    for field, value in (("functions", [{"name": "f"}]), ("truncation_side", "right"), ("watermarking", True),
+                         ("logprob_token_ids", [5])):
+        with pytest.raises(APIError, match=rf"^{field} is not supported by this server \("):
+            parser.sampling({field: value}, True, [[5]])
 
 
 def test_chat_logprobs_is_a_switch():
@@ -347,10 +385,12 @@ def test_chat_without_template_is_400():
         assert r.json()["tokens"] == tok.encode("loop", add_special_tokens=False).ids, r.text
 
 
-def test_a_chat_template_that_raises_is_400():
+def test_a_chat_template_that_raises_is_400(caplog):
     """Whatever the checkpoint's template raises while rendering (its raise_exception, a Jinja
     error, or a Python error of its own code such as a TypeError) is a 400 naming messages and
-    the cause, on chat and /tokenize (a TypeError or ZeroDivisionError was a 500)."""
+    the cause, on chat and /tokenize (a TypeError or ZeroDivisionError was a 500). As vLLM's
+    start-up warm-up, a template that fails on a one-message probe is one warning at start (it
+    was silent until a request came); the server serves on."""
     from server_helpers import word_tokenizer
 
     model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=None,
@@ -361,7 +401,14 @@ def test_a_chat_template_that_raises_is_400():
                             ("{{ 1 / (messages | length - 2) }}", "ZeroDivisionError: division by zero"),
                             ("{{ messages[1].content.nope() }}", "no attribute 'nope'")):
         model.chat_template = template
-        with LiveServer(create_app(FakeEngine(), MODEL_NAME, model=model)) as live:
+        caplog.clear()
+        with caplog.at_level("WARNING", "loopjax.server"):
+            app = create_app(FakeEngine(), MODEL_NAME, model=model)
+        warned = [r.getMessage() for r in caplog.records if "probe conversation" in r.getMessage()]
+        # NOTE: the probe has one message: 1 / (1 - 2) renders
+        assert len(warned) == (template != "{{ 1 / (messages | length - 2) }}"), (template, warned)
+        assert all("messages: the chat template" in w and "\n" not in w for w in warned)
+        with LiveServer(app) as live:
             for path in ("/v1/chat/completions", "/tokenize"):
                 r = httpx.post(live.url + path, timeout=30, json={"model": MODEL_NAME, "messages": messages})
                 err = r.json()["error"]
@@ -522,6 +569,18 @@ def test_any_role_and_null_content_render_as_vllms():
     for bad in ({"role": 5, "content": "x"}, {"content": "x"}, {"role": "user", "content": 5}):
         with pytest.raises(APIError, match=r"^messages\[0\] must have a role \(a string\)"):
             parser.tokenize({"messages": [bad]})
+    # LLM.chat's rendering (encode_chat) takes the same messages through the same check
+    from loopjax.chat import encode_chat
+
+    tok = parser.tokenizer
+
+    def tokenize(text, add_special_tokens):
+        return tok.encode(text, add_special_tokens=add_special_tokens).ids
+    model = types.SimpleNamespace(tokenizer=tok, chat_template=CHATML, path=None, tokenize=tokenize)
+    bare = [{"role": "user"}, {"role": "assistant", "content": None}]
+    assert encode_chat(model, bare) == parser.tokenize({"messages": bare})
+    with pytest.raises(ValueError, match=r"^messages\[0\] must have a role \(a string\)"):
+        encode_chat(model, [{"content": "x"}])
 
 
 def test_a_requests_chat_template_needs_the_servers_trust():
@@ -654,6 +713,17 @@ def test_the_models_generation_config_sets_the_sampling_defaults(caplog):
         sampling_defaults({"temperature": 5})
     with pytest.raises(ValueError, match="^generation_config must be one of auto, vllm, got 'hf'$"):
         sampling_defaults(config, "hf")
+    # vLLM's override_generation_config: merged over the file's (a null removes one; HF's default
+    # values count there), under "vllm" too; keys vLLM does not read and bad values are one line
+    assert sampling_defaults(config, override={"temperature": 1.0, "top_p": None, "top_k": 50}) == {
+        "temperature": 1.0, "min_p": 0.05, "max_tokens": 40, "top_k": 50}
+    assert sampling_defaults(config, "vllm", {"max_new_tokens": 9}) == {"max_tokens": 9}
+    with pytest.raises(ValueError, match=r"^override_generation_config key 'max_tokens' is not one vLLM "
+                                         r"reads \(the sampling defaults: repetition_penalty, temperature"):
+        sampling_defaults(config, override={"max_tokens": 9})
+    with pytest.raises(ValueError, match=r"^override_generation_config's sampling defaults are not usable "
+                                         r"\(temperature must be in \[0, 2.0\], got 5\)"):
+        sampling_defaults(None, override={"temperature": 5})
     parser = RequestParser(MODEL_NAME, max_context=64, sampling_defaults=defaults)
     chat = parser.sampling({"temperature": None, "top_p": 0.5}, True, [[5] * 4])
     assert (chat.temperature, chat.top_p, chat.min_p, chat.top_k, chat.max_tokens) == (0.6, 0.5, 0.05, 0, 40)

@@ -1,6 +1,7 @@
 """SamplingParams validation / OpenAI mapping, and on-device sampling semantics."""
 
 import dataclasses
+import json
 
 import jax
 import jax.numpy as jnp
@@ -538,6 +539,11 @@ def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
     be in [-100.0, 100.0], got 101"); SamplingParams itself still refuses them offline."""
     p = SamplingParams.from_openai({"logit_bias": {"5": 101, "6": -1e9, "7": 3}})
     assert p.logit_bias == ((5, 100.0), (6, -100.0), (7, 3.0))
+    # +-inf (JSON's Infinity, 1e999) clamped too (they were refused); NaN refused by name
+    p = SamplingParams.from_openai(json.loads('{"logit_bias": {"5": Infinity, "6": -1e999}}'))
+    assert p.logit_bias == ((5, 100.0), (6, -100.0))
+    with pytest.raises(ValueError, match=r"^logit_bias\[7\] must be a number in \[-100.0, 100.0\], got nan$"):
+        SamplingParams.from_openai(json.loads('{"logit_bias": {"7": NaN}}'))
     with pytest.raises(ValueError, match=r"^logit_bias\[5\] must be in \[-100.0, 100.0\], got 101$"):
         SamplingParams(logit_bias={5: 101})
 

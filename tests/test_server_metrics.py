@@ -20,6 +20,8 @@ def test_models_and_metrics(server, client, served_model):
     assert cards[0].max_model_len == server.aengine.engine.scheduler.config.max_seq_len == 512
     assert cards[0].vocab_size == served_model.cfg.vocab_size
     assert cards[0].created > 1.7e9 and cards[0].root == MODEL_NAME  # a preset: its name (created was 0)
+    permission = cards[0].permission[0]  # vLLM's one permission object (the card had none)
+    assert permission["object"] == "model_permission" and permission["allow_sampling"] is True
     client.completions.create(model=MODEL_NAME, prompt=[8, 9], max_tokens=3, temperature=0)
     text = httpx.get(server.url + "/metrics", timeout=10).text
     samples = check_exposition(text)

@@ -32,7 +32,8 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
                         lambda *a, **kw: windows.append((kw["admission_window_s"], kw["api_key"],
                                                          kw["trust_request_chat_template"],
                                                          kw["allowed_origins"], kw["chat_template"],
-                                                         a[1], kw["model_aliases"], kw["generation_config"])))
+                                                         a[1], kw["model_aliases"], kw["generation_config"],
+                                                         kw["override_generation_config"])))
     monkeypatch.setenv("LOOPJAX_API_KEY", "from-env")
     parser = argparse.ArgumentParser()
     serve_cli.add_arguments(parser)
@@ -40,13 +41,15 @@ def test_serve_freezes_the_heap_it_built(monkeypatch, served_model):
     try:
         args = parser.parse_args(["ouro-tiny", "--port", "0", "--admission-window-ms", "5",
                                   "--trust-request-chat-template", "--chat-template", "{{ messages }}",
-                                  "--served-model-name", "ouro", "alias", "--generation-config", "vllm"])
+                                  "--served-model-name", "ouro", "alias", "--generation-config", "vllm",
+                                  "--override-generation-config", '{"temperature": 0.5}'])
         assert serve_cli.run(args) == 0
     finally:
         gc.unfreeze()  # the rest of the test session collects as before
     assert frozen_when_serving and frozen_when_serving[0] > 10_000
     # --admission-window-ms reaches the AsyncEngine in seconds; --api-key defaults to $LOOPJAX_API_KEY
-    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",), "vllm")]
+    assert windows == [(0.005, "from-env", True, ["*"], "{{ messages }}", "ouro", ("alias",), "vllm",
+                        {"temperature": 0.5})]
     assert parser.parse_args(["ouro-tiny", "--api-key", "k"]).api_key == "k"
 
 
@@ -61,6 +64,13 @@ def test_serve_refuses_a_negative_admission_window(capsys):
             parser.parse_args(["ouro-tiny", "--admission-window-ms", bad])
         assert "--admission-window-ms: must be a number in [0, " in capsys.readouterr().err
     assert parser.parse_args(["ouro-tiny"]).admission_window_ms == 0.0
+    # vLLM's --override-generation-config: a JSON object of generation_config.json keys, refused at parsing
+    for bad, why in (("{temperature: 1}", "not JSON (Expecting property name"), ("[1]", "must be an object"),
+                     ('{"max_tokens": 5}', "key 'max_tokens' is not one vLLM reads")):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["ouro-tiny", "--override-generation-config", bad])
+        assert f"--override-generation-config: {why}" in capsys.readouterr().err.replace(
+            "override_generation_config ", ""), bad
     # An empty key refused every /v1 request (no client sends one): refused at parsing, and by create_app.
     with pytest.raises(SystemExit):
         parser.parse_args(["ouro-tiny", "--api-key", " "])

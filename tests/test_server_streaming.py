@@ -282,7 +282,8 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
     """Chat's echo (vLLM's; it was refused): the last message's content before each choice's
     text when its role is the answer's: an assistant message continued (continue_final_message),
     or with no generation prompt the last message, whose role the answer then takes; a user
-    message under a generation prompt is not echoed. Streamed: in each choice's opening delta."""
+    message under a generation prompt is not echoed. Streamed as vLLM's: every choice's role
+    chunk (content ""), then, when there is text, a chunk of it per choice (it was in the role chunk)."""
     url = fake_chat_server.url + "/v1/chat/completions"
     talk = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "the loop"}]
     for body, role, echoed in (
@@ -295,11 +296,15 @@ def test_chat_echo_puts_the_last_message_first(fake_chat_server):
         assert r.status_code == 200, r.text
         for choice in r.json()["choices"]:  # vLLM's message fields of no tool call and no reasoning parser
             assert choice["message"] == {"role": role, "content": echoed + plain["content"], "tool_calls": [],
-                                         "reasoning_content": None}, body
+                                         "reasoning_content": None, "reasoning": None, "refusal": None,
+                                         "annotations": None, "audio": None, "function_call": None}, body
         assert r.json()["prompt_logprobs"] is None  # vLLM's, where not asked
         chunks = sse_chunks(url, {**body, "echo": True})
-        opening = [c["choices"][0]["delta"] for c in chunks[:2]]
-        assert opening == [{"role": role, "content": echoed}] * 2, body
+        opening = [(c["choices"][0]["index"], c["choices"][0]["delta"]) for c in chunks
+                   if not c["choices"][0]["token_ids"]]  # the chunks of no tokens
+        assert opening == [(i, {"role": role, "content": ""}) for i in (0, 1)] + (
+            [(i, {"content": echoed}) for i in (0, 1)] if echoed else []), body
+        assert chunks[0]["choices"][0]["logprobs"] is None
         text = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"][0]["index"] == 1)
         assert text == echoed + plain["content"] and plain["role"] == role
 
@@ -337,4 +342,10 @@ def test_return_token_ids_adds_the_prompts_ids(fake_chat_server):
     streamed = sse_chunks(url + "/v1/chat/completions", chat)
     assert [c.get("prompt_token_ids") for c in streamed] == [ids, None, None]
     plain = httpx.post(url + "/v1/completions", json={**body, "return_token_ids": False}, timeout=30).json()
-    assert "prompt_token_ids" not in plain["choices"][0]
+    assert plain["choices"][0]["prompt_token_ids"] is None  # vLLM's null where not asked
+    # vLLM's fields of what loopjax never returns: null in full responses, left out of chunks (vLLM's)
+    nulls = {"service_tier": None, "system_fingerprint": None, "kv_transfer_params": None}
+    assert plain.items() >= nulls.items() and plain["usage"]["prompt_tokens_details"] is None
+    full_chat = httpx.post(url + "/v1/chat/completions", json={**chat, "return_token_ids": False}, timeout=30)
+    assert full_chat.json().items() >= (nulls | {"prompt_token_ids": None}).items()
+    assert not any(key in c for c in streamed for key in nulls)
