@@ -174,9 +174,10 @@ def make_layout(cfg, kind: str, *, page_size: int, dtype, num_pages: int | None 
         if not kv_memory_bytes:
             raise ValueError("give num_pages or kv_memory_bytes to size the KV pool")
         num_pages = kv_memory_bytes // (layout.bytes_per_token * page_size)
-    if num_pages <= 0:
-        raise ValueError(f"KV pool too small: the budget holds {counted(int(num_pages), 'page')} of "
-                         f"{counted(page_size, 'token')} at {layout.bytes_per_token} bytes/token")
+    if num_pages <= 0:  # NOTE: a budget given (num_pages and the default budget are >= 1 page): named
+        raise ValueError(f"KV pool too small: kv_memory_bytes={kv_memory_bytes} holds "
+                         f"{counted(int(num_pages), 'page')} of {counted(page_size, 'token')} at "
+                         f"{layout.bytes_per_token} bytes/token")
     return dataclasses.replace(layout, num_pages=int(num_pages))
 
 

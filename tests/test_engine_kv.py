@@ -36,7 +36,7 @@ def test_layout_errors():
         kv_cache.make_layout(tiny, "shared", page_size=8, dtype=jnp.float32, num_pages=4, shared_slots=6)
     with pytest.raises(ValueError, match="unknown kv layout"):
         kv_cache.make_layout(tiny, "ring", page_size=8, dtype=jnp.float32, num_pages=4)
-    with pytest.raises(ValueError, match="too small"):
+    with pytest.raises(ValueError, match="too small: kv_memory_bytes=1000 holds 0 pages of 8 tokens"):
         kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32, kv_memory_bytes=1000)
     sized = kv_cache.make_layout(tiny, "per_loop", page_size=8, dtype=jnp.float32,
                                  kv_memory_bytes=10 * 8 * 36 * 2 * 64 * 4)
