@@ -1,7 +1,9 @@
 """`loopjax` command line: one subcommand per module, imported only when used.
 
 Each subcommand module provides `add_arguments(parser)` and `run(args) -> int`, so a
-subcommand's heavy imports (jax, fastapi) never slow down or break the others.
+subcommand's heavy imports (jax, fastapi) never slow down or break the others. A bad flag is
+one line naming the subcommand and the cause, exit code 2 (`CommandParser`); a reader of the
+output that goes away ends the command quietly, exit code 141 (`run_command`).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 MODEL is a loopjax checkpoint folder, a Hugging Face folder, a Hub name in the local Hugging
 Face cache or a preset name. Prints the generated text (or token ids without a tokenizer), or
-one JSON object with --json. Errors are one line on stderr with exit code 2; Ctrl-C is one
-line with exit code 130.
+one JSON object with --json. Errors are one line on stderr with exit code 2, naming the flags
+(not the EngineConfig / SamplingParams fields); Ctrl-C is one line with exit code 130.
 """
 
 from __future__ import annotations
