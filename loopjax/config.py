@@ -35,8 +35,8 @@ class OuroConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 65536
     total_ut_steps: int = 4
-    # Threshold on the cumulative exit probability; None means "no threshold rule"
-    # (the reference then honours use_weighted_exit / exit_at_step).
+    # Threshold on the cumulative exit probability; None means "no threshold rule". A set
+    # early_exit_step comes first (the reference's exit_at_step), where a request runs past it.
     early_exit_threshold: float | None = 1.0
     early_exit_step: int | None = None
     tie_word_embeddings: bool = False
