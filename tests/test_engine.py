@@ -762,6 +762,11 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
     with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 3, 64\]"):
         loopjax.generate(loopjax.load(HUGINN), [[1, 2], [1, 2, 3]], max_new_tokens=1,
                          initial_state=[None, np.zeros((2, 64))])
+    # a malformed array names its shape, not a row count (it said ">= 3" where 8 are needed)
+    with pytest.raises(ValueError, match=r"^initial_state must be an array \[positions, 64\] .*got shape "
+                                         r"\(1, 8, 64\)$"):
+        loopjax.generate(loopjax.load(HUGINN), [1, 2, 3], max_new_tokens=6,
+                         initial_state=np.zeros((1, 8, 64)))
     assert built == []
     options = dict(SMALL)
     (_, params), = loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)
