@@ -726,8 +726,8 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
     (compiles) an engine, and leaves the caller's engine_options as given."""
     built = engines_built
     for prompt, kwargs, message in (
-            ([1, 2], dict(max_new_tokens=0), r"max_tokens must be >= 1, got 0"),
-            ([1, 2], dict(max_new_tokens=1.5), r"max_tokens must be an integer >= 1, got 1.5"),
+            ([1, 2], dict(max_new_tokens=0), r"max_new_tokens must be >= 1, got 0"),  # named as given
+            ([1, 2], dict(max_new_tokens=1.5), r"max_new_tokens must be an integer >= 1, got 1.5"),
             # n requests are sized for: a huge n was a huge engine
             ([1, 2], dict(max_new_tokens=4, n=17, temperature=0.5),
              r"n must be in \[1, 16\] \(LLM's max_n\), got 17"),
