@@ -75,11 +75,13 @@ def _next_token_logprobs(logits, ids, top_k: int):
 
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
-          initial_state: str | None = None, top_k: int = 0) -> list[ScoreOutput]:
+          initial_state: str | None = None, top_k: int = 0, exit_step: int | None = None,
+          exit_weighted: bool = False) -> list[ScoreOutput]:
     """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, or what
     `loopjax.load` takes: a folder, a cached Hub name, a preset name); one ScoreOutput per
-    sequence, in order. `loops`, `exit_threshold` (Ouro) and `initial_state` (Huginn: None for
-    the position-keyed s_0, or 'zero'; an explicit s_0 goes through `loopjax.forward`) as in
+    sequence, in order. `loops`, Ouro's exit rule (`exit_threshold`, `exit_step`, `exit_weighted`:
+    the reference's training loss scores the weighted logits) and `initial_state` (Huginn: None
+    for the position-keyed s_0, or 'zero'; an explicit s_0 goes through `loopjax.forward`) as in
     `loopjax.forward`; `top_k` most likely tokens of each position in `top_logprobs` (0: none)."""
     from loopjax.model import _check_ids, forward, load
     from loopjax.models import huginn
@@ -115,13 +117,15 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
             raise ValueError(f"sequence {i} is empty")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
         if model.family == "huginn":  # the final logits only: no per-loop coda and head
-            if exit_threshold is not None:
-                raise ValueError("exit_threshold is an Ouro argument: Huginn has no exit gate")
+            rule = (("exit_threshold", exit_threshold is not None), ("exit_step", exit_step is not None),
+                    ("exit_weighted", exit_weighted))
+            if given := next((name for name, on in rule if on), None):
+                raise ValueError(f"{given} is an Ouro argument: Huginn has no exit gate")
             out = huginn.forward(model.params, model.cfg, _check_ids(padded, model.cfg.vocab_size),
                                  loops=loops, initial_state=initial_state, per_loop_logits=False)
         else:
             out = forward(model, padded, loops=loops, exit_threshold=exit_threshold,
-                          initial_state=initial_state)
+                          initial_state=initial_state, exit_step=exit_step, exit_weighted=exit_weighted)
         logprobs, greedy, ranks, (top_lp, top_ids) = _next_token_logprobs(
             out.logits, jnp.asarray(padded, jnp.int32), top_k)
         n = len(ids) - 1
