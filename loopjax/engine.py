@@ -301,7 +301,8 @@ class Engine(EngineFailures):
         bans = bad_words.step_bans(extra.bad_words, request.output_token_ids, on_device) if emits else ()
         return RowInput(ids, start, pages, emits, loops, params, token_index=index, bans=bans,
                         token_slot=extra.token_slot, input_on_device=on_device,
-                        exit_skip=extra.skip and exits_here, exit_spec=extra.exit_spec,
+                        exit_skip=extra.skip and exits_here,
+                        exit_spec=extra.exit_spec if decode or params.exit_in_prefill else None,
                         exit_step=exit_step, exit_weighted=params.exit_weighted,
                         carry_slot=extra.carry_slot, exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,

@@ -48,6 +48,8 @@ from loopjax.server import create_app
      "exit_weighted is not supported with it"),
     ({"prompt": [5], "exit_min_loops": 2}, 400, "exit_min_loops",  # Ouro's exit would ignore it
      "exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn)"),
+    ({"prompt": [5], "exit_in_prefill": False}, 400, "exit_in_prefill",  # a field, as vLLM-style extras
+     "exit_in_prefill=False keeps an exit_criterion (Huginn) out of the prompt"),
     ({"prompt": [5], "exit_trace": [1, 5]}, 400, "exit_trace", "exit_trace entry 5 exceeds the depth 4"),
     ({"prompt": [5], "logit_bias": {"\u00b2": 1}}, 400, "logit_bias",  # "²" is a digit, not an int
      "logit_bias keys must be token ids (non-negative integers), got '\u00b2'"),
