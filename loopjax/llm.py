@@ -18,7 +18,7 @@ from ln_f of the previous token's final state. Adaptive exits: the SamplingParam
 fields (exit_mode, exit_threshold, exit_criterion, exit_trace) run on device.
 
 `prompt_logprobs` (vLLM's): each distinct prompt a call asks it for is scored once on the
-identity path (`loopjax.score`, after the generation, at the depth, Ouro threshold and Huginn
+identity path (`loopjax.score`, after the generation, at the depth, Ouro exit rule and Huginn
 s_0 the request runs with: `scoring.score_options`); its samples share the result.
 """
 
