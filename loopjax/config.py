@@ -35,8 +35,8 @@ class OuroConfig:
     rms_norm_eps: float = 1e-6
     max_position_embeddings: int = 65536
     total_ut_steps: int = 4
-    # Threshold on the cumulative exit probability; None means "no threshold rule"
-    # (the reference then honours use_weighted_exit / exit_at_step).
+    # Threshold on the cumulative exit probability; None means "no threshold rule". A set
+    # early_exit_step comes first (the reference's exit_at_step), where a request runs past it.
     early_exit_threshold: float | None = 1.0
     early_exit_step: int | None = None
     tie_word_embeddings: bool = False
@@ -166,6 +166,7 @@ class HuginnConfig:
 
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> HuginnConfig:
+        _check_huginn_fields(hf)
         return cls(
             vocab_size=hf.get("padded_vocab_size") or hf["vocab_size"],
             hidden_size=hf["n_embd"],
@@ -212,6 +213,25 @@ def _ouro_rope_fields(hf: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(f"ouro config: layer_types {other!r} is not supported (loopjax runs "
                           "full attention in every layer)")
     return rope
+
+
+def _check_huginn_fields(hf: dict[str, Any]) -> None:
+    """What the reference (raven_modeling_minimal.py) honours and loopjax does not implement is
+    refused, naming the key, rather than run with other logits: test-time noise injected into
+    the state every loop (`test_time_noise` > 0), an adapter bias (`bias`), grouped kv heads
+    (`num_key_value_heads` other than `n_heads`)."""
+    noise = hf.get("test_time_noise") or 0
+    if noise != 0:
+        raise ConfigError(f"huginn config: test_time_noise {noise!r} is not supported (loopjax runs "
+                          "the recurrence without injected noise: 0)")
+    if hf.get("bias"):
+        raise ConfigError("huginn config: bias true (an adapter bias) is not supported (every released "
+                          "Huginn checkpoint has none)")
+    kv_heads = hf.get("num_key_value_heads")
+    if kv_heads is not None and kv_heads != hf.get("n_heads"):
+        raise ConfigError(f"huginn config: num_key_value_heads {kv_heads!r} other than n_heads "
+                          f"{hf.get('n_heads')!r} is not supported (loopjax's Huginn has no grouped "
+                          "kv heads)")
 
 
 ModelConfig = OuroConfig | HuginnConfig

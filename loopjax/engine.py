@@ -139,8 +139,8 @@ class Engine(EngineFailures):
         self._eos = eos_token_ids(cfg, getattr(model, "generation_config", None), eos)
         self._primary_eos = eos_token_ids(cfg) if eos is None else (eos,)
         self._default_exit_threshold = getattr(cfg, "early_exit_threshold", None)  # Ouro configs have one
-        # NOTE: an Ouro config without a threshold selects its early_exit_step, as models/ouro.forward
-        # (and so scoring) does; a shallower request keeps its last loop (_row)
+        # NOTE: an Ouro config's early_exit_step comes before its threshold, as the reference's
+        # exit_at_step and models/ouro.forward (so scoring); a shallower request skips it (_row)
         self._default_exit_step = getattr(cfg, "early_exit_step", None)
         self.num_generated = self.loops_generated = 0
 
@@ -289,8 +289,9 @@ class Engine(EngineFailures):
             loops = min(loops, traced)
         exit_step = -1 if params.exit_step is None else params.exit_step
         default_step = self._default_exit_step
-        if exit_step < 0 and threshold is None and not params.exit_weighted and default_step is not None:
-            exit_step = default_step if default_step < loops else -1
+        if (exit_step < 0 and params.exit_threshold is None and not params.exit_weighted
+                and default_step is not None and default_step < loops):
+            exit_step, threshold = default_step, None  # the config's step, never its Q-exit
         if trace is not None and emits and not exits_here and not 0 <= exit_step < traced:
             exit_step = min(traced, loops) - 1  # Ouro prefill: every loop runs, its token exits by trace[k]
         if params.exit_step is not None or params.exit_weighted:
@@ -305,7 +306,8 @@ class Engine(EngineFailures):
         bans = bad_words.step_bans(extra.bad_words, request.output_token_ids, on_device) if emits else ()
         return RowInput(ids, start, pages, emits, loops, params, token_index=index, bans=bans,
                         token_slot=extra.token_slot, input_on_device=on_device,
-                        exit_skip=extra.skip and exits_here, exit_spec=extra.exit_spec,
+                        exit_skip=extra.skip and exits_here,
+                        exit_spec=extra.exit_spec if decode or params.exit_in_prefill else None,
                         exit_step=exit_step, exit_weighted=params.exit_weighted,
                         carry_slot=extra.carry_slot, exit_threshold=2.0 if threshold is None else threshold,
                         init_mode=INIT_WARM if extra.warm and decode else extra.init_mode,

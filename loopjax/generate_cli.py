@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="--exit-criterion: no exit before this many loops (default: 1)")
     exits.add_argument("--exit-check-every", type=int, default=1,
                        help="--exit-criterion: check the rule every this many loops (default: 1)")
+    exits.add_argument("--no-exit-in-prefill", dest="exit_in_prefill", action="store_false",
+                       help="--exit-criterion: the prompt runs every loop (do_not_exit_in_prefill)")
     exits.add_argument("--exit-trace", default=None,
                        help="comma-separated loops per generated token to replay, e.g. 4,2,3")
     exits.add_argument("--exit-step", type=int, default=None,
@@ -92,7 +94,7 @@ def _run(args) -> int:
         options["shared_kv_slots"] = args.shared_kv_slots
     exit_settings = {"exit_mode": args.exit_mode, "exit_threshold": args.exit_threshold,
                      "exit_criterion": args.exit_criterion, "exit_min_loops": args.exit_min_loops,
-                     "exit_check_every": args.exit_check_every,
+                     "exit_check_every": args.exit_check_every, "exit_in_prefill": args.exit_in_prefill,
                      "exit_trace": _int_list("--exit-trace", args.exit_trace),
                      "exit_step": args.exit_step, "exit_weighted": args.exit_weighted}
     if args.warm_start:

@@ -18,7 +18,7 @@ from ln_f of the previous token's final state. Adaptive exits: the SamplingParam
 fields (exit_mode, exit_threshold, exit_criterion, exit_trace) run on device.
 
 `prompt_logprobs` (vLLM's): each distinct prompt a call asks it for is scored once on the
-identity path (`loopjax.score`, after the generation, at the depth, Ouro threshold and Huginn
+identity path (`loopjax.score`, after the generation, at the depth, Ouro exit rule and Huginn
 s_0 the request runs with: `scoring.score_options`); its samples share the result.
 """
 
@@ -37,7 +37,14 @@ from loopjax.engine import Engine, EngineConfig
 from loopjax.generation_defaults import sampling_defaults
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
-from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_for_model, check_n, listed_rank
+from loopjax.sampling_params import (
+    DEFAULT_MAX_N,
+    SamplingParams,
+    check_for_model,
+    check_int,
+    check_n,
+    listed_rank,
+)
 from loopjax.scoring import score, score_options
 
 
@@ -204,7 +211,6 @@ class LLM:
         return finals
 
 
-
 def _prompt_ids(model, prompt, k: int) -> list[int]:
     """The token ids of prompt k of a call: text (encoded with the tokenizer's special tokens),
     token ids, or vLLM's prompt dicts {"prompt": text} and {"prompt_token_ids": ids}; a one-line
@@ -286,7 +292,7 @@ def _params_list(sampling_params, kwargs, num_prompts: int, defaults: dict) -> l
     else:
         kwargs = dict(kwargs)
         if "max_new_tokens" in kwargs:
-            new = kwargs.pop("max_new_tokens")
+            new = _check_max_new_tokens(kwargs.pop("max_new_tokens"))
             if kwargs.setdefault("max_tokens", new) != new:  # NOTE: refused, not one of them dropped
                 raise ValueError(f"max_tokens ({kwargs['max_tokens']!r}) and max_new_tokens ({new!r}) "
                                  f"disagree; give one")
@@ -298,6 +304,11 @@ def _params_list(sampling_params, kwargs, num_prompts: int, defaults: dict) -> l
             raise ValueError(f"sampling_params must be SamplingParams, got {type(p).__name__}")
         check_n(p.n, DEFAULT_MAX_N, "LLM's")  # each sample is one engine request, as the server's
     return [dataclasses.replace(p, seed=None) if p.seed_drawn else p for p in sampling_params]
+
+
+def _check_max_new_tokens(value):
+    """max_new_tokens (None: up to the context), refused by its own name (SamplingParams' max_tokens)."""
+    return value if value is None else check_int("max_new_tokens", value, 1) or value
 
 
 def _result(prompt, out, model, prompt_scores, params: SamplingParams) -> GenerateOutput:
@@ -362,6 +373,7 @@ def generate(model, prompts, *, max_new_tokens: int, temperature: float = 0.0,
     states = _state_list(initial_state, len(prompt_list), one_prompt)  # before an engine is built
     if "max_tokens" in sampling_kwargs:  # NOTE: LLM.generate's alias; a TypeError of SamplingParams here
         raise ValueError("generate takes max_new_tokens (SamplingParams' max_tokens); give it alone")
+    _check_max_new_tokens(max_new_tokens)
     params = SamplingParams(max_tokens=max_new_tokens, temperature=temperature, **sampling_kwargs)
     check_for_model(params, model.cfg, has_tokenizer=model.tokenizer is not None, warm_start=warm_start)
     check_n(params.n, DEFAULT_MAX_N, "LLM's")  # before n requests are sized for

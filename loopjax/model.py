@@ -161,15 +161,19 @@ def _read_chat_template(folder: str) -> str | None:
 
 
 def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=None,
-            exit_threshold: float | None = None):
+            exit_threshold: float | None = None, exit_step: int | None = None,
+            exit_weighted: bool = False):
     """The identity path of `model` on one sequence `input_ids [T]` (positions 0..T-1).
 
-    loops: loop count (default: the config's). exit_threshold (Ouro only): the cumulative
-    exit-probability threshold (default: the config's). initial_state (Huginn only): s_0
-    [T, H], 'zero', or None for the position-keyed random state.
+    loops: loop count (default: the config's). Ouro's exit rule, as the reference's forward
+    arguments (SamplingParams' names; one of them): exit_threshold, the cumulative
+    exit-probability threshold (default: the config's); exit_step, loop k's logits (0-based,
+    the reference's exit_at_step); exit_weighted, sum_i p_i * logits_i (its use_weighted_exit).
+    initial_state (Huginn only): s_0 [T, H], 'zero', or None for the position-keyed random state.
     Returns the family's output: `logits [T,V]` f32 (exit-selected), `loop_logits [L,T,V]`,
     `loop_hidden [L,T,H]`; Ouro adds `gate_logits [L,T]`, `exit_loop [T]` (the selected loop's
-    0-based index: generate's `exit_loops` counts loops, exit_loop + 1); Huginn `latents [T,H]`.
+    0-based index: generate's `exit_loops` counts loops, exit_loop + 1) and the exit
+    distribution `exit_pdf`, `exit_cdf [L,T]`; Huginn `latents [T,H]`.
     """
     cfg = model.cfg
     ids = _check_ids(input_ids, cfg.vocab_size)
@@ -183,25 +187,29 @@ def forward(model: Model, input_ids, *, loops: int | None = None, initial_state=
         if initial_state is not None:
             raise ValueError("initial_state is a Huginn argument: Ouro's loops start from the "
                              "token embeddings")
-        if exit_threshold is not None:
-            kwargs["exit_threshold"] = _check_threshold(exit_threshold)
+        kwargs.update(_ouro_exit_rule(exit_threshold, exit_step, exit_weighted))
     else:
-        if exit_threshold is not None:
-            raise ValueError("exit_threshold is an Ouro argument: Huginn has no exit gate "
+        given = [n for n, on in (("exit_threshold", exit_threshold is not None),
+                                 ("exit_step", exit_step is not None),
+                                 ("exit_weighted", exit_weighted)) if on]
+        if given:
+            raise ValueError(f"{given[0]} is an Ouro argument: Huginn has no exit gate "
                              "(choose the number of loops instead)")
         if initial_state is not None:
             kwargs["initial_state"] = initial_state
     return module.forward(model.params, cfg, ids, **kwargs)
 
 
-def _check_threshold(value) -> float:
-    """Ouro's exit threshold, a cumulative probability, checked by SamplingParams' own rule
-    (refused outside [0, 1]: above 1 never exits, below 0 always at loop 0); numpy scalars are
-    numbers."""
+def _ouro_exit_rule(exit_threshold, exit_step, exit_weighted) -> dict[str, Any]:
+    """`ouro.forward`'s exit keywords, checked by SamplingParams' own rules (a threshold in
+    [0, 1], an exit_step >= 0, one rule at most; numpy scalars are numbers)."""
     from loopjax.sampling_params import SamplingParams
 
-    value = value.item() if isinstance(value, np.floating | np.integer) else value
-    return float(SamplingParams(exit_threshold=value).exit_threshold)
+    params = SamplingParams(exit_threshold=exit_threshold, exit_step=exit_step, exit_weighted=exit_weighted)
+    kwargs: dict[str, Any] = {"exit_step": params.exit_step, "weighted": params.exit_weighted}
+    if params.exit_threshold is not None:
+        kwargs["exit_threshold"] = float(params.exit_threshold)
+    return kwargs
 
 
 def _check_ids(input_ids, vocab_size: int):

@@ -266,14 +266,14 @@ class RequestParser(ChatRequests):
 
     def _unscorable(self, params: SamplingParams) -> str | None:
         """Why this server cannot score `params`' prompts (a message of `{field}`), or None: they
-        are scored on the identity path (loopjax.score) at a fixed depth or with Ouro's threshold
-        exit, as the reference computes every prompt position (in either exit_mode:
+        are scored on the identity path (loopjax.score) at a fixed depth or with Ouro's gate
+        rules, as the reference computes every prompt position (in either exit_mode:
         `scoring.score_options`)."""
         if self.echo_state == "unsupported":
             return "{field} is not supported by this server (its prompts cannot be scored)"
-        if rule := params.exit_rule:
-            return ("{field} scores prompts at a fixed depth or with Ouro's threshold exit; "
-                    f"{rule} is not supported with it")
+        if params.exit_criterion is not None or params.exit_trace is not None:
+            return ("{field} scores prompts at a fixed depth or with Ouro's exit gate; "
+                    f"{params.exit_rule} is not supported with it")
         return None
 
     def tokenize(self, body: dict) -> list[int]:

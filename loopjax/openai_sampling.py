@@ -64,7 +64,7 @@ _DIRECT_FIELDS = frozenset({
     "spaces_between_special_tokens", "include_stop_str_in_output", "cache_salt",
     "repetition_penalty", "frequency_penalty", "presence_penalty",
     "loops", "exit_mode", "exit_threshold", "exit_criterion", "exit_min_loops",
-    "exit_check_every", "exit_trace", "exit_step", "exit_weighted",
+    "exit_check_every", "exit_in_prefill", "exit_trace", "exit_step", "exit_weighted",
 })
 # Fields mapped by hand below.
 _SPECIAL_FIELDS = frozenset({"max_tokens", "max_completion_tokens", "stop", "logprobs", "top_logprobs",

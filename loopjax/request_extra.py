@@ -84,9 +84,14 @@ def initial_state_extra(cfg, spec, default: str, num_positions: int) -> RequestE
     except (TypeError, ValueError):  # NOTE: numpy's words (a dict, ragged rows) would not name the field
         raise ValueError(f"initial_state must be 'seeded', 'zero' or an array [positions, {hidden}] of "
                          f"numbers, got {type(spec).__name__}") from None
-    if states.ndim != 2 or states.shape[1] != hidden or states.shape[0] < num_positions:
-        raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] (one s0 "
-                         f"per position fed: prompt + max_tokens - 1, up to the context), got {states.shape}")
+    fed = "one s0 per position fed: prompt + max_tokens - 1, up to the context"
+    # NOTE: apart, since loopjax.generate checks the shape before its engine knows the count
+    if states.ndim != 2 or states.shape[1] != hidden:
+        raise ValueError(f"initial_state must be an array [positions, {hidden}] ({fed}), got shape "
+                         f"{states.shape}")
+    if states.shape[0] < num_positions:
+        raise ValueError(f"initial_state must have shape [>= {num_positions}, {hidden}] ({fed}), got "
+                         f"{states.shape}")
     return RequestExtra(init_mode=INIT_EXPLICIT, init_states=states)
 
 

@@ -50,7 +50,8 @@ Conventions:
   `exit_step` (Ouro) takes the logits of loop k (0-based); `exit_weighted` (Ouro) takes
   sum_i p_i * logits_i. Exit rules exclude each other (exit_threshold aside: it bounds an
   exit_trace's tokens too, but exit_step and exit_weighted never take the threshold exit).
-  `exit_min_loops` / `exit_check_every` pace an `exit_criterion`'s checks: refused without one.
+  `exit_min_loops` / `exit_check_every` pace an `exit_criterion`'s checks, `exit_in_prefill=False`
+  keeps them out of the prompt's step: refused without one.
 """
 
 from __future__ import annotations
@@ -148,13 +149,13 @@ class SamplingParams:
     allowed_token_ids: tuple[int, ...] | None = None  # only these may be generated; stored sorted
     bad_words: tuple[str, ...] = ()  # words the output may not contain (bad_words.py); a str is one
     cache_salt: str | None = None  # vLLM's: prefix-cache pages are shared only among requests of one salt
-    # Loop / exit settings (issue 5).
     loops: int | None = None  # fixed depth (max depth with an exit rule); None = model default
     exit_mode: str = "select"  # 'select': run all loops, pick by the rule; 'skip': stop at the exit
     exit_threshold: float | None = None  # Ouro Q-exit in [0, 1], or the criterion's threshold
     exit_criterion: str | None = None  # Huginn adaptive exit: one of EXIT_CRITERIA
     exit_min_loops: int = 1  # no exit before this many loops
     exit_check_every: int = 1  # evaluate the exit rule every this many loops
+    exit_in_prefill: bool = True  # False: the prompt runs its depth (the reference's do_not_exit_in_prefill)
     exit_trace: tuple[int, ...] | None = None  # loops to run per generated token (replay)
     exit_step: int | None = None  # Ouro: the logits of loop k (0-based, the reference's exit_at_step)
     exit_weighted: bool = False  # Ouro: sum_i p_i * logits_i (the reference's use_weighted_exit)
@@ -259,8 +260,11 @@ class SamplingParams:
             object.__setattr__(self, "exit_trace", trace)
         if self.exit_step is not None:
             check_int("exit_step", self.exit_step, 0, None if self.loops is None else self.loops - 1)
-        if not isinstance(self.exit_weighted, bool):
-            _fail(f"exit_weighted must be true or false, got {self.exit_weighted!r}")
+        for name in ("exit_weighted", "exit_in_prefill"):
+            if not isinstance(getattr(self, name), bool):
+                _fail(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if not self.exit_in_prefill and self.exit_criterion is None:
+            _fail("exit_in_prefill=False keeps an exit_criterion (Huginn) out of the prompt; give one")
         fixed = [n for n, on in (("exit_step", self.exit_step is not None),
                                  ("exit_weighted", self.exit_weighted)) if on]
         others = [n for n, on in (("exit_criterion", self.exit_criterion is not None),

@@ -11,7 +11,7 @@ beyond the rounding of products over more rows (tests/test_scoring.py: within 1e
 unpadded forward). The log-softmax runs on the device; only [T-1] numbers come back.
 
 `score_options` gives the `score` settings that see a prompt as an engine request runs it
-(its depth, Ouro threshold and Huginn s_0); the server's `echo` and `LLM.generate`'s
+(its depth, Ouro exit rule and Huginn s_0); the server's `echo` and `LLM.generate`'s
 `prompt_logprobs` both use it.
 """
 
@@ -75,11 +75,13 @@ def _next_token_logprobs(logits, ids, top_k: int):
 
 
 def score(model, sequences, *, loops: int | None = None, exit_threshold: float | None = None,
-          initial_state: str | None = None, top_k: int = 0) -> list[ScoreOutput]:
+          initial_state: str | None = None, top_k: int = 0, exit_step: int | None = None,
+          exit_weighted: bool = False) -> list[ScoreOutput]:
     """Score `sequences` (token-id lists or texts, or one of them) with `model` (a Model, or what
     `loopjax.load` takes: a folder, a cached Hub name, a preset name); one ScoreOutput per
-    sequence, in order. `loops`, `exit_threshold` (Ouro) and `initial_state` (Huginn: None for
-    the position-keyed s_0, or 'zero'; an explicit s_0 goes through `loopjax.forward`) as in
+    sequence, in order. `loops`, Ouro's exit rule (`exit_threshold`, `exit_step`, `exit_weighted`:
+    the reference's training loss scores the weighted logits) and `initial_state` (Huginn: None
+    for the position-keyed s_0, or 'zero'; an explicit s_0 goes through `loopjax.forward`) as in
     `loopjax.forward`; `top_k` most likely tokens of each position in `top_logprobs` (0: none)."""
     from loopjax.model import _check_ids, forward, load
     from loopjax.models import huginn
@@ -115,13 +117,15 @@ def score(model, sequences, *, loops: int | None = None, exit_threshold: float |
             raise ValueError(f"sequence {i} is empty")
         padded = ids + [0] * (bucket_len(len(ids), model.cfg.max_context_len) - len(ids))
         if model.family == "huginn":  # the final logits only: no per-loop coda and head
-            if exit_threshold is not None:
-                raise ValueError("exit_threshold is an Ouro argument: Huginn has no exit gate")
+            rule = (("exit_threshold", exit_threshold is not None), ("exit_step", exit_step is not None),
+                    ("exit_weighted", exit_weighted))
+            if given := next((name for name, on in rule if on), None):
+                raise ValueError(f"{given} is an Ouro argument: Huginn has no exit gate")
             out = huginn.forward(model.params, model.cfg, _check_ids(padded, model.cfg.vocab_size),
                                  loops=loops, initial_state=initial_state, per_loop_logits=False)
         else:
             out = forward(model, padded, loops=loops, exit_threshold=exit_threshold,
-                          initial_state=initial_state)
+                          initial_state=initial_state, exit_step=exit_step, exit_weighted=exit_weighted)
         logprobs, greedy, ranks, (top_lp, top_ids) = _next_token_logprobs(
             out.logits, jnp.asarray(padded, jnp.int32), top_k)
         n = len(ids) - 1
@@ -161,18 +165,24 @@ def score_state(model, engine_config=None, initial_state=None) -> str | None:
 
 def score_options(model, params, *, num_loops: int | None = None, engine_config=None,
                   initial_state=None) -> dict:
-    """`score`'s loops, exit_threshold and initial_state for a prompt that `params` (a
+    """`score`'s loops, exit rule and initial_state for a prompt that `params` (a
     SamplingParams) generates from on an engine of `engine_config` whose default depth is
-    `num_loops` (None: the model's): the request's depth, else num_loops; Ouro's threshold as
-    the request sets it (None: the config's, as the engine); `score_state`'s s_0. The identity
-    path computes every prompt position at a fixed depth or with Ouro's threshold exit: any
-    other exit rule is a one-line ValueError. exit_mode 'skip' scores as 'select': the engine
-    runs every loop of an Ouro prompt token (a Huginn one without an exit_criterion runs its
-    depth), and a position's exit loop gives the same logits whether later loops run or not."""
-    if rule := params.exit_rule:
-        raise ValueError(f"prompts are scored at a fixed depth or with Ouro's threshold exit; {rule} "
-                         f"is not supported with it")
+    `num_loops` (None: the model's): the request's depth, else num_loops; Ouro's exit_threshold
+    as the request sets it (None: the config's rule, as the engine), its exit_step or
+    exit_weighted where set; `score_state`'s s_0. The identity path computes every prompt
+    position at a fixed depth or with Ouro's gate rules: a Huginn exit_criterion or an
+    exit_trace is a one-line ValueError. exit_mode 'skip' scores as 'select': the engine runs
+    every loop of an Ouro prompt token (a Huginn one without an exit_criterion runs its depth),
+    and a position's exit loop gives the same logits whether later loops run or not."""
+    if params.exit_criterion is not None or params.exit_trace is not None:
+        raise ValueError(f"prompts are scored at a fixed depth or with Ouro's exit gate; "
+                         f"{params.exit_rule} is not supported with it")
     state = score_state(model, engine_config, initial_state)
+    ouro_rule = {}  # NOTE: only where set (Huginn refuses them; the options key each scoring)
+    if params.exit_step is not None:
+        ouro_rule["exit_step"] = params.exit_step
+    if params.exit_weighted:
+        ouro_rule["exit_weighted"] = True
     return {"loops": params.loops if params.loops is not None else num_loops,
             "exit_threshold": params.exit_threshold if model.family == "ouro" else None,
-            "initial_state": state}
+            "initial_state": state, **ouro_rule}

@@ -4,6 +4,7 @@ every bad input giving one stderr line, exit status 2 and no output folder left 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from safetensors.numpy import load_file, save_file
 
 import loopjax
 from loopjax import checkpoint, cli
-from loopjax.config import config_from_hf, read_hf_config
+from loopjax.config import ConfigError, config_from_hf, read_hf_config
 from loopjax.convert import converter, huginn_keys, ouro_keys, safetensors_reader
 from loopjax.model import Model, forward
 
@@ -579,6 +580,19 @@ def test_ouro_rope_theta_from_transformers_5_rope_parameters():
     del config["rope_theta"], config["rope_scaling"]
     config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}
     assert config_from_hf(config) == read_hf_config(OURO)
+
+
+def test_huginn_config_fields_the_reference_honours_are_refused_by_name():
+    """test_time_noise, an adapter bias and grouped kv heads change the reference's logits; they
+    were ignored (the noise) or failed on a tensor's name or shape."""
+    config, _ = golden_parts(HUGINN)
+    assert config_from_hf({**config, "test_time_noise": 0, "bias": False}).num_heads == 4
+    for field, value, message in (
+            ("test_time_noise", 0.5, "test_time_noise 0.5 is not supported"),
+            ("bias", True, "bias true (an adapter bias) is not supported"),
+            ("num_key_value_heads", 2, "num_key_value_heads 2 other than n_heads 4 is not supported")):
+        with pytest.raises(ConfigError, match=f"^huginn config: {re.escape(message)}"):
+            config_from_hf({**config, field: value})
 
 
 def test_check_tensor_names_lists_unexpected_and_ignores_patterns():

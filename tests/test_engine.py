@@ -728,8 +728,8 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
     (compiles) an engine, and leaves the caller's engine_options as given."""
     built = engines_built
     for prompt, kwargs, message in (
-            ([1, 2], dict(max_new_tokens=0), r"max_tokens must be >= 1, got 0"),
-            ([1, 2], dict(max_new_tokens=1.5), r"max_tokens must be an integer >= 1, got 1.5"),
+            ([1, 2], dict(max_new_tokens=0), r"max_new_tokens must be >= 1, got 0"),  # named as given
+            ([1, 2], dict(max_new_tokens=1.5), r"max_new_tokens must be an integer >= 1, got 1.5"),
             # n requests are sized for: a huge n was a huge engine
             ([1, 2], dict(max_new_tokens=4, n=17, temperature=0.5),
              r"n must be in \[1, 16\] \(LLM's max_n\), got 17"),
@@ -764,6 +764,11 @@ def test_generate_checks_its_arguments_before_building_an_engine(ouro_model, eng
     with pytest.raises(ValueError, match=r"^initial_state must have shape \[>= 3, 64\]"):
         loopjax.generate(loopjax.load(HUGINN), [[1, 2], [1, 2, 3]], max_new_tokens=1,
                          initial_state=[None, np.zeros((2, 64))])
+    # a malformed array names its shape, not a row count (it said ">= 3" where 8 are needed)
+    with pytest.raises(ValueError, match=r"^initial_state must be an array \[positions, 64\] .*got shape "
+                                         r"\(1, 8, 64\)$"):
+        loopjax.generate(loopjax.load(HUGINN), [1, 2, 3], max_new_tokens=6,
+                         initial_state=np.zeros((1, 8, 64)))
     assert built == []
     options = dict(SMALL)
     (_, params), = loopjax.generate(ouro_model, [1, 2], max_new_tokens=4, engine_options=options)

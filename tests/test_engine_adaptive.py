@@ -80,6 +80,23 @@ def test_huginn_exit_trace_replays_loops(huginn_engines):
     assert out.token_ids == gold[f"{k}_tokens"][0].tolist() and out.exit_loops == list(trace)
 
 
+def test_huginn_exit_in_prefill_false_runs_the_prompt_to_depth(huginn_engines):
+    """exit_in_prefill=False (the reference's do_not_exit_in_prefill): the prompt runs all 16
+    loops (the criterion exits it at 11 otherwise), each decoded token exits by the criterion.
+    The host-driven reference (adaptive_reference.huginn_generate with no exit spec for its
+    prefill call) gives these tokens and loops: the golden run's, its prefill at 16 loops."""
+    gold = load_file(f"{HUGINN}/adaptive.safetensors")
+    prompt = load_file(f"{HUGINN}/inputs.safetensors")["prompt_ids"][0].tolist()
+    k = key("kl", 5e-4, "latest_m4")
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True, loops=16, exit_criterion="kl",
+                            exit_threshold=5e-4, exit_mode="skip", exit_in_prefill=False)
+    rid = huginn_engines["per_loop"].add_request(prompt, params, initial_state=gold[f"{k}_init_states"][0])
+    out = finish(huginn_engines["per_loop"])[rid]
+    loops = gold[f"{k}_steps_per_token"].tolist()
+    assert loops[0] == 11 and out.exit_loops == [16] + loops[1:]
+    assert out.token_ids == gold[f"{k}_tokens"][0].tolist()
+
+
 def test_ouro_skip_mode_equals_reference():
     from loopjax.adaptive_reference import ouro_generate
     model = loopjax.load(OURO)

@@ -73,12 +73,13 @@ def test_exit_step_and_weighted_equal_recompute(model, engine):
                                                      "weighted-1")}) == 3
 
 
-def test_a_config_without_threshold_selects_its_early_exit_step(model):
-    """An Ouro config with early_exit_threshold null and early_exit_step k: the engine's
-    default request selects loop k's logits, as the identity forward (and scoring) does."""
+def test_a_configs_early_exit_step_comes_before_its_threshold(model):
+    """An Ouro config with early_exit_step k (and the released early_exit_threshold 1.0): the
+    engine's default request selects loop k's logits, as the reference's exit_at_step (tried
+    before the threshold) and the identity forward (and scoring) do."""
     import dataclasses
 
-    cfg = dataclasses.replace(model.cfg, early_exit_threshold=None, early_exit_step=2)
+    cfg = dataclasses.replace(model.cfg, early_exit_step=2)
     stepped = dataclasses.replace(model, cfg=cfg)
     engine = Engine(stepped, EngineConfig(**SMALL))
     finals = run_requests(engine, {f"p{p}": (prompt, greedy()) for p, prompt in enumerate(PROMPTS)})
@@ -87,8 +88,8 @@ def test_a_config_without_threshold_selects_its_early_exit_step(model):
         assert (finals[f"p{p}"].token_ids, finals[f"p{p}"].exit_loops) == (tokens, loops)
         assert (tokens, loops) == reference(model, prompt, exit_step=2)
         assert tokens != reference(model, prompt)[0]  # the released rule differs here (not a no-op)
-    # a request shallower than the config's step keeps its last loop; the identity path (and so
-    # LLM.generate's prompt_logprobs, scored after the generation) must too, not raise
+    # a request shallower than the config's step takes its threshold rule (1.0: the last loop); the
+    # identity path (and so LLM.generate's prompt_logprobs, scored after the generation) must too
     shallow = run_requests(engine, {"s": (PROMPTS[0], greedy(loops=2))})["s"]
     assert (shallow.token_ids, shallow.exit_loops) == reference(stepped, PROMPTS[0], loops=2, exit_step=1)
     assert (shallow.token_ids, shallow.exit_loops) == reference(stepped, PROMPTS[0], loops=2)

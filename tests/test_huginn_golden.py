@@ -229,6 +229,9 @@ def test_forward_rejects_bad_arguments(golden):
         huginn.forward(params, cfg, ids, initial_state="noise")
     with pytest.raises(ValueError, match="expected shape"):
         huginn.forward(params, cfg, ids, initial_state=np.zeros((3, cfg.hidden_size)))
+    for bad in ({"s0": 1}, [["a"] * cfg.hidden_size] * len(ids)):  # numpy's words named no field
+        with pytest.raises(ValueError, match=r"^huginn initial_state: expected an array \[12, 64\] of num"):
+            huginn.forward(params, cfg, ids, initial_state=bad)
     with pytest.raises(ValueError, match="non-negative"):
         huginn.forward(params, cfg, ids, loops=-1)
     with pytest.raises(ValueError, match="exceed the context"):

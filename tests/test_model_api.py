@@ -245,6 +245,17 @@ def test_forward_argument_errors(presets):
         with pytest.raises(ValueError, match=r"exit_threshold must be (a number )?in \[0, 1\]"):
             loopjax.forward(ouro, [1, 2], exit_threshold=bad)
     assert loopjax.forward(ouro, [1, 2], exit_threshold=np.float32(1)).logits.shape == (2, 256)
+    # the reference's exit_at_step / use_weighted_exit: one rule, Ouro's only
+    for kwargs, message in (({"exit_step": 1, "exit_threshold": 0.5}, "exit_step and exit_threshold exclude"),
+                            ({"exit_step": 1, "exit_weighted": True}, "exit_step and exit_weighted exclude"),
+                            ({"exit_step": 4}, r"exit_step 4 is outside 0\.\.3"),
+                            ({"exit_step": -1}, r"exit_step must be >= 0"),
+                            ({"exit_weighted": "yes"}, "exit_weighted must be true or false")):
+        with pytest.raises(ValueError, match=message):
+            loopjax.forward(ouro, [1, 2], **kwargs)
+    for name, value in (("exit_step", 0), ("exit_weighted", True)):
+        with pytest.raises(ValueError, match=f"^{name} is an Ouro argument: Huginn has no exit gate"):
+            loopjax.forward(huginn, [1, 2], **{name: value})
 
 
 def test_text_prompts_get_the_tokenizers_special_tokens(tmp_path):

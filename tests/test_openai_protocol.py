@@ -36,18 +36,18 @@ from loopjax.server import create_app
     ({"prompt": [[3], 7]}, 400, "prompt", "prompt must be"),
     ({"prompt": [5], "frobnicate": 1}, 400, "frobnicate", "frobnicate"),
     ({"prompt": [5], "logprobs": 3}, 400, "logprobs", "max_logprobs"),
-    ({"prompt": [5], "echo": True, "exit_step": 1}, 400, "echo", "exit_step is not supported with it"),
-    ({"prompt": [5], "echo": True, "exit_step": 0}, 400, "echo", "exit_step is not supported with it"),
     ({"prompt": [5], "echo": True, "exit_trace": [1]}, 400, "echo", "exit_trace is not supported with it"),
     ({"prompt": [5], "prompt_logprobs": 21}, 400, "prompt_logprobs", "must be in [0, 20], got 21"),
     ({"prompt": [5], "prompt_logprobs": -1}, 400, "prompt_logprobs", "must be in [0, 20], got -1"),
     ({"prompt": [5], "prompt_logprobs": True}, 400, "prompt_logprobs",
      "prompt_logprobs must be an integer [0, 20], got True"),
-    ({"prompt": [5], "prompt_logprobs": 0, "exit_weighted": True}, 400, "prompt_logprobs",
-     "prompt_logprobs scores prompts at a fixed depth or with Ouro's threshold exit; "
-     "exit_weighted is not supported with it"),
+    ({"prompt": [5], "prompt_logprobs": 0, "exit_trace": [1]}, 400, "prompt_logprobs",
+     "prompt_logprobs scores prompts at a fixed depth or with Ouro's exit gate; "
+     "exit_trace is not supported with it"),
     ({"prompt": [5], "exit_min_loops": 2}, 400, "exit_min_loops",  # Ouro's exit would ignore it
      "exit_min_loops and exit_check_every pace the checks of an exit_criterion (Huginn)"),
+    ({"prompt": [5], "exit_in_prefill": False}, 400, "exit_in_prefill",  # a field, as vLLM-style extras
+     "exit_in_prefill=False keeps an exit_criterion (Huginn) out of the prompt"),
     ({"prompt": [5], "exit_trace": [1, 5]}, 400, "exit_trace", "exit_trace entry 5 exceeds the depth 4"),
     ({"prompt": [5], "logit_bias": {"\u00b2": 1}}, 400, "logit_bias",  # "²" is a digit, not an int
      "logit_bias keys must be token ids (non-negative integers), got '\u00b2'"),
@@ -621,7 +621,7 @@ def test_echo_asks_prompt_logprobs_as_vllms():
     parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5, echo_state=None)
     for body, chat, want in (({}, True, 0), ({"logprobs": True, "top_logprobs": 2}, True, 2),
                              ({"prompt_logprobs": 1, "logprobs": True, "top_logprobs": 2}, True, 1),
-                             ({"stream": True}, True, None), ({"exit_step": 1}, True, None),
+                             ({"stream": True}, True, None), ({"exit_trace": [1]}, True, None),
                              ({"logprobs": 2}, False, 2), ({}, False, None), ({"logprobs": 0}, False, 0)):
         assert parser.sampling({**body, "echo": True}, chat, [[5]]).prompt_logprobs == want, body
         assert parser.sampling(body, chat, [[5]]).prompt_logprobs == body.get("prompt_logprobs"), body

@@ -10,6 +10,8 @@ values (max|Δ| <= 2e-2·max|ref|, a few bf16 ulps at the logits' magnitude).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +24,10 @@ from ouro_helpers import (
     numpy_reference,
 )
 
+import loopjax
 from loopjax.config import OuroConfig
 from loopjax.convert import ouro_keys
+from loopjax.model import Model
 from loopjax.models import ouro
 
 PAD_LEN = 64
@@ -107,6 +111,35 @@ def test_prompt_forward_matches_reference(cfg, models, refs, runs, tag, k):
     np.testing.assert_array_equal(fixed.logits, fixed.loop_logits[1])
     assert_close(fixed.logits[:t], ref[f"p{k}_step_logits"][1], tag, "exit_step 1 logits")
     assert (np.asarray(fixed.exit_loop) == 1).all()
+
+
+@pytest.mark.parametrize("tag", DTYPES)
+def test_public_forward_takes_the_references_exit_arguments(cfg, models, refs, tag):
+    """loopjax.forward offers the reference's exit_at_step and use_weighted_exit (as exit_step,
+    exit_weighted) and the exit distribution of its gates (the reference's pdf and cdf)."""
+    model, ref = Model(cfg=cfg, params=models[tag, "A"]), refs[tag, "A"]
+    ids = ref["p1_input_ids"]
+    t = len(ids)
+    weighted = loopjax.forward(model, padded(ids), exit_weighted=True)
+    assert_close(weighted.logits[:t], ref["p1_weighted_logits"], tag, "weighted logits")
+    assert_close(weighted.exit_pdf[:, :t], ref["p1_exit_pdf"], tag, "exit_pdf")
+    assert_close(weighted.exit_cdf[:, :t], ref["p1_exit_cdf"], tag, "exit_cdf")
+    stepped = loopjax.forward(model, padded(ids), exit_step=2)
+    np.testing.assert_array_equal(stepped.logits, stepped.loop_logits[2])
+    assert (np.asarray(stepped.exit_loop) == 2).all()
+
+
+def test_a_configs_early_exit_step_comes_before_its_threshold(cfg, models, refs):
+    """The reference's exit_at_step defaults to the config's early_exit_step and is tried before
+    the threshold (the config's 1.0 here); past a shallower depth the threshold rule applies."""
+    stepped, ids = dataclasses.replace(cfg, early_exit_step=2), padded(refs["fp32", "A"]["p1_input_ids"])
+    out = ouro.forward(models["fp32", "A"], stepped, ids)
+    assert (np.asarray(out.exit_loop) == 2).all()
+    np.testing.assert_array_equal(out.logits, out.loop_logits[2])
+    shallow = ouro.forward(models["fp32", "A"], stepped, ids, loops=2)  # 1.0 over 2 loops: the last
+    assert (np.asarray(shallow.exit_loop) == 1).all()
+    asked = ouro.forward(models["fp32", "A"], stepped, ids, exit_threshold=0.5)  # a request's own rule
+    np.testing.assert_array_equal(asked.exit_loop[:12], refs["fp32", "A"]["p1_exit_steps_thr0p5"])
 
 
 @pytest.mark.parametrize("k", (0, 1))

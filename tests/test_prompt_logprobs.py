@@ -1,5 +1,5 @@
 """`SamplingParams.prompt_logprobs` in `LLM.generate`: the prompt's log-probabilities are
-`loopjax.score`'s at the depth, Ouro threshold and Huginn s_0 the request runs with (position
+`loopjax.score`'s at the depth, Ouro exit rule and Huginn s_0 the request runs with (position
 0 None), scored once per distinct prompt however many samples fan out; requests that do not
 ask get None and the same tokens; bad values and unscorable requests are one-line errors
 raised before anything is queued. One engine per model (module fixtures; the Huginn one
@@ -90,6 +90,10 @@ def test_values_are_the_scores_at_the_requests_depth(ouro):
     assert gated.prompt_logprobs == as_pairs(loopjax.score(llm.model, prompts[1], exit_threshold=0.5,
                                                            top_k=3)[0])
     assert gated.prompt_logprobs[1:] != as_pairs(default)[1:]
+    # and Ouro's other gate rules, the reference's exit_at_step and use_weighted_exit (refused before)
+    stepped, = llm.generate(prompts[1], max_tokens=2, exit_step=1, prompt_logprobs=3)
+    assert stepped.prompt_logprobs == as_pairs(loopjax.score(llm.model, prompts[1], exit_step=1, top_k=3)[0])
+    assert stepped.prompt_logprobs[1:] != as_pairs(default)[1:]
 
 
 def test_skip_mode_scores_the_prompt_as_select_mode(ouro):
@@ -156,8 +160,7 @@ def test_unscorable_requests_are_refused_before_queueing(ouro, huginn, monkeypat
         monkeypatch.setattr(engine, "add_request", lambda *a, **k: queued.append(a) or _raise(Queued()))
     explicit = np.zeros((len(prompt) + 1, hllm.model.cfg.hidden_size), np.float32)
     for target, extra, words in [
-        (llm, dict(exit_step=0), "exit_step is not supported"),
-        (llm, dict(exit_weighted=True), "exit_weighted is not supported"),
+        (llm, dict(exit_trace=(2, 1)), "exit_trace is not supported"),
         # the first prompt (engine default s_0) is fine; the second's explicit s_0 is refused
         (hllm, dict(initial_state=[None, explicit]), "explicit initial_state"),
     ]:

@@ -414,6 +414,8 @@ def test_none_stop_lists_are_empty_as_vllm_takes_them():
     (dict(exit_min_loops=5, loops=4), "exit_min_loops must be in [1, 4], got 5"),
     (dict(exit_check_every=0), "exit_check_every must be >= 1, got 0"),
     (dict(exit_check_every=2), "exit_min_loops and exit_check_every pace the checks of an exit_criterion"),
+    (dict(exit_in_prefill=False), "exit_in_prefill=False keeps an exit_criterion (Huginn) out of the prompt"),
+    (dict(exit_in_prefill=0, exit_criterion="kl"), "exit_in_prefill must be true or false, got 0"),
     (dict(exit_trace=[1, 0]), "every exit_trace entry must be >= 1, got 0"),
     (dict(exit_trace=[1, 5], loops=4), "every exit_trace entry must be in [1, 4], got 5"),
     (dict(exit_trace=[]), "exit_trace must list at least one loop count"),

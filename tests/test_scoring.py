@@ -56,6 +56,13 @@ def test_ouro_scores_are_the_reference_logits(ouro):
     half, = loopjax.score(model, ref["p1_input_ids"], exit_threshold=0.5)
     want, _ = reference_scores(ref["p1_exit_logits_thr0p5"], sequences[1])
     np.testing.assert_allclose(half.token_logprobs, want, atol=2e-5, rtol=0)
+    # the reference's other rules: use_weighted_exit (its training loss's logits), exit_at_step
+    weighted, = loopjax.score(model, sequences[1], exit_weighted=True)
+    want, _ = reference_scores(ref["p1_weighted_logits"], sequences[1])
+    np.testing.assert_allclose(weighted.token_logprobs, want, atol=2e-5, rtol=0)
+    stepped, = loopjax.score(model, sequences[1], exit_step=1)
+    want, _ = reference_scores(ref["p1_step_logits"][1], sequences[1])
+    np.testing.assert_allclose(stepped.token_logprobs, want, atol=2e-5, rtol=0)
 
 
 def test_ranks_count_the_log_probs_at_or_above_the_scored_token(ouro):
@@ -106,6 +113,9 @@ def test_huginn_zero_state_scores_are_the_reference_logits():
     want, greedy = reference_scores(golden["logits_zero_state_steps4"][0], seq)
     np.testing.assert_allclose(out.token_logprobs, want, atol=5e-5, rtol=0)
     assert out.greedy == greedy.tolist()
+    for name, value in (("exit_step", 1), ("exit_weighted", True)):  # Ouro's gate rules
+        with pytest.raises(ValueError, match=f"^{name} is an Ouro argument: Huginn has no exit gate$"):
+            loopjax.score(model, seq, **{name: value})
 
 
 def test_buckets_and_errors(ouro):
@@ -130,6 +140,7 @@ def test_buckets_and_errors(ouro):
         (([[3, 4], (5, False)],), {}, "sequence 1 must be text or a flat list of integer"),
         (([3, 4],), {"exit_threshold": 1.5}, r"exit_threshold must be in \[0, 1\], got 1.5"),
         (([3, 4],), {"exit_threshold": float("nan")}, r"exit_threshold must be a number in \[0, 1\]"),
+        (([3, 4],), {"exit_step": 1, "exit_weighted": True}, "exit_step and exit_weighted exclude each"),
     ]:
         with pytest.raises(ValueError, match=words) as err:
             loopjax.score(model, *args, **kwargs)

@@ -287,7 +287,11 @@ def resolve_initial_state(cfg: HuginnConfig, spec, num_tokens: int, seed, dtype)
             raise ValueError(f"huginn initial_state: unknown mode {spec!r}; use an array, "
                              "'zero' or 'seeded' (None: seeded)")
         return zero_state(cfg, num_tokens, dtype)
-    s0 = jnp.asarray(spec, dtype)
+    try:
+        s0 = jnp.asarray(spec, dtype)
+    except (TypeError, ValueError):  # NOTE: numpy's words ("could not convert string") name no field
+        raise ValueError(f"huginn initial_state: expected an array [{num_tokens}, {cfg.hidden_size}] of "
+                         f"numbers, got {type(spec).__name__}") from None
     if s0.shape != (num_tokens, cfg.hidden_size):
         raise ValueError(f"huginn initial_state: expected shape {(num_tokens, cfg.hidden_size)}, "
                          f"got {s0.shape}")

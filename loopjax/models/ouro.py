@@ -281,6 +281,17 @@ class OuroOutput:
     gate_logits: jax.Array  # [L, T] model dtype, exit-gate logits before the sigmoid
     exit_loop: jax.Array    # [T] int32, the loop selected (L - 1 for weighted exit)
 
+    @property
+    def exit_pdf(self) -> jax.Array:
+        """[L, T] model dtype: the exit distribution p_i of the gates, as the reference computes
+        it (the last loop takes the rest; its weights for the weighted exit)."""
+        return exit_pdf(self.gate_logits)
+
+    @property
+    def exit_cdf(self) -> jax.Array:
+        """[L, T] model dtype: its cumsum, which the threshold exit compares (torch's rounding)."""
+        return exit_cdf(self.exit_pdf)
+
 
 
 
@@ -317,9 +328,9 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
     """The identity path over one sequence input_ids [T] (positions 0..T-1).
 
     Selection, in order: `exit_step` (fixed loop) if given; else `weighted` (Σ p_i·logits_i);
-    else the threshold rule with `exit_threshold`, or the config's `early_exit_threshold`;
-    if both are None, the config's `early_exit_step` (the last loop where it is not below
-    `loops`, as the engine runs a shallower request), else the last loop."""
+    else the threshold rule with `exit_threshold`; else the config's `early_exit_step` where
+    it is below `loops` (before its threshold, as the reference's `exit_at_step`); else the
+    config's `early_exit_threshold`; else the last loop."""
     num_loops = cfg.total_ut_steps if loops is None else loops
     if not isinstance(num_loops, int) or num_loops < 1:
         raise ValueError(f"ouro forward: loops must be a positive integer, got {loops!r}")
@@ -332,10 +343,13 @@ def forward(params, cfg: OuroConfig, input_ids, *, loops: int | None = None,
                          f"{cfg.max_position_embeddings}")
     if exit_step is not None and weighted:
         raise ValueError("ouro forward: exit_step and weighted exit are exclusive")
-    threshold = cfg.early_exit_threshold if exit_threshold is None else exit_threshold
-    if exit_step is None and not weighted and threshold is None:
-        step = cfg.early_exit_step
-        exit_step = num_loops - 1 if step is None or step >= num_loops else step
+    threshold = exit_threshold
+    if exit_step is None and not weighted and threshold is None:  # the config's rule
+        step, threshold = cfg.early_exit_step, cfg.early_exit_threshold
+        if step is not None and step < num_loops:
+            exit_step = step  # NOTE: the reference's exit_at_step comes before the threshold
+        elif threshold is None:
+            exit_step = num_loops - 1
     if exit_step is not None and not 0 <= exit_step < num_loops:
         raise ValueError(f"ouro forward: exit_step {exit_step} is outside 0..{num_loops - 1}")
     hidden, gate, loop_logits = _run_loops(params, cfg, input_ids, num_loops)
