@@ -100,7 +100,8 @@ class _CannedStep:
         rows = batch.page_table.shape[0]
         return StepOut(self.rng.integers(3, self.vocab_size, rows).astype(np.int32),
                        np.full(rows, kind.num_loops, np.int32), np.zeros(rows, np.float32),
-                       np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32), np.ones(rows, np.int32))
+                       np.zeros((rows, 0), np.int32), np.zeros((rows, 0), np.float32),
+                       np.ones(rows, np.int32))
 
 
 def sampling(sampled: bool, detokenize: bool, max_tokens: int, seed: int):
@@ -202,8 +203,9 @@ def run(args) -> int:
         print(f"burst of {args.burst}, sampled {b['sampled']}, detok {b['detokenize']}: first dispatch "
               f"{b['first_dispatch_us']:.1f} µs after the first add_request")
     sys.stdout.flush()
-    write_json(args.out, {"preset": args.preset, "max_context": args.max_context, "min_prompt": args.min_prompt,
-                          "max_prompt": args.max_prompt, "burst": args.burst, "results": results,
+    write_json(args.out, {"preset": args.preset, "max_context": args.max_context,
+                          "min_prompt": args.min_prompt, "max_prompt": args.max_prompt,
+                          "burst": args.burst, "results": results,
                           "steps": args.steps, "warmup_steps": args.warmup_steps, "bursts": bursts})
     return 0
 
