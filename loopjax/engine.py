@@ -181,12 +181,14 @@ class Engine(EngineFailures):
         outputs = params.output_budget(max(1, self.scheduler.config.max_seq_len - len(prompt)))
         extra = request_extra(self.model, params, initial_state, self.config.huginn_init,
                               len(prompt) + (0 if warm_start else outputs - 1), warm_start)
+        changes = {}  # NOTE: one copy for both (a copy validates every field again: ~40 us)
         if params.seed_drawn:  # NOTE: one unseeded params for many requests: independent draws (vLLM's)
-            params = dataclasses.replace(params, seed=None)
+            changes["seed"] = None
         if not params.ignore_eos and self._eos:
             # NOTE: an EOS id the request names too counts once (min_tokens masks a bounded number)
-            params = dataclasses.replace(params, stop_token_ids=tuple(dict.fromkeys(params.stop_token_ids
-                                                                                    + self._eos)))
+            changes["stop_token_ids"] = tuple(dict.fromkeys(params.stop_token_ids + self._eos))
+        if changes:
+            params = dataclasses.replace(params, **changes)
         check_suppressible(params, len(extra.bad_words))  # before anything is queued
         request_id = request_id if request_id is not None else uuid.uuid4().hex
         # NOTE: adaptive rows are planned as fixed-depth (fused): the device decides the exits.

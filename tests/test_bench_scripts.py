@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from loopjax import config
-from loopjax.bench import adaptive, host_step, prefill
+from loopjax.bench import adaptive, host_overhead, host_step, prefill
 
 
 def _load(path):
@@ -93,6 +93,20 @@ def test_host_step_without_device_compiles_nothing(tmp_path):
     for result in data["results"]:
         assert result["steps"] == 5 and result["compilations_during_run"] == 0
         assert result["median_us"]["make_batch"] > 0
+
+
+def test_host_overhead_smoke(tmp_path):
+    """Every case (greedy, sampled, with text) decodes its rows with a canned step; a burst's
+    first dispatch is timed."""
+    out = tmp_path / "host.json"
+    assert host_overhead.main(["--smoke", "--out", str(out)]) == 0
+    data = _load(out)
+    cases = [(r["rows"], r["sampled"], r["detokenize"]) for r in data["results"]]
+    assert cases == [(2, False, False), (2, True, False), (2, True, True)]
+    for result in data["results"]:
+        assert set(result["median_us"]) == set(host_overhead.PHASES)
+        assert all(result["median_us"][p] > 0 for p in ("schedule", "make_batch", "update", "host"))
+    assert len(data["bursts"]) == 3 and all(b["first_dispatch_us"] > 0 for b in data["bursts"])
 
 
 def test_host_step_phases_add_up_to_the_step():

@@ -680,3 +680,35 @@ def test_llm_takes_the_models_sampling_defaults_for_what_a_call_leaves_unset(mod
     assert (default.temperature, default.max_tokens, default.top_k) == (0.6, 2, 0)
     assert len(llm.generate([1, 2, 3], ignore_eos=True)[0].token_ids) == 2
     assert len(llm.generate([1, 2, 3], ignore_eos=True, max_new_tokens=4)[0].token_ids) == 4
+
+
+def test_prompt_check_reads_ids_of_any_integer_type_and_refuses_bools():
+    """check_prompt_ids (vectorized: a long prompt's check was most of add_request): the ids as
+    Python ints whatever their integer type; a bool of either kind anywhere refused; the first
+    id outside the vocabulary named."""
+    from loopjax.request import check_prompt_ids
+
+    ids = check_prompt_ids([np.int32(4), 5, np.int64(6)], 256)
+    assert ids == [4, 5, 6] and all(type(t) is int for t in ids)
+    assert check_prompt_ids(np.arange(3, dtype=np.uint16), 256) == [0, 1, 2]
+    for bad in ([5] * 1000 + [True], [np.bool_(True), 3], np.ones(2, bool)):
+        with pytest.raises(ValueError, match="^prompt_token_ids must be a flat list of integer token ids$"):
+            check_prompt_ids(bad, 256)
+    with pytest.raises(ValueError, match=r"^token id 300 is outside the vocabulary \[0, 256\)$"):
+        check_prompt_ids([1, 300, -1, 400], 256)
+
+
+def test_unseeded_params_draw_a_seed_per_request_and_stop_at_eos(models):
+    """add_request copies a request's params once for both changes: shared unseeded params draw
+    an independent seed per request, and the EOS joins the stop ids (once); the caller's params
+    stay as given."""
+    engine = _engine(models["ouro"], EngineConfig(page_size=4, max_num_rows=2, max_context_len=32,
+                                                  max_prefill_tokens=8, prefill_token_buckets=(8,)))
+    assert engine._eos
+    params = SamplingParams(max_tokens=2, temperature=0.8, stop_token_ids=[engine._eos[0], 5])
+    got = [engine.scheduler.get(engine.add_request([1, 2, 3], params)).sampling_params for _ in range(6)]
+    assert len({p.seed for p in got}) > 1 and params.seed not in {p.seed for p in got}
+    assert all(p.stop_token_ids == tuple(dict.fromkeys((engine._eos[0], 5, *engine._eos))) for p in got)
+    assert params.stop_token_ids == (engine._eos[0], 5)
+    seeded = engine.scheduler.get(engine.add_request([1, 2, 3], dataclasses.replace(params, seed=9)))
+    assert seeded.sampling_params.seed == 9

@@ -351,6 +351,22 @@ def test_a_decode_batch_has_one_token_per_row():
                          max_pages=1, page_size=8, drop_slot=64, loop_begin=0, loop_end=4, pad_slot=2)
 
 
+def test_page_tables_hold_each_rows_needed_pages_then_fill():
+    """A row's table entries are its first pages its positions need (a longer page list is cut),
+    then 0; its planes (-1 for a row without decode pages) then -1; padding rows hold fills only."""
+    from loopjax.batch import greedy_row
+    rows = [greedy_row([5], 5, [7, 3, 9], loops=4, page_planes=[-1, 2, 0], decoded=True),  # needs 2
+            greedy_row([6], 0, [4], loops=4, decoded=True)]
+    batch = build_step_batch(rows, decode=True, num_rows=3, num_tokens=3, max_pages=3, page_size=4,
+                             drop_slot=64, loop_begin=0, loop_end=4, pad_slot=2)
+    np.testing.assert_array_equal(batch.page_table, [[7, 3, 0], [4, 0, 0], [0, 0, 0]])
+    np.testing.assert_array_equal(batch.page_plane, [[-1, 2, -1], [-1, -1, -1], [-1, -1, -1]])
+    np.testing.assert_array_equal(batch.slot_mapping, [3 * 4 + 1, 4 * 4, 64])
+    empty = build_step_batch([], decode=True, num_rows=2, num_tokens=2, max_pages=3, page_size=4,
+                             drop_slot=64, loop_begin=0, loop_end=4, pad_slot=2)
+    assert not empty.page_table.any() and (empty.page_plane == -1).all()
+
+
 def _engine(cfg_changes: dict, **engine):
     """An Engine (nothing compiled) over the tiny Ouro with `cfg_changes`, fp32 params."""
     import dataclasses
