@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ import tqdm
 
 from loopjax.chat import encode_chat
 from loopjax.engine import Engine, EngineConfig
+from loopjax.generate_output import GenerateOutput, generate_output
 from loopjax.generation_defaults import sampling_defaults
 from loopjax.request import check_exit_depth, check_prompt_ids
 from loopjax.request_extra import check_state_truncation, initial_state_extra
@@ -46,26 +46,6 @@ from loopjax.sampling_params import (
     listed_rank,
 )
 from loopjax.scoring import score, score_options
-
-
-@dataclass
-class GenerateOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]              # generated tokens only
-    text: str | None                  # detokenized generation (None without a tokenizer or detokenize)
-    exit_loops: list[int]             # loops of the selected state, per generated token
-    finish_reason: str | None         # 'stop' | 'length' | 'abort'
-    logprobs: list[float] | None = None  # of each generated token (SamplingParams.logprobs set)
-    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token: `logprobs` (id, log p)
-    # Per prompt position (SamplingParams.prompt_logprobs = k set): None at 0 (no prefix, as in
-    # vLLM), then (log p of the prompt token, the k most likely (id, log p) there, most likely first).
-    prompt_logprobs: list[tuple[float, list[tuple[int, float]]] | None] | None = None
-    metrics: dict = field(default_factory=dict)  # ttft, tpot (s), num_submissions, submissions_per_token
-    stop_reason: int | str | None = None  # 'stop': stop string or stop id (None: the tokenizer's EOS), vLLM's
-    ranks: list[int] | None = None  # per generated token (logprobs set): vLLM's Logprob.rank (RequestOutput)
-    # Per prompt position (prompt_logprobs set): None at 0, then the prompt token's vLLM rank (its
-    # place among the top k listed there, else its rank over the vocabulary: listed_rank)
-    prompt_ranks: list[int | None] | None = None
 
 
 class LLM:
@@ -124,7 +104,7 @@ class LLM:
             self._drain()
             raise
         prompt_lps = self._prompt_logprobs(ids, scoring)
-        return [_result(ids[k], finals[rid], self.model, prompt_lps[k], sample)
+        return [generate_output(ids[k], finals[rid], self.model, prompt_lps[k], sample)
                 for (k, _, sample), rid in zip(jobs, order)]
 
     def chat(self, messages, sampling_params: SamplingParams | list[SamplingParams] | None = None, *,
@@ -309,20 +289,6 @@ def _params_list(sampling_params, kwargs, num_prompts: int, defaults: dict) -> l
 def _check_max_new_tokens(value):
     """max_new_tokens (None: up to the context), refused by its own name (SamplingParams' max_tokens)."""
     return value if value is None else check_int("max_new_tokens", value, 1) or value
-
-
-def _result(prompt, out, model, prompt_scores, params: SamplingParams) -> GenerateOutput:
-    text = out.text
-    prompt_logprobs, prompt_ranks = prompt_scores or (None, None)
-    if text is None and model.tokenizer is not None and params.detokenize:  # detokenize=False: None
-        text = model.detokenize(out.token_ids, params.skip_special_tokens)
-    return GenerateOutput(prompt, list(out.token_ids), text, list(out.exit_loops), out.finish_reason,
-                          None if out.logprobs is None else list(out.logprobs),
-                          None if out.top_logprobs is None else [list(top) for top in out.top_logprobs],
-                          None if prompt_logprobs is None else  # a copy per sample
-                          [None if e is None else (e[0], list(e[1])) for e in prompt_logprobs],
-                          out.metrics, out.stop_reason, None if out.ranks is None else list(out.ranks),
-                          None if prompt_ranks is None else list(prompt_ranks))
 
 
 _CACHE: dict = {}  # (model source, engine options) -> LLM: `generate` keeps one engine
