@@ -113,15 +113,16 @@ def _finish(state: DeviceState, kv, carry, logits, batch, num_top_logprobs, exit
 
 def _depth_loop(kind: StepKind, batch, body, carry, done):
     """Loops loop_begin.. of `body(depth, carry)`: a static trip count, or (adaptive) a
-    while_loop that also ends once every real row is `done(carry)` [R] or past its own loop
-    count (an exit trace or a smaller fixed depth: such rows are frozen, so stopping early
-    changes nothing but the work)."""
+    while_loop that also ends once every row is `done(carry)` [R] or past its own loop count
+    (an exit trace or a smaller fixed depth: such rows are frozen, so stopping early changes
+    nothing but the work; padding rows have 0 loops). A prompt chunk that samples nothing
+    (not `row_is_real`) still runs its loops: later chunks read its KV at every plane."""
     if not kind.adaptive:
         return jax.lax.fori_loop(0, kind.num_loops, lambda i, c: body(batch.loop_begin + i, c), carry,
                                  unroll=kind.unroll)
 
     def go(c):
-        finished = done(c[1]) | (batch.loop_begin + c[0] >= batch.row_loops) | ~batch.row_is_real
+        finished = done(c[1]) | (batch.loop_begin + c[0] >= batch.row_loops)
         return (c[0] < kind.num_loops) & ~jnp.all(finished)
     return jax.lax.while_loop(go, lambda c: (c[0] + 1, body(batch.loop_begin + c[0], c[1])),
                               (jnp.int32(0), carry))[1]

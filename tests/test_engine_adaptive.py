@@ -295,3 +295,22 @@ def test_huginn_ring_token_exiting_before_the_ring_wraps(huginn_engines):
     logprobs = [float(jax.nn.log_softmax(row)[t]) for row, t in zip(ref.logits, ref.tokens)]
     assert out.token_ids == ref.tokens.tolist() and out.exit_loops == list(trace)
     np.testing.assert_allclose(out.logprobs, logprobs, atol=1e-5)
+
+
+def test_prompt_chunk_beside_an_adaptive_row_runs_all_its_loops(huginn_engines):
+    """A prefill step with an adaptive row is a while_loop over depth; it counted a prompt
+    chunk that samples nothing (not the prompt's last) as done, so it ended with the adaptive
+    row (here after its one traced loop): the chunk's tokens kept whatever their pages held
+    at the deeper planes, which the prompt's later chunks and tokens read (the fuzz found it:
+also an adaptive prompt chunked alone ran no loop on its first chunk)."""
+    engine = huginn_engines["per_loop"]
+    rng = np.random.default_rng(1)
+    long, short = rng.integers(0, 256, 40).tolist(), rng.integers(0, 256, 5).tolist()
+    plain = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=0)
+    engine.add_request(short, SamplingParams(max_tokens=1, temperature=0.0, exit_trace=(1,)), "traced")
+    engine.add_request(long, plain, "mixed")  # its first 27 tokens share the traced row's step
+    mixed = finish(engine)["mixed"]
+    engine.add_request(long, plain, "alone")  # NOTE: after: its pages then hold other KV than mixed's
+    alone = finish(engine)["alone"]  # NOTE: the tiny model's tokens agree; its logprobs did not
+    assert mixed.token_ids == alone.token_ids
+    np.testing.assert_allclose(mixed.logprobs, alone.logprobs, rtol=0, atol=1e-5)
