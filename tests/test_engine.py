@@ -882,7 +882,7 @@ def test_generate_cli(capsys):
     assert generate_cli.run(parser.parse_args([OURO, "--prompt-ids", "1", "--frequency-penalty", "3"])) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("loopjax generate: error:") for line in err)
-    assert "frequency_penalty must be in [-2.0, 2.0], got 3.0" in err[2]
+    assert "--frequency-penalty must be in [-2.0, 2.0], got 3.0" in err[2]
 
 
 def test_generate_cli_exit_flags(capsys):

@@ -86,8 +86,8 @@ def test_bench_over_http_sessions(server, tmp_path):
     assert pc["enabled"] is True and (pc["queried_tokens"], pc["hit_tokens"]) == (94, 32)
     assert (pc["queried_pages"], pc["hit_pages"], pc["evictions"]) == (4, 2, 0)
     assert pc["hit_rate"] == pytest.approx(32 / 94) and pc["page_hit_rate"] == 0.5
-    # A name the server does not serve is one clear error line, not a traceback.
-    assert main(["bench", "nope", *TINY, "--url", server.url, "--out", out]) == 1
+    # A name the server does not serve is one clear error line, not a traceback (exit 2: a refusal).
+    assert main(["bench", "nope", *TINY, "--url", server.url, "--out", out]) == 2
 
 
 def check_exposition(text: str) -> dict[str, float]:
