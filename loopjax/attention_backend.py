@@ -15,7 +15,9 @@ import importlib
 
 import jax
 
-ATTENTION_BACKENDS = ("auto", "xla", "pallas", "pallas_mgpu")
+from loopjax.engine_config import OPTION_CHOICES
+
+ATTENTION_BACKENDS = OPTION_CHOICES["attention_backend"]
 _PA = "loopjax.kernels.paged_attention"
 _MGPU = "loopjax.kernels.paged_attention_mgpu"
 

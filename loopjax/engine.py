@@ -36,10 +36,10 @@ from loopjax import attention_backend, bad_words, kv_cache, tokenizer_files
 from loopjax.batch import INIT_EXPLICIT, INIT_WARM, RowInput, StepResult
 from loopjax.compilation import compile_totals
 from loopjax.config import eos_token_ids
-from loopjax.engine_config import HUGINN_INITS, EngineConfig
+from loopjax.engine_config import OPTION_CHOICES, EngineConfig
 from loopjax.engine_failures import EngineFailures
-from loopjax.matmul_ops import MATMULS, matmul_ops
-from loopjax.pointwise_ops import POINTWISE, with_pointwise
+from loopjax.matmul_ops import matmul_ops
+from loopjax.pointwise_ops import with_pointwise
 from loopjax.request import (
     FINISH_STOP,
     Request,
@@ -62,11 +62,6 @@ from loopjax.sampling_params import MAX_LOGPROBS, SamplingParams, check_for_mode
 from loopjax.scheduler import Scheduler, SchedulerConfig, StepOutput
 from loopjax.scheduler import StepKind as PlanKind
 from loopjax.step_plan import default_decode_row_buckets
-
-# The EngineConfig fields that pick one implementation by name, and the names (the command
-# line's choices): refused at once, before the KV pool is allocated.
-OPTION_CHOICES = {"kv_layout": kv_cache.LAYOUTS, "attention_backend": attention_backend.ATTENTION_BACKENDS,
-                  "matmul": MATMULS, "pointwise": POINTWISE, "huginn_init": HUGINN_INITS}
 
 
 class Engine(EngineFailures):

@@ -2,7 +2,8 @@
 one `--<field>` per simple EngineConfig field, `--engine-arg KEY=VALUE` for any field, and
 `build_engine(args)` -> (model, Engine); the sampling flags `loopjax generate` and `loopjax
 bench` share; `failure_line`, the one-line start-up failure. Imports the engine (and JAX) only
-when called, so `--help` works on a base install.
+when called, so `--help` works on a base install (the flags and their choices come from the
+JAX-free engine_config.py).
 """
 
 from __future__ import annotations
@@ -25,11 +26,8 @@ def add_engine_arguments(parser):
                         help="params dtype (float32, bfloat16, auto; default: auto, the checkpoint's)")
     parser.add_argument("--engine-arg", action="append", default=[], metavar="KEY=VALUE",
                         help="any EngineConfig field (repeatable); VALUE parses as JSON, else as a string")
-    try:
-        from loopjax.engine import OPTION_CHOICES, EngineConfig
-        from loopjax.engine_config import APPLIES_TO, DEFAULT_WORDS
-    except ImportError:  # the engine is optional for --help; build_engine will say what is missing
-        return
+    from loopjax.engine_config import APPLIES_TO, DEFAULT_WORDS, OPTION_CHOICES, EngineConfig
+
     group = parser.add_argument_group("engine options (EngineConfig fields; default: EngineConfig's)")
     for field in dataclasses.fields(EngineConfig):
         type_name = str(field.type).replace("| None", "").replace("Optional[", "").strip(" ]")
@@ -127,23 +125,39 @@ def _failure_line(e: BaseException) -> str | None:
     return None
 
 
+# Options a flag of another name sets: `generate`'s keyword max_new_tokens is `--max-tokens`.
+_FLAG_OF = {"max_new_tokens": "max_tokens"}
+
+
 def with_flag_names(line: str, args, names=None) -> str:
     """`line` (an error of the engine or of SamplingParams, which name their fields, as Python
     callers use them) as a command-line user reads it: each EngineConfig or SamplingParams field
     the command has a flag for named by that flag (`EngineConfig.kv_memory_bytes` and
-    `kv_memory_bytes` -> `--kv-memory-bytes`). A bare name is taken only with an underscore in
-    it: a plain word (`matmul`, `warmup`, `seed`) may be prose. `names`: the option names to
-    look for (default: those fields and `generate`'s keywords)."""
+    `kv_memory_bytes` -> `--kv-memory-bytes`), and a value given as Python writes it as typed
+    (`--exit-mode='skip'` -> `--exit-mode skip`, `--exit-in-prefill=False` ->
+    `--no-exit-in-prefill`). A bare name is taken anywhere with an underscore in it, a plain word
+    (`loops`, `temperature`) only as the line's subject, its first word: elsewhere it may be prose
+    (`matmul`, `seed`). `names`: the option names to look for (default: those fields and
+    `generate`'s keywords)."""
     import re
 
     given = vars(args)
     for name in _option_names() if names is None else names:
-        if name not in given and "engine_" + name not in given:
+        flag = _FLAG_OF.get(name, name)
+        if flag not in given and "engine_" + flag not in given:
             continue  # no flag of this command sets it
-        bare = "|" + re.escape(name) if "_" in name else ""
+        bare = ("|" if "_" in name else r"|\A") + re.escape(name)
         line = re.sub(rf"(?<![\w.-])(?:EngineConfig\.{re.escape(name)}{bare})(?!\w)",
-                      "--" + name.replace("_", "-"), line)
-    return line
+                      "--" + flag.replace("_", "-"), line)
+    return re.sub(r"(?<![\w-])--([a-z][\w-]*)=('[^']*'|True|False|-?[\d.]+(?![\w.]))", _as_typed, line)
+
+
+def _as_typed(match) -> str:
+    """`--flag=VALUE` (a flag named with its value as Python's repr) as a command line takes it."""
+    flag, value = match.groups()
+    if value in ("True", "False"):  # a switch: --flag / --no-flag
+        return f"--{'no-' if value == 'False' else ''}{flag}"
+    return f"--{flag} {value.strip(chr(39))}"
 
 
 def _option_names() -> list[str]:

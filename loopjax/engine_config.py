@@ -13,6 +13,13 @@ _POSITIVE = ("page_size", "num_pages", "kv_memory_bytes", "max_num_rows", "max_p
              "compile_threads")
 
 HUGINN_INITS = ("seeded", "zero")  # huginn_init's values
+# The fields that pick one implementation by name, and the names: the one table the engine
+# checks (before it allocates anything) and every command line's choices (`loopjax generate`,
+# serve, bench) read; here, not beside the implementations, so `--help` imports no JAX.
+OPTION_CHOICES = {"kv_layout": ("per_loop", "shared"),
+                  "attention_backend": ("auto", "xla", "pallas", "pallas_mgpu"),
+                  "matmul": ("auto", "xla", "streaming", "persistent"), "pointwise": ("xla", "pallas"),
+                  "huginn_init": HUGINN_INITS}
 
 # What each default of no value means, in words (the command-line help prints them, not "None").
 DEFAULT_WORDS = {

@@ -13,6 +13,8 @@ import json
 import sys
 
 from loopjax.engine_args import add_sampling_arguments, failure_line, sampling_options
+from loopjax.engine_config import OPTION_CHOICES
+from loopjax.sampling_params import EXIT_CRITERIA, EXIT_MODES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,19 +31,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="keep generating past EOS")
     parser.add_argument("--dtype", default=None,
                         help="bfloat16 | float32 | auto (default: auto, the checkpoint's)")
-    parser.add_argument("--kv-layout", default="per_loop", choices=("per_loop", "shared"),
+    parser.add_argument("--kv-layout", default="per_loop", choices=OPTION_CHOICES["kv_layout"],
                         help="default: per_loop")
     parser.add_argument("--shared-kv-slots", type=int, default=None,
                         help="Huginn with --kv-layout shared: the K loops' KV its ring keeps (default: 8)")
     parser.add_argument("--attention-backend", default="auto",
-                        choices=("auto", "xla", "pallas", "pallas_mgpu"), help="default: auto")
+                        choices=OPTION_CHOICES["attention_backend"], help="default: auto")
     exits = parser.add_argument_group("loops and exits (per request; see SamplingParams)")
-    exits.add_argument("--exit-mode", choices=("select", "skip"), default="select",
+    exits.add_argument("--exit-mode", choices=EXIT_MODES, default="select",
                        help="select (default): run every loop, pick by the rule; skip: stop at the exit")
     exits.add_argument("--exit-threshold", type=float, default=None,
                        help="Ouro Q-exit threshold, or the Huginn criterion's threshold")
-    exits.add_argument("--exit-criterion", default=None,
-                       help="Huginn: kl, entropy-diff, latent-diff, argmax-stability, cosine, minp-kl")
+    exits.add_argument("--exit-criterion", default=None, choices=EXIT_CRITERIA,
+                       help="Huginn's adaptive exit rule (default: none, a fixed depth)")
     exits.add_argument("--exit-min-loops", type=int, default=1,
                        help="--exit-criterion: no exit before this many loops (default: 1)")
     exits.add_argument("--exit-check-every", type=int, default=1,

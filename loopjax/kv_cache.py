@@ -48,10 +48,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from loopjax import attention_backend, penalties
+from loopjax.engine_config import OPTION_CHOICES
 from loopjax.kernels.paged_attention import write_plane
 from loopjax.wording import counted, pool_size
 
-LAYOUTS = ("per_loop", "shared")
+LAYOUTS = OPTION_CHOICES["kv_layout"]
 DEFAULT_KV_BYTES = 16 * 2**30  # pool cap of make_layout's default size (default_tokens)
 # StepBatch.write_plane codes besides a plane index (Ouro 'shared' only):
 WRITE_LOOP_PLANE = -2   # a prompt token: the loop's plane

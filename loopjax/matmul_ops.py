@@ -41,6 +41,7 @@ import functools
 import jax
 
 from loopjax import layers
+from loopjax.engine_config import OPTION_CHOICES
 from loopjax.kernels import persistent_mlp as pm
 from loopjax.kernels import streaming_matmul as sm
 from loopjax.kernels import streaming_matmul_norms as smn
@@ -51,7 +52,7 @@ from loopjax.kernels._common import mosaic_gpu_problem
 from loopjax.kernels.rms_norm import norm_add_norm
 from loopjax.layers import XLA_OPS, Ops
 
-MATMULS = ("auto", "xla", "streaming", "persistent")
+MATMULS = OPTION_CHOICES["matmul"]
 # The Ops fields chosen here -> the position of the weight among the arguments after x.
 PRODUCTS = {"linear": 0, "linear_accumulate": 0, "norm_linear": -1, "norm_linear_silu_mul": -1,
             "linear_silu_mul": 0, "linear_norm_add_norm": 0, "linear_add_norm_norm": 0,

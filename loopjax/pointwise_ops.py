@@ -23,9 +23,10 @@ import dataclasses
 import functools
 
 from loopjax import layers
+from loopjax.engine_config import OPTION_CHOICES
 from loopjax.layers import Ops
 
-POINTWISE = ("xla", "pallas")
+POINTWISE = OPTION_CHOICES["pointwise"]
 
 
 def with_pointwise(ops: Ops, name: str) -> Ops:

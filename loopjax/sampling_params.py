@@ -237,7 +237,7 @@ class SamplingParams:
         if self.exit_mode not in EXIT_MODES:
             _fail(f"exit_mode must be one of {', '.join(EXIT_MODES)}, got {self.exit_mode!r}")
         if self.exit_criterion is not None and self.exit_criterion not in EXIT_CRITERIA:
-            _fail(f"exit_criterion must be None or one of {', '.join(EXIT_CRITERIA)}, "
+            _fail(f"exit_criterion must be one of {', '.join(EXIT_CRITERIA)} (or unset), "
                   f"got {self.exit_criterion!r}")
         if self.exit_threshold is not None:
             if self.exit_criterion is None:  # Ouro's Q-exit: a cumulative probability

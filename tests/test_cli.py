@@ -146,13 +146,13 @@ def test_generate_shared_kv_slots_reach_the_engine_refused_as_it_refuses(monkeyp
             (["huginn-tiny", "--kv-layout", "shared", "--shared-kv-slots", "0"],
              "--shared-kv-slots must be >= 1, got 0"),
             (["huginn-tiny", "--shared-kv-slots", "4"],
-             "--shared-kv-slots=4 applies to Huginn's --kv-layout='shared' ring; this Huginn "
-             "model has --kv-layout='per_loop'")):
+             "--shared-kv-slots 4 applies to Huginn's --kv-layout shared ring; this Huginn "
+             "model has --kv-layout per_loop")):
         assert cli.main(["generate", *argv, "--prompt-ids", "1,2"]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n"
     # the engine's refusal (sampling_params.check_for_model) comes before any engine is built
     assert cli.main(["generate", "huginn-tiny", "--prompt-ids", "1,2", "--exit-mode", "skip"]) == 2
-    assert capsys.readouterr().err == ("loopjax generate: error: --exit-mode='skip' on a Huginn model stops "
+    assert capsys.readouterr().err == ("loopjax generate: error: --exit-mode skip on a Huginn model stops "
                                        "at its --exit-criterion; give one (or an --exit-trace)\n")
     seen = []
 
@@ -302,3 +302,33 @@ def test_an_option_of_the_other_family_names_the_family_not_the_layout():
             (dict(shared_kv_slots=2), "huginn", "this Huginn model has kv_layout='per_loop'")):
         with pytest.raises(ValueError, match=f"; {tail}$"):
             EngineConfig(**options).check_family(family)
+
+
+def test_generate_refusals_name_flags_and_values_as_typed(monkeypatch, capsys):
+    """`generate --loops 0` said `loops must be >= 1` and `--max-tokens 0` `max_new_tokens must be
+    >= 1` (a plain-word field, a keyword of another name: not mapped to their flags); `--exit-criterion
+    foo` `must be None or one of`; values came as Python writes them (`--exit-mode='select'`,
+    `--exit-in-prefill=False`). Every line names the flag and the value as typed now; the
+    implementation choices of generate, serve and bench are one table (engine_config's, JAX-free)."""
+    import loopjax.model
+    from loopjax.config import preset
+    from loopjax.engine_config import OPTION_CHOICES
+
+    monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: loopjax.model.Model(
+        cfg=preset(name), params={}))  # refused before any weight is read
+    for flags, error in ((["--loops", "0"], "--loops must be >= 1, got 0"),
+                         (["--max-tokens", "0"], "--max-tokens must be >= 1, got 0"),
+                         (["--temperature", "3"], "--temperature must be in [0, 2.0], got 3.0"),
+                         (["--exit-weighted", "--exit-mode", "skip"],
+                          "--exit-weighted needs every loop's logits: use --exit-mode select"),
+                         (["--no-exit-in-prefill"], "--no-exit-in-prefill keeps an --exit-criterion (Huginn) "
+                                                    "out of the prompt; give one")):
+        assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2", *flags]) == 2
+        assert capsys.readouterr().err == f"loopjax generate: error: {error}\n", flags
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "huginn-tiny", "--prompt-ids", "1", "--exit-criterion", "foo"])
+    assert "argument --exit-criterion: invalid choice: 'foo' (choose from 'kl', " in capsys.readouterr().err
+    monkeypatch.setitem(OPTION_CHOICES, "attention_backend", ("auto", "newer"))  # read from the table
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    assert "{auto,newer}" in capsys.readouterr().out

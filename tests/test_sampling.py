@@ -406,8 +406,8 @@ def test_none_stop_lists_are_empty_as_vllm_takes_them():
     (dict(spaces_between_special_tokens=0), "spaces_between_special_tokens must be true or false, got 0"),
     (dict(loops=0), "loops must be >= 1, got 0"),
     (dict(exit_mode="fast"), "exit_mode must be one of select, skip, got 'fast'"),
-    (dict(exit_criterion="kld"), "exit_criterion must be None or one of kl, entropy-diff, latent-diff, "
-                                 "argmax-stability, cosine, minp-kl, got 'kld'"),
+    (dict(exit_criterion="kld"), "exit_criterion must be one of kl, entropy-diff, latent-diff, "
+                                 "argmax-stability, cosine, minp-kl (or unset), got 'kld'"),
     (dict(exit_threshold=1.5), "exit_threshold must be in [0, 1], got 1.5"),
     (dict(exit_threshold=-1, exit_criterion="kl"), "exit_threshold must be in [0, inf], got -1"),
     (dict(exit_min_loops=0), "exit_min_loops must be >= 1, got 0"),
@@ -581,7 +581,7 @@ def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
     ({"logit_bias": [5, 1]}, "logit_bias must be an object mapping token ids to biases"),
     ({"logit_bias": {str(i): 1 for i in range(1025)}}, "logit_bias takes at most 1024 token ids, got 1025"),
     ({"stop": 5}, "stop must be a list of strings, got 5"),
-    ({"exit_criterion": "foo"}, "exit_criterion must be None or one of"),
+    ({"exit_criterion": "foo"}, "exit_criterion must be one of"),
     ([1, 2], "request body must be a JSON object, got list"),
 ])
 def test_from_openai_rejects_bad_fields(body, msg):
