@@ -28,7 +28,7 @@ from loopjax.detokenizer import IncrementalDetokenizer
 from loopjax.generation_defaults import with_defaults
 from loopjax.openai_chat import ChatRequests
 from loopjax.openai_errors import APIError, bad_request
-from loopjax.openai_sampling import without_zero_max_completion_tokens
+from loopjax.openai_sampling import with_lax_numbers, without_zero_max_completion_tokens
 from loopjax.sampling_params import DEFAULT_MAX_N, SamplingParams, check_n, check_truncate_prompt_tokens
 
 MAX_TOKENS_FIELDS = ("max_completion_tokens", "max_tokens")  # the first one given wins (vLLM's)
@@ -126,7 +126,7 @@ class RequestParser(ChatRequests):
             raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
-        body = without_zero_max_completion_tokens(body)
+        body = without_zero_max_completion_tokens(with_lax_numbers(body))  # the checks below read them
         names = (self.model_name, *self.aliases)
         if body.get("model") is not None and body["model"] not in names:  # vLLM's (and OpenAI's) 404
             raise APIError(404, f"model {body['model']!r} does not exist here; this server serves "

@@ -1,11 +1,14 @@
 """OpenAI completions / chat request bodies -> SamplingParams keyword arguments (pure Python).
 
-Request fields that are not sampling parameters (model, prompt, messages, stream...) are
-ignored; `null` values count as absent (a null max_tokens or max_completion_tokens: up to the
-context, vLLM's); an unknown field, a field for what loopjax does not
-do (`_UNSUPPORTED`: tools, beam search...; taken at the value clients send by default, of
-its JSON type, and tools only shown under tool_choice "none", `shown_tools`), an
-unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
+Numbers are read as vLLM's pydantic models read them (lax mode, `with_lax_numbers`): a
+whole-number float (`n: 2.0`) or a numeric string (`"max_tokens": "16"`) stands for the number;
+`2.5` for an integer field is refused, as there, and so is `true` (vLLM's 1: a count sent as a
+flag is a client's bug, refused rather than read as 1). Request fields that are not sampling
+parameters (model, prompt, messages, stream...) are ignored; `null` values count as absent (a
+null max_tokens or max_completion_tokens: up to the context, vLLM's); an unknown field, a field
+for what loopjax does not do (`_UNSUPPORTED`: tools, beam search...; taken at the value
+clients send by default, of its JSON type, and tools only shown under tool_choice "none",
+`shown_tools`), an unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming
 it (SamplingParams checks the values). logit_bias keys are token ids written as strings (JSON
 object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n both become
 `logprobs`.
@@ -14,6 +17,7 @@ object keys); chat's logprobs=true + top_logprobs=n and completions' logprobs=n 
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from loopjax.sampling_params import MAX_BIAS, MAX_LOGPROBS, check_int
@@ -27,7 +31,7 @@ def sampling_kwargs(body: dict[str, Any]) -> dict[str, Any]:
     """SamplingParams(**kwargs) of a request body (`SamplingParams.from_openai`)."""
     if not isinstance(body, dict):
         _fail(f"request body must be a JSON object, got {type(body).__name__}")
-    body = without_zero_max_completion_tokens(body)
+    body = without_zero_max_completion_tokens(with_lax_numbers(body))
     kw: dict[str, Any] = {}
     for key, value in body.items():
         if value is None or key in _IGNORED_FIELDS:
@@ -112,6 +116,48 @@ _IGNORED_FIELDS = frozenset({
     "reasoning_effort", "vllm_xargs", "kv_transfer_params", "ec_transfer_params", "session_id",
     "stream_interval", "return_token_offsets", "return_mm_kwargs",  # chunking; render endpoints' only
 })
+
+
+# The request's integer fields (vLLM's and loopjax's), its lists of integers, and its real ones.
+_INT_FIELDS = frozenset({"n", "best_of", "max_tokens", "max_completion_tokens", "seed", "top_k", "min_tokens",
+                         "logprobs", "top_logprobs", "prompt_logprobs", "truncate_prompt_tokens",
+                         "stream_interval", "priority", "loops", "exit_min_loops", "exit_check_every",
+                         "exit_step"})
+_INT_LIST_FIELDS = frozenset({"stop_token_ids", "allowed_token_ids", "exit_trace"})
+_REAL_FIELDS = frozenset({"temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                          "presence_penalty", "length_penalty", "exit_threshold"})
+# vLLM's validators compare these with numbers before pydantic converts them: a string is refused
+_NO_STRING_FIELDS = frozenset({"logprobs", "top_logprobs", "prompt_logprobs"})
+_WHOLE_STRING = re.compile(r"[+-]?\d+(?:\.0*)?")  # what pydantic reads as an integer ("5", "5.0")
+_REAL_STRING = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def with_lax_numbers(body: dict) -> dict:
+    """`body` with its numbers as vLLM's pydantic (lax mode) reads them: an integer field's
+    whole-number float as the int (`n: 2.0` -> 2) and its numeric string too (`"16"`, `"16.0"`;
+    not logprobs': `_NO_STRING_FIELDS`), a real field's numeric string as the float; what is left
+    as sent (2.5, "2.5", true, "x") is refused by the checks that follow, naming the field."""
+    changed = {}
+    for key in body.keys() & (_INT_FIELDS | _REAL_FIELDS):
+        value = _lax_number(body[key], key in _INT_FIELDS, key not in _NO_STRING_FIELDS)
+        if value is not body[key]:
+            changed[key] = value
+    for key in body.keys() & _INT_LIST_FIELDS:
+        if isinstance(body[key], list):
+            changed[key] = [_lax_number(v, True, True) for v in body[key]]
+    return body | changed if changed else body
+
+
+def _lax_number(value, integer: bool, strings: bool):
+    if strings and isinstance(value, str):
+        text = value.strip()
+        if integer and _WHOLE_STRING.fullmatch(text):
+            return int(text.partition(".")[0])
+        if not integer and _REAL_STRING.fullmatch(text):
+            return float(text)
+    if integer and type(value) is float and value.is_integer():
+        return int(value)
+    return value
 
 
 def shown_tools(body: dict) -> list | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import types
 
 import httpx
@@ -266,9 +267,10 @@ def test_vllms_fields_at_their_defaults_are_served():
                 "safety_identifier": "s"}
     assert parser.sampling(parser.body(json.dumps(defaults).encode()), True, [[5]]).max_tokens == 63
     assert parser.sampling({"length_penalty": 1}, False, [[5]]).max_tokens == 16  # JSON's 1 is 1.0
+    assert parser.sampling({"priority": 0.0}, False, [[5]]).max_tokens == 16  # vLLM's int: 0.0 is 0
     # ... of their type: these compared equal to the defaults and were taken as them
     for field, value in (("priority", False), ("use_beam_search", 0), ("parallel_tool_calls", 1),
-                         ("priority", 0.0), ("modalities", ["text", "audio"]), ("prediction", {"a": 1})):
+                         ("priority", 0.5), ("modalities", ["text", "audio"]), ("prediction", {"a": 1})):
         with pytest.raises(APIError, match=rf"^{field} is not supported by this server") as err:
             parser.sampling({field: value}, False, [[5]])
         assert err.value.param == field
@@ -742,3 +744,32 @@ def test_the_models_generation_config_sets_the_sampling_defaults(caplog):
         assert len(r.json()["choices"][0]["token_ids"]) == 3
     assert ("Using default chat and completion sampling params from model: {'temperature': 0.5, "
             "'max_tokens': 3}") in caplog.text
+
+
+def test_numbers_are_read_as_vllms_lax_pydantic_reads_them():
+    """vLLM's pydantic (lax mode) takes a whole-number float or a numeric string for an integer
+    field and a numeric string for a real one; every float was refused here (`n: 2.0`,
+    `max_tokens: 16.0`, from a client whose numbers are all floats). Read as vLLM reads them now,
+    at the body, so every later check sees the int (echo with max_tokens 0.0 scores only); 2.5,
+    a count sent as true, and logprobs as a string (vLLM's validator refuses it) stay refused."""
+    parser = RequestParser(MODEL_NAME, max_context=64, max_logprobs=5, vocab_size=100)
+
+    def params(fields: dict, chat=False):
+        return parser.sampling(parser.body(json.dumps(fields).encode()), chat, [[5]])
+
+    got = params({"n": 2.0, "max_tokens": "16", "seed": 1.0, "top_k": 5.0, "logprobs": 2.0,
+                  "min_tokens": " 3 ", "temperature": "0.5", "stop_token_ids": [7.0, "8"]})
+    assert (got.n, got.max_tokens, got.seed, got.top_k, got.logprobs, got.min_tokens, got.temperature,
+            got.stop_token_ids) == (2, 16, 1, 5, 2, 3, 0.5, (7, 8))
+    chat = params({"logprobs": 1.0, "top_logprobs": 3.0, "max_completion_tokens": 4.0}, chat=True)
+    assert (chat.logprobs, chat.max_tokens) == (3, 4)
+    assert parser.scores_only(parser.body(b'{"echo": true, "max_tokens": 0.0}'), False)
+    truncated = parser.body(b'{"prompt": [5, 6], "truncate_prompt_tokens": -1.0}')
+    assert parser.prompts(truncated, False) == [[5, 6]] and truncated["truncate_prompt_tokens"] == 63
+    for fields, message in (({"n": 2.5}, "n must be an integer >= 1, got 2.5"),
+                            ({"max_tokens": True}, "max_tokens must be an integer >= 1, got True"),
+                            ({"top_k": "5.5"}, "top_k must be an integer >= -1, got '5.5'"),
+                            ({"logprobs": "2"}, "logprobs must be an integer [0, 20], got '2'")):
+        with pytest.raises(APIError, match=f"^{re.escape(message)}$") as err:
+            params(fields)
+        assert err.value.param == next(iter(fields))

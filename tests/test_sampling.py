@@ -570,7 +570,7 @@ def test_from_openai_clamps_logit_bias_into_its_range_as_vllms_server():
     ({"n": 2, "best_of": 3}, "best_of must equal n (2)"),
     ({"best_of": 2}, "best_of must equal n (1)"),
     ({"best_of": True}, "best_of must be an integer >= 1, got True"),  # was taken as n=1
-    ({"n": 2, "best_of": 2.0}, "best_of must be an integer >= 1, got 2.0"),
+    ({"n": 2, "best_of": 2.5}, "best_of must be an integer >= 1, got 2.5"),
     ({"presence_penalty": 2.5}, "presence_penalty must be in [-2.0, 2.0], got 2.5"),
     ({"frequency_penalty": "x"}, "frequency_penalty must be a number in [-2.0, 2.0], got 'x'"),
     ({"repetition_penalty": 0}, "repetition_penalty must be in [0.0001, 10000.0], got 0"),
