@@ -32,15 +32,17 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (the count of device submissions).
   vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
-  `loopjax.score` (the identity path) in a thread while the engine generates; streamed, in a
-  chunk of no tokens opening each choice, once scored; with max_tokens 0 (OpenAI's legacy,
-  vLLM's) nothing else: no engine request, each choice finished by "length". Chat's `echo`
+  `loopjax.score` (the identity path) in a thread while the engine generates; streamed, before
+  the tokens of each choice's first chunk (vLLM's); with max_tokens 0 (OpenAI's legacy,
+  vLLM's) that part alone: no engine request, each choice finished by "length". Chat's `echo`
   and the answer's role: `RequestParser.chat_reply` (vLLM's). A full answer's echo (either
   endpoint) asks prompt_logprobs too, as vLLM's (`RequestParser._echo_prompt_logprobs`).
 - `prompt_logprobs=k` (vLLM's extra): the same scoring in vLLM's shape
   (`openai_choice.prompt_logprobs`), on each completions choice, at the top of a chat
   response (its one prompt), as vLLM's server puts it. A request asking both scores once
-  (top max(logprobs, k)); the choices of one prompt share its score.
+  (top max(logprobs, k)); the choices of one prompt share its score. Streamed too (vLLM
+  refuses `prompt_logprobs` > 0 with stream: its chunks have no place for them): on each
+  completions choice's first chunk, at the top of a chat stream's first chunk.
 - A client that disconnects mid-stream aborts all its requests (pages freed before the next
   step).
 - With an `api_key` (`--api-key`, as vLLM's), every /v1 request must send `Authorization:
@@ -254,10 +256,10 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
 
-        async def prompt_part(answers: list[dict]) -> list:
-            """Await the prompts' scores; put echo's prompt text and logprobs and prompt_logprobs
-            on the completions `answers` (dicts of `choices`, in order); -> prompt_logprobs per
-            prompt (vLLM's shape; one per prompt, shared by its choices)."""
+        async def prompt_part() -> tuple[list, list, list | None]:
+            """Await the prompts' scores -> (the ScoreOutputs, prompt_logprobs per prompt in vLLM's
+            shape (None where not asked), echo's (text, offsets) per prompt (None without echo)),
+            one per prompt, shared by its choices."""
             try:
                 scored = await scores
             except ValueError as e:  # the scorer's one line (the prompts were checked above)
@@ -269,13 +271,18 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             echoed = None
             if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
                 echoed = await asyncio.to_thread(parser.echo_prompts, body, params.logprobs is not None)
-            for c, answer in zip(choices, answers, strict=True):
-                if echo:
-                    p = c.index // params.n
-                    c.echo(answer, scored[p], params.logprobs or 0, echoed[p])
-                if k is not None and not chat:
-                    answer["prompt_logprobs"] = formatted[c.index // params.n]
-            return formatted
+            return scored, formatted, echoed
+
+        def put_prompt(c: Choice, answer: dict, part: tuple) -> dict:
+            """Completions choice `c`'s `answer` (the full one, or its stream's first chunk) with the
+            prompt's part (`prompt_part`'s) before its text and logprobs: echo's, and prompt_logprobs."""
+            scored, formatted, echoed = part
+            p = c.index // params.n
+            if echo:
+                c.echo(answer, scored[p], params.logprobs or 0, echoed[p])
+            if k is not None:
+                answer["prompt_logprobs"] = formatted[p]
+            return answer
 
         def prompt_ids(c: Choice) -> dict:  # vLLM's return_token_ids: the prompt's ids too
             return {"prompt_token_ids": prompts[c.index // params.n]} if body.get("return_token_ids") else {}
@@ -319,9 +326,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                                for c in choices]
             head |= prompt_ids(choices[0]) if chat else {}
             if scores is not None:
-                formatted = await prompt_part(head["choices"])
-                if k is not None and chat:
-                    head["prompt_logprobs"] = formatted[0]
+                part = await prompt_part()
+                if not chat:
+                    for c, answer in zip(choices, head["choices"], strict=True):
+                        put_prompt(c, answer, part)
+                elif k is not None:
+                    head["prompt_logprobs"] = part[1][0]
             head["usage"] = usage()
             return JSONResponse(with_null_fields(head, chat))
 
@@ -348,23 +358,31 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
         async def events():
             try:
-                # NOTE: each choice opens with a chunk of no tokens: chat's role; the prompt's part
-                # (echo, prompt_logprobs) once scored (a chat's prompt_logprobs at the top). Chat's
-                # echo follows every role chunk in a chunk of its own (vLLM's), when there is text.
-                opening = [c.opening(chat, {"role": role, "content": ""}) for c in choices]
-                top = {}
-                if scores is not None:
-                    formatted = await prompt_part(opening)
-                    top = {"prompt_logprobs": formatted[0]} if k is not None and chat else {}
-                if chat or scores is not None:
-                    for i, first in enumerate(opening):
-                        yield chunk(first, choices[i], **(top if i == 0 else {}))
+                # NOTE: as vLLM's, a chat choice opens with a chunk of no tokens, its role (the
+                # first one's top: prompt_logprobs, once scored), and its echo follows in a chunk of
+                # its own, when there is text; a completions choice's first chunk of tokens carries
+                # the prompt's part before them (echo's text and logprobs, prompt_logprobs), and
+                # echo with max_tokens 0 is that part alone, one chunk per choice.
+                part = None if scores is None else await prompt_part()
+                for c in choices if chat else ():
+                    top = {"prompt_logprobs": part[1][0]} if k is not None and c.index == 0 else {}
+                    yield chunk(c.opening(chat, {"role": role, "content": ""}), c, **top)
                 for c in choices if chat and chat_echo else ():
                     yield chunk(c.opening(chat, {"content": chat_echo}), c)
+                unprompted = set() if chat or part is None else set(range(len(choices)))
+
+                def first_carries_prompt(c: Choice, choice: dict) -> dict:
+                    if c.index in unprompted:
+                        unprompted.discard(c.index)
+                        put_prompt(c, choice, part)
+                    return choice
+
+                for c in choices if scores_only else ():
+                    yield chunk(first_carries_prompt(c, c.opening(chat, {})), c)
                 async for c, delta, num_new in run_choices():
                     choice = c.fields(len(c.token_ids) - num_new, chat)
                     choice.update({"delta": {"content": delta}} if chat else {"text": delta})
-                    yield chunk(choice, c)
+                    yield chunk(first_carries_prompt(c, choice), c)
                 if include_usage:
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except (EngineDeadError, RequestFailedError) as e:

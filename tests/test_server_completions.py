@@ -379,9 +379,10 @@ def _streamed(server, path: str, body: dict) -> list[dict]:
 
 
 def test_echo_and_prompt_logprobs_stream(server, served_model):
-    """Streamed, each choice opens with a chunk of no tokens holding the prompt's part (echo's
-    text and logprobs, prompt_logprobs), then its generation: reassembled, the answer in full
-    (two prompts, n = 2); a chat stream's first chunk carries prompt_logprobs at the top."""
+    """Streamed, each choice's first chunk of tokens carries the prompt's part before them (echo's
+    text and logprobs, prompt_logprobs), as vLLM's echo (it was a chunk of its own, of no tokens),
+    then its generation: reassembled, the answer in full (two prompts, n = 2), text offsets
+    included; a chat stream's first chunk carries prompt_logprobs at the top."""
     ids = served_model.tokenizer.encode("hello world the loop model", add_special_tokens=False).ids
     body = dict(model=MODEL_NAME, prompt=[ids, ids[:3]], n=2, max_tokens=3, temperature=0, logprobs=1,
                 echo=True, prompt_logprobs=2, ignore_eos=True)
@@ -390,9 +391,12 @@ def test_echo_and_prompt_logprobs_stream(server, served_model):
     assert len(full["choices"]) == 4
     for choice in full["choices"]:
         mine = [ch for c in chunks for ch in c["choices"] if ch["index"] == choice["index"]]
-        assert mine[0]["token_ids"] == [] and mine[0]["prompt_logprobs"] == choice["prompt_logprobs"]
+        first = mine[0]["token_ids"]
+        assert first and first == choice["token_ids"][:len(first)]
+        assert mine[0]["prompt_logprobs"] == choice["prompt_logprobs"]
+        assert len(mine[0]["logprobs"]["tokens"]) == len(body["prompt"][choice["index"] // 2]) + len(first)
         assert mine[0]["text"] and "".join(m["text"] for m in mine) == choice["text"]
-        for key in ("tokens", "token_logprobs", "top_logprobs"):
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
             assert [x for m in mine for x in m["logprobs"][key]] == choice["logprobs"][key], key
         assert [t for m in mine for t in m["token_ids"]] == choice["token_ids"]
         assert all("prompt_logprobs" not in m for m in mine[1:])
