@@ -199,17 +199,19 @@ class RequestParser(ChatRequests):
     def sampling(self, body: dict, chat: bool, prompts: list[list[int]]) -> SamplingParams:
         """The request's SamplingParams (`n` included, capped at max_n). A max_tokens the
         request sets must fit the context after its longest prompt (400 otherwise, as vLLM and
-        OpenAI answer); the default one is cut to what fits. Chat's default, and an explicit
-        null max_tokens on either endpoint (vLLM's), is the model's max_new_tokens, else the whole
-        room the prompt leaves; completions' default is 16. The other sampling fields a request
-        leaves unset take the model's defaults (`sampling_defaults`, vLLM's)."""
+        OpenAI answer); the default one is cut to what fits. Chat's default (unset or null) is the
+        model's max_new_tokens, else the whole room the prompt leaves; completions' is 16, a null
+        one too (current vLLM's `normalize_null_max_tokens`; it was the room, vLLM's before). The
+        other sampling fields a request leaves unset take the model's defaults
+        (`sampling_defaults`, vLLM's)."""
         if self.scores_only(body, chat):  # checked as one token, which the server never asks for
             body = {**body, **{k: 1 for k in MAX_TOKENS_FIELDS if body.get(k) is not None}}
+        if not chat:  # a null max_tokens is as absent: completions' default
+            body = {k: v for k, v in body.items() if v is not None or k not in MAX_TOKENS_FIELDS}
         given = next((k for k in MAX_TOKENS_FIELDS if body.get(k) is not None), None)
         room = self.max_context - max(map(len, prompts)) if self.max_context else None
-        unbounded = chat or any(k in body for k in MAX_TOKENS_FIELDS)  # given, or sent as null
         body = with_defaults(body, self.sampling_defaults)
-        if given is None and unbounded:  # the model's max_new_tokens, else None: until done (the room)
+        if given is None and chat:  # the model's max_new_tokens, else None: until done (the room)
             body = {**body, "max_tokens": self.sampling_defaults.get("max_tokens")}
             least = body.get("min_tokens")
             if room and isinstance(least, int) and not isinstance(least, bool) and least > room:

@@ -5,7 +5,8 @@ whole-number float (`n: 2.0`) or a numeric string (`"max_tokens": "16"`) stands 
 `2.5` for an integer field is refused, as there, and so is `true` (vLLM's 1: a count sent as a
 flag is a client's bug, refused rather than read as 1). Request fields that are not sampling
 parameters (model, prompt, messages, stream...) are ignored; `null` values count as absent (a
-null max_tokens or max_completion_tokens: up to the context, vLLM's); an unknown field, a field
+null max_tokens or max_completion_tokens: up to the context, chat's in vLLM; the server reads
+completions' as unset, 16, as current vLLM); an unknown field, a field
 for what loopjax does not do (`_UNSUPPORTED`: tools, beam search...; taken at the value
 clients send by default, of its JSON type, and tools only shown under tool_choice "none",
 `shown_tools`), an unsupported value (best_of other than n) or a bad value raises a one-line ValueError naming

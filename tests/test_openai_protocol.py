@@ -232,14 +232,14 @@ def test_truncate_prompt_tokens_minus_one_keeps_what_the_context_holds():
     assert SamplingParams.from_openai(unbounded).truncate_prompt_tokens is None
 
 
-def test_null_max_tokens_fills_the_context():
-    """An explicit null max_tokens (or max_completion_tokens) is the room the longest prompt
-    leaves, as vLLM's (it was completions' default 16); absent, completions' default stays 16
-    and chat's is the room."""
+def test_null_max_tokens_is_the_default():
+    """An explicit null max_tokens (or max_completion_tokens) is the endpoint's default, as
+    current vLLM's (its normalize_null_max_tokens): completions' 16 (it was the room the longest
+    prompt leaves, as older vLLM's), chat's the room."""
     parser = RequestParser(MODEL_NAME, max_context=64)
     prompts = [[5] * 10, [5] * 4]
     for field in ("max_tokens", "max_completion_tokens"):
-        assert parser.sampling({field: None}, False, prompts).max_tokens == 54
+        assert parser.sampling({field: None}, False, prompts).max_tokens == 16
         assert parser.sampling({field: None}, True, prompts[:1]).max_tokens == 54
     assert parser.sampling({}, False, prompts).max_tokens == 16
     assert parser.sampling({}, True, prompts).max_tokens == 54
@@ -731,7 +731,7 @@ def test_the_models_generation_config_sets_the_sampling_defaults(caplog):
     assert (chat.temperature, chat.top_p, chat.min_p, chat.top_k, chat.max_tokens) == (0.6, 0.5, 0.05, 0, 40)
     assert parser.sampling({}, True, [[5] * 30]).max_tokens == 34  # cut to the room
     assert parser.sampling({}, False, [[5]]).max_tokens == 16  # completions' default (vLLM's)
-    assert parser.sampling({"max_tokens": None}, False, [[5]]).max_tokens == 40
+    assert parser.sampling({"max_tokens": None}, False, [[5]]).max_tokens == 16  # as unset (vLLM's)
     assert parser.sampling({"max_tokens": 50}, True, [[5]]).max_tokens == 50  # a request's own wins
     # The server: chat's default max_tokens reaches the engine (the fake generates max_tokens tokens)
     model = types.SimpleNamespace(tokenizer=word_tokenizer(256), chat_template=CHATML,
