@@ -136,7 +136,8 @@ _REAL_STRING = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 def with_lax_numbers(body: dict) -> dict:
     """`body` with its numbers as vLLM's pydantic (lax mode) reads them: an integer field's
     whole-number float as the int (`n: 2.0` -> 2) and its numeric string too (`"16"`, `"16.0"`;
-    not logprobs': `_NO_STRING_FIELDS`), a real field's numeric string as the float; what is left
+    not logprobs': `_NO_STRING_FIELDS`), a real field's numeric string as the float (logit_bias'
+    values too: vLLM's dict[str, float]); what is left
     as sent (2.5, "2.5", true, "x") is refused by the checks that follow, naming the field."""
     changed = {}
     for key in body.keys() & (_INT_FIELDS | _REAL_FIELDS):
@@ -146,6 +147,8 @@ def with_lax_numbers(body: dict) -> dict:
     for key in body.keys() & _INT_LIST_FIELDS:
         if isinstance(body[key], list):
             changed[key] = [_lax_number(v, True, True) for v in body[key]]
+    if isinstance(body.get("logit_bias"), dict):
+        changed["logit_bias"] = {k: _lax_number(v, False, True) for k, v in body["logit_bias"].items()}
     return body | changed if changed else body
 
 

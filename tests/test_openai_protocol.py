@@ -758,9 +758,10 @@ def test_numbers_are_read_as_vllms_lax_pydantic_reads_them():
         return parser.sampling(parser.body(json.dumps(fields).encode()), chat, [[5]])
 
     got = params({"n": 2.0, "max_tokens": "16", "seed": 1.0, "top_k": 5.0, "logprobs": 2.0,
-                  "min_tokens": " 3 ", "temperature": "0.5", "stop_token_ids": [7.0, "8"]})
+                  "min_tokens": " 3 ", "temperature": "0.5", "stop_token_ids": [7.0, "8"],
+                  "logit_bias": {"9": "-5"}})
     assert (got.n, got.max_tokens, got.seed, got.top_k, got.logprobs, got.min_tokens, got.temperature,
-            got.stop_token_ids) == (2, 16, 1, 5, 2, 3, 0.5, (7, 8))
+            got.stop_token_ids, got.logit_bias) == (2, 16, 1, 5, 2, 3, 0.5, (7, 8), ((9, -5.0),))
     chat = params({"logprobs": 1.0, "top_logprobs": 3.0, "max_completion_tokens": 4.0}, chat=True)
     assert (chat.logprobs, chat.max_tokens) == (3, 4)
     assert parser.scores_only(parser.body(b'{"echo": true, "max_tokens": 0.0}'), False)
