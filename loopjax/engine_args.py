@@ -137,12 +137,14 @@ def with_flag_names(line: str, args, names=None) -> str:
     (`--exit-mode='skip'` -> `--exit-mode skip`, `--exit-in-prefill=False` ->
     `--no-exit-in-prefill`). A bare name is taken anywhere with an underscore in it, a plain word
     (`loops`, `temperature`) only as the line's subject, its first word: elsewhere it may be prose
-    (`matmul`, `seed`). `names`: the option names to look for (default: those fields and
-    `generate`'s keywords)."""
+    (`matmul`, `seed`). `names`: the option names to look for (default: those fields,
+    `generate`'s keywords and the command's own flags named with an underscore,
+    `override_generation_config`)."""
     import re
 
     given = vars(args)
-    for name in _option_names() if names is None else names:
+    own = [dest for dest in given if "_" in dest and not dest.startswith("engine_")]
+    for name in _option_names() + own if names is None else names:
         flag = _FLAG_OF.get(name, name)
         if flag not in given and "engine_" + flag not in given:
             continue  # no flag of this command sets it

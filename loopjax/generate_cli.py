@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from loopjax.engine_args import add_sampling_arguments, failure_line, sampling_options
@@ -67,7 +68,9 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, OSError, MemoryError, RuntimeError) as e:
         if (line := failure_line(e, args)) is None:
             raise
-        print(f"loopjax generate: error: {line}", file=sys.stderr)
+        # NOTE: generate's one prompt ("prompt 0" to `loopjax.generate`) is the flag that gave it
+        flag = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
+        print(f"loopjax generate: error: {re.sub(r'^prompt 0(?!\d)', flag, line)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # Ctrl-C while compiling or generating: 128 + SIGINT, as a shell says
         print("loopjax generate: interrupted", file=sys.stderr)

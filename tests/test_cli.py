@@ -310,8 +310,11 @@ def test_generate_refusals_name_flags_and_values_as_typed(monkeypatch, capsys):
     foo` `must be None or one of`; values came as Python writes them (`--exit-mode='select'`,
     `--exit-in-prefill=False`). Every line names the flag and the value as typed now; the
     implementation choices of generate, serve and bench are one table (engine_config's, JAX-free)."""
+    import argparse
+
     import loopjax.model
     from loopjax.config import preset
+    from loopjax.engine_args import failure_line
     from loopjax.engine_config import OPTION_CHOICES
 
     monkeypatch.setattr(loopjax.model, "load", lambda name, dtype=None: loopjax.model.Model(
@@ -325,6 +328,11 @@ def test_generate_refusals_name_flags_and_values_as_typed(monkeypatch, capsys):
                                                     "out of the prompt; give one")):
         assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,2", *flags]) == 2
         assert capsys.readouterr().err == f"loopjax generate: error: {error}\n", flags
+    assert cli.main(["generate", "ouro-tiny", "--prompt-ids", "1,999"]) == 2  # it was `prompt 0: ...`
+    assert capsys.readouterr().err.startswith("loopjax generate: error: --prompt-ids: token id 999 is")
+    serve = argparse.Namespace(override_generation_config=None, top_p=1.0)  # serve's own flag, too
+    assert failure_line(ValueError("override_generation_config's sampling defaults are not usable"),
+                        serve).startswith("--override-generation-config's")
     with pytest.raises(SystemExit):
         cli.main(["generate", "huginn-tiny", "--prompt-ids", "1", "--exit-criterion", "foo"])
     assert "argument --exit-criterion: invalid choice: 'foo' (choose from 'kl', " in capsys.readouterr().err
