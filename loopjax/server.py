@@ -32,7 +32,8 @@ Contract:
   a chunk, all of them in a full response); `usage` adds `submissions` (the count of device submissions).
   vLLM's `return_token_ids` adds `prompt_token_ids` (chat: at the top; streamed: once).
 - `echo` (completions): the prompt's text, tokens and log-probabilities first, scored by
-  `loopjax.score` (the identity path) in a thread while the engine generates; streamed, before
+  `loopjax.score` (the identity path) in a thread while the engine generates
+  (`openai_prompt_part.py`); streamed, before
   the tokens of each choice's first chunk (vLLM's); with max_tokens 0 (OpenAI's legacy,
   vLLM's) that part alone: no engine request, each choice finished by "length". Chat's `echo`
   and the answer's role: `RequestParser.chat_reply` (vLLM's). A full answer's echo (either
@@ -62,7 +63,6 @@ import hmac
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 
@@ -78,8 +78,9 @@ from loopjax.async_engine import (
 )
 from loopjax.chat import special_tokens
 from loopjax.generation_defaults import sampling_defaults
-from loopjax.openai_choice import Choice, prompt_logprobs, usage_of, with_null_fields
+from loopjax.openai_choice import Choice, usage_of, with_null_fields
 from loopjax.openai_errors import APIError, bad_request, internal_error
+from loopjax.openai_prompt_part import PromptPart, PromptScorer
 from loopjax.openai_protocol import DEFAULT_MAX_N, RequestParser, echo_state_of, param_of
 from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
@@ -131,19 +132,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
 
     if problem := parser.template_problem():  # vLLM's start-up warning; the chats it fails get a 400
         log.warning("the chat template failed on a probe conversation (such chats get a 400): %s", problem)
-    scoring = threading.Lock()
-
-    def score_prompts(prompts: list[list[int]], params, top_k: int) -> list:
-        """echo, prompt_logprobs: each prompt's next-token log-probabilities (and `top_k` most
-        likely) on the identity path, at the depth and exit threshold the request runs with
-        (its own thread: the event loop goes on). One request's forwards at a time: each
-        holds a whole sequence's activations."""
-        from loopjax.scoring import score, score_options
-
-        options = score_options(model, params, num_loops=getattr(sched, "num_loops", None),
-                                engine_config=config)
-        with scoring:
-            return score(model, prompts, top_k=top_k, **options)
+    scorer = PromptScorer(model, getattr(sched, "num_loops", None), config)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -241,48 +230,13 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                    for i in range(len(prompts) * params.n)]
         for c in choices if scores_only else ():
             c.finish_reason = "length"  # the echoed prompt is all of it
-        echo, k = bool(body.get("echo")) and not chat, params.prompt_logprobs  # completions' echo is scored
+        prompt = PromptPart(scorer, parser, body, prompts, params, chat, tokenizer)  # echo, prompt_logprobs
         role, chat_echo = parser.chat_reply(body) if chat else (None, "")
-        scores = None  # the prompts' ScoreOutputs (echo, prompt_logprobs), scored while the engine runs
-        if echo or k is not None:
-            top_k = max((params.logprobs or 0) if echo else 0, k or 0)
-            scores = asyncio.ensure_future(asyncio.to_thread(score_prompts, prompts, params, top_k))
-            # NOTE: a response that ends first (499, 503, an engine error) never awaits it: its
-            # exception is retrieved here, not logged as "never retrieved"
-            scores.add_done_callback(lambda done: done.cancelled() or done.exception())
         # vLLM's: the X-Request-Id header, else the request_id field, names the response
         named = request.headers.get("x-request-id") or body.get("request_id")
         rid = ("chatcmpl-" if chat else "cmpl-") + (named or uuid.uuid4().hex)
         head = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": int(time.time()), "model": model_name}
-
-        async def prompt_part() -> tuple[list, list, list | None]:
-            """Await the prompts' scores -> (the ScoreOutputs, prompt_logprobs per prompt in vLLM's
-            shape (None where not asked), echo's (text, offsets) per prompt (None without echo)),
-            one per prompt, shared by its choices."""
-            try:
-                scored = await scores
-            except ValueError as e:  # the scorer's one line (the prompts were checked above)
-                raise bad_request(str(e), "echo" if echo else "prompt_logprobs") from None
-            except Exception as e:  # e.g. the device ran out of memory: a 500 (the stream's last event)
-                raise APIError(500, f"scoring the prompts failed: {type(e).__name__}: {e}", None,
-                               "server_error") from None
-            formatted = [None if k is None else prompt_logprobs(sc, k, tokenizer) for sc in scored]
-            echoed = None
-            if echo:  # each prompt's text and its tokens' offsets (ids decode at ~3 us a token: off the loop)
-                echoed = await asyncio.to_thread(parser.echo_prompts, body, params.logprobs is not None)
-            return scored, formatted, echoed
-
-        def put_prompt(c: Choice, answer: dict, part: tuple) -> dict:
-            """Completions choice `c`'s `answer` (the full one, or its stream's first chunk) with the
-            prompt's part (`prompt_part`'s) before its text and logprobs: echo's, and prompt_logprobs."""
-            scored, formatted, echoed = part
-            p = c.index // params.n
-            if echo:
-                c.echo(answer, scored[p], params.logprobs or 0, echoed[p])
-            if k is not None:
-                answer["prompt_logprobs"] = formatted[p]
-            return answer
 
         def prompt_ids(c: Choice) -> dict:  # vLLM's return_token_ids: the prompt's ids too
             return {"prompt_token_ids": prompts[c.index // params.n]} if body.get("return_token_ids") else {}
@@ -325,12 +279,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             head["choices"] = [c.answer(chat, role, chat_echo) | ({} if chat else prompt_ids(c))
                                for c in choices]
             head |= prompt_ids(choices[0]) if chat else {}
-            if scores is not None:
-                part = await prompt_part()
+            if prompt.asked:
+                part = await prompt.resolve()
                 if not chat:
                     for c, answer in zip(choices, head["choices"], strict=True):
-                        put_prompt(c, answer, part)
-                elif k is not None:
+                        prompt.put(c, answer, part)
+                elif prompt.k is not None:
                     head["prompt_logprobs"] = part[1][0]
             head["usage"] = usage()
             return JSONResponse(with_null_fields(head, chat))
@@ -363,9 +317,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 # its own, when there is text; a completions choice's first chunk of tokens carries
                 # the prompt's part before them (echo's text and logprobs, prompt_logprobs), and
                 # echo with max_tokens 0 is that part alone, one chunk per choice.
-                part = None if scores is None else await prompt_part()
+                part = await prompt.resolve() if prompt.asked else None
                 for c in choices if chat else ():
-                    top = {"prompt_logprobs": part[1][0]} if k is not None and c.index == 0 else {}
+                    top = {"prompt_logprobs": part[1][0]} if prompt.k is not None and c.index == 0 else {}
                     yield chunk(c.opening(chat, {"role": role, "content": ""}), c, **top)
                 for c in choices if chat and chat_echo else ():
                     yield chunk(c.opening(chat, {"content": chat_echo}), c)
@@ -374,7 +328,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                 def first_carries_prompt(c: Choice, choice: dict) -> dict:
                     if c.index in unprompted:
                         unprompted.discard(c.index)
-                        put_prompt(c, choice, part)
+                        prompt.put(c, choice, part)
                     return choice
 
                 for c in choices if scores_only else ():
