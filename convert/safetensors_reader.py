@@ -91,14 +91,15 @@ def read_header(path: str) -> dict[str, TensorRef]:
         if tensor_name == "__metadata__":
             continue
         refs[tensor_name] = _tensor_ref(path, name, tensor_name, entry, data_start, data_len)
+    _check_no_overlap(name, refs)
     return refs
 
 
 def _tensor_ref(path, file_name, tensor_name, entry, data_start, data_len) -> TensorRef:
     try:
         dtype_name, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        shape = tuple(int(d) for d in shape)
-        begin, end = int(begin), int(end)
+        if not all(_is_int(n) for n in (*shape, begin, end)):  # int() would take 2.5, '64', 1e400 (raises)
+            raise ValueError("not integers")
     except (KeyError, TypeError, ValueError):
         raise SafetensorsError(f"{file_name} is corrupt: bad header entry for tensor "
                                f"{tensor_name!r}") from None
@@ -114,6 +115,20 @@ def _tensor_ref(path, file_name, tensor_name, entry, data_start, data_len) -> Te
         raise SafetensorsError(f"{file_name} is truncated: tensor {tensor_name!r} ends at data byte "
                                f"{end}, the file holds {data_len} data bytes")
     return TensorRef(path, tensor_name, dtype, shape, data_start + begin, num_bytes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_no_overlap(file_name: str, refs: dict[str, TensorRef]) -> None:
+    """No two tensors share bytes (as the safetensors library requires): a header whose offsets
+    overlap is corrupt, and would give one tensor another's values."""
+    spans = sorted((r.start, r.start + r.num_bytes, name) for name, r in refs.items() if r.num_bytes)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise SafetensorsError(f"{file_name} is corrupt: tensors {first!r} and {second!r} "
+                                   f"overlap in the file")
 
 
 def open_checkpoint(hf_dir: str) -> dict[str, TensorRef]:

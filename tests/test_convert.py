@@ -215,18 +215,44 @@ def make_corrupt_header(hf):
     return "model.safetensors is corrupt"
 
 
-def make_header_dtype_not_a_name(hf):
+def edit_header(hf, edit):
+    """A copy of the Ouro golden whose model.safetensors header `edit(header)` changed in place."""
     copy_hf(OURO, hf)
     path = os.path.join(hf, "model.safetensors")
     with open(path, "rb") as f:
         data = f.read()
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
-    header["model.norm.weight"]["dtype"] = ["F32"]  # was a TypeError traceback (unhashable)
+    edit(header)
     raw = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+
+
+def make_header_dtype_not_a_name(hf):
+    def edit(header):
+        header["model.norm.weight"]["dtype"] = ["F32"]  # was a TypeError traceback (unhashable)
+
+    edit_header(hf, edit)
     return "model.safetensors: tensor 'model.norm.weight' has unsupported dtype ['F32']"
+
+
+def make_overlapping_offsets(hf):
+    def edit(header):  # two norms of one shape read the same bytes: it converted, one weight lost
+        norm = "model.layers.0.input_layernorm"
+        header[norm + "_2.weight"]["data_offsets"] = header[norm + ".weight"]["data_offsets"]
+
+    edit_header(hf, edit)
+    return ("model.safetensors is corrupt: tensors 'model.layers.0.input_layernorm.weight' and "
+            "'model.layers.0.input_layernorm_2.weight' overlap in the file")
+
+
+def make_offset_not_an_integer(hf):
+    def edit(header):  # 1e400 or Infinity in the JSON: int() raised an OverflowError traceback
+        header["model.norm.weight"]["data_offsets"][1] = float("inf")
+
+    edit_header(hf, edit)
+    return "model.safetensors is corrupt: bad header entry for tensor 'model.norm.weight'"
 
 
 def make_garbage_file(hf):
@@ -456,7 +482,8 @@ def make_tied_ouro_head_differs(hf):
 
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
-              make_corrupt_header, make_header_dtype_not_a_name, make_garbage_file, make_unsupported_type,
+              make_corrupt_header, make_header_dtype_not_a_name, make_overlapping_offsets,
+              make_offset_not_an_integer, make_garbage_file, make_unsupported_type,
               make_list_model_type, make_config_not_object,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
