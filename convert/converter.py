@@ -180,9 +180,10 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
     _check_aux_files(hf_dir, cfg)  # before anything is written
     parent = os.path.dirname(out_dir)
-    created = _make_parents(parent)
+    created: list[str] = []  # the folders above the output made here, removed on failure
     tmp = None
     try:
+        _make_parents(parent, created)
         # The name cut short: a 255-character output name must leave room for the prefix and suffix.
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)[:64]}.tmp-", dir=parent)
         with _interrupts_deferred():
@@ -238,8 +239,9 @@ def _interrupts_deferred():
         handlers[received[0]](received[0], None)  # the handler raises (KeyboardInterrupt, ...)
 
 
-def _make_parents(parent: str) -> list[str]:
-    """Create the missing folders above the output; returns them, outermost first."""
+def _make_parents(parent: str, created: list[str]) -> None:
+    """Create the missing folders above the output, outermost first, appending each to `created`
+    as it is made (a later one may fail: a name too long, a read-only mount)."""
     missing = []
     folder = parent
     while not os.path.isdir(folder):
@@ -249,7 +251,7 @@ def _make_parents(parent: str) -> list[str]:
         folder = os.path.dirname(folder)
     for folder in reversed(missing):
         os.mkdir(folder)
-    return list(reversed(missing))
+        created.append(folder)
 
 
 def _check_aux_files(folder: str, cfg) -> None:

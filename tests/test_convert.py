@@ -155,6 +155,15 @@ def test_output_parents_are_created(tmp_path):
     assert checkpoint.is_checkpoint(str(out))
 
 
+def test_a_parent_that_cannot_be_made_is_one_line_and_none_is_left(tmp_path, capsys):
+    """Parents a/bbb...b (300 characters): 'a' was made and left behind when the next one failed,
+    and the line was Python's '[Errno 36] File name too long: ...' naming the parent."""
+    out = tmp_path / "a" / ("b" * 300) / "out"
+    assert convert_cli(OURO, str(out)) == 2
+    assert capsys.readouterr().err == f"loopjax convert: error: cannot write {out}: File name too long\n"
+    assert os.listdir(tmp_path) == []
+
+
 # ---------------------------------------------------------------- bad inputs
 
 
