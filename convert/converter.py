@@ -116,10 +116,11 @@ def load_hf(hf_dir: str, dtype=None, progress: bool = True):
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"{e}{hint}") from None
     dtype = checkpoint.dtype_option(dtype)
-    dtype = default_dtype(refs) if dtype is None else checkpoint.parse_dtype(dtype)
     check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
-    # Ignored tensors (e.g. a RoPE table) are never read; present optional ones are.
+    # Ignored tensors (e.g. a RoPE table) are never read, nor choose the default dtype; present
+    # optional ones are read.
     names = sorted(k for k in refs if k in expected or (k in optional and not is_ignored(k)))
+    dtype = default_dtype({k: refs[k] for k in names}) if dtype is None else checkpoint.parse_dtype(dtype)
     for name in names:  # every weight is floating point: an integer one would be cast silently
         if not _is_float(refs[name].dtype):
             raise ConvertError(f"tensor {name!r} has dtype {refs[name].dtype}, expected a float dtype")

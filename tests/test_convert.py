@@ -655,6 +655,15 @@ def test_bf16_hf_checkpoint_reads_and_widens(tmp_path):
     assert_trees_equal(widened, jax.tree.map(lambda a: a.astype(np.float32), want))
 
 
+def test_an_ignored_tensor_does_not_choose_the_default_dtype(tmp_path):
+    """fp32 weights beside a bf16 RoPE table (never read) were 'mixed', so loaded as bf16."""
+    config, tensors = golden_parts(HUGINN)
+    tensors["freqs_cis"] = tensors["freqs_cis"].astype(ml_dtypes.bfloat16)
+    write_hf(str(tmp_path), config, tensors)
+    _, params = converter.load_hf(str(tmp_path), progress=False)
+    assert params["embed"].dtype == np.float32
+
+
 def test_progress_bar_for_large_checkpoints(monkeypatch, capsys):
     converter.load_hf(OURO, progress=True)
     assert "reading tensors" not in capsys.readouterr().err  # small: no bar
