@@ -52,7 +52,7 @@ def read_config(hf_dir: str) -> config_lib.ModelConfig:
         raise ConvertError(f"input folder {hf_dir} does not exist{hub_cache.missing_hint(hf_dir)}")
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"input {hf_dir} is not a folder")
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    if not hub_cache.is_file(os.path.join(hf_dir, "config.json")):
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"no config.json in {hf_dir}{hint}")
     return config_lib.read_hf_config(hf_dir)
@@ -263,7 +263,7 @@ def _check_aux_files(folder: str, cfg) -> None:
     generation_config = None
     for name in AUX_FILES:
         path = os.path.join(folder, name)
-        if name.endswith(".json") and os.path.isfile(path):
+        if hub_cache.is_file(path) and name.endswith(".json"):  # every name: a broken link is refused
             try:
                 with open(path, encoding="utf-8") as f:  # as transformers reads them
                     data = json.load(f)

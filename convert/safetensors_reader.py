@@ -22,8 +22,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from loopjax.hub_cache import is_file
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# PyTorch's pickled weights, which some repos hold instead (named in the error, never opened).
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # safetensors dtype names → numpy dtypes (ml_dtypes supplies the ones numpy lacks).
 DTYPES = {
@@ -137,11 +141,13 @@ def open_checkpoint(hf_dir: str) -> dict[str, TensorRef]:
     be in the shard the index names)."""
     single = os.path.join(hf_dir, SINGLE_FILE)
     index = os.path.join(hf_dir, INDEX_FILE)
-    if os.path.isfile(single):
+    if is_file(single):
         return read_header(single)
-    if os.path.isfile(index):
+    if is_file(index):
         return _open_sharded(hf_dir, index)
-    raise SafetensorsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
+    pickled = [name for name in PICKLE_FILES if os.path.lexists(os.path.join(hf_dir, name))]
+    hint = f" ({pickled[0]} is not read: loopjax reads safetensors only)" if pickled else ""
+    raise SafetensorsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}{hint}")
 
 
 def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
@@ -158,7 +164,7 @@ def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
     shards: dict[str, dict[str, TensorRef]] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = os.path.join(hf_dir, str(shard))
-        if os.path.basename(str(shard)) != shard or not os.path.isfile(shard_path):
+        if os.path.basename(str(shard)) != shard or not is_file(shard_path):
             raise SafetensorsError(f"{INDEX_FILE} names shard {shard!r}, which is not a file in {hf_dir}")
         shards[shard] = read_header(shard_path)
     refs: dict[str, TensorRef] = {}

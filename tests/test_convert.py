@@ -423,6 +423,27 @@ def make_no_weights(hf):
     return "no model.safetensors or model.safetensors.index.json"
 
 
+def make_pytorch_weights_only(hf):
+    make_no_weights(hf)
+    with open(os.path.join(hf, "pytorch_model.bin"), "wb") as f:
+        f.write(b"PK")
+    return "no model.safetensors or model.safetensors.index.json in " + hf + " (pytorch_model.bin is not read"
+
+
+def make_snapshot_copied_without_blobs(hf):
+    """A Hub snapshot's files are links to ../../blobs/HASH: copied alone, they point nowhere.
+    The line said there was no model.safetensors (a broken tokenizer.json was skipped)."""
+    make_no_weights(hf)
+    os.symlink("../../blobs/6a5c", os.path.join(hf, "model.safetensors"))
+    return f"{hf}/model.safetensors is a broken link: its target ../../blobs/6a5c is missing"
+
+
+def make_tokenizer_a_broken_link(hf):
+    copy_hf(OURO, hf)
+    os.symlink("../../blobs/9f0e", os.path.join(hf, "tokenizer.json"))
+    return f"{hf}/tokenizer.json is a broken link: its target ../../blobs/9f0e is missing"
+
+
 def make_already_converted(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "model.safetensors"))
@@ -501,7 +522,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_huginn_dict_pad, make_gelu_activation, make_utf16_config,
               make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
               make_generation_config_bad_eos, make_chat_template_not_utf8, make_no_config,
-              make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
+              make_no_weights, make_pytorch_weights_only, make_snapshot_copied_without_blobs,
+              make_tokenizer_a_broken_link, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
 

@@ -162,6 +162,21 @@ def test_bad_paths_name_the_path(tmp_path):
         loopjax.load("ouro-tiny", dtype="float16")
 
 
+def test_a_broken_link_is_named_not_read_as_no_file(tmp_path):
+    """A Hub snapshot copied without the cache's blobs: its tokenizer.json (a link to
+    ../../blobs/HASH) loaded as no tokenizer, its config.json as a folder that is no model."""
+    folder = tmp_path / "snapshot"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    os.symlink("../../blobs/5d1e", folder / "tokenizer.json")
+    broken = "{}/{} is a broken link: its target ../../blobs/{} is missing$"
+    with pytest.raises(ValueError, match=broken.format(folder, "tokenizer.json", "5d1e")):
+        loopjax.load(str(folder))
+    (folder / "config.json").unlink()
+    os.symlink("../../blobs/7b2a", folder / "config.json")
+    with pytest.raises(ValueError, match=broken.format(folder, "config.json", "7b2a")):
+        loopjax.load(str(folder))
+
+
 def test_unknown_model_type_lists_supported(tmp_path):
     folder = tmp_path / "llama"
     shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
