@@ -82,7 +82,7 @@ def read_config(path: str) -> config_lib.ModelConfig:
         return config_lib.from_dict(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
-    except TypeError as e:  # from_dict got an unknown or missing field
+    except (TypeError, config_lib.ConfigError) as e:  # an unknown or missing field, a bad value
         raise CheckpointError(f"{file} is not a valid loopjax config: {e}") from None
 
 

@@ -317,7 +317,7 @@ def _check_token_ids(cfg) -> None:
         value = getattr(cfg, name)
         if value is not None and not _is_int(value):
             raise ConfigError(f"{cfg.family} config: {name} must be a token id or null, got {value!r}")
-    _token_ids(cfg.eos_token_id, "config.json")
+    _token_ids(cfg.eos_token_id, f"{cfg.family} config")  # config.json's, or loopjax_config.json's
 
 
 def _is_int(value) -> bool:

@@ -394,7 +394,7 @@ def make_tokenizer_not_a_tokenizer(hf):
 def make_string_eos(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, {**config, "eos_token_id": "2"}, tensors)
-    return "config.json: eos_token_id must be a token id or a list of them, got '2'"
+    return "ouro config: eos_token_id must be a token id or a list of them, got '2'"
 
 
 def make_generation_config_bad_eos(hf):
@@ -816,13 +816,15 @@ sys.exit(cli.main([{OURO!r}, {str(out)!r}, "--no-progress"]))
 
 
 @pytest.mark.parametrize("field,value", [("rope_theta", [10000.0]), ("rms_norm_eps", "1e-6"),
-                                         ("tie_word_embeddings", [])])
+                                         ("tie_word_embeddings", []), ("eos_token_id", "2")])
 def test_loopjax_config_field_of_the_wrong_type_is_one_line(tmp_path, converted, field, value):
     """A hand-edited loopjax_config.json: the checkpoint loaded, then every forward failed on an
-    unhashable config or deep in the model (from_dict checked only the integer fields)."""
+    unhashable config or deep in the model (from_dict checked only the integer fields). The line
+    names the file (it named none, and an eos_token_id 'config.json', the HF file beside it)."""
     folder = tmp_path / "ckpt"
     shutil.copytree(converted["ouro"], folder)
     data = json.loads((folder / checkpoint.CONFIG_FILE).read_text())
     (folder / checkpoint.CONFIG_FILE).write_text(json.dumps({**data, field: value}))
-    with pytest.raises(ValueError, match=f"ouro config: {field} must be (a number|true or false), got"):
+    with pytest.raises(checkpoint.CheckpointError, match=f"^{folder / checkpoint.CONFIG_FILE} is not a valid "
+                       f"loopjax config: ouro config: {field} must be (a number|true or false|a token id)"):
         loopjax.load(str(folder))
