@@ -3,6 +3,7 @@ golden logits through the public API, tokenizer / generation files, and one clea
 each bad path or argument."""
 
 import json
+import logging
 import os
 import shutil
 
@@ -213,7 +214,7 @@ def test_checkpoint_of_other_shapes_is_refused(tmp_path, presets):
         checkpoint.restore(path)
 
 
-def test_damaged_params_are_a_one_line_error(tmp_path, presets):
+def test_damaged_params_are_a_one_line_error(tmp_path, presets, caplog):
     """A truncated or deleted data file (Orbax raises a bare Exception of many lines) and a
     missing metadata file: one line naming the folder, and the tensor where Orbax says."""
     model = presets["ouro-tiny"]
@@ -234,6 +235,7 @@ def test_damaged_params_are_a_one_line_error(tmp_path, presets):
         assert "\n" not in str(info.value)
     with pytest.raises(checkpoint.CheckpointError, match="its metadata is missing or unreadable$"):
         loopjax.load(str(no_metadata))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # was Orbax's, before the line
 
 
 def test_forward_argument_errors(presets):
