@@ -80,13 +80,18 @@ def check_tensor_names(shapes: dict[str, tuple[int, ...]], expected: dict[str, t
                                f"expected {tuple(declared[name])}")
 
 
-def key_table(cfg):
-    """(expected shapes, optional shapes, is_ignored) of the family's key table.
-    `IGNORED_HF_KEYS` entries are full-match patterns (a plain name matches itself)."""
+def key_table(cfg, num_tensors: int):
+    """(expected shapes, optional shapes, is_ignored) of the family's key table, for a checkpoint
+    of `num_tensors` tensors. `IGNORED_HF_KEYS` entries are full-match patterns (a plain name
+    matches itself)."""
     try:
         keys = importlib.import_module(f"loopjax.convert.{cfg.family}_keys")
     except ModuleNotFoundError:
         raise ConvertError(f"no HF key table for the {cfg.family} family") from None
+    layers = keys.hf_layer_count(cfg)
+    if layers > num_tensors:  # every layer has tensors; the table of 10**6 layers took a minute
+        raise ConvertError(f"config.json declares {layers} layers, but the checkpoint holds "
+                           f"{num_tensors} tensors in all")
     expected = {k: tuple(v) for k, v in keys.hf_tensor_shapes(cfg).items()}
     optional_fn = getattr(keys, "optional_hf_tensor_shapes", None)
     optional = {k: tuple(v) for k, v in optional_fn(cfg).items()} if optional_fn else {}
@@ -109,12 +114,12 @@ def load_hf(hf_dir: str, dtype=None, progress: bool = True):
     """`(cfg, params)` from the HF folder `hf_dir`, params as numpy arrays in `dtype`
     (default: the checkpoint's own dtype). Writes nothing."""
     cfg = read_config(hf_dir)
-    keys, expected, optional, is_ignored = key_table(cfg)
     try:
         refs = safetensors_reader.open_checkpoint(hf_dir)
     except safetensors_reader.SafetensorsError as e:
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"{e}{hint}") from None
+    keys, expected, optional, is_ignored = key_table(cfg, len(refs))
     dtype = checkpoint.dtype_option(dtype)
     check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
     # Ignored tensors (e.g. a RoPE table) are never read, nor choose the default dtype; present

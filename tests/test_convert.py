@@ -289,6 +289,18 @@ def make_config_not_object(hf):
     return "config.json must hold a JSON object, got list"
 
 
+def make_ouro_layers_beyond_the_tensors(hf):
+    config, tensors = golden_parts(OURO)  # a typo'd count: its name table took seconds (10**9: memory)
+    write_hf(hf, {**config, "num_hidden_layers": 100000}, tensors)
+    return "config.json declares 100000 layers, but the checkpoint holds 27 tensors in all"
+
+
+def make_huginn_layers_beyond_the_tensors(hf):
+    config, tensors = golden_parts(HUGINN)
+    write_hf(hf, {**config, "n_layers_in_coda": 100000}, tensors)
+    return "config.json declares 100006 layers, but the checkpoint holds 77 tensors in all"
+
+
 def make_zero_heads(hf):
     config, tensors = golden_parts(OURO)
     del config["head_dim"]
@@ -515,6 +527,7 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_corrupt_header, make_header_dtype_not_a_name, make_overlapping_offsets,
               make_offset_not_an_integer, make_garbage_file, make_unsupported_type,
               make_list_model_type, make_config_not_object,
+              make_ouro_layers_beyond_the_tensors, make_huginn_layers_beyond_the_tensors,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
