@@ -2,8 +2,8 @@
 
 `convert(hf_dir, out_dir, dtype)` writes a loopjax checkpoint; `load_hf(hf_dir, dtype)` gives
 `(cfg, numpy params)` in memory. Per-family HF name tables live in `<family>_keys.py`
-(`hf_layer_count`, `hf_tensor_shapes`, `IGNORED_HF_KEYS`, `to_params`). Names are exported
-lazily so that the CLI's argument parsing does not import JAX.
+(`hf_tensor_shapes`, `IGNORED_HF_KEYS`, `to_params`). Names are exported lazily so that the
+CLI's argument parsing does not import JAX.
 """
 
 import importlib

@@ -88,7 +88,7 @@ def key_table(cfg, num_tensors: int):
         keys = importlib.import_module(f"loopjax.convert.{cfg.family}_keys")
     except ModuleNotFoundError:
         raise ConvertError(f"no HF key table for the {cfg.family} family") from None
-    layers = keys.hf_layer_count(cfg)
+    layers = cfg.num_distinct_layers
     if layers > num_tensors:  # every layer has tensors; the table of 10**6 layers took a minute
         raise ConvertError(f"config.json declares {layers} layers, but the checkpoint holds "
                            f"{num_tensors} tensors in all")

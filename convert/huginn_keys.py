@@ -49,11 +49,6 @@ def _layer_shapes(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def hf_layer_count(cfg: HuginnConfig) -> int:
-    """The layers `hf_tensor_shapes` names tensors for (checked against the checkpoint first)."""
-    return sum(getattr(cfg, count) for _, _, count in _STACKS)
-
-
 def hf_tensor_shapes(cfg: HuginnConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF Huginn checkpoint must hold: HF name -> HF shape."""
     h = cfg.hidden_size

@@ -35,11 +35,6 @@ def _layer_prefix(i: int) -> str:
     return f"model.layers.{i}."
 
 
-def hf_layer_count(cfg: OuroConfig) -> int:
-    """The layers `hf_tensor_shapes` names tensors for (checked against the checkpoint first)."""
-    return cfg.num_layers
-
-
 def hf_tensor_shapes(cfg: OuroConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor an HF Ouro checkpoint must hold: name -> PyTorch shape ([out, in] for
     Linear weights). `lm_head.weight` is not required when the embeddings are tied."""

@@ -121,6 +121,10 @@ def restore(path: str, dtype=None):
     path = os.path.abspath(path)
     cfg = read_config(path)
     stored = _metadata_tree(path)
+    arrays = len(jax.tree.leaves(stored))
+    if cfg.num_distinct_layers > arrays:  # every layer has arrays; specs of 10**6 layers took minutes
+        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} declares {cfg.num_distinct_layers} "
+                              f"layers, but the params hold {arrays} arrays in all")
     dtype = np.dtype(jax.tree.leaves(stored)[0].dtype) if dtype is None else parse_dtype(dtype)
     module = model_module(cfg)
     specs, upgrade = module.param_specs(cfg, dtype), None

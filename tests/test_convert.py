@@ -828,6 +828,18 @@ sys.exit(cli.main([{OURO!r}, {str(out)!r}, "--no-progress"]))
     assert os.listdir(tmp_path) == []
 
 
+def test_loopjax_config_with_layers_beyond_the_params_is_one_line_at_once(tmp_path, converted):
+    """num_layers edited to a typo: the specs of every layer were built and compared before the
+    error (10**6 layers: 99 s; 10**9: out of memory)."""
+    folder = tmp_path / "c"
+    shutil.copytree(converted["ouro"], folder)
+    file = folder / checkpoint.CONFIG_FILE
+    file.write_text(json.dumps({**json.loads(file.read_text()), "num_layers": 100000}))
+    message = f"^{file} declares 100000 layers, but the params hold 21 arrays in all$"
+    with pytest.raises(checkpoint.CheckpointError, match=message):
+        loopjax.load(str(folder))
+
+
 @pytest.mark.parametrize("field,value", [("rope_theta", [10000.0]), ("rms_norm_eps", "1e-6"),
                                          ("tie_word_embeddings", []), ("eos_token_id", "2")])
 def test_loopjax_config_field_of_the_wrong_type_is_one_line(tmp_path, converted, field, value):
