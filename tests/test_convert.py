@@ -734,26 +734,27 @@ def terminal_signals():
     import signal
 
     previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, signal.default_int_handler),
-                                                    (signal.SIGTERM, signal.SIG_DFL))}
+                                                    (signal.SIGTERM, signal.SIG_DFL),
+                                                    (signal.SIGHUP, signal.SIG_DFL))}
     yield
     for s, h in previous.items():
         signal.signal(s, h)
 
 
-@pytest.mark.parametrize("signame, code, word",
-                         [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+@pytest.mark.parametrize("signame, code, word", [("SIGINT", 130, "interrupted"),
+                                                 ("SIGTERM", 143, "terminated"), ("SIGHUP", 129, "hung up")])
 def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys,
                                                                 terminal_signals, signame, code, word):
     """Orbax writes in background threads that an exception in the main thread does not stop: the
     temporary folder was removed while they wrote on, so they left it behind (re-created) and
     printed tracebacks at exit. Ctrl-C (and the CLI's SIGTERM) now waits for the save to end;
-    SIGTERM killed the process and left the temporary folder."""
+    SIGTERM (and SIGHUP: the terminal closed) killed the process and left the temporary folder."""
     import signal
     import threading
     import time
 
     writers = []
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
 
     def background_save(path, cfg, params):
         def write():
@@ -775,7 +776,7 @@ def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkey
     assert err == f"loopjax convert: {word}; nothing was written\n"
     assert os.listdir(tmp_path) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is previous
+    assert {s: signal.getsignal(s) for s in previous} == previous
 
 
 def test_sigterm_before_the_save_leaves_nothing(tmp_path, monkeypatch, capsys, terminal_signals):
