@@ -225,9 +225,10 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
 @contextlib.contextmanager
 def _interrupts_deferred():
     """Ctrl-C (and SIGTERM, SIGHUP where the CLI handles them) during the block is delivered when
-    it ends: Orbax writes in background threads that an exception in the main thread does not stop, and
-    they would refill the temporary folder after its removal. Only in the main thread, and only
-    for signals with a Python handler (SIGTERM's default kills at once: nothing to defer)."""
+    it ends: Orbax writes in background threads that an exception in the main thread does not
+    stop, and they would refill the temporary folder after its removal. Only in the main thread,
+    and only for signals with a Python handler (SIGTERM's default kills at once: nothing to
+    defer)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
