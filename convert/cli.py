@@ -3,7 +3,8 @@
 Exit status 0 on success; every failure is one line on stderr
 (`loopjax convert: error: ...`) and exit status 2, with no output folder left behind; Ctrl-C
 is one line too, exit status 130 (128 + SIGINT, as a shell reports it), nothing left behind;
-SIGTERM (`kill`, a job scheduler's stop) the same with exit status 143.
+SIGTERM (`kill`, a job scheduler's stop) the same with exit status 143, and SIGHUP (the terminal or
+ssh session closed) with 129.
 """
 
 from __future__ import annotations
@@ -18,26 +19,37 @@ import threading
 PROG = "loopjax convert"
 
 
+# Signals that end a conversion as Ctrl-C does (what convert wrote is removed), with their words;
+# their default action kills at once and leaves the hidden temporary folder (gigabytes) behind.
+ENDING_SIGNALS = {signal.SIGTERM: "terminated", signal.SIGHUP: "hung up"}
+
+
 class Terminated(BaseException):
-    """SIGTERM, raised in the main thread so that convert removes what it wrote (a BaseException,
-    as KeyboardInterrupt is: no `except Exception` on the way may swallow it)."""
+    """An `ENDING_SIGNALS` signal (`signum`), raised in the main thread so that convert removes
+    what it wrote (a BaseException, as KeyboardInterrupt is: no `except Exception` on the way may
+    swallow it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_terminated(signum, frame):
-    raise Terminated
+    raise Terminated(signum)
 
 
 @contextlib.contextmanager
 def _sigterm_raises():
-    """SIGTERM raises `Terminated` during the block (main thread only; put back after)."""
+    """`ENDING_SIGNALS` raise `Terminated` during the block (main thread only; put back after)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    previous = {signum: signal.signal(signum, _raise_terminated) for signum in ENDING_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,9 +78,10 @@ def run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # convert removed what it had written
         print(f"{PROG}: interrupted; nothing was written", file=sys.stderr)
         return 130
-    except Terminated:
-        print(f"{PROG}: terminated; nothing was written", file=sys.stderr)
-        return 143
+    except Terminated as e:
+        with contextlib.suppress(OSError):  # a hung-up terminal may take no more output
+            print(f"{PROG}: {ENDING_SIGNALS[e.signum]}; nothing was written", file=sys.stderr)
+        return 128 + e.signum
     except MemoryError:
         print(f"{PROG}: error: out of memory while converting {args.hf_dir}", file=sys.stderr)
         return 2

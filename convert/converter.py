@@ -52,7 +52,7 @@ def read_config(hf_dir: str) -> config_lib.ModelConfig:
         raise ConvertError(f"input folder {hf_dir} does not exist{hub_cache.missing_hint(hf_dir)}")
     if not os.path.isdir(hf_dir):
         raise ConvertError(f"input {hf_dir} is not a folder")
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    if not hub_cache.is_file(os.path.join(hf_dir, "config.json")):
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"no config.json in {hf_dir}{hint}")
     return config_lib.read_hf_config(hf_dir)
@@ -80,13 +80,18 @@ def check_tensor_names(shapes: dict[str, tuple[int, ...]], expected: dict[str, t
                                f"expected {tuple(declared[name])}")
 
 
-def key_table(cfg):
-    """(expected shapes, optional shapes, is_ignored) of the family's key table.
-    `IGNORED_HF_KEYS` entries are full-match patterns (a plain name matches itself)."""
+def key_table(cfg, num_tensors: int):
+    """(expected shapes, optional shapes, is_ignored) of the family's key table, for a checkpoint
+    of `num_tensors` tensors. `IGNORED_HF_KEYS` entries are full-match patterns (a plain name
+    matches itself)."""
     try:
         keys = importlib.import_module(f"loopjax.convert.{cfg.family}_keys")
     except ModuleNotFoundError:
         raise ConvertError(f"no HF key table for the {cfg.family} family") from None
+    layers = cfg.num_distinct_layers
+    if layers > num_tensors:  # every layer has tensors; the table of 10**6 layers took a minute
+        raise ConvertError(f"config.json declares {layers} layers, but the checkpoint holds "
+                           f"{num_tensors} tensors in all")
     expected = {k: tuple(v) for k, v in keys.hf_tensor_shapes(cfg).items()}
     optional_fn = getattr(keys, "optional_hf_tensor_shapes", None)
     optional = {k: tuple(v) for k, v in optional_fn(cfg).items()} if optional_fn else {}
@@ -109,17 +114,18 @@ def load_hf(hf_dir: str, dtype=None, progress: bool = True):
     """`(cfg, params)` from the HF folder `hf_dir`, params as numpy arrays in `dtype`
     (default: the checkpoint's own dtype). Writes nothing."""
     cfg = read_config(hf_dir)
-    keys, expected, optional, is_ignored = key_table(cfg)
     try:
         refs = safetensors_reader.open_checkpoint(hf_dir)
     except safetensors_reader.SafetensorsError as e:
         hint = " (it is a loopjax checkpoint already)" if checkpoint.is_checkpoint(hf_dir) else ""
         raise ConvertError(f"{e}{hint}") from None
+    keys, expected, optional, is_ignored = key_table(cfg, len(refs))
     dtype = checkpoint.dtype_option(dtype)
-    dtype = default_dtype(refs) if dtype is None else checkpoint.parse_dtype(dtype)
     check_tensor_names({k: r.shape for k, r in refs.items()}, expected, optional, is_ignored)
-    # Ignored tensors (e.g. a RoPE table) are never read; present optional ones are.
+    # Ignored tensors (e.g. a RoPE table) are never read, nor choose the default dtype; present
+    # optional ones are read.
     names = sorted(k for k in refs if k in expected or (k in optional and not is_ignored(k)))
+    dtype = default_dtype({k: refs[k] for k in names}) if dtype is None else checkpoint.parse_dtype(dtype)
     for name in names:  # every weight is floating point: an integer one would be cast silently
         if not _is_float(refs[name].dtype):
             raise ConvertError(f"tensor {name!r} has dtype {refs[name].dtype}, expected a float dtype")
@@ -180,9 +186,10 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
     _check_aux_files(hf_dir, cfg)  # before anything is written
     parent = os.path.dirname(out_dir)
-    created = _make_parents(parent)
+    created: list[str] = []  # the folders above the output made here, removed on failure
     tmp = None
     try:
+        _make_parents(parent, created)
         # The name cut short: a 255-character output name must leave room for the prefix and suffix.
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)[:64]}.tmp-", dir=parent)
         with _interrupts_deferred():
@@ -217,14 +224,15 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
 
 @contextlib.contextmanager
 def _interrupts_deferred():
-    """Ctrl-C (and SIGTERM where the CLI handles it) during the block is delivered when it ends:
-    Orbax writes in background threads that an exception in the main thread does not stop, and
-    they would refill the temporary folder after its removal. Only in the main thread, and only
-    for signals with a Python handler (SIGTERM's default kills at once: nothing to defer)."""
+    """Ctrl-C (and SIGTERM, SIGHUP where the CLI handles them) during the block is delivered when
+    it ends: Orbax writes in background threads that an exception in the main thread does not
+    stop, and they would refill the temporary folder after its removal. Only in the main thread,
+    and only for signals with a Python handler (SIGTERM's default kills at once: nothing to
+    defer)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     handlers = {signum: handler for signum, handler in handlers.items() if callable(handler)}
     received = []
     for signum in handlers:
@@ -238,8 +246,9 @@ def _interrupts_deferred():
         handlers[received[0]](received[0], None)  # the handler raises (KeyboardInterrupt, ...)
 
 
-def _make_parents(parent: str) -> list[str]:
-    """Create the missing folders above the output; returns them, outermost first."""
+def _make_parents(parent: str, created: list[str]) -> None:
+    """Create the missing folders above the output, outermost first, appending each to `created`
+    as it is made (a later one may fail: a name too long, a read-only mount)."""
     missing = []
     folder = parent
     while not os.path.isdir(folder):
@@ -249,7 +258,7 @@ def _make_parents(parent: str) -> list[str]:
         folder = os.path.dirname(folder)
     for folder in reversed(missing):
         os.mkdir(folder)
-    return list(reversed(missing))
+        created.append(folder)
 
 
 def _check_aux_files(folder: str, cfg) -> None:
@@ -260,7 +269,7 @@ def _check_aux_files(folder: str, cfg) -> None:
     generation_config = None
     for name in AUX_FILES:
         path = os.path.join(folder, name)
-        if name.endswith(".json") and os.path.isfile(path):
+        if hub_cache.is_file(path) and name.endswith(".json"):  # every name: a broken link is refused
             try:
                 with open(path, encoding="utf-8") as f:  # as transformers reads them
                     data = json.load(f)

@@ -22,8 +22,12 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 
+from loopjax.hub_cache import is_file
+
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+# PyTorch's pickled weights, which some repos hold instead (named in the error, never opened).
+PICKLE_FILES = ("pytorch_model.bin", "pytorch_model.bin.index.json")
 
 # safetensors dtype names → numpy dtypes (ml_dtypes supplies the ones numpy lacks).
 DTYPES = {
@@ -91,14 +95,15 @@ def read_header(path: str) -> dict[str, TensorRef]:
         if tensor_name == "__metadata__":
             continue
         refs[tensor_name] = _tensor_ref(path, name, tensor_name, entry, data_start, data_len)
+    _check_no_overlap(name, refs)
     return refs
 
 
 def _tensor_ref(path, file_name, tensor_name, entry, data_start, data_len) -> TensorRef:
     try:
         dtype_name, shape, (begin, end) = entry["dtype"], tuple(entry["shape"]), entry["data_offsets"]
-        shape = tuple(int(d) for d in shape)
-        begin, end = int(begin), int(end)
+        if not all(_is_int(n) for n in (*shape, begin, end)):  # int() would take 2.5, '64', 1e400 (raises)
+            raise ValueError("not integers")
     except (KeyError, TypeError, ValueError):
         raise SafetensorsError(f"{file_name} is corrupt: bad header entry for tensor "
                                f"{tensor_name!r}") from None
@@ -116,17 +121,33 @@ def _tensor_ref(path, file_name, tensor_name, entry, data_start, data_len) -> Te
     return TensorRef(path, tensor_name, dtype, shape, data_start + begin, num_bytes)
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_no_overlap(file_name: str, refs: dict[str, TensorRef]) -> None:
+    """No two tensors share bytes (as the safetensors library requires): a header whose offsets
+    overlap is corrupt, and would give one tensor another's values."""
+    spans = sorted((r.start, r.start + r.num_bytes, name) for name, r in refs.items() if r.num_bytes)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:]):
+        if start < end:
+            raise SafetensorsError(f"{file_name} is corrupt: tensors {first!r} and {second!r} "
+                                   f"overlap in the file")
+
+
 def open_checkpoint(hf_dir: str) -> dict[str, TensorRef]:
     """Every tensor of the checkpoint in `hf_dir`: `model.safetensors`, or the shards named
     by `model.safetensors.index.json` (each shard must exist, and every indexed tensor must
     be in the shard the index names)."""
     single = os.path.join(hf_dir, SINGLE_FILE)
     index = os.path.join(hf_dir, INDEX_FILE)
-    if os.path.isfile(single):
+    if is_file(single):
         return read_header(single)
-    if os.path.isfile(index):
+    if is_file(index):
         return _open_sharded(hf_dir, index)
-    raise SafetensorsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}")
+    pickled = [name for name in PICKLE_FILES if os.path.lexists(os.path.join(hf_dir, name))]
+    hint = f" ({pickled[0]} is not read: loopjax reads safetensors only)" if pickled else ""
+    raise SafetensorsError(f"no {SINGLE_FILE} or {INDEX_FILE} in {hf_dir}{hint}")
 
 
 def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
@@ -143,7 +164,7 @@ def _open_sharded(hf_dir: str, index: str) -> dict[str, TensorRef]:
     shards: dict[str, dict[str, TensorRef]] = {}
     for shard in sorted(set(weight_map.values())):
         shard_path = os.path.join(hf_dir, str(shard))
-        if os.path.basename(str(shard)) != shard or not os.path.isfile(shard_path):
+        if os.path.basename(str(shard)) != shard or not is_file(shard_path):
             raise SafetensorsError(f"{INDEX_FILE} names shard {shard!r}, which is not a file in {hf_dir}")
         shards[shard] = read_header(shard_path)
     refs: dict[str, TensorRef] = {}

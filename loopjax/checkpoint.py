@@ -15,8 +15,10 @@ converts (`upgrade_legacy_params`): Huginn checkpoints with one [2H, H] "adapter
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import logging
 import os
 from typing import Any
 
@@ -82,7 +84,7 @@ def read_config(path: str) -> config_lib.ModelConfig:
         return config_lib.from_dict(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise CheckpointError(f"{file} is not valid JSON: {e}") from None
-    except TypeError as e:  # from_dict got an unknown or missing field
+    except (TypeError, config_lib.ConfigError) as e:  # an unknown or missing field, a bad value
         raise CheckpointError(f"{file} is not a valid loopjax config: {e}") from None
 
 
@@ -119,6 +121,10 @@ def restore(path: str, dtype=None):
     path = os.path.abspath(path)
     cfg = read_config(path)
     stored = _metadata_tree(path)
+    arrays = len(jax.tree.leaves(stored))
+    if cfg.num_distinct_layers > arrays:  # every layer has arrays; specs of 10**6 layers took minutes
+        raise CheckpointError(f"{os.path.join(path, CONFIG_FILE)} declares {cfg.num_distinct_layers} "
+                              f"layers, but the params hold {arrays} arrays in all")
     dtype = np.dtype(jax.tree.leaves(stored)[0].dtype) if dtype is None else parse_dtype(dtype)
     module = model_module(cfg)
     specs, upgrade = module.param_specs(cfg, dtype), None
@@ -152,14 +158,27 @@ def _metadata_tree(path: str):
     if not os.path.isdir(params_dir):
         raise CheckpointError(f"{path} is not a loopjax checkpoint: it has no {PARAMS_DIR}/ folder")
     try:
-        with ocp.StandardCheckpointer() as checkpointer:
+        with ocp.StandardCheckpointer() as checkpointer, _absl_warnings_off():
             metadata = checkpointer.metadata(params_dir).item_metadata
-        if metadata is None:  # Orbax logs why (e.g. no _METADATA file) and returns None
+        if metadata is None:  # Orbax logs a warning (off: the error says it) and returns None
             raise ValueError("its metadata is missing or unreadable")
         return metadata.tree
     except (ValueError, OSError, AttributeError) as e:
         raise CheckpointError(f"{params_dir} is not a readable Orbax checkpoint: "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+@contextlib.contextmanager
+def _absl_warnings_off():
+    """Orbax's warnings (absl's logger) off during the block: a missing metadata file was a
+    WARNING line on stderr before the one-line error that says the same."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(max(level, logging.ERROR))
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def _leaf_dtype(params) -> np.dtype:

@@ -69,6 +69,11 @@ class OuroConfig:
         return self.total_ut_steps
 
     @property
+    def num_distinct_layers(self) -> int:
+        """The layers with weights of their own (every loop runs the same ones)."""
+        return self.num_layers
+
+    @property
     def max_context_len(self) -> int:
         return self.max_position_embeddings
 
@@ -159,6 +164,11 @@ class HuginnConfig:
     @property
     def default_loops(self) -> int:
         return self.mean_recurrence
+
+    @property
+    def num_distinct_layers(self) -> int:
+        """The layers with weights of their own (every loop runs the same core block)."""
+        return self.num_prelude_layers + self.num_core_layers + self.num_coda_layers
 
     @property
     def max_context_len(self) -> int:
@@ -317,7 +327,7 @@ def _check_token_ids(cfg) -> None:
         value = getattr(cfg, name)
         if value is not None and not _is_int(value):
             raise ConfigError(f"{cfg.family} config: {name} must be a token id or null, got {value!r}")
-    _token_ids(cfg.eos_token_id, "config.json")
+    _token_ids(cfg.eos_token_id, f"{cfg.family} config")  # config.json's, or loopjax_config.json's
 
 
 def _is_int(value) -> bool:

@@ -54,6 +54,20 @@ def resolve(name: str) -> str:
     return snapshot(name) or name
 
 
+class BrokenLinkError(ValueError):
+    """A file that is a symbolic link to nothing; the message is one line naming it."""
+
+
+def is_file(path: str) -> bool:
+    """`os.path.isfile`, except that a symbolic link whose target is missing raises a one-line
+    `BrokenLinkError` rather than reading as no file: a snapshot folder copied without the
+    cache's blobs (its files are links to ../../blobs/HASH) must not look like a folder without
+    weights or without a tokenizer."""
+    if os.path.islink(path) and not os.path.exists(path):
+        raise BrokenLinkError(f"{path} is a broken link: its target {os.readlink(path)} is missing")
+    return os.path.isfile(path)
+
+
 def missing_hint(name: str) -> str:
     """For a Hub name not in the cache: the words telling how to get it ('' otherwise)."""
     if not is_repo_id(name) or os.path.exists(name):

@@ -92,7 +92,7 @@ def load(path_or_preset: str, dtype=None) -> Model:
 def _load_folder(path: str, dtype) -> Model:
     if checkpoint.is_checkpoint(path):
         cfg, params = checkpoint.restore(path, dtype)
-    elif os.path.isfile(os.path.join(path, "config.json")):
+    elif hub_cache.is_file(os.path.join(path, "config.json")):
         from loopjax.convert.converter import load_hf
 
         cfg, params = load_hf(path, dtype)
@@ -116,7 +116,7 @@ def _load_preset(name: str, dtype) -> Model:
 
 def _read_json(folder: str, name: str) -> dict | None:
     file = os.path.join(folder, name)
-    if not os.path.isfile(file):
+    if not hub_cache.is_file(file):
         return None
     try:
         with open(file, encoding="utf-8") as f:  # as transformers reads it, whatever the locale
@@ -130,7 +130,7 @@ def _read_json(folder: str, name: str) -> dict | None:
 
 def _read_tokenizer(folder: str):
     file = os.path.join(folder, "tokenizer.json")
-    if not os.path.isfile(file):
+    if not hub_cache.is_file(file):
         return None
     from tokenizers import Tokenizer
 
@@ -147,7 +147,7 @@ def _read_chat_template(folder: str) -> str | None:
     """`chat_template.jinja` if present (newer HF layout), else tokenizer_config.json's
     `chat_template` (a string, or a list of named templates: 'default' or the first)."""
     jinja = os.path.join(folder, "chat_template.jinja")
-    if os.path.isfile(jinja):
+    if hub_cache.is_file(jinja):
         try:
             with open(jinja, encoding="utf-8") as f:  # as transformers reads it
                 return f.read()

@@ -155,6 +155,15 @@ def test_output_parents_are_created(tmp_path):
     assert checkpoint.is_checkpoint(str(out))
 
 
+def test_a_parent_that_cannot_be_made_is_one_line_and_none_is_left(tmp_path, capsys):
+    """Parents a/bbb...b (300 characters): 'a' was made and left behind when the next one failed,
+    and the line was Python's '[Errno 36] File name too long: ...' naming the parent."""
+    out = tmp_path / "a" / ("b" * 300) / "out"
+    assert convert_cli(OURO, str(out)) == 2
+    assert capsys.readouterr().err == f"loopjax convert: error: cannot write {out}: File name too long\n"
+    assert os.listdir(tmp_path) == []
+
+
 # ---------------------------------------------------------------- bad inputs
 
 
@@ -215,18 +224,44 @@ def make_corrupt_header(hf):
     return "model.safetensors is corrupt"
 
 
-def make_header_dtype_not_a_name(hf):
+def edit_header(hf, edit):
+    """A copy of the Ouro golden whose model.safetensors header `edit(header)` changed in place."""
     copy_hf(OURO, hf)
     path = os.path.join(hf, "model.safetensors")
     with open(path, "rb") as f:
         data = f.read()
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
-    header["model.norm.weight"]["dtype"] = ["F32"]  # was a TypeError traceback (unhashable)
+    edit(header)
     raw = json.dumps(header).encode()
     with open(path, "wb") as f:
         f.write(len(raw).to_bytes(8, "little") + raw + data[8 + size:])
+
+
+def make_header_dtype_not_a_name(hf):
+    def edit(header):
+        header["model.norm.weight"]["dtype"] = ["F32"]  # was a TypeError traceback (unhashable)
+
+    edit_header(hf, edit)
     return "model.safetensors: tensor 'model.norm.weight' has unsupported dtype ['F32']"
+
+
+def make_overlapping_offsets(hf):
+    def edit(header):  # two norms of one shape read the same bytes: it converted, one weight lost
+        norm = "model.layers.0.input_layernorm"
+        header[norm + "_2.weight"]["data_offsets"] = header[norm + ".weight"]["data_offsets"]
+
+    edit_header(hf, edit)
+    return ("model.safetensors is corrupt: tensors 'model.layers.0.input_layernorm.weight' and "
+            "'model.layers.0.input_layernorm_2.weight' overlap in the file")
+
+
+def make_offset_not_an_integer(hf):
+    def edit(header):  # 1e400 or Infinity in the JSON: int() raised an OverflowError traceback
+        header["model.norm.weight"]["data_offsets"][1] = float("inf")
+
+    edit_header(hf, edit)
+    return "model.safetensors is corrupt: bad header entry for tensor 'model.norm.weight'"
 
 
 def make_garbage_file(hf):
@@ -252,6 +287,18 @@ def make_config_not_object(hf):
     _, tensors = golden_parts(OURO)
     write_hf(hf, ["ouro"], tensors)
     return "config.json must hold a JSON object, got list"
+
+
+def make_ouro_layers_beyond_the_tensors(hf):
+    config, tensors = golden_parts(OURO)  # a typo'd count: its name table took seconds (10**9: memory)
+    write_hf(hf, {**config, "num_hidden_layers": 100000}, tensors)
+    return "config.json declares 100000 layers, but the checkpoint holds 27 tensors in all"
+
+
+def make_huginn_layers_beyond_the_tensors(hf):
+    config, tensors = golden_parts(HUGINN)
+    write_hf(hf, {**config, "n_layers_in_coda": 100000}, tensors)
+    return "config.json declares 100006 layers, but the checkpoint holds 77 tensors in all"
 
 
 def make_zero_heads(hf):
@@ -359,7 +406,7 @@ def make_tokenizer_not_a_tokenizer(hf):
 def make_string_eos(hf):
     config, tensors = golden_parts(OURO)
     write_hf(hf, {**config, "eos_token_id": "2"}, tensors)
-    return "config.json: eos_token_id must be a token id or a list of them, got '2'"
+    return "ouro config: eos_token_id must be a token id or a list of them, got '2'"
 
 
 def make_generation_config_bad_eos(hf):
@@ -386,6 +433,27 @@ def make_no_weights(hf):
     copy_hf(OURO, hf)
     os.remove(os.path.join(hf, "model.safetensors"))
     return "no model.safetensors or model.safetensors.index.json"
+
+
+def make_pytorch_weights_only(hf):
+    make_no_weights(hf)
+    with open(os.path.join(hf, "pytorch_model.bin"), "wb") as f:
+        f.write(b"PK")
+    return "no model.safetensors or model.safetensors.index.json in " + hf + " (pytorch_model.bin is not read"
+
+
+def make_snapshot_copied_without_blobs(hf):
+    """A Hub snapshot's files are links to ../../blobs/HASH: copied alone, they point nowhere.
+    The line said there was no model.safetensors (a broken tokenizer.json was skipped)."""
+    make_no_weights(hf)
+    os.symlink("../../blobs/6a5c", os.path.join(hf, "model.safetensors"))
+    return f"{hf}/model.safetensors is a broken link: its target ../../blobs/6a5c is missing"
+
+
+def make_tokenizer_a_broken_link(hf):
+    copy_hf(OURO, hf)
+    os.symlink("../../blobs/9f0e", os.path.join(hf, "tokenizer.json"))
+    return f"{hf}/tokenizer.json is a broken link: its target ../../blobs/9f0e is missing"
 
 
 def make_already_converted(hf):
@@ -456,8 +524,10 @@ def make_tied_ouro_head_differs(hf):
 
 
 BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_integer_tensor, make_truncated,
-              make_corrupt_header, make_header_dtype_not_a_name, make_garbage_file, make_unsupported_type,
+              make_corrupt_header, make_header_dtype_not_a_name, make_overlapping_offsets,
+              make_offset_not_an_integer, make_garbage_file, make_unsupported_type,
               make_list_model_type, make_config_not_object,
+              make_ouro_layers_beyond_the_tensors, make_huginn_layers_beyond_the_tensors,
               make_zero_heads, make_no_context, make_null_rope_theta, make_string_exit_step,
               make_string_exit_threshold,
               make_null_huginn_prelude, make_null_mean_recurrence, make_rope_scaling,
@@ -465,7 +535,8 @@ BAD_INPUTS = [make_missing_tensor, make_extra_tensor, make_wrong_shape, make_int
               make_huginn_dict_pad, make_gelu_activation, make_utf16_config,
               make_generation_config_not_object, make_tokenizer_not_a_tokenizer, make_string_eos,
               make_generation_config_bad_eos, make_chat_template_not_utf8, make_no_config,
-              make_no_weights, make_already_converted, make_missing_folder, make_file_not_folder,
+              make_no_weights, make_pytorch_weights_only, make_snapshot_copied_without_blobs,
+              make_tokenizer_a_broken_link, make_already_converted, make_missing_folder, make_file_not_folder,
               make_index_missing_shard, make_index_shard_not_a_name,
               make_index_tensor_not_in_shard, make_untied_huginn, make_tied_ouro_head_differs]
 
@@ -619,6 +690,15 @@ def test_bf16_hf_checkpoint_reads_and_widens(tmp_path):
     assert_trees_equal(widened, jax.tree.map(lambda a: a.astype(np.float32), want))
 
 
+def test_an_ignored_tensor_does_not_choose_the_default_dtype(tmp_path):
+    """fp32 weights beside a bf16 RoPE table (never read) were 'mixed', so loaded as bf16."""
+    config, tensors = golden_parts(HUGINN)
+    tensors["freqs_cis"] = tensors["freqs_cis"].astype(ml_dtypes.bfloat16)
+    write_hf(str(tmp_path), config, tensors)
+    _, params = converter.load_hf(str(tmp_path), progress=False)
+    assert params["embed"].dtype == np.float32
+
+
 def test_progress_bar_for_large_checkpoints(monkeypatch, capsys):
     converter.load_hf(OURO, progress=True)
     assert "reading tensors" not in capsys.readouterr().err  # small: no bar
@@ -654,26 +734,27 @@ def terminal_signals():
     import signal
 
     previous = {s: signal.signal(s, h) for s, h in ((signal.SIGINT, signal.default_int_handler),
-                                                    (signal.SIGTERM, signal.SIG_DFL))}
+                                                    (signal.SIGTERM, signal.SIG_DFL),
+                                                    (signal.SIGHUP, signal.SIG_DFL))}
     yield
     for s, h in previous.items():
         signal.signal(s, h)
 
 
-@pytest.mark.parametrize("signame, code, word",
-                         [("SIGINT", 130, "interrupted"), ("SIGTERM", 143, "terminated")])
+@pytest.mark.parametrize("signame, code, word", [("SIGINT", 130, "interrupted"),
+                                                 ("SIGTERM", 143, "terminated"), ("SIGHUP", 129, "hung up")])
 def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkeypatch, capsys,
                                                                 terminal_signals, signame, code, word):
     """Orbax writes in background threads that an exception in the main thread does not stop: the
     temporary folder was removed while they wrote on, so they left it behind (re-created) and
     printed tracebacks at exit. Ctrl-C (and the CLI's SIGTERM) now waits for the save to end;
-    SIGTERM killed the process and left the temporary folder."""
+    SIGTERM (and SIGHUP: the terminal closed) killed the process and left the temporary folder."""
     import signal
     import threading
     import time
 
     writers = []
-    previous = signal.getsignal(signal.SIGTERM)
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
 
     def background_save(path, cfg, params):
         def write():
@@ -695,7 +776,7 @@ def test_signal_while_orbax_writes_in_background_leaves_nothing(tmp_path, monkey
     assert err == f"loopjax convert: {word}; nothing was written\n"
     assert os.listdir(tmp_path) == []
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-    assert signal.getsignal(signal.SIGTERM) is previous
+    assert {s: signal.getsignal(s) for s in previous} == previous
 
 
 def test_sigterm_before_the_save_leaves_nothing(tmp_path, monkeypatch, capsys, terminal_signals):
@@ -748,14 +829,28 @@ sys.exit(cli.main([{OURO!r}, {str(out)!r}, "--no-progress"]))
     assert os.listdir(tmp_path) == []
 
 
+def test_loopjax_config_with_layers_beyond_the_params_is_one_line_at_once(tmp_path, converted):
+    """num_layers edited to a typo: the specs of every layer were built and compared before the
+    error (10**6 layers: 99 s; 10**9: out of memory)."""
+    folder = tmp_path / "c"
+    shutil.copytree(converted["ouro"], folder)
+    file = folder / checkpoint.CONFIG_FILE
+    file.write_text(json.dumps({**json.loads(file.read_text()), "num_layers": 100000}))
+    message = f"^{file} declares 100000 layers, but the params hold 21 arrays in all$"
+    with pytest.raises(checkpoint.CheckpointError, match=message):
+        loopjax.load(str(folder))
+
+
 @pytest.mark.parametrize("field,value", [("rope_theta", [10000.0]), ("rms_norm_eps", "1e-6"),
-                                         ("tie_word_embeddings", [])])
+                                         ("tie_word_embeddings", []), ("eos_token_id", "2")])
 def test_loopjax_config_field_of_the_wrong_type_is_one_line(tmp_path, converted, field, value):
     """A hand-edited loopjax_config.json: the checkpoint loaded, then every forward failed on an
-    unhashable config or deep in the model (from_dict checked only the integer fields)."""
+    unhashable config or deep in the model (from_dict checked only the integer fields). The line
+    names the file (it named none, and an eos_token_id 'config.json', the HF file beside it)."""
     folder = tmp_path / "ckpt"
     shutil.copytree(converted["ouro"], folder)
     data = json.loads((folder / checkpoint.CONFIG_FILE).read_text())
     (folder / checkpoint.CONFIG_FILE).write_text(json.dumps({**data, field: value}))
-    with pytest.raises(ValueError, match=f"ouro config: {field} must be (a number|true or false), got"):
+    with pytest.raises(checkpoint.CheckpointError, match=f"^{folder / checkpoint.CONFIG_FILE} is not a valid "
+                       f"loopjax config: ouro config: {field} must be (a number|true or false|a token id)"):
         loopjax.load(str(folder))

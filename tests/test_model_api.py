@@ -3,6 +3,7 @@ golden logits through the public API, tokenizer / generation files, and one clea
 each bad path or argument."""
 
 import json
+import logging
 import os
 import shutil
 
@@ -162,6 +163,21 @@ def test_bad_paths_name_the_path(tmp_path):
         loopjax.load("ouro-tiny", dtype="float16")
 
 
+def test_a_broken_link_is_named_not_read_as_no_file(tmp_path):
+    """A Hub snapshot copied without the cache's blobs: its tokenizer.json (a link to
+    ../../blobs/HASH) loaded as no tokenizer, its config.json as a folder that is no model."""
+    folder = tmp_path / "snapshot"
+    shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
+    os.symlink("../../blobs/5d1e", folder / "tokenizer.json")
+    broken = "{}/{} is a broken link: its target ../../blobs/{} is missing$"
+    with pytest.raises(ValueError, match=broken.format(folder, "tokenizer.json", "5d1e")):
+        loopjax.load(str(folder))
+    (folder / "config.json").unlink()
+    os.symlink("../../blobs/7b2a", folder / "config.json")
+    with pytest.raises(ValueError, match=broken.format(folder, "config.json", "7b2a")):
+        loopjax.load(str(folder))
+
+
 def test_unknown_model_type_lists_supported(tmp_path):
     folder = tmp_path / "llama"
     shutil.copytree(OURO, folder, ignore=shutil.ignore_patterns("*.npz"))
@@ -198,7 +214,7 @@ def test_checkpoint_of_other_shapes_is_refused(tmp_path, presets):
         checkpoint.restore(path)
 
 
-def test_damaged_params_are_a_one_line_error(tmp_path, presets):
+def test_damaged_params_are_a_one_line_error(tmp_path, presets, caplog):
     """A truncated or deleted data file (Orbax raises a bare Exception of many lines) and a
     missing metadata file: one line naming the folder, and the tensor where Orbax says."""
     model = presets["ouro-tiny"]
@@ -219,6 +235,7 @@ def test_damaged_params_are_a_one_line_error(tmp_path, presets):
         assert "\n" not in str(info.value)
     with pytest.raises(checkpoint.CheckpointError, match="its metadata is missing or unreadable$"):
         loopjax.load(str(no_metadata))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]  # was Orbax's, before the line
 
 
 def test_forward_argument_errors(presets):
