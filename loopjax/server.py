@@ -67,6 +67,7 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from loopjax.async_engine import (
     AsyncEngine,
@@ -170,6 +171,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
     # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.
     app.add_exception_handler(Exception, lambda request, exc: internal_error(exc).response())
+    # NOTE: a client gone while its body was read (any POST) is no bug: 499 as a full answer's
+    # (nobody reads it), not a 500 with a logged traceback and uvicorn's ERROR line
+    app.add_exception_handler(ClientDisconnect, lambda request, exc: JSONResponse({}, status_code=499))
 
     def engine_error(e: EngineDeadError | RequestFailedError) -> APIError:
         """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""

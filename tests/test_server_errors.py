@@ -422,3 +422,36 @@ def test_every_sample_of_an_n_request_counts_its_ttft_from_the_request_arrival()
     ttft = aengine.metrics.ttft
     below = sum(n for bound, n in zip(ttft.buckets, ttft.counts) if bound <= 0.25)
     assert (ttft.count, below) == (2, 0)
+
+
+def test_a_client_gone_while_its_body_is_read_is_no_bug():
+    """A client that leaves mid-body (Starlette's ClientDisconnect from request.body()) was a 500
+    whose traceback uvicorn logged as "Exception in ASGI application", on every POST route; it
+    is a quiet 499 now (nobody reads it), as a client gone before a full answer."""
+    import asyncio
+
+    app = create_app(FakeEngine(), MODEL_NAME)
+
+    async def post(path: str) -> list[dict]:
+        sent = []
+
+        async def receive():  # the body's first half, then the client is gone
+            if not sent:
+                sent.append({"type": "received"})
+                return {"type": "http.request", "body": b'{"prompt": [5', "more_body": True}
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "root_path": "",
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"40")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+        await app(scope, receive, send)  # raised ClientDisconnect after its 500
+        return sent
+
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        sent = asyncio.run(post(path))
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [499], (path, sent)
