@@ -290,18 +290,19 @@ def test_an_add_request_bug_is_a_500_in_openais_error_shape():
 
 
 def test_a_stream_cut_by_shutdown_counts_as_aborted():
-    """uvicorn's graceful shutdown cancels a stream still running only after the lifespan has
-    stopped the engine, which fails the stream's requests: they count as aborted, as a full
-    answer's do (they counted as neither finished nor aborted)."""
+    """uvicorn's graceful shutdown cancels a stream still running when its timeout ends: the
+    stream ends with a 503 event and [DONE] (it was cut mid-body: the client's "incomplete chunked
+    read"), and its requests count as aborted, as a full answer's do (they counted as neither
+    finished nor aborted)."""
     fake = FakeEngine()
     fake.paused = True  # admitted, never stepped: the stream is still running at shutdown
     app = create_app(fake, MODEL_NAME)
     aengine = app.state.async_engine
 
     def stream(url):
-        with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                "POST", url, json={"prompt": [1], "max_tokens": 50, "stream": True}, timeout=30) as s:
-            list(s.iter_lines())
+        body = {"prompt": [1], "max_tokens": 50, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=30) as s:
+            return [line.removeprefix("data: ") for line in s.iter_lines() if line]
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         with LiveServer(app) as live:
@@ -310,7 +311,9 @@ def test_a_stream_cut_by_shutdown_counts_as_aborted():
             while aengine.num_waiting < 1:
                 assert time.time() < deadline, "the request was not admitted"
                 time.sleep(0.01)
-        done.result()
+        events = done.result()
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"] == {
+        "message": "server shutting down", "type": "server_error", "param": None, "code": 503}, events
     assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
 
 
