@@ -86,6 +86,17 @@ from loopjax.server_info import add_info_routes
 log = logging.getLogger("loopjax.server")
 
 
+class EventStream(StreamingResponse):
+    """A stream's response. NOTE: only uvicorn's graceful shutdown, out of time, cancels the task
+    serving it (a client gone cancels the body's writer alone): the body then ends with the
+    shutdown's 503 event and [DONE] (`events`), and the cancel ends here, as a full answer's in
+    `answer`, not in uvicorn's "Exception in ASGI application" traceback per stream."""
+
+    async def __call__(self, scope, receive, send):
+        with contextlib.suppress(asyncio.CancelledError):
+            await super().__call__(scope, receive, send)
+
+
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                max_n: int = DEFAULT_MAX_N, admission_window_s: float = 0.0,
                api_key: str | None = None, trust_request_chat_template: bool = False,
@@ -389,7 +400,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     stream.close()
             yield sse("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream",
+        return EventStream(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     async def answer(request: Request, chat: bool):
