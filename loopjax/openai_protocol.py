@@ -77,6 +77,24 @@ def _check_extension_fields(body: dict) -> None:
         raise bad_request(f"stream_interval must be an integer >= 1, got {interval!r:.80}", "stream_interval")
 
 
+def _field_with_lone_surrogate(raw: bytes, body: dict) -> str | None:
+    """The first top-level field whose strings hold a lone UTF-16 surrogate (JSON's unpaired
+    `"\\ud800"` escape parses to a str no tokenizer or encoder takes: it was a 500); "" for a
+    field name that does. Only a body with a `\\ud` escape is walked."""
+    if b"\\ud" not in raw.lower():
+        return None
+    for key, value in body.items():
+        try:
+            key.encode()
+        except UnicodeEncodeError:
+            return ""
+        try:
+            json.dumps(value, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            return key
+    return None
+
+
 def param_of(message: str, body: dict) -> str | None:
     """The request field a one-line ValueError names (its first word that is a field)."""
     return next((w for w in re.findall(r"[A-Za-z_]+", message) if w in body or w == "max_tokens"), None)
@@ -126,6 +144,9 @@ class RequestParser(ChatRequests):
             raise bad_request("malformed JSON body: nested too deeply") from None
         if not isinstance(body, dict):
             raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+        if (field := _field_with_lone_surrogate(raw, body)) is not None:
+            raise bad_request(f"{field or 'a field name'} holds a lone UTF-16 surrogate escape (such as "
+                              f"\\ud800 unpaired): not Unicode text", field or None)
         body = without_zero_max_completion_tokens(with_lax_numbers(body))  # the checks below read them
         names = (self.model_name, *self.aliases)
         if body.get("model") is not None and body["model"] not in names:  # vLLM's (and OpenAI's) 404

@@ -12,9 +12,9 @@ Contract:
   retry can pass); a dead engine 503, as
   does a request not yet answered (a full answer, a stream not begun) when the graceful
   shutdown (SIGTERM, Ctrl-C; 5 s) ends; a request lost to a step that failed on the device
-  500, while the server serves on (async_engine.py). A stream that began gets the error as its
-  last event before [DONE]. Any other exception (a bug): a one-line 500 alike, its traceback
-  logged. Request parsing and validation live in `openai_protocol.py`.
+  500, while the server serves on (async_engine.py). A stream that began gets the error (the
+  shutdown's 503 too) as its last event before [DONE]. Any other exception (a bug): a one-line
+  500 alike, its traceback logged. Request parsing and validation live in `openai_protocol.py`.
 - `stream_options.include_usage` (true unless set false within stream_options, vLLM's default):
   every chunk has `"usage": null` (OpenAI's) but the last (no choices, the usage); vLLM's
   `continuous_usage_stats`: each chunk's choice's usage so far.
@@ -69,6 +69,7 @@ import uuid
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.requests import ClientDisconnect
 
 from loopjax.async_engine import (
     AsyncEngine,
@@ -86,6 +87,17 @@ from loopjax.request_stream import merge_streams
 from loopjax.server_info import add_info_routes
 
 log = logging.getLogger("loopjax.server")
+
+
+class EventStream(StreamingResponse):
+    """A stream's response. NOTE: only uvicorn's graceful shutdown, out of time, cancels the task
+    serving it (a client gone cancels the body's writer alone): the body then ends with the
+    shutdown's 503 event and [DONE] (`events`), and the cancel ends here, as a full answer's in
+    `answer`, not in uvicorn's "Exception in ASGI application" traceback per stream."""
+
+    async def __call__(self, scope, receive, send):
+        with contextlib.suppress(asyncio.CancelledError):
+            await super().__call__(scope, receive, send)
 
 
 def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
@@ -161,6 +173,12 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
     # NOTE: any other exception is a bug: OpenAI's error JSON (a 500 naming it) rather than
     # uvicorn's plain text; Starlette re-raises it after this answer, so uvicorn logs the traceback.
     app.add_exception_handler(Exception, lambda request, exc: internal_error(exc).response())
+    # NOTE: a client gone while its body was read (any POST) is no bug: 499 as a full answer's
+    # (nobody reads it), not a 500 with a logged traceback and uvicorn's ERROR line
+    app.add_exception_handler(ClientDisconnect, lambda request, exc: JSONResponse({}, status_code=499))
+
+    def shutting_down() -> APIError:  # a request the graceful shutdown's timeout cut
+        return APIError(503, "server shutting down", None, "server_error")
 
     def engine_error(e: EngineDeadError | RequestFailedError) -> APIError:
         """503 while the engine is gone; 500 for a request a failed step lost (others run on)."""
@@ -341,6 +359,9 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     yield sse(json.dumps({**head, "choices": [], "usage": usage()}))
             except (EngineDeadError, RequestFailedError) as e:
                 yield sse(engine_error(e).response().body.decode())
+            except asyncio.CancelledError:  # NOTE: the graceful shutdown ran out of time (`answer`): the
+                # stream ends as any other, not cut mid-body (uvicorn cancels once; the writes don't wait)
+                yield sse(shutting_down().response().body.decode())
             except APIError as e:  # the scorer's error, after the stream began
                 yield sse(e.response().body.decode())
             except Exception as e:  # a bug: the stream's last event names it (its traceback logged)
@@ -351,7 +372,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
                     stream.close()
             yield sse("[DONE]")
 
-        return StreamingResponse(events(), media_type="text/event-stream",
+        return EventStream(events(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     async def answer(request: Request, chat: bool):
@@ -363,7 +384,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
         try:
             return await handle(request, chat)
         except asyncio.CancelledError:
-            return APIError(503, "server shutting down", None, "server_error").response()
+            return shutting_down().response()
 
     @app.post("/v1/completions")
     async def completions(request: Request):

@@ -161,6 +161,21 @@ def test_body_that_is_not_a_json_object_is_400(server, client):
     assert client.completions.create(model=MODEL_NAME, prompt=[5, 6], max_tokens=2).usage.prompt_tokens == 2
 
 
+def test_a_lone_surrogate_escape_is_400_naming_its_field():
+    """JSON's unpaired \\ud800 escape parses to a str no tokenizer takes: it was a 500 (TypeError
+    from the tokenizer, the connection closed after it); a 400 naming the field now. A pair (an
+    escaped emoji) is text."""
+    parser = RequestParser(MODEL_NAME)
+    for raw, param in ((rb'{"prompt": "hi \ud800"}', "prompt"), (rb'{"stop": ["\uDC00"]}', "stop"),
+                       (rb'{"messages": [{"role": "user", "content": "\udfff x"}]}', "messages"),
+                       (rb'{"\ud800": 1}', None)):
+        with pytest.raises(APIError) as refused:
+            parser.body(raw)
+        assert (refused.value.status, refused.value.param) == (400, param), raw
+        assert "lone UTF-16 surrogate" in refused.value.message, refused.value.message
+    assert parser.body(rb'{"prompt": "\ud83d\ude00 \\ud800"}')["prompt"] == "\U0001f600 \\ud800"
+
+
 @pytest.mark.parametrize("extra, param, message", [
     ({"messages": [{"role": "user", "content": "hello " * 600}]}, "messages",
      "messages is too long: 605 tokens for this server's maximum context length of 512 tokens"),

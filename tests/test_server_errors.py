@@ -290,8 +290,9 @@ def test_an_add_request_bug_is_a_500_in_openais_error_shape():
 
 
 def test_a_stream_cut_by_shutdown_counts_as_aborted():
-    """uvicorn's graceful shutdown cancels a stream still running only after the lifespan has
-    stopped the engine, which fails the stream's requests: they count as aborted, as a full
+    """uvicorn's graceful shutdown cancels a stream still running when its timeout ends: the
+    stream ends with a 503 event and [DONE] (it was cut mid-body: the client's "incomplete chunked
+    read"; uvicorn logged the cancel's traceback), and its requests count as aborted, as a full
     answer's do (they counted as neither finished nor aborted)."""
     fake = FakeEngine()
     fake.paused = True  # admitted, never stepped: the stream is still running at shutdown
@@ -299,18 +300,22 @@ def test_a_stream_cut_by_shutdown_counts_as_aborted():
     aengine = app.state.async_engine
 
     def stream(url):
-        with contextlib.suppress(httpx.HTTPError), httpx.stream(
-                "POST", url, json={"prompt": [1], "max_tokens": 50, "stream": True}, timeout=30) as s:
-            list(s.iter_lines())
+        body = {"prompt": [1], "max_tokens": 50, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=30) as s:
+            return [line.removeprefix("data: ") for line in s.iter_lines() if line]
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+    logged = io.StringIO()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool, contextlib.redirect_stderr(logged):
         with LiveServer(app) as live:
             done = pool.submit(stream, live.url + "/v1/completions")
             deadline = time.time() + 20
             while aengine.num_waiting < 1:
                 assert time.time() < deadline, "the request was not admitted"
                 time.sleep(0.01)
-        done.result()
+        events = done.result()
+    assert events[-1] == "[DONE]" and json.loads(events[-2])["error"] == {
+        "message": "server shutting down", "type": "server_error", "param": None, "code": 503}, events
+    assert "Exception in ASGI application" not in logged.getvalue(), logged.getvalue()
     assert (aengine.metrics.requests.value, aengine.metrics.aborted.value) == (1, 1)
 
 
@@ -422,3 +427,36 @@ def test_every_sample_of_an_n_request_counts_its_ttft_from_the_request_arrival()
     ttft = aengine.metrics.ttft
     below = sum(n for bound, n in zip(ttft.buckets, ttft.counts) if bound <= 0.25)
     assert (ttft.count, below) == (2, 0)
+
+
+def test_a_client_gone_while_its_body_is_read_is_no_bug():
+    """A client that leaves mid-body (Starlette's ClientDisconnect from request.body()) was a 500
+    whose traceback uvicorn logged as "Exception in ASGI application", on every POST route; it
+    is a quiet 499 now (nobody reads it), as a client gone before a full answer."""
+    import asyncio
+
+    app = create_app(FakeEngine(), MODEL_NAME)
+
+    async def post(path: str) -> list[dict]:
+        sent = []
+
+        async def receive():  # the body's first half, then the client is gone
+            if not sent:
+                sent.append({"type": "received"})
+                return {"type": "http.request", "body": b'{"prompt": [5', "more_body": True}
+            return {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                 "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+                 "root_path": "",
+                 "headers": [(b"content-type", b"application/json"), (b"content-length", b"40")],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+        await app(scope, receive, send)  # raised ClientDisconnect after its 500
+        return sent
+
+    for path in ("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"):
+        sent = asyncio.run(post(path))
+        assert [m["status"] for m in sent if m["type"] == "http.response.start"] == [499], (path, sent)
