@@ -373,7 +373,7 @@ def create_app(engine, model_name: str, *, model=None, max_waiting: int = 256,
             yield sse("[DONE]")
 
         return EventStream(events(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
+                           headers={"Cache-Control": "no-cache"})
 
     async def answer(request: Request, chat: bool):
         """`handle`'s response; a 503 when uvicorn cancels it before the response began.
