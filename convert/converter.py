@@ -180,8 +180,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     `os.PathLike` and start with '~'."""
     hf_dir = os.path.expanduser(os.fspath(hf_dir))
     out_dir = os.path.abspath(os.path.expanduser(os.fspath(out_dir)))
-    if os.path.lexists(out_dir):
-        raise ConvertError(f"output folder {out_dir} already exists")
+    _check_output_free(out_dir)
     hf_dir = hub_cache.resolve(hf_dir)  # a Hub name already in the local cache: its snapshot
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
     _check_aux_files(hf_dir, cfg)  # before anything is written
@@ -201,8 +200,7 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
         umask = os.umask(0o022)  # NOTE: read (os.umask has no getter) and put back at once
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-        if os.path.lexists(out_dir):
-            raise ConvertError(f"output folder {out_dir} already exists")
+        _check_output_free(out_dir)  # made while converting
         os.rename(tmp, out_dir)
         tmp = None
     except BaseException as e:
@@ -220,6 +218,14 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             raise ConvertError(f"cannot write {out_dir}: {os.strerror(int(code[1]))}") from None
         raise
     return out_dir
+
+
+def _check_output_free(out_dir: str) -> None:
+    """Nothing is at `out_dir` (a file there is named as one: 'folder ... exists' misled)."""
+    if os.path.isfile(out_dir):
+        raise ConvertError(f"output {out_dir} is an existing file")
+    if os.path.lexists(out_dir):
+        raise ConvertError(f"output folder {out_dir} already exists")
 
 
 @contextlib.contextmanager

@@ -563,6 +563,15 @@ def test_existing_output_is_refused_and_kept(tmp_path, capsys):
     assert os.listdir(out) == ["keep.txt"]
 
 
+def test_existing_output_file_is_named_a_file(tmp_path, capsys):
+    """An OUT_DIR that is a regular file was reported as 'output folder ... already exists'."""
+    out = tmp_path / "out"
+    out.write_text("mine")
+    assert convert_cli(OURO, str(out)) == 2
+    assert capsys.readouterr().err == f"loopjax convert: error: output {out} is an existing file\n"
+    assert out.read_text() == "mine"
+
+
 def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     def failing_save(path, cfg, params):
         with open(os.path.join(path, "partial"), "w") as f:
