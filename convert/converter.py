@@ -9,7 +9,9 @@ family's `to_params`; the result checked against `param_specs`. Runtime code nev
 HF names: they live only in `convert/<family>_keys.py`.
 
 `convert` writes into a temporary folder beside the output and renames it at the end, so a
-failure (or Ctrl-C) never leaves a half-written checkpoint behind.
+failure (or Ctrl-C) never leaves a half-written checkpoint behind. A conversion killed outright
+(SIGKILL, a crash) cannot remove it: the folder records its host and process, and the next
+conversion to the same output removes it once that process is gone.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ import os
 import re
 import shutil
 import signal
+import socket
+import stat
+import sys
 import tempfile
 import threading
 
@@ -40,6 +45,10 @@ AUX_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokeniz
 
 # Above this many bytes of tensors the reader shows a progress bar.
 PROGRESS_MIN_BYTES = 256 * 1024 * 1024
+
+# In the temporary folder while it is written: {"host", "pid", "out"} of the conversion (removed
+# before the rename).
+OWNER_FILE = ".loopjax-convert-owner"
 
 
 class ConvertError(ValueError):
@@ -180,8 +189,8 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     `os.PathLike` and start with '~'."""
     hf_dir = os.path.expanduser(os.fspath(hf_dir))
     out_dir = os.path.abspath(os.path.expanduser(os.fspath(out_dir)))
-    if os.path.lexists(out_dir):
-        raise ConvertError(f"output folder {out_dir} already exists")
+    _check_output_free(out_dir)
+    _remove_stale_temporaries(out_dir)
     hf_dir = hub_cache.resolve(hf_dir)  # a Hub name already in the local cache: its snapshot
     cfg, params = load_hf(hf_dir, dtype, progress=progress)
     _check_aux_files(hf_dir, cfg)  # before anything is written
@@ -190,19 +199,20 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
     tmp = None
     try:
         _make_parents(parent, created)
-        # The name cut short: a 255-character output name must leave room for the prefix and suffix.
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out_dir)[:64]}.tmp-", dir=parent)
+        tmp = tempfile.mkdtemp(prefix=_temporary_prefix(out_dir), dir=parent)
+        with open(os.path.join(tmp, OWNER_FILE), "w", encoding="utf-8") as f:
+            json.dump(_owner(out_dir), f)
         with _interrupts_deferred():
             checkpoint.save(tmp, cfg, params)
         for name in AUX_FILES:
             src = os.path.join(hf_dir, name)
             if os.path.isfile(src):
                 shutil.copyfile(src, os.path.join(tmp, name))
+        os.remove(os.path.join(tmp, OWNER_FILE))
         umask = os.umask(0o022)  # NOTE: read (os.umask has no getter) and put back at once
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-        if os.path.lexists(out_dir):
-            raise ConvertError(f"output folder {out_dir} already exists")
+        _check_output_free(out_dir)  # made while converting
         os.rename(tmp, out_dir)
         tmp = None
     except BaseException as e:
@@ -220,6 +230,66 @@ def convert(hf_dir: str, out_dir: str, dtype="bfloat16", progress: bool = True) 
             raise ConvertError(f"cannot write {out_dir}: {os.strerror(int(code[1]))}") from None
         raise
     return out_dir
+
+
+def _check_output_free(out_dir: str) -> None:
+    """Nothing is at `out_dir` (a file there is named as one: 'folder ... exists' misled)."""
+    if os.path.isfile(out_dir):
+        raise ConvertError(f"output {out_dir} is an existing file")
+    if os.path.lexists(out_dir):
+        raise ConvertError(f"output folder {out_dir} already exists")
+
+
+def _temporary_prefix(out_dir: str) -> str:
+    # The name cut short: a 255-character output name must leave room for the prefix and suffix.
+    return f".{os.path.basename(out_dir)[:64]}.tmp-"
+
+
+def _owner(out_dir: str) -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "out": os.path.basename(out_dir)}
+
+
+def _remove_stale_temporaries(out_dir: str) -> None:
+    """Remove the temporary folders beside `out_dir` that a conversion to `out_dir` left when it
+    was killed outright, one stderr line each. Only folders of this user holding an `OWNER_FILE`
+    for this output on this host whose process is gone: a running conversion's, a foreign
+    folder's or one of another host (a shared disk) are never touched."""
+    parent = os.path.dirname(out_dir)
+    try:
+        names = sorted(name for name in os.listdir(parent) if name.startswith(_temporary_prefix(out_dir)))
+    except OSError:  # no parent yet: nothing to remove
+        return
+    for name in names:
+        folder = os.path.join(parent, name)
+        pid = _dead_owner(folder, out_dir)
+        if pid is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+            print(f"loopjax convert: removed {folder}, left by a conversion (process {pid}) that "
+                  "was killed", file=sys.stderr)
+
+
+def _dead_owner(folder: str, out_dir: str) -> int | None:
+    """The pid of the conversion that made the temporary `folder` if it is ours and that process
+    is gone, else None."""
+    try:
+        info = os.lstat(folder)
+        with open(os.path.join(folder, OWNER_FILE), encoding="utf-8") as f:
+            owner = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or not isinstance(owner, dict):
+        return None
+    pid = owner.get("pid")
+    mine = {**_owner(out_dir), "pid": pid}
+    if owner != mine or type(pid) is not int or pid <= 0 or pid == os.getpid():
+        return None
+    try:
+        os.kill(pid, 0)  # signal 0: only whether the process exists
+    except ProcessLookupError:
+        return pid
+    except OSError:  # e.g. PermissionError: it exists, as another user's
+        return None
+    return None
 
 
 @contextlib.contextmanager

@@ -6,7 +6,8 @@ the machines loopjax runs on may have no network. Pure Python, no huggingface_hu
 The cache is `$HF_HUB_CACHE` (or the older `$HUGGINGFACE_HUB_CACHE`), else `$HF_HOME/hub`, else
 `$XDG_CACHE_HOME/huggingface/hub`, else `~/.cache/huggingface/hub`; a repo's
 folder is `models--ORG--NAME`, its `refs/main` names the commit whose `snapshots/COMMIT`
-holds the files (a cache without refs and with one snapshot serves that one).
+holds the files (a cache whose refs/main is missing, empty or names a snapshot not there serves
+its only snapshot; with several, the error says so).
 """
 
 from __future__ import annotations
@@ -32,19 +33,38 @@ def is_repo_id(name: str) -> bool:
 
 
 def snapshot(repo_id: str) -> str | None:
-    """The cached snapshot folder of `repo_id`'s main revision, or None."""
+    """The cached snapshot folder of `repo_id`'s main revision, or None: the one `refs/main`
+    names, else (no refs/main, an empty one, or one naming a snapshot not there) the only
+    snapshot; with several, which one is main is unknown."""
     if not is_repo_id(repo_id):
         return None
-    repo = os.path.join(cache_dir(), "models--" + repo_id.replace("/", "--"))
-    snapshots = os.path.join(repo, "snapshots")
+    snapshots = os.path.join(_repo_folder(repo_id), "snapshots")
+    commit = _main_commit(repo_id)
+    if commit and os.path.isdir(os.path.join(snapshots, commit)):
+        return os.path.join(snapshots, commit)
+    found = _snapshot_names(repo_id)
+    return os.path.join(snapshots, found[0]) if len(found) == 1 else None
+
+
+def _repo_folder(repo_id: str) -> str:
+    return os.path.join(cache_dir(), "models--" + repo_id.replace("/", "--"))
+
+
+def _main_commit(repo_id: str) -> str:
+    """What `refs/main` names ('' where it is missing or unreadable)."""
     try:
-        with open(os.path.join(repo, "refs", "main")) as f:
-            commit = f.read().strip()
+        with open(os.path.join(_repo_folder(repo_id), "refs", "main")) as f:
+            return f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
+def _snapshot_names(repo_id: str) -> list[str]:
+    snapshots = os.path.join(_repo_folder(repo_id), "snapshots")
+    try:
+        return sorted(name for name in os.listdir(snapshots) if os.path.isdir(os.path.join(snapshots, name)))
     except OSError:
-        found = sorted(os.listdir(snapshots)) if os.path.isdir(snapshots) else []
-        commit = found[0] if len(found) == 1 else ""
-    folder = os.path.join(snapshots, commit)
-    return folder if commit and os.path.isdir(folder) else None
+        return []
 
 
 def resolve(name: str) -> str:
@@ -69,8 +89,15 @@ def is_file(path: str) -> bool:
 
 
 def missing_hint(name: str) -> str:
-    """For a Hub name not in the cache: the words telling how to get it ('' otherwise)."""
+    """For a Hub name not in the cache (or whose main snapshot is unknown): the words telling
+    how to get it ('' otherwise)."""
     if not is_repo_id(name) or os.path.exists(name):
         return ""
+    found = _snapshot_names(name)
+    if len(found) > 1:
+        main = _main_commit(name)
+        refs = f"its refs/main names {main!r}, not one of them" if main else "it has no refs/main"
+        return (f", and the Hugging Face cache at {cache_dir()} holds {len(found)} snapshots of it "
+                f"but {refs} (pass the snapshot folder itself)")
     return (f", nor in the Hugging Face cache at {cache_dir()} (download it first: "
             f"huggingface-cli download {name})")

@@ -563,6 +563,15 @@ def test_existing_output_is_refused_and_kept(tmp_path, capsys):
     assert os.listdir(out) == ["keep.txt"]
 
 
+def test_existing_output_file_is_named_a_file(tmp_path, capsys):
+    """An OUT_DIR that is a regular file was reported as 'output folder ... already exists'."""
+    out = tmp_path / "out"
+    out.write_text("mine")
+    assert convert_cli(OURO, str(out)) == 2
+    assert capsys.readouterr().err == f"loopjax convert: error: output {out} is an existing file\n"
+    assert out.read_text() == "mine"
+
+
 def test_failure_while_writing_leaves_nothing(tmp_path, monkeypatch):
     def failing_save(path, cfg, params):
         with open(os.path.join(path, "partial"), "w") as f:
@@ -802,6 +811,44 @@ def test_output_name_of_255_characters(tmp_path, monkeypatch):
     out = tmp_path / ("o" * 255)
     assert convert_cli(OURO, str(out)) == 0
     assert os.listdir(tmp_path) == [out.name] and os.path.isfile(out / "params")
+
+
+def test_temporary_folder_of_a_killed_conversion_is_removed_by_the_next(tmp_path, monkeypatch, capsys):
+    """A conversion killed outright (SIGKILL, a crash) left its hidden temporary folder
+    (gigabytes) for good; the next conversion to that output removes it, one stderr line, and
+    only it: another process's that runs, another host's, another output's, a foreign one stay."""
+    import socket
+
+    owners = []
+
+    def save(path, cfg, params):
+        with open(os.path.join(path, converter.OWNER_FILE), encoding="utf-8") as f:
+            owners.append(json.load(f))
+        with open(os.path.join(path, "params"), "w") as f:
+            f.write("data")
+
+    monkeypatch.setattr(checkpoint, "save", save)
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+
+    def left_behind(name, **fields):
+        (tmp_path / name).mkdir()
+        owner = {"host": socket.gethostname(), "pid": gone.pid, "out": "out", **fields}
+        (tmp_path / name / converter.OWNER_FILE).write_text(json.dumps(owner))
+
+    left_behind(".out.tmp-killed")
+    left_behind(".out.tmp-running", pid=os.getppid())
+    left_behind(".out.tmp-elsewhere", host=socket.gethostname() + "-other")
+    left_behind(".out.tmp-longer", out="out-v2")  # another output's: names cut at 64 characters meet
+    (tmp_path / ".out.tmp-foreign").mkdir()
+    out = tmp_path / "out"
+    assert convert_cli(OURO, str(out)) == 0
+    assert capsys.readouterr().err == (f"loopjax convert: removed {tmp_path / '.out.tmp-killed'}, left by "
+                                       f"a conversion (process {gone.pid}) that was killed\n")
+    assert sorted(os.listdir(tmp_path)) == [".out.tmp-elsewhere", ".out.tmp-foreign", ".out.tmp-longer",
+                                            ".out.tmp-running", "out"]
+    assert owners == [{"host": socket.gethostname(), "pid": os.getpid(), "out": "out"}]
+    assert converter.OWNER_FILE not in os.listdir(out) and os.path.isfile(out / "params")
 
 
 def test_disk_full_while_orbax_writes_is_one_line(tmp_path):

@@ -425,11 +425,37 @@ def test_hub_names_load_from_the_local_hugging_face_cache(tmp_path, monkeypatch)
     assert loopjax.load("acme/ouro-tiny").path == model.path
     (repo / "snapshots" / "def456").mkdir()  # two and no refs: which one is unknown
     with pytest.raises(LoadError, match=r"^no model at 'acme/ouro-tiny': not a folder and not a preset "
-                                        r"\(presets: .*\), nor in the Hugging Face cache at .*hub \(download "
-                                        r"it first: huggingface-cli download acme/ouro-tiny\)$"):
+                                        r"\(presets: .*\), and the Hugging Face cache at .*hub holds 2 "
+                                        r"snapshots of it but it has no refs/main \(pass the snapshot "
+                                        r"folder itself\)$"):
         loopjax.load("acme/ouro-tiny")
+    with pytest.raises(LoadError, match=r", nor in the Hugging Face cache at .*hub \(download "
+                                        r"it first: huggingface-cli download acme/other\)$"):
+        loopjax.load("acme/other")
     with pytest.raises(LoadError, match="not a preset \\(presets: [^)]*\\)$"):  # not a Hub name
         loopjax.load("no-such-model")
+
+
+def test_hub_cache_refs_main_empty_or_dangling_falls_back_to_the_one_snapshot(tmp_path, monkeypatch):
+    """A refs/main that is empty or names a snapshot not in the cache (an interrupted download, a
+    pruned cache) read as 'not in the cache' although one snapshot was there; with several, the
+    line says which refs/main names none of them."""
+    from loopjax import hub_cache
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path))
+    repo = tmp_path / "models--acme--tiny"
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    for ref in ("", "\n", "gone999\n"):
+        (repo / "refs" / "main").write_text(ref)
+        assert hub_cache.snapshot("acme/tiny") == str(repo / "snapshots" / "abc123"), ref
+    (repo / "snapshots" / "def456").mkdir()
+    assert hub_cache.snapshot("acme/tiny") is None
+    assert hub_cache.missing_hint("acme/tiny") == (
+        f", and the Hugging Face cache at {tmp_path} holds 2 snapshots of it but its refs/main names "
+        "'gone999', not one of them (pass the snapshot folder itself)")
+    (repo / "refs" / "main").write_text("def456")
+    assert hub_cache.snapshot("acme/tiny") == str(repo / "snapshots" / "def456")
 
 
 def test_hub_cache_folder_is_the_one_huggingface_hub_uses(tmp_path, monkeypatch):
