@@ -330,8 +330,8 @@ async def _run_http_client(args, items, deadline, client):
             cards = [c for c in cards if isinstance(c, dict)] if isinstance(cards, list) else []
             vocab_size = next((c.get("vocab_size") for c in cards if c.get("id") == args.model), None)
             if vocab_size is None:  # e.g. another server's /v1/models: no list, or no vocab_size
-                raise ValueError(f"the server at {args.url} does not serve {args.model!r} with a known "
-                                 f"vocab_size (served: {[c.get('id') for c in cards]}); pass --vocab-size")
+                raise ValueError(f"the server at {args.url} does not list {args.model!r} with its vocabulary "
+                                 f"size (served: {[c.get('id') for c in cards]}); pass --vocab-size")
 
         async def stats():  # the server's gauges and counters, as /metrics has them, by stats() key
             return engine_stats_from_samples(parse((await client.get("/metrics")).text))

@@ -356,7 +356,7 @@ def test_a_server_whose_models_list_is_not_loopjaxs_is_one_line(tmp_path, capsys
     finally:
         server.shutdown()
     err = capsys.readouterr().err.strip()
-    assert err == (f"loopjax bench: error: the server at {url} does not serve 'x' with a known vocab_size "
+    assert err == (f"loopjax bench: error: the server at {url} does not list 'x' with its vocabulary size "
                    "(served: []); pass --vocab-size"), err
 
 
