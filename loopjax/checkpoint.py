@@ -136,7 +136,8 @@ def restore(path: str, dtype=None):
     target = jax.tree.map(lambda s: jax.ShapeDtypeStruct(s.shape, dtype, sharding=device), specs)
     with ocp.StandardCheckpointer() as checkpointer:
         try:
-            params = checkpointer.restore(os.path.join(path, PARAMS_DIR), target)
+            with _orbax_task_errors_dropped():
+                params = checkpointer.restore(os.path.join(path, PARAMS_DIR), target)
         except Exception as e:  # a truncated or missing data file: Orbax raises a bare Exception
             # whose message is a page of TensorStore spec; the root cause names the tensor
             cause = e
@@ -179,6 +180,27 @@ def _absl_warnings_off():
         yield
     finally:
         logger.setLevel(level)
+
+
+class _OrbaxTaskErrors(logging.Filter):
+    """Drops asyncio's records about Orbax's own tasks: a truncated data file fails several
+    concurrent reads, and asyncio.run()'s shutdown logged each of the others (hundreds of
+    lines of tracebacks and TensorStore specs, in some runs) before the one-line error that
+    `restore` raises for the first."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "orbax" not in record.getMessage()
+
+
+@contextlib.contextmanager
+def _orbax_task_errors_dropped():
+    """`_OrbaxTaskErrors` on asyncio's logger during the block (other records pass as ever)."""
+    logger, dropped = logging.getLogger("asyncio"), _OrbaxTaskErrors()
+    logger.addFilter(dropped)
+    try:
+        yield
+    finally:
+        logger.removeFilter(dropped)
 
 
 def _leaf_dtype(params) -> np.dtype:
